@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Builds the test bed's Go binaries once from their published Go modules and
+# caches them outside the repo, keyed by version:
+#   $DURABLERUN_CACHE/bin/<name>-<version>
+# A binary already in the cache is not rebuilt. Users with envtest binaries
+# (KUBEBUILDER_ASSETS or TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD) skip the
+# control-plane build.
+#
+# Usage: hack/build-binaries.sh [kube-apiserver|etcd|minio|helm ...]  (default: all)
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HACK_DIR/versions.env"
+CACHE="${DURABLERUN_CACHE:-$HOME/.cache/durable-run}"
+BIN="$CACHE/bin"
+SRC="$CACHE/src"
+mkdir -p "$BIN" "$SRC"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+
+# A fresh wrapper module in $SRC/<dir>; prints its path.
+wrapper_module() {
+  local dir="$SRC/$1"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$dir" && go mod init "durablerun.local/build/$1" >/dev/null 2>&1)
+  echo "$dir"
+}
+
+build_kube_apiserver() {
+  local out="$BIN/kube-apiserver-$KUBERNETES_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building kube-apiserver $KUBERNETES_VERSION (first time only; several minutes)"
+  local dir minor staging
+  dir="$(wrapper_module "kube-apiserver-$KUBERNETES_VERSION")"
+  minor="$(cut -d. -f2 <<<"$KUBERNETES_VERSION")"
+  cd "$dir"
+  # k8s.io/kubernetes replaces every staging module with ./staging/...; a
+  # wrapper replaces each with its published v0.<minor>.<patch> instead. The
+  # list comes from that release's own go.mod, so it tracks the release.
+  local gomod
+  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  staging="$(grep -oE '^\s*(k8s\.io/[a-z0-9-]+) => \./staging/' "$gomod" | awk '{print $1}')"
+  go mod edit -require "k8s.io/kubernetes@$KUBERNETES_VERSION"
+  local staged_version="v0.${KUBERNETES_VERSION#v1.}"
+  for m in $staging; do
+    go mod edit -replace "$m=$m@$staged_version"
+  done
+  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n' >tools.go
+  go mod tidy >/dev/null
+  local ldflags=(
+    "-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION"
+    "-X k8s.io/component-base/version.gitMajor=1"
+    "-X k8s.io/component-base/version.gitMinor=$minor"
+    "-X k8s.io/component-base/version.gitTreeState=clean"
+    "-X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+    "-X k8s.io/client-go/pkg/version.gitMajor=1"
+    "-X k8s.io/client-go/pkg/version.gitMinor=$minor"
+  )
+  go build -trimpath -ldflags "-s -w ${ldflags[*]}" -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  mv "$out.tmp" "$out"
+}
+
+build_etcd() {
+  local out="$BIN/etcd-$ETCD_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building etcd $ETCD_VERSION"
+  local dir
+  dir="$(wrapper_module "etcd-$ETCD_VERSION")"
+  cd "$dir"
+  # etcd's own go.mod has relative replaces, so `go install` refuses it; as a
+  # dependency of a wrapper those replaces are ignored.
+  go mod edit -require "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3/etcdmain"\n' >tools.go
+  go mod tidy >/dev/null
+  go build -trimpath -ldflags "-s -w" -o "$out.tmp" go.etcd.io/etcd/server/v3
+  mv "$out.tmp" "$out"
+}
+
+build_minio() {
+  local out="$BIN/minio-$MINIO_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building minio $MINIO_VERSION (first time only; several minutes)"
+  local gobin="$SRC/minio-$MINIO_VERSION"
+  mkdir -p "$gobin"
+  GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION"
+  mv "$gobin/minio" "$out"
+}
+
+build_helm() {
+  local out="$BIN/helm-$HELM_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building helm $HELM_VERSION"
+  local gobin="$SRC/helm-$HELM_VERSION"
+  mkdir -p "$gobin"
+  GOBIN="$gobin" GOFLAGS= go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv "$gobin/helm" "$out"
+}
+
+targets=("$@")
+[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver etcd minio helm)
+for t in "${targets[@]}"; do
+  case "$t" in
+    kube-apiserver)
+      if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_APISERVER:-}" ]]; then log "kube-apiserver from envtest assets"; else (build_kube_apiserver); fi ;;
+    etcd)
+      if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_ETCD:-}" ]]; then log "etcd from envtest assets"; else (build_etcd); fi ;;
+    minio) (build_minio) ;;
+    helm) (build_helm) ;;
+    *) log "unknown binary '$t' (expected kube-apiserver, etcd, minio or helm)"; exit 2 ;;
+  esac
+done

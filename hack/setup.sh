@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs everything this repo needs on a machine, idempotently:
+#   - Debian packages: prometheus (brings promtool), util-linux (unshare)
+#   - Go-built binaries: kube-apiserver, etcd, MinIO, helm (hack/build-binaries.sh)
+#   - a Python venv in .venv with the project installed editable, pinned by
+#     hack/constraints.txt, and the test bed package (hack/) on its path
+# A second run finds everything in place and takes seconds.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PYTHON="${PYTHON:-python3}"
+log() { printf '[setup] %s\n' "$*" >&2; }
+started=$SECONDS
+
+# --- Debian packages -----------------------------------------------------------
+apt_packages=(prometheus util-linux)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  # The prometheus package starts a system service; the test bed runs its own
+  # Prometheus on a free port, so keep the packaged one from starting.
+  echo exit 101 | $SUDO tee /usr/sbin/policy-rc.d >/dev/null && $SUDO chmod +x /usr/sbin/policy-rc.d
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $SUDO rm -f /usr/sbin/policy-rc.d
+fi
+
+# --- Go-built binaries ---------------------------------------------------------
+"$ROOT/hack/build-binaries.sh"
+
+# --- Python --------------------------------------------------------------------
+stamp="$VENV/.durablerun-setup"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/hack/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  log "installing Python dependencies (pinned by hack/constraints.txt)"
+  "$VENV/bin/pip" install -q --upgrade "pip==25.3"
+  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[dev]"
+  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  # The test bed (process node, control plane, MinIO) is a dev tool, not part
+  # of the wheel: put hack/ on the venv's path.
+  echo "$ROOT/hack" >"$site/durablerun-testbed.pth"
+  echo "$want" >"$stamp"
+fi
+
+log "ready in $((SECONDS - started))s"

@@ -1,0 +1,1 @@
+"""The durable-run operator: reconciles DurableRun resources into runner pods."""

@@ -1,0 +1,384 @@
+"""The DurableRun contract shared by the SDK, the runner pod and the operator.
+
+One source for: the custom resource's spec and status (the CRD's OpenAPI
+schema is generated from these models: see ``durablerun_operator.crd``), the
+outcomes a runner attempt ends with and their exit codes, and the environment
+the operator hands to a runner pod. The operator imports this module; this
+module imports nothing of the operator.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "durablerun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DurableRun"
+PLURAL = "durableruns"
+SINGULAR = "durablerun"
+SHORT_NAME = "dr"
+
+# Labels and annotations the operator puts on runner pods.
+LABEL_RUN = f"{GROUP}/run"
+LABEL_EPOCH = f"{GROUP}/epoch"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+POD_FINALIZER = f"{GROUP}/termination"
+RUN_FINALIZER = f"{GROUP}/cleanup"
+
+
+class Phase(str, enum.Enum):
+    """Where a run is, for humans and for ``kubectl get``."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    WAITING = "Waiting"
+    SUSPENDED = "Suspended"
+    BACKOFF = "Backoff"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.ABORTED)
+
+
+class AbortReason(str, enum.Enum):
+    USER_REQUESTED = "UserRequested"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    MAX_DURATION_EXCEEDED = "MaxDurationExceeded"
+    PROGRESS_TIMEOUT = "ProgressTimeout"
+    RETRY_LIMIT_EXCEEDED = "RetryLimitExceeded"
+
+
+class Outcome(str, enum.Enum):
+    """How one runner attempt ended. Exactly one per attempt."""
+
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    USAGE_ERROR = "UsageError"
+    ABORTED = "Aborted"
+    SUSPENDED = "Suspended"
+    WAITING = "Waiting"
+    FENCED = "Fenced"
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_CODES[self]
+
+    @classmethod
+    def from_exit_code(cls, code: int) -> Outcome | None:
+        """The outcome an exit code stands for; None for a crash (e.g. 137)."""
+        for outcome, exit_code in _EXIT_CODES.items():
+            # 4 is shared by Suspended and Waiting; the termination message
+            # tells them apart, the exit code alone means "yielded cleanly".
+            if exit_code == code:
+                return outcome
+        return None
+
+
+_EXIT_CODES = {
+    Outcome.COMPLETED: 0,
+    Outcome.FAILED: 1,
+    Outcome.USAGE_ERROR: 2,
+    Outcome.ABORTED: 3,
+    Outcome.SUSPENDED: 4,
+    Outcome.WAITING: 4,
+    Outcome.FENCED: 5,
+}
+
+
+class Env:
+    """Environment variables the operator sets on the runner container."""
+
+    NAMESPACE = "DURABLERUN_NAMESPACE"
+    NAME = "DURABLERUN_NAME"
+    UID = "DURABLERUN_UID"
+    EPOCH = "DURABLERUN_EPOCH"
+    POD_NAME = "DURABLERUN_POD_NAME"
+    # Where the runner writes its outcome for the kubelet to report; equals
+    # the container's terminationMessagePath.
+    TERMINATION_MESSAGE_PATH = "DURABLERUN_TERMINATION_MESSAGE_PATH"
+
+
+# --- durations ---------------------------------------------------------------
+
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+$"
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a Go-style duration such as ``90s``, ``10m`` or ``1h30m``."""
+    if not _DURATION_RE.match(text):
+        raise ValueError(
+            f"invalid duration {text!r}: use a number with a unit, e.g. 90s, 10m, 8h or 1h30m"
+        )
+    seconds = sum(
+        float(value) * _UNIT_SECONDS[unit] for value, unit in _DURATION_PART_RE.findall(text)
+    )
+    return timedelta(seconds=seconds)
+
+
+def format_duration(delta: timedelta) -> str:
+    total = delta.total_seconds()
+    if total and total == int(total):
+        for unit in ("d", "h", "m"):
+            size = int(_UNIT_SECONDS[unit])
+            if int(total) % size == 0:
+                return f"{int(total) // size}{unit}"
+        return f"{int(total)}s"
+    return f"{total:g}s"
+
+
+def _duration_field(default: str, description: str) -> Any:
+    return Field(
+        default=default,
+        description=description,
+        pattern=DURATION_PATTERN,
+        json_schema_extra={"x-durablerun-duration": True},
+    )
+
+
+USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+
+# --- spec ---------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class Backoff(_Model):
+    """Delay before restarting a crashed attempt; doubles each restart."""
+
+    initial: str = _duration_field("10s", "Delay before the first restart after a crash.")
+    max: str = _duration_field("5m", "Upper bound of the doubling restart delay.")
+
+    def delay(self, restarts: int) -> timedelta:
+        """The delay before restart number ``restarts`` (1 = first restart)."""
+        initial, ceiling = parse_duration(self.initial), parse_duration(self.max)
+        return min(initial * (2 ** max(restarts - 1, 0)), ceiling)
+
+
+class Policy(_Model):
+    """Limits the run is held to. Counters survive restarts: they are journaled."""
+
+    maxDuration: str = _duration_field(
+        "8h", "Wall time from the run's first start after which it is Aborted (MaxDurationExceeded)."
+    )
+    costCeilingUSD: str | None = Field(
+        default=None,
+        description=(
+            "Abort (BudgetExhausted) once the run's cost reaches this many US dollars. A decimal "
+            'string such as "5.00". Raise it with kubectl patch to resume an aborted run.'
+        ),
+        pattern=USD_PATTERN,
+    )
+    maxTokens: int | None = Field(
+        default=None, ge=0, description="Abort (BudgetExhausted) once the run has used this many tokens."
+    )
+    maxSteps: int | None = Field(
+        default=None, ge=1, description="Abort (BudgetExhausted) before executing more than this many steps."
+    )
+    maxRetries: int = Field(
+        default=3, ge=0, le=100,
+        description="Default retries of a failing step (per step; a step may override it).",
+    )
+    maxRestarts: int = Field(
+        default=3, ge=0, le=1000,
+        description=(
+            "Restarts allowed after crashes, OOM kills and expired leases before the run is "
+            "Aborted (RetryLimitExceeded)."
+        ),
+    )
+    maxDisruptions: int = Field(
+        default=20, ge=0, le=10000,
+        description=(
+            "Restarts allowed after evictions, preemptions, lost nodes and pods deleted by "
+            "someone else. Infrastructure failures do not consume maxRestarts."
+        ),
+    )
+    backoff: Backoff = Field(default_factory=Backoff, description=Backoff.__doc__)
+    progressTimeout: str = _duration_field(
+        "10m", "Abort (ProgressTimeout) when no step completes for this long while running."
+    )
+    leaseDuration: str = _duration_field(
+        "60s",
+        "How long a runner's lease is valid without renewal. The runner renews every third of "
+        "it; the operator replaces a runner whose lease has expired.",
+    )
+
+
+class Checkpoint(_Model):
+    """Where the run's journal, snapshots and events are stored."""
+
+    uri: str = Field(
+        description=(
+            "s3://bucket/prefix for S3 or an S3-compatible server, or file:///path on a volume "
+            "that every attempt mounts."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$') || "
+                    "self.matches('^file:///.+$')",
+                    "message": "must be s3://<bucket>[/prefix] or file:///<absolute path>",
+                }
+            ]
+        },
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="Endpoint URL of an S3-compatible server, e.g. http://minio.storage:9000.",
+        pattern=r"^https?://.+$",
+    )
+    region: str | None = Field(default=None, description="S3 region, e.g. us-east-1.")
+    credentialsSecret: str | None = Field(
+        default=None,
+        description=(
+            "Secret in the run's namespace with keys AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY. Omit it to use workload identity."
+        ),
+    )
+    snapshotEvery: int = Field(
+        default=100, ge=1, le=100000,
+        description="Write a snapshot of the replay state every this many steps (resume reads O(1) objects).",
+    )
+    retention: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description="What happens to the journal when the DurableRun is deleted: Retain or Delete.",
+    )
+    serverSideEncryption: Literal["AES256", "aws:kms"] | None = Field(
+        default=None, description="S3 server-side encryption for every object the runner writes."
+    )
+    kmsKeyId: str | None = Field(
+        default=None, description="KMS key for serverSideEncryption aws:kms."
+    )
+
+
+WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class DurableRunSpec(_Model):
+    """The desired state of a durable run."""
+
+    workflow: str = Field(
+        description="The workflow function the runner executes, as module:function (e.g. agents.research:run).",
+        pattern=WORKFLOW_PATTERN,
+    )
+    input: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "JSON object passed to the workflow. Fixed at the first attempt: a later change makes "
+            "the run fail with InputMismatch rather than silently start over."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    template: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Pod template for the runner (image, resources, env, serviceAccountName, "
+            "nodeSelector, tolerations, ...). The operator adds its own env, labels, owner "
+            "reference and restartPolicy Never."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    checkpoint: Checkpoint = Field(description=Checkpoint.__doc__)
+    policy: Policy = Field(default_factory=Policy, description=Policy.__doc__)
+    suspend: bool = Field(
+        default=False,
+        description="true: the runner stops cleanly at the next step boundary and no pod runs until false.",
+    )
+    events: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Events for ctx.wait_for_event, by name, each any JSON value. The first value "
+            "delivered for a name wins; later changes to it are ignored."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    ttlSecondsAfterFinished: int | None = Field(
+        default=None, ge=0,
+        description="Delete the DurableRun this many seconds after it finishes (as Jobs do).",
+    )
+
+
+# --- status -------------------------------------------------------------------
+
+
+class Lease(_Model):
+    holder: str | None = Field(default=None, description="Pod holding the lease.")
+    epoch: int | None = Field(default=None, description="Epoch the holder was started with.")
+    acquireTime: str | None = Field(default=None, description="When the holder acquired the lease.")
+    renewTime: str | None = Field(default=None, description="When the holder last renewed the lease.")
+    durationSeconds: int | None = Field(default=None, description="Lease validity without renewal.")
+
+
+class Progress(_Model):
+    step: int | None = Field(default=None, description="Journal position of the current step.")
+    stepName: str | None = Field(default=None, description="Name of the current step.")
+    completedSteps: int = Field(default=0, description="Steps journaled so far.")
+    totalSteps: int | None = Field(default=None, description="Total steps, when the workflow declares it.")
+    fraction: str | None = Field(default=None, description="completedSteps / totalSteps, as a decimal string.")
+    lastProgressTime: str | None = Field(default=None, description="When a step last completed.")
+
+
+class Cost(_Model):
+    usd: str = Field(default="0", description="Cost so far in US dollars, a decimal string.")
+    tokens: int = Field(default=0, description="Tokens used so far.")
+
+
+class CheckpointStatus(_Model):
+    position: int | None = Field(default=None, description="Latest journal position written.")
+    key: str | None = Field(default=None, description="Object key of the latest journal entry or snapshot.")
+    time: str | None = Field(default=None, description="When it was written.")
+
+
+class WaitingFor(_Model):
+    event: str | None = Field(default=None, description="Event name the run waits for.")
+    wakeTime: str | None = Field(default=None, description="When a durable sleep ends.")
+    since: str | None = Field(default=None, description="When the wait began.")
+    deadline: str | None = Field(default=None, description="When the wait times out.")
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    lastTransitionTime: str | None = None
+    observedGeneration: int | None = None
+
+
+class DurableRunStatus(_Model):
+    """Observed state of the run, written by the operator and the runner."""
+
+    phase: Phase | None = Field(default=None, description="Pending, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted.")
+    attempt: int = Field(default=0, description="Number of pods started for this run.")
+    epoch: int = Field(default=0, description="Fencing token: bumped before every new pod; only the pod of this epoch may write.")
+    pod: str | None = Field(default=None, description="The current attempt's pod.")
+    restarts: int = Field(default=0, description="Restarts after crashes, OOM kills and expired leases.")
+    disruptions: int = Field(default=0, description="Restarts after evictions, preemptions, lost nodes and deleted pods.")
+    lease: Lease = Field(default_factory=Lease)
+    progress: Progress = Field(default_factory=Progress)
+    cost: Cost = Field(default_factory=Cost)
+    checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
+    waitingFor: WaitingFor | None = Field(default=None, description="What a Waiting run waits for.")
+    abortReason: AbortReason | None = Field(default=None, description="Why the run was Aborted.")
+    outcome: Outcome | None = Field(default=None, description="How the last attempt ended.")
+    message: str | None = Field(default=None, description="Human-readable detail of the current phase.")
+    inputHash: str | None = Field(default=None, description="sha256 of spec.input at the first attempt.")
+    startTime: str | None = Field(default=None, description="When the first attempt started.")
+    completionTime: str | None = Field(default=None, description="When the run finished.")
+    nextAttemptTime: str | None = Field(default=None, description="When a Backoff run starts its next attempt.")
+    lastPodEndTime: str | None = Field(default=None, description="When the previous attempt's pod ended.")
+    conditions: list[Condition] = Field(default_factory=list)
+    observedGeneration: int | None = Field(default=None)
