@@ -1,0 +1,57 @@
+"""durable-run: durable, crash-resumable agent workflows.
+
+Write a workflow against :class:`DurableContext`::
+
+    from durablerun import DurableContext
+
+    async def research(ctx: DurableContext, input: dict) -> dict:
+        plan = await ctx.step("plan", make_plan, input["topic"])
+        ...
+
+Public modules: ``durablerun`` (this: the workflow API and its errors),
+``durablerun.engine`` (running attempts: what the CLI and the runner pod use),
+``durablerun.stores`` (journal stores), ``durablerun.sinks`` (progress sinks),
+``durablerun.errors``, ``durablerun.api`` (the DurableRun contract) and
+``durablerun.testing``. Everything under ``durablerun._private`` is internal.
+"""
+
+from durablerun._private.context import DurableContext
+from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.errors import (
+    ConfigError,
+    CorruptionError,
+    DivergenceError,
+    DurableRunError,
+    EventTimeout,
+    FencedError,
+    InputMismatchError,
+    NonRetryableError,
+    ResultNotSerializableError,
+    ResultTooLargeError,
+    StepError,
+    StoreError,
+    WorkflowError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbortReason",
+    "ConfigError",
+    "CorruptionError",
+    "DivergenceError",
+    "DurableContext",
+    "DurableRunError",
+    "EventTimeout",
+    "FencedError",
+    "InputMismatchError",
+    "NonRetryableError",
+    "Outcome",
+    "Policy",
+    "ResultNotSerializableError",
+    "ResultTooLargeError",
+    "StepError",
+    "StoreError",
+    "WorkflowError",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""Storage backends: memory, filesystem, S3. Each knows bytes and keys only."""

@@ -1,0 +1,105 @@
+"""What a storage backend must do: a few conditional object operations and a journal.
+
+A backend knows bytes and keys, nothing of records or runs: sealing, record
+formats and snapshots live one layer up (:mod:`durablerun._private.journal`),
+the same for every backend. Keys are relative to the store's prefix and use
+``/`` as separator.
+
+Conditional semantics every backend provides (the contract tests check them
+against all three):
+
+* :meth:`Backend.create` writes a key only if it does not exist (first write
+  wins); writing bytes identical to what is already there counts as success,
+  so a retried request whose first try landed is not mistaken for a loss.
+* :meth:`Backend.cas` replaces a key only if its current version tag (etag)
+  is the one given (``None``: only if absent).
+* :meth:`JournalBackend.append` writes sequence number ``seq`` exactly once;
+  if another writer got there first it raises FencedError.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class JournalBackend(abc.ABC):
+    """The append-only journal of one run: sealed records by sequence number."""
+
+    @abc.abstractmethod
+    def read(self, from_seq: int, *, repair: bool = False) -> list[tuple[int, bytes]]:
+        """Records with ``seq >= from_seq`` in order, as stored (sealed bytes).
+
+        ``repair=True`` is for the writer about to append: a torn tail (a
+        record a crash cut short, detectable only where appends are not
+        atomic) is removed. Readers never repair; they just stop before it.
+        """
+
+    @abc.abstractmethod
+    def append(self, seq: int, data: bytes) -> str:
+        """Write record ``seq``; return the key (or key#seq) it was written to.
+
+        Durable when it returns. Raises FencedError when ``seq`` is taken.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and locks."""
+
+
+class Backend(abc.ABC):
+    """One store: a backend plus a prefix."""
+
+    #: True when calls are local and fast enough to make on the event loop.
+    io_inline: bool = True
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Diagnostics: kind, location, options (never credentials)."""
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Raise StoreNotFoundError / StoreAccessError when unusable."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object and its version tag (etag), or None."""
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    @abc.abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Write if absent. True if this write won (or found identical bytes)."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Unconditional, atomic replace."""
+
+    @abc.abstractmethod
+    def cas(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        """Replace if the current etag is ``etag`` (None: if absent).
+
+        Returns the new etag, or None when the condition failed.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix`` (a folder ending in '/'), sorted."""
+
+    @abc.abstractmethod
+    def delete(self, keys: Iterable[str]) -> None: ...
+
+    @abc.abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete everything under ``prefix``; return how many objects."""
+
+    @abc.abstractmethod
+    def journal(self, root: str) -> JournalBackend:
+        """The journal of the run rooted at ``root`` (ends in '/')."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass

@@ -1,0 +1,401 @@
+"""Filesystem backend (``file:///path``): the SDK's embedded default.
+
+Durability, object by object:
+
+* Objects (manifest, events, blobs, chunks) are written to a temp file,
+  fsynced, then ``link``-ed into place (fails if the name exists: first write
+  wins) or ``rename``-d over (replace), and the directory is fsynced.
+* The journal is a series of append-only *segments*
+  (``journal/<start>.log``, :data:`~durablerun._private.layout.SEGMENT_RECORDS`
+  records each), one sealed record per line. An append takes the journal's
+  writer lock (``journal/.lock``, ``flock``), checks the segment is still the
+  size this writer last saw (the position check: if another writer appended,
+  this one is fenced), writes the line with one ``write`` and ``fdatasync``s
+  it before returning. That is one small sequential write and one data sync
+  per step — far cheaper than creating a file per step.
+* A crash can cut the last line short (a torn tail). Its checksum gives it
+  away; the next writer discards it under the lock before appending. A bad
+  record anywhere else is a loud CorruptionError.
+
+The lock is ``flock``: every attempt of a run must see the same filesystem
+with working ``flock`` (a local disk, or a shared volume that supports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from durablerun import errors
+from durablerun._private import codec, layout
+from durablerun._private.backends import base
+
+LOCK_TIMEOUT_S = 60.0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def _flock(fd: int, what: str) -> Iterator[None]:
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    delay = 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise errors.StoreUnavailableError(
+                    f"could not take the lock within {LOCK_TIMEOUT_S:.0f}s: another process "
+                    "holds it (a paused or hung writer?)",
+                    lock=what,
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+class FsJournal(base.JournalBackend):
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._lock_fd: int | None = None
+        self._seg_fd: int | None = None
+        self._seg_start: int | None = None
+        self._expected_size = 0
+        self._next_seq: int | None = None
+        self._broken: str | None = None
+
+    # --- reading ---------------------------------------------------------------
+    def _segments(self) -> list[int]:
+        try:
+            names = os.listdir(self._dir)
+        except FileNotFoundError:
+            return []
+        starts = []
+        for name in names:
+            if name.endswith(".log") and name[:-4].isdigit() and len(name) == layout.SEQ_DIGITS + 4:
+                starts.append(int(name[:-4]))
+        starts.sort()
+        for i, start in enumerate(starts):
+            if start != i * layout.SEGMENT_RECORDS:
+                raise errors.CorruptionError(
+                    "journal segments are not contiguous (a segment is missing or misnamed)",
+                    directory=str(self._dir),
+                    segments=[layout.segment_name(s) for s in starts],
+                )
+        return starts
+
+    def _scan(
+        self, start: int, *, last: bool, from_seq: int
+    ) -> tuple[list[tuple[int, bytes]], int, int]:
+        """Records of one segment with seq >= from_seq, count, and the good size."""
+        path = self._dir / layout.segment_name(start)
+        out: list[tuple[int, bytes]] = []
+        good = 0
+        count = 0
+        with open(path, "rb") as f:
+            data = f.read()
+        pos = 0
+        size = len(data)
+        while pos < size:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                # A partial line: a torn append (or one in flight right now).
+                if not last:
+                    raise errors.CorruptionError(
+                        "truncated record inside a full journal segment",
+                        segment=str(path),
+                        offset=pos,
+                    )
+                break
+            line = data[pos:nl]
+            if not codec.is_sealed_ok(line):
+                if last and data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip(b"\0"):
+                    # The final complete line is bad and nothing follows it:
+                    # a torn write whose newline happened to land.
+                    break
+                raise errors.CorruptionError(
+                    "journal record failed its checksum (not at the tail, so not a torn "
+                    "write: the file was damaged or modified)",
+                    segment=str(path),
+                    seq=start + count,
+                    offset=pos,
+                )
+            seq = start + count
+            if seq >= from_seq:
+                out.append((seq, line))
+            count += 1
+            pos = nl + 1
+            good = pos
+            if count > layout.SEGMENT_RECORDS:
+                raise errors.CorruptionError("journal segment holds too many records",
+                                             segment=str(path))
+        if not last and count != layout.SEGMENT_RECORDS:
+            raise errors.CorruptionError(
+                f"journal segment holds {count} records, expected {layout.SEGMENT_RECORDS}",
+                segment=str(path),
+            )
+        return out, count, good
+
+    def read(self, from_seq: int, *, repair: bool = False) -> list[tuple[int, bytes]]:
+        if repair:
+            return self._open_writer(from_seq)
+        starts = self._segments()
+        out: list[tuple[int, bytes]] = []
+        for i, start in enumerate(starts):
+            if start + layout.SEGMENT_RECORDS <= from_seq:
+                continue
+            records, _, _ = self._scan(start, last=i == len(starts) - 1, from_seq=from_seq)
+            out.extend(records)
+        return out
+
+    # --- writing ---------------------------------------------------------------
+    def _lock(self) -> int:
+        if self._lock_fd is None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self._dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        return self._lock_fd
+
+    def _open_writer(self, from_seq: int) -> list[tuple[int, bytes]]:
+        lock_fd = self._lock()
+        with _flock(lock_fd, str(self._dir / ".lock")):
+            starts = self._segments()
+            out: list[tuple[int, bytes]] = []
+            next_seq = 0
+            for i, start in enumerate(starts):
+                is_last = i == len(starts) - 1
+                if start + layout.SEGMENT_RECORDS <= from_seq and not is_last:
+                    next_seq = start + layout.SEGMENT_RECORDS
+                    continue
+                records, count, good = self._scan(start, last=is_last, from_seq=from_seq)
+                out.extend(records)
+                next_seq = start + count
+                if is_last:
+                    path = self._dir / layout.segment_name(start)
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                    size = os.fstat(fd).st_size
+                    if size != good:
+                        # Discard the torn tail before anything is appended after it.
+                        os.ftruncate(fd, good)
+                        os.fdatasync(fd)
+                    self._close_segment()
+                    self._seg_fd, self._seg_start, self._expected_size = fd, start, good
+            self._next_seq = next_seq
+            return out
+
+    def _close_segment(self) -> None:
+        if self._seg_fd is not None:
+            os.close(self._seg_fd)
+        self._seg_fd = None
+        self._seg_start = None
+
+    def append(self, seq: int, data: bytes) -> str:
+        if self._broken:
+            raise errors.StoreUnavailableError(
+                f"an earlier journal write failed ({self._broken}); this writer stops and the "
+                "next attempt repairs the journal",
+                directory=str(self._dir),
+            )
+        if self._next_seq is None:
+            self._open_writer(0)
+        if seq != self._next_seq:
+            raise errors.FencedError(
+                f"position check failed: asked to write {seq}, the journal's next position "
+                f"is {self._next_seq}",
+                directory=str(self._dir),
+            )
+        start = seq - seq % layout.SEGMENT_RECORDS
+        lock_fd = self._lock()
+        path = self._dir / layout.segment_name(start)
+        with _flock(lock_fd, str(self._dir / ".lock")):
+            if self._seg_start != start:
+                # Roll over to a new segment; it must not hold anything yet.
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                if os.fstat(fd).st_size != 0:
+                    os.close(fd)
+                    raise errors.FencedError(
+                        "journal segment already written by another writer", segment=str(path)
+                    )
+                _fsync_dir(self._dir)
+                self._close_segment()
+                self._seg_fd, self._seg_start, self._expected_size = fd, start, 0
+            assert self._seg_fd is not None
+            size = os.fstat(self._seg_fd).st_size
+            if size != self._expected_size:
+                raise errors.FencedError(
+                    "journal position already written by another writer (the segment grew "
+                    "since this writer last appended)",
+                    segment=str(path),
+                    seq=seq,
+                )
+            line = data + b"\n"
+            try:
+                _write_all(self._seg_fd, line)
+                os.fdatasync(self._seg_fd)
+            except OSError as e:
+                self._broken = f"{e.strerror or e}"
+                raise errors.StoreUnavailableError(
+                    f"journal append failed: {e}", segment=str(path), seq=seq
+                ) from e
+        self._expected_size += len(line)
+        self._next_seq = seq + 1
+        return f"{path}#{seq}"
+
+    def close(self) -> None:
+        self._close_segment()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+class FsBackend(base.Backend):
+    io_inline = True
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "filesystem", "uri": f"file://{self.root}", "root": str(self.root)}
+
+    def check(self) -> None:
+        if self.root.is_dir():
+            return
+        if self.root.exists():
+            raise errors.StoreNotFoundError(
+                "the store path exists but is not a directory", path=str(self.root)
+            )
+        if not self.root.parent.is_dir():
+            raise errors.StoreNotFoundError(
+                "the store directory does not exist and neither does its parent: create it or "
+                "fix the store URI (file:///absolute/path)",
+                path=str(self.root),
+            )
+        try:
+            self.root.mkdir(exist_ok=True)
+        except OSError as e:
+            raise errors.StoreAccessError(
+                f"cannot create the store directory: {e}", path=str(self.root)
+            ) from e
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise errors.ConfigError(f"invalid store key {key!r}")
+        return self.root / key
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            return None
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        data = self.get(key)
+        return None if data is None else (data, _etag(data))
+
+    def _temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        if path.exists():
+            return path.read_bytes() == data
+        tmp = self._temp(path, data)
+        try:
+            os.link(tmp, path)
+            won = True
+        except FileExistsError:
+            won = path.read_bytes() == data
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(path.parent)
+        return won
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._temp(path, data)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    def cas(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with _flock(lock_fd, str(path) + ".lock"):
+                current = self.get_versioned(key)
+                if (None if current is None else current[1]) != etag:
+                    return None
+                self.put(key, data)
+                return _etag(data)
+        finally:
+            os.close(lock_fd)
+
+    def list(self, prefix: str) -> list[str]:
+        base_dir = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        out = []
+        for dirpath, _dirnames, filenames in os.walk(base_dir):
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), self.root)
+                out.append(rel.replace(os.sep, "/"))
+        return sorted(k for k in out if k.startswith(prefix))
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        target = self._path(prefix.rstrip("/"))
+        if not target.exists():
+            return 0
+        count = sum(len(files) for _, _, files in os.walk(target))
+        try:
+            shutil.rmtree(target)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                raise
+        return count
+
+    def journal(self, root: str) -> base.JournalBackend:
+        return FsJournal(self._path(root.rstrip("/")) / "journal")

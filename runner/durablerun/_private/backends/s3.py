@@ -1,0 +1,345 @@
+"""S3 backend (``s3://bucket/prefix``), for AWS S3 and S3-compatible servers.
+
+* Journal records are one object each, written with ``If-None-Match: *``: a
+  sequence number is written at most once; 412 means another writer owns
+  the run (FencedError).
+* The snapshot pointer is replaced with ``If-Match: <etag>`` (compare and
+  swap); events, blobs, chunks and the manifest are created with
+  ``If-None-Match: *`` (first write wins).
+* Throttling, 5xx and connection errors are retried with exponential backoff
+  and jitter (botocore's standard retry mode, plus our own outer retries for
+  connection loss). A conditional write retried after its first try landed
+  gets 412 for its own write; we tell that apart by reading the object back
+  and comparing bytes (every record carries its writer's attempt id).
+* Server-side encryption (``AES256`` or ``aws:kms`` with a key id) is applied
+  to every object written.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from durablerun import errors
+from durablerun._private import layout
+from durablerun._private.backends import base
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+T = TypeVar("T")
+
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION = {"PreconditionFailed", "412"}
+_CONFLICT = {"ConditionalRequestConflict", "409", "OperationAborted"}
+_NO_BUCKET = {"NoSuchBucket"}
+_ACCESS = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "403",
+}
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach the bucket. Credentials default to boto3's usual chain."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    server_side_encryption: str | None = None
+    kms_key_id: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    #: Attempts per request (botocore standard mode: throttling, 5xx, timeouts).
+    max_attempts: int = 8
+    #: Outer retries when the server cannot be reached at all, with backoff.
+    unreachable_retries: int = 6
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+
+
+def _code(e: botocore.exceptions.ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _status(e: botocore.exceptions.ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+class S3Backend(base.Backend):
+    io_inline = False
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        options: S3Options | None = None,
+        *,
+        client: S3Client | None = None,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.options = options or S3Options()
+        o = self.options
+        config = botocore.config.Config(
+            retries={"mode": "standard", "max_attempts": o.max_attempts},
+            connect_timeout=o.connect_timeout,
+            read_timeout=o.read_timeout,
+            max_pool_connections=16,
+            s3={"addressing_style": "path"} if o.endpoint_url else None,
+        )
+        self._client: S3Client = client or boto3.session.Session().client(
+            "s3",
+            endpoint_url=o.endpoint_url,
+            region_name=o.region or "us-east-1",
+            aws_access_key_id=o.access_key,
+            aws_secret_access_key=o.secret_key,
+            aws_session_token=o.session_token,
+            config=config,
+        )
+        self._pool: ThreadPoolExecutor | None = None
+
+    # --- plumbing ----------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "kind": "s3",
+            "uri": f"s3://{self.bucket}/{self.prefix}".rstrip("/"),
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "endpoint_url": o.endpoint_url,
+            "region": o.region,
+            "server_side_encryption": o.server_side_encryption,
+            "kms_key_id": o.kms_key_id,
+        }
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        """Run ``fn``; map errors; retry when the server is unreachable."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except botocore.exceptions.ClientError as e:
+                code, status = _code(e), _status(e)
+                if code in _NO_BUCKET:
+                    raise errors.StoreNotFoundError(
+                        "the bucket does not exist: create it or fix checkpoint.uri",
+                        bucket=self.bucket,
+                        endpoint=self.options.endpoint_url or "aws",
+                    ) from e
+                if code in _ACCESS or status == 403:
+                    raise errors.StoreAccessError(
+                        f"access denied ({code}): check the credentials (checkpoint."
+                        "credentialsSecret / AWS_ACCESS_KEY_ID) and the bucket policy",
+                        bucket=self.bucket,
+                        key=key,
+                        op=what,
+                    ) from e
+                if (status >= 500 or code in _CONFLICT) and attempt < self.options.unreachable_retries:
+                    attempt += 1
+                    time.sleep(min(8.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
+                    continue
+                if status >= 500:
+                    raise errors.StoreUnavailableError(
+                        f"S3 {what} failed: {code} {e}", bucket=self.bucket, key=key
+                    ) from e
+                raise errors.StoreError(
+                    f"S3 {what} failed: {code}: {e}", bucket=self.bucket, key=key
+                ) from e
+            except (
+                botocore.exceptions.EndpointConnectionError,
+                botocore.exceptions.ConnectionClosedError,
+                botocore.exceptions.ReadTimeoutError,
+                botocore.exceptions.ConnectTimeoutError,
+                botocore.exceptions.HTTPClientError,
+            ) as e:
+                if attempt < self.options.unreachable_retries:
+                    attempt += 1
+                    time.sleep(min(8.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
+                    continue
+                raise errors.StoreUnavailableError(
+                    f"S3 {what} failed: the server could not be reached: {e}",
+                    bucket=self.bucket,
+                    key=key,
+                    endpoint=self.options.endpoint_url or "aws",
+                ) from e
+
+    def _sse(self) -> dict[str, Any]:
+        o = self.options
+        extra: dict[str, Any] = {}
+        if o.server_side_encryption:
+            extra["ServerSideEncryption"] = o.server_side_encryption
+            if o.kms_key_id:
+                extra["SSEKMSKeyId"] = o.kms_key_id
+        return extra
+
+    def check(self) -> None:
+        self._call("HeadBucket", "", lambda: self._client.head_bucket(Bucket=self.bucket))
+
+    # --- objects -----------------------------------------------------------------
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        full = self._key(key)
+
+        def go() -> tuple[bytes, str] | None:
+            try:
+                resp = self._client.get_object(Bucket=self.bucket, Key=full)
+            except botocore.exceptions.ClientError as e:
+                if _code(e) in _NOT_FOUND:
+                    return None
+                raise
+            return resp["Body"].read(), str(resp["ETag"])
+
+        return self._call("GetObject", full, go)
+
+    def get(self, key: str) -> bytes | None:
+        got = self.get_versioned(key)
+        return None if got is None else got[0]
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if len(keys) <= 1:
+            return [self.get(k) for k in keys]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="durablerun-s3")
+        return list(self._pool.map(self.get, keys))
+
+    def _conditional_put(self, full: str, data: bytes, **condition: str) -> bool:
+        """PutObject with a condition; False on 412."""
+
+        def go() -> bool:
+            try:
+                self._client.put_object(
+                    Bucket=self.bucket, Key=full, Body=data, **condition, **self._sse()
+                )
+            except botocore.exceptions.ClientError as e:
+                if _code(e) in _PRECONDITION or _status(e) == 412:
+                    return False
+                raise
+            return True
+
+        return self._call("PutObject", full, go)
+
+    def create(self, key: str, data: bytes) -> bool:
+        if self._conditional_put(self._key(key), data, IfNoneMatch="*"):
+            return True
+        return self.get(key) == data
+
+    def put(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        self._call(
+            "PutObject",
+            full,
+            lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data, **self._sse()),
+        )
+
+    def cas(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        full = self._key(key)
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        if not self._conditional_put(full, data, **condition):
+            current = self.get_versioned(key)
+            if current is not None and current[0] == data:
+                return current[1]  # our own write, retried after it landed
+            return None
+        current = self.get_versioned(key)
+        return None if current is None or current[0] != data else current[1]
+
+    def list(self, prefix: str) -> list[str]:
+        return [self._rel(k) for k in self._list_full(self._key(prefix))]
+
+    def _list_full(self, full_prefix: str, start_after: str | None = None) -> list[str]:
+        def go() -> list[str]:
+            keys: list[str] = []
+            paginator = self._client.get_paginator("list_objects_v2")
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if start_after:
+                kwargs["StartAfter"] = start_after
+            for page in paginator.paginate(**kwargs):
+                keys.extend(obj["Key"] for obj in page.get("Contents", []))
+            return keys
+
+        return self._call("ListObjectsV2", full_prefix, go)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        full = [self._key(k) for k in keys]
+        self._delete_full(full)
+
+    def _delete_full(self, full: list[str]) -> None:
+        for i in range(0, len(full), 1000):
+            batch = full[i : i + 1000]
+            self._call(
+                "DeleteObjects",
+                batch[0],
+                lambda batch=batch: self._client.delete_objects(  # type: ignore[misc]
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                ),
+            )
+
+    def delete_prefix(self, prefix: str) -> int:
+        full = self._list_full(self._key(prefix))
+        self._delete_full(full)
+        return len(full)
+
+    def journal(self, root: str) -> base.JournalBackend:
+        return S3Journal(self, root)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+
+class S3Journal(base.JournalBackend):
+    def __init__(self, backend: S3Backend, root: str) -> None:
+        self._b = backend
+        self._root = root
+
+    def read(self, from_seq: int, *, repair: bool = False) -> list[tuple[int, bytes]]:
+        b = self._b
+        journal_prefix = b._key(self._root + layout.JOURNAL_DIR)
+        start_after = b._key(self._root + layout.journal_key(from_seq - 1)) if from_seq > 0 else None
+        keys = b._list_full(journal_prefix, start_after)
+        seqs: list[tuple[int, str]] = []
+        for full in keys:
+            seq = layout.seq_of_journal_key(b._rel(full)[len(self._root) :])
+            if seq is not None and seq >= from_seq:
+                seqs.append((seq, b._rel(full)))
+        bodies = b.get_many([k for _, k in seqs])
+        out = []
+        for (seq, key), body in zip(seqs, bodies, strict=True):
+            if body is None:
+                raise errors.CorruptionError(
+                    "a listed journal record disappeared while being read", key=key
+                )
+            out.append((seq, body))
+        return out
+
+    def append(self, seq: int, data: bytes) -> str:
+        key = self._root + layout.journal_key(seq)
+        full = self._b._key(key)
+        if self._b._conditional_put(full, data, IfNoneMatch="*"):
+            return full
+        if self._b.get(key) == data:
+            return full  # our own write: the first try landed, the retry got 412
+        raise errors.FencedError(
+            "journal position already written by another writer (412 Precondition Failed)",
+            bucket=self._b.bucket,
+            key=full,
+        )

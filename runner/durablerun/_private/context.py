@@ -1,0 +1,165 @@
+"""DurableContext: what a workflow function receives as its first argument."""
+
+from __future__ import annotations
+
+import uuid as uuid_mod
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, TypeVar, overload
+
+from durablerun import errors
+from durablerun._private import core
+from durablerun._private.journal import iso, parse_iso
+from durablerun._private.layout import check_event_name
+
+T = TypeVar("T")
+
+_NAME_MAX = 200
+
+
+def _check_step_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or len(name) > _NAME_MAX:
+        raise errors.WorkflowError(
+            f"a step name must be a non-empty string of at most {_NAME_MAX} characters, "
+            f"got {name!r}"
+        )
+    return name
+
+
+class DurableContext:
+    """The durable operations a workflow can perform.
+
+    Every operation takes a *position* in the run's journal, in the order the
+    workflow calls them. On a resume the workflow function runs again from the
+    top; operations already journaled return their recorded outcome instantly
+    instead of running again. Code between operations re-runs on every resume:
+    keep it cheap and free of side effects (put side effects in steps).
+    """
+
+    def __init__(self, attempt: core.AttemptCore) -> None:
+        self._core = attempt
+
+    @property
+    def run_id(self) -> str:
+        """The run's identity: ``<namespace>/<name>/<uid>`` or ``_local/<run-id>``."""
+        return self._core.run_key
+
+    # --- steps ------------------------------------------------------------------------
+    @overload
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T]],
+        /,
+        *args: Any,
+        retries: int | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, T]: ...
+
+    @overload
+    def step(
+        self, name: str, fn: Callable[..., T], /, *args: Any, retries: int | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, T]: ...
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        retries: int | None = None,
+        **kwargs: Any,
+    ) -> Coroutine[Any, Any, Any]:
+        """Run ``fn(*args, **kwargs)`` as a journaled step named ``name``; await the result.
+
+        The position is taken when ``step`` is *called*, so
+        ``ctx.gather(ctx.step("a", ...), ctx.step("b", ...))`` journals
+        deterministically however the two finish. ``fn`` may be sync (it runs
+        in a worker thread) or async. A failing step is retried ``retries``
+        times (default: ``policy.maxRetries``) with exponential backoff and
+        jitter, unless it raises :class:`~durablerun.errors.NonRetryableError`.
+        When it fails for good the workflow gets a :class:`~durablerun.errors.StepError`.
+        The result must be JSON-serializable (or a pydantic model); it comes
+        back as a replay would return it (e.g. tuples become lists).
+        """
+        _check_step_name(name)
+        if not callable(fn):
+            raise errors.WorkflowError(f"step {name!r}: fn must be callable, got {fn!r}")
+        if retries is not None and (not isinstance(retries, int) or retries < 0):
+            raise errors.WorkflowError(f"step {name!r}: retries must be an int >= 0")
+        pos = self._core.allocate(f"ctx.step({name!r})")
+        return self._core.step(pos, name, fn, args, kwargs, retries)
+
+    async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
+        """Run awaitables concurrently with deterministic journal positions.
+
+        Pass steps (``ctx.step(...)``) or coroutines of your own that call ctx
+        operations: each branch numbers its operations in its own scope.
+        Unlike ``asyncio.gather`` it waits for *every* branch before raising the
+        first failure, so a failure in one branch never loses the results the
+        others journaled.
+        """
+        return await self._core.gather(aws, return_exceptions)
+
+    # --- waiting ------------------------------------------------------------------------
+    async def wait_for_event(self, name: str, *, timeout: timedelta | None = None) -> Any:
+        """Return the payload of event ``name`` once it has been sent.
+
+        If it has not arrived, the attempt ends as Waiting (no process stays
+        alive); sending the event (``durablerun send-event``, or
+        ``spec.events`` on Kubernetes) and running again delivers it. The
+        first value sent for a name wins. Past ``timeout`` (measured from the
+        first time the run reached this point) it raises
+        :class:`~durablerun.errors.EventTimeout`.
+        """
+        check_event_name(name)
+        return await self._core.wait_for_event(name, timeout)
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        """Sleep durably. Short sleeps sleep in process; long ones end the
+        attempt as Waiting with a wake time (EngineConfig.inline_sleep_max)."""
+        if not isinstance(duration, timedelta):
+            duration = timedelta(seconds=float(duration))
+        await self._core.sleep(duration)
+
+    # --- deterministic values ---------------------------------------------------------------
+    def now(self) -> datetime:
+        """The current UTC time, recorded once: identical on every replay."""
+        return parse_iso(self._core.value("now", lambda: iso(datetime.now(UTC))))
+
+    def uuid(self) -> uuid_mod.UUID:
+        """A random UUID, recorded once: identical on every replay."""
+        return uuid_mod.UUID(self._core.value("uuid", core.new_uuid))
+
+    def patched(self, change_id: str) -> bool:
+        """True for runs that reach this point with the new code, False for old journals.
+
+        Write ``if ctx.patched("my-change"): new path else: old path``. A run
+        whose journal already went past this point without the marker takes
+        the old path; every other run records the marker and takes the new one.
+        """
+        if not isinstance(change_id, str) or not change_id:
+            raise errors.WorkflowError("ctx.patched needs a non-empty change id")
+        return self._core.patched(change_id)
+
+    # --- accounting -----------------------------------------------------------------------------
+    def add_cost(self, *, usd: Decimal | str | int | float = 0, tokens: int = 0) -> None:
+        """Charge cost to the run; journaled with the current step (or the next record).
+
+        Inside a step it is part of that step's record. Outside steps it is
+        counted once: code re-running during replay does not charge again.
+        Budgets (``costCeilingUSD``, ``maxTokens``) are checked before every step.
+        """
+        amount = usd if isinstance(usd, Decimal) else Decimal(str(usd))
+        if amount < 0 or tokens < 0:
+            raise errors.WorkflowError("add_cost takes non-negative amounts")
+        self._core.add_cost(amount, int(tokens))
+
+    def idempotency_key(self) -> str:
+        """Inside a step: ``<run>:<position>:<step name>``, stable across retries and resumes."""
+        frame = core.STEP.get()
+        if frame is None:
+            raise errors.WorkflowError("ctx.idempotency_key() is only available inside a step")
+        return f"{self._core.run_key}:{frame.position}:{frame.name}"

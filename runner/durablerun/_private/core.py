@@ -1,0 +1,665 @@
+"""One pass of a workflow over its journal: the durable step loop.
+
+The idea fits in a sentence (DBOS's ``invoke_step``): for each operation the
+workflow asks for, look its *position* up in the journal; if it is there,
+return (or re-raise) what was recorded; if not, run it and record the outcome
+durably before anything else happens.
+
+Positions are assigned when an operation is *called*, in call order, so they
+are deterministic: ``"7"`` at the top level, ``"7.2.0"`` for the first
+operation of branch 2 of a ``ctx.gather`` at position 7 (each gather branch
+counts in its own scope, so the timing of concurrent branches never changes
+a position). Journal *sequence numbers* are separate: the order records were
+written in, which is what writers race for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import random
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durablerun import errors
+from durablerun._private import codec
+from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
+from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
+from durablerun.api import AbortReason, Policy, parse_duration
+
+if TYPE_CHECKING:
+    from durablerun._private.engine import EngineConfig
+    from durablerun._private.sinks import SinkSet
+
+T = TypeVar("T")
+
+_OP_KINDS = {
+    "step": frozenset({"step"}),
+    "value": frozenset({"value"}),
+    "sleep": frozenset({"sleep"}),
+    "wait": frozenset({"wait", "event"}),
+}
+
+
+@dataclass
+class Scope:
+    prefix: tuple[int, ...]
+    owner: asyncio.Task[Any] | None
+    counter: int = 0
+
+
+@dataclass
+class StepFrame:
+    position: str
+    name: str
+    core: AttemptCore
+    usd: Decimal = Decimal(0)
+    tokens: int = 0
+
+
+SCOPE: contextvars.ContextVar[Scope] = contextvars.ContextVar("durablerun_scope")
+STEP: contextvars.ContextVar[StepFrame | None] = contextvars.ContextVar(
+    "durablerun_step", default=None
+)
+
+
+def pos_str(pos: tuple[int, ...]) -> str:
+    return ".".join(map(str, pos))
+
+
+def pos_tuple(pos: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in pos.split("."))
+
+
+class _DaemonPool(ThreadPoolExecutor):
+    """Runs sync steps. Its threads must never keep a finished process alive."""
+
+    def _adjust_thread_count(self) -> None:  # pragma: no cover - CPython internals
+        import threading
+        import weakref
+        from concurrent.futures import thread as cf_thread
+
+        if self._idle_semaphore.acquire(timeout=0):
+            return
+
+        def weakref_cb(_: Any, q: Any = self._work_queue) -> None:
+            q.put(None)
+
+        num_threads = len(self._threads)
+        if num_threads < self._max_workers:
+            t = threading.Thread(
+                name=f"durablerun-step-{num_threads}",
+                target=cf_thread._worker,
+                args=(weakref.ref(self, weakref_cb), self._work_queue, self._initializer,
+                      self._initargs),
+                daemon=True,
+            )
+            t.start()
+            self._threads.add(t)
+
+
+@dataclass
+class Live:
+    """Mutable per-attempt state shared across passes of the workflow."""
+
+    loaded: Loaded
+    index: dict[str, dict[str, Record]] = field(default_factory=dict)
+    scope_max: dict[tuple[int, ...], int] = field(default_factory=dict)
+    totals: Totals = field(default_factory=Totals)
+    pending_usd: Decimal = Decimal(0)
+    pending_tokens: int = 0
+    inflight_steps: int = 0
+    last_progress: float = field(default_factory=time.monotonic)
+    sleeping: int = 0
+
+    def add(self, record: Record) -> None:
+        kind = record.kind
+        key = f"patch:{record.name}" if kind == "patch" else kind
+        self.index.setdefault(record.pos, {})[key] = record
+        if kind in ("patch", "complete"):
+            return
+        t = pos_tuple(record.pos)
+        for j in range(0, len(t), 2):
+            prefix = t[:j]
+            if self.scope_max.get(prefix, -1) < t[j]:
+                self.scope_max[prefix] = t[j]
+
+    def replaying_at(self, cur: tuple[int, ...]) -> bool:
+        """Is there any journaled operation at or after ``cur`` in its scope?"""
+        for j in range(0, len(cur), 2):
+            m = self.scope_max.get(cur[:j], -1)
+            if j == len(cur) - 1:
+                if m >= cur[j]:
+                    return True
+            elif m > cur[j]:
+                return True
+        return False
+
+
+class AttemptCore:
+    """Executes workflow passes for one attempt. Created by the engine."""
+
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        live: Live,
+        policy: Policy,
+        config: EngineConfig,
+        sinks: SinkSet,
+        run_key: str,
+        attempt_id: str,
+        first_start: datetime,
+        io_pool: ThreadPoolExecutor,
+    ) -> None:
+        self.store = store
+        self.live = live
+        self.policy = policy
+        self.config = config
+        self.sinks = sinks
+        self.run_key = run_key
+        self.attempt_id = attempt_id
+        self.first_start = first_start
+        self._io_pool = io_pool
+        self._step_pool = _DaemonPool(max_workers=config.max_sync_threads)
+        self._tlock = threading.Lock()
+        self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-w")
+        self.reached: set[str] = set()
+        self.fenced: str | None = None
+        self.closed = False
+        self.stop_requested = False
+        self.abort_requested: tuple[AbortReason, str] | None = None
+        self.stop_event = asyncio.Event()
+        self.max_cost = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
+        self.max_duration = parse_duration(policy.maxDuration)
+
+    # --- plumbing -----------------------------------------------------------------
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.store.backend.io_inline:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._io_pool, fn, *args)
+
+    def close(self) -> None:
+        with self._tlock:
+            self.closed = True
+        self._step_pool.shutdown(wait=False, cancel_futures=True)
+        self._write_pool.shutdown(wait=False)
+
+    def new_pass(self) -> None:
+        self.reached = set()
+
+    def allocate(self, what: str) -> tuple[int, ...]:
+        scope = SCOPE.get()
+        if STEP.get() is not None:
+            raise Halt(HaltKind.FAIL, f"{what} was called inside a step; steps cannot nest: "
+                       "call it from the workflow function instead",
+                       error=errors.WorkflowError(f"{what} called inside a step"))
+        if scope.owner is not asyncio.current_task():
+            raise Halt(
+                HaltKind.FAIL,
+                f"{what} was called from a task that ctx.gather did not start. Run concurrent "
+                "branches with ctx.gather(...) so journal positions stay deterministic.",
+                error=errors.WorkflowError(f"{what} called from a foreign task"),
+            )
+        pos = (*scope.prefix, scope.counter)
+        scope.counter += 1
+        self.reached.add(pos_str(pos))
+        return pos
+
+    def peek(self) -> tuple[int, ...]:
+        scope = SCOPE.get()
+        return (*scope.prefix, scope.counter)
+
+    def lookup(self, pos: str, family: str, name: str) -> dict[str, Record]:
+        """Journaled records of this operation at ``pos`` (empty: not yet run)."""
+        recs = self.live.index.get(pos)
+        if not recs:
+            return {}
+        ops = {k: r for k, r in recs.items() if not k.startswith("patch:")}
+        if not ops:
+            return {}
+        kinds = _OP_KINDS[family]
+        for kind, rec in ops.items():
+            if kind not in kinds or rec.name != name:
+                err = errors.DivergenceError(
+                    f"replay diverged at journal position {pos}: the journal holds "
+                    f"{kind} {rec.name!r} there, but the workflow now asks for {family} "
+                    f"{name!r}. The code changed in a way that does not fit this run's "
+                    "journal: guard the change with ctx.patched('<change-id>') (docs/sdk.md, "
+                    "'Changing a workflow'), or finish this run with the code it started with. "
+                    "Nothing journaled was changed."
+                )
+                raise Halt(HaltKind.FAIL, str(err), error=err)
+        return ops
+
+    # --- journal writes --------------------------------------------------------------
+    def _commit_locked(self, fields: dict[str, Any], usd: Decimal, tokens: int,
+                       step: bool) -> tuple[Record, str, str | None, str | None]:
+        """Assign the next sequence number and append; runs under the writer lock.
+
+        Called on the loop thread for local stores and on the single writer
+        thread for remote ones; either way one record at a time, in order.
+        """
+        with self._tlock:
+            if self.fenced:
+                raise Halt(HaltKind.FENCE, self.fenced)
+            if self.closed:
+                raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
+            live = self.live
+            usd += live.pending_usd
+            tokens += live.pending_tokens
+            totals = Totals(live.totals.usd + usd, live.totals.tokens + tokens,
+                            live.totals.steps + (1 if step else 0))
+            seq = live.loaded.next_seq
+            data: dict[str, Any] = {"seq": seq, **fields, "w": self.attempt_id,
+                                    "at": round(time.time(), 6)}
+            if usd or tokens:
+                data["cost"] = {"usd": str(usd), "tokens": tokens}
+            data["totals"] = totals.to_json()
+            raw = data.pop("value") if isinstance(data.get("value"), _Raw) else None
+            if raw is not None:
+                body = codec.dumps(data)[:-1] + b',"value":' + raw.data + b"}"
+                data["value"] = raw.plain
+                record = Record(seq, data, body)
+            else:
+                record = Record(seq, data)
+            try:
+                key = self.store.append(record)
+            except errors.FencedError as e:
+                self.fenced = str(e)
+                raise Halt(HaltKind.FENCE, str(e), error=e) from None
+            except errors.StoreError as e:
+                raise Halt(HaltKind.CRASH, str(e), error=e) from None
+            live.loaded.records.append(record)
+            live.add(record)
+            live.totals = totals
+            live.pending_usd, live.pending_tokens = Decimal(0), 0
+            snap_key = warning = None
+            if (seq + 1) % self.config.snapshot_every == 0:
+                snap_key, warning = self._snapshot_locked()
+            return record, key, snap_key, warning
+
+    def _snapshot_locked(self) -> tuple[str | None, str | None]:
+        try:
+            return self.store.snapshot(self.live.loaded, self.live.totals), None
+        except errors.StoreError as e:
+            # Snapshots only speed up resume; the journal already holds everything.
+            return None, f"snapshot failed (the journal is intact): {e}"
+
+    def _after_commit(self, result: tuple[Record, str, str | None, str | None],
+                      step: bool) -> Record:
+        record, key, snap_key, warning = result
+        self.sinks.checkpoint_saved(seq=record.seq, key=key)
+        if snap_key:
+            self.sinks.checkpoint_saved(seq=self.live.loaded.snapshot_seq, key=snap_key)
+        if warning:
+            self.sinks.warning(warning)
+        if step or "cost" in record.data:
+            t = self.live.totals
+            self.sinks.cost_updated(usd=t.usd, tokens=t.tokens, steps=t.steps)
+        return record
+
+    async def commit(self, fields: dict[str, Any], *, usd: Decimal = Decimal(0),
+                     tokens: int = 0, step: bool = False) -> Record:
+        if self.store.backend.io_inline:
+            result = self._commit_locked(fields, usd, tokens, step)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(
+                self._write_pool, self._commit_locked, fields, usd, tokens, step)
+        return self._after_commit(result, step)
+
+    def commit_now(self, fields: dict[str, Any]) -> Record:
+        """Synchronous commit for ctx.now()/uuid()/patched(): durable before they return."""
+        return self._after_commit(self._commit_locked(fields, Decimal(0), 0, False), False)
+
+    async def final_snapshot(self) -> None:
+        def go() -> tuple[str | None, str | None]:
+            with self._tlock:
+                return self._snapshot_locked()
+
+        key, warning = await self.io(go)
+        if key:
+            self.sinks.checkpoint_saved(seq=self.live.loaded.snapshot_seq, key=key)
+        if warning:
+            self.sinks.warning(warning)
+
+    # --- budgets -----------------------------------------------------------------------
+    def check_before_new_op(self, *, step: bool) -> None:
+        if self.fenced:
+            raise Halt(HaltKind.FENCE, self.fenced)
+        if self.abort_requested:
+            reason, message = self.abort_requested
+            raise Halt(HaltKind.ABORT, message, reason=reason)
+        if self.stop_requested:
+            raise Halt(HaltKind.SUSPEND, "stopped at a step boundary as requested")
+        if not step:
+            return
+        live, p = self.live, self.policy
+        usd = live.totals.usd + live.pending_usd
+        tokens = live.totals.tokens + live.pending_tokens
+        if self.max_cost is not None and usd >= self.max_cost:
+            raise Halt(HaltKind.ABORT,
+                       f"cost ${usd} reached the ceiling ${self.max_cost}: raise "
+                       "policy.costCeilingUSD (--max-cost) and run again to continue",
+                       reason=AbortReason.BUDGET_EXHAUSTED)
+        if p.maxTokens is not None and tokens >= p.maxTokens:
+            raise Halt(HaltKind.ABORT,
+                       f"{tokens} tokens used, limit {p.maxTokens}: raise policy.maxTokens "
+                       "(--max-tokens) and run again to continue",
+                       reason=AbortReason.BUDGET_EXHAUSTED)
+        if p.maxSteps is not None and live.totals.steps + live.inflight_steps >= p.maxSteps:
+            raise Halt(HaltKind.ABORT,
+                       f"{live.totals.steps} steps executed, limit {p.maxSteps}: raise "
+                       "policy.maxSteps (--max-steps) and run again to continue",
+                       reason=AbortReason.BUDGET_EXHAUSTED)
+        self.check_duration()
+
+    def check_duration(self) -> None:
+        elapsed = datetime.now(UTC) - self.first_start
+        if elapsed >= self.max_duration:
+            raise Halt(HaltKind.ABORT,
+                       f"the run has been going for {elapsed} since its first start, past "
+                       f"policy.maxDuration {self.policy.maxDuration}: raise it "
+                       "(--max-duration) and run again to continue",
+                       reason=AbortReason.MAX_DURATION_EXCEEDED)
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep in process; a stop request ends it early with Halt(SUSPEND)."""
+        if seconds <= 0:
+            return
+        self.live.sleeping += 1
+        try:
+            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
+        except TimeoutError:
+            return
+        finally:
+            self.live.sleeping -= 1
+            self.live.last_progress = time.monotonic()
+        self.check_before_new_op(step=False)
+
+    # --- results --------------------------------------------------------------------------
+    async def encode_result(self, value: Any, what: str) -> tuple[dict[str, Any], Any]:
+        """Record fields for a result, and the value the workflow gets back."""
+        body, model = codec.encode_value(value, what=what)
+        size = len(body)
+        if size > self.config.result_hard_limit:
+            raise errors.ResultTooLargeError(
+                f"{what} returned {size:,} bytes of JSON, over the hard limit of "
+                f"{self.config.result_hard_limit:,} bytes (EngineConfig.result_hard_limit, "
+                "--max-result-bytes). Store large data elsewhere and return a reference."
+            )
+        fields: dict[str, Any] = {}
+        plain = codec.loads(body, what=what)
+        if size > self.config.inline_result_max:
+            fields["ref"] = await self.io(self.store.put_blob, body)
+        else:
+            fields["value"] = _Raw(body, plain)
+        if model:
+            fields["model"] = model
+        # The workflow gets its own copy, decoded exactly as a replay would decode it.
+        return fields, codec.rebuild(codec.loads(body, what=what), model, what=what)
+
+    async def recorded_value(self, record: Record, what: str) -> Any:
+        data = record.data
+        if "ref" in data:
+            try:
+                body = await self.io(self.store.get_blob, data["ref"])
+            except errors.StoreError as e:
+                raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
+                           else HaltKind.FAIL, str(e), error=e) from None
+            return codec.decode_value(body, data.get("model"), what=what)
+        try:
+            return codec.rebuild(_fresh(data.get("value")), data.get("model"), what=what)
+        except errors.WorkflowError as e:
+            raise Halt(HaltKind.FAIL, str(e), error=e) from None
+
+    # --- operations ----------------------------------------------------------------------
+    async def step(self, pos_t: tuple[int, ...], name: str, fn: Callable[..., Any],
+                   args: tuple[Any, ...], kwargs: dict[str, Any], retries: int | None) -> Any:
+        pos = pos_str(pos_t)
+        what = f"step {name!r} (position {pos})"
+        recs = self.lookup(pos, "step", name)
+        if recs:
+            rec = recs["step"]
+            if rec.data.get("ok"):
+                return await self.recorded_value(rec, what)
+            err = rec.data.get("error") or {}
+            raise errors.StepError(name, pos, str(err.get("type", "Error")),
+                                   str(err.get("message", "")), int(rec.data.get("attempts", 1)))
+        self.check_before_new_op(step=True)
+        max_retries = self.policy.maxRetries if retries is None else retries
+        live = self.live
+        live.inflight_steps += 1
+        frame = StepFrame(pos, name, self)
+        started = time.monotonic()
+        attempt = 0
+        failure: BaseException | None = None
+        fields: dict[str, Any] = {}
+        value: Any = None
+        try:
+            while True:
+                attempt += 1
+                self.sinks.step_started(position=pos, name=name, attempt=attempt)
+                token = STEP.set(frame)
+                try:
+                    result = await self._invoke(fn, args, kwargs)
+                    fields, value = await self.encode_result(result, what)
+                    failure = None
+                    break
+                except (Halt, asyncio.CancelledError):
+                    raise
+                except errors.NonRetryableError as e:
+                    failure = e
+                    break
+                except Exception as e:
+                    failure = e
+                    if attempt > max_retries:
+                        break
+                finally:
+                    STEP.reset(token)
+                await self.pause(self.backoff(attempt))
+        finally:
+            live.inflight_steps -= 1
+        record_fields: dict[str, Any] = {"pos": pos, "kind": "step", "name": name,
+                                         "ok": failure is None}
+        if failure is None:
+            record_fields.update(fields)
+        else:
+            record_fields["error"] = {"type": type(failure).__qualname__,
+                                      "module": type(failure).__module__,
+                                      "message": str(failure)[:4000]}
+        record_fields["attempts"] = attempt
+        record_fields["dur"] = round(time.monotonic() - started, 6)
+        record = await self.commit(record_fields, usd=frame.usd, tokens=frame.tokens, step=True)
+        live.last_progress = time.monotonic()
+        self.sinks.step_completed(position=pos, name=name, seq=record.seq, ok=failure is None,
+                                  duration=record_fields["dur"])
+        if failure is not None:
+            raise errors.StepError(name, pos, type(failure).__qualname__, str(failure)[:4000],
+                                   attempt) from failure
+        return value
+
+    async def _invoke(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        if self.config.sync_steps_in_threads:
+            loop = asyncio.get_running_loop()
+            ctx = contextvars.copy_context()
+            fut: Future[Any] = self._step_pool.submit(ctx.run, fn, *args, **kwargs)
+            result = await asyncio.wrap_future(fut, loop=loop)
+        else:
+            result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def backoff(self, attempt: int) -> float:
+        base = self.config.retry_initial.total_seconds() * 2 ** (attempt - 1)
+        capped = min(base, self.config.retry_max.total_seconds())
+        return capped * random.uniform(0.5, 1.0)
+
+    def value(self, kind: str, make: Callable[[], str]) -> str:
+        pos = pos_str(self.allocate(f"ctx.{kind}()"))
+        recs = self.lookup(pos, "value", kind)
+        if recs:
+            return str(recs["value"].data["value"])
+        value = make()
+        self.commit_now({"pos": pos, "kind": "value", "name": kind, "value": value})
+        return value
+
+    async def sleep(self, duration: timedelta) -> None:
+        pos = pos_str(self.allocate("ctx.sleep()"))
+        recs = self.lookup(pos, "sleep", "sleep")
+        if recs:
+            wake = parse_iso(recs["sleep"].data["wake_at"])
+        else:
+            self.check_before_new_op(step=False)
+            wake = datetime.now(UTC) + duration
+            await self.commit({"pos": pos, "kind": "sleep", "name": "sleep",
+                               "wake_at": iso(wake)})
+        remaining = (wake - datetime.now(UTC)).total_seconds()
+        if remaining <= 0:
+            return
+        if remaining <= self.config.inline_sleep_max.total_seconds():
+            await self.pause(remaining)
+            return
+        raise Halt(HaltKind.WAIT, f"sleeping until {iso(wake)}", waiting=Waiting(wake_time=wake))
+
+    async def wait_for_event(self, name: str, timeout: timedelta | None) -> Any:
+        pos = pos_str(self.allocate("ctx.wait_for_event()"))
+        recs = self.lookup(pos, "wait", name)
+        end = recs.get("event")
+        if end is not None:
+            return self._event_outcome(end)
+        start = recs.get("wait")
+        if start is None:
+            self.check_before_new_op(step=False)
+            deadline = None if timeout is None else datetime.now(UTC) + timeout
+            start = await self.commit({"pos": pos, "kind": "wait", "name": name,
+                                          "deadline": None if deadline is None else iso(deadline)})
+        raw_deadline = start.data.get("deadline")
+        deadline = parse_iso(raw_deadline) if raw_deadline else None
+        try:
+            event = await self.io(self.store.get_event, name)
+        except errors.StoreError as e:
+            raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
+                       else HaltKind.FAIL, str(e), error=e) from None
+        if event is not None:
+            end = await self.commit({"pos": pos, "kind": "event", "name": name,
+                                     "ok": True, "value": event.get("payload"),
+                                        "event_id": event.get("id")})
+            self.live.last_progress = time.monotonic()
+            return self._event_outcome(end)
+        if deadline is not None and datetime.now(UTC) >= deadline:
+            end = await self.commit({"pos": pos, "kind": "event", "name": name,
+                                     "ok": False, "timeout": True})
+            return self._event_outcome(end)
+        raise Halt(HaltKind.WAIT, f"waiting for event {name!r}",
+                   waiting=Waiting(event=name, deadline=deadline))
+
+    def _event_outcome(self, record: Record) -> Any:
+        if record.data.get("ok"):
+            return _fresh(record.data.get("value"))
+        wait = self.live.index.get(record.pos, {}).get("wait")
+        deadline = wait.data.get("deadline") if wait else None
+        raise errors.EventTimeout(record.name, str(deadline))
+
+    def patched(self, change_id: str) -> bool:
+        cur = self.peek()
+        pos = pos_str(cur)
+        if f"patch:{change_id}" in self.live.index.get(pos, {}):
+            return True
+        if self.live.replaying_at(cur):
+            return False
+        self.commit_now({"pos": pos, "kind": "patch", "name": change_id})
+        return True
+
+    def add_cost(self, usd: Decimal, tokens: int) -> None:
+        frame = STEP.get()
+        if frame is not None:
+            frame.usd += usd
+            frame.tokens += tokens
+            return
+        if self.live.replaying_at(self.peek()):
+            return  # already counted in the journal record that followed it
+        with self._tlock:
+            self.live.pending_usd += usd
+            self.live.pending_tokens += tokens
+
+    async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:
+        g = self.allocate("ctx.gather()")
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[Any]] = []
+        for i, aw in enumerate(aws):
+            scope = Scope((*g, i), None)
+            ctx = contextvars.copy_context()
+            ctx.run(SCOPE.set, scope)
+            tasks.append(loop.create_task(_branch(scope, aw), context=ctx))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        halts = [r for r in results if isinstance(r, Halt)]
+        if halts:
+            raise strongest(halts)
+        for r in results:
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+        if not return_exceptions:
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        return list(results)
+
+    def check_unreached(self) -> None:
+        """At completion: every journaled operation must have been reached."""
+        for pos, recs in self.live.index.items():
+            if pos in self.reached:
+                continue
+            ops = [r for k, r in recs.items() if not k.startswith("patch:")]
+            if ops:
+                err = errors.DivergenceError(
+                    f"the workflow finished without reaching journal position {pos}, which "
+                    f"holds {ops[0].kind} {ops[0].name!r}: the code changed in a way that does "
+                    "not fit this run's journal (guard changes with ctx.patched). Nothing "
+                    "journaled was changed."
+                )
+                raise Halt(HaltKind.FAIL, str(err), error=err)
+
+
+class _Raw:
+    """Pre-encoded JSON spliced into a record without re-encoding."""
+
+    __slots__ = ("data", "plain")
+
+    def __init__(self, data: bytes, plain: Any) -> None:
+        self.data = data
+        self.plain = plain
+
+
+def _fresh(value: Any) -> Any:
+    """A private copy of a journaled value (workflows may mutate what they get)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return codec.loads(codec.dumps(value), what="value")
+
+
+async def _branch(scope: Scope, aw: Awaitable[Any]) -> Any:
+    scope.owner = asyncio.current_task()
+    return await aw
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+def is_coroutine(obj: Any) -> bool:
+    return isinstance(obj, Coroutine)

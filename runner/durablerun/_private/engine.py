@@ -1,0 +1,615 @@
+"""The engine: one attempt of a run, from loading the journal to exactly one outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import inspect
+import json
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from durablerun import errors
+from durablerun._private import codec, core, layout
+from durablerun._private.context import DurableContext
+from durablerun._private.halts import Halt, HaltKind, Waiting
+from durablerun._private.journal import Loaded, RunStore, Totals, iso, parse_iso
+from durablerun._private.sinks import ProgressSink, SinkSet
+from durablerun._private.stores import Store
+from durablerun.api import AbortReason, Outcome, Policy
+
+SDK_VERSION = "0.1.0"
+Workflow = Callable[[DurableContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Tuning of the engine. Every field has a safe default."""
+
+    #: Save a snapshot every this many journal records (``checkpoint.snapshotEvery``).
+    snapshot_every: int = 100
+    #: Results bigger than this (bytes of JSON) are stored as their own object.
+    inline_result_max: int = 256 * 1024
+    #: Results bigger than this fail the step, without retries.
+    result_hard_limit: int = 64 * 1024 * 1024
+    #: Sleeps (and waits for a wake time) up to this long happen in process.
+    inline_sleep_max: timedelta = timedelta(seconds=60)
+    #: First delay between retries of a failing step; doubles per retry (with jitter).
+    retry_initial: timedelta = timedelta(seconds=1)
+    #: Upper bound of the delay between retries.
+    retry_max: timedelta = timedelta(seconds=60)
+    #: After a stop request, running steps get this long to finish and be journaled.
+    stop_grace: timedelta = timedelta(seconds=20)
+    #: Interval of heartbeat progress events.
+    heartbeat_interval: timedelta = timedelta(seconds=10)
+    #: The workflow code's version; default: a hash of the workflow module's source.
+    code_version: str | None = None
+    #: Run sync step functions in worker threads (so they can overlap and be abandoned).
+    sync_steps_in_threads: bool = True
+    #: Worker threads for sync steps.
+    max_sync_threads: int = 32
+
+
+@dataclass(frozen=True)
+class WaitingFor:
+    """What a Waiting run waits for: an event (maybe with a deadline) or a wake time."""
+
+    event: str | None = None
+    deadline: datetime | None = None
+    wake_time: datetime | None = None
+    since: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": self.event,
+            "deadline": iso(self.deadline) if self.deadline else None,
+            "wakeTime": iso(self.wake_time) if self.wake_time else None,
+            "since": iso(self.since) if self.since else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> WaitingFor | None:
+        if not data:
+            return None
+
+        def t(key: str) -> datetime | None:
+            v = data.get(key)
+            return parse_iso(v) if v else None
+
+        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"))
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """How one attempt ended. Exactly one per attempt."""
+
+    outcome: Outcome
+    message: str
+    abort_reason: AbortReason | None = None
+    #: The workflow's return value (Completed only).
+    result: Any = None
+    waiting: WaitingFor | None = None
+    totals: Totals = field(default_factory=Totals)
+    #: Journal records written so far (the next sequence number).
+    journal_records: int = 0
+    #: Qualified name of the error behind a Failed / UsageError outcome.
+    error_type: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return self.outcome.exit_code
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "message": self.message,
+            "abortReason": self.abort_reason.value if self.abort_reason else None,
+            "waitingFor": self.waiting.to_json() if self.waiting else None,
+            "cost": {"usd": str(self.totals.usd), "tokens": self.totals.tokens},
+            "steps": self.totals.steps,
+            "journalRecords": self.journal_records,
+            "errorType": self.error_type,
+        }
+
+    def termination_message(self) -> str:
+        """Compact JSON for the container's termination message (under 4 KiB)."""
+        doc = self.to_json()
+        text = json.dumps(doc, separators=(",", ":"))
+        if len(text.encode()) > 3800:
+            doc["message"] = self.message[:2000] + " ..."
+            text = json.dumps(doc, separators=(",", ":"))
+        return text
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run: str
+    attempt_id: str
+    journal_records: int
+    resumed: bool
+    objects_read: int
+    code_version: str
+
+
+# --- loading workflows -------------------------------------------------------------
+
+
+def load_workflow(ref: str) -> Workflow:
+    """Import ``module:function``.
+
+    Raises WorkflowNotFoundError (a usage error) when nothing by that name can
+    be imported, and WorkflowLoadError (Failed) when the module raises on import.
+    """
+    module_name, sep, func_name = ref.partition(":")
+    if not sep or not module_name or not func_name:
+        raise errors.WorkflowNotFoundError(
+            f"workflow {ref!r} must be MODULE:FUNCTION, e.g. agents.research:run"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise errors.WorkflowNotFoundError(
+                f"workflow {ref!r}: no module named {e.name!r} (is it on PYTHONPATH / in the "
+                "current directory, and is the name spelled right?)"
+            ) from e
+        raise errors.WorkflowLoadError(
+            f"workflow module {module_name!r} failed to import: {type(e).__name__}: {e}"
+        ) from e
+    except Exception as e:
+        tb = "".join(traceback.format_exception(e)[-3:]).strip()
+        raise errors.WorkflowLoadError(
+            f"workflow module {module_name!r} raised while being imported: "
+            f"{type(e).__name__}: {e}\n{tb}"
+        ) from e
+    fn = getattr(module, func_name, None)
+    if fn is None:
+        raise errors.WorkflowNotFoundError(
+            f"workflow {ref!r}: module {module_name!r} has no attribute {func_name!r}"
+        )
+    if not inspect.iscoroutinefunction(fn):
+        raise errors.WorkflowNotFoundError(
+            f"workflow {ref!r} must be an async function: async def {func_name}(ctx, input)"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def code_version_of(fn: Callable[..., Any]) -> str:
+    try:
+        source_file = inspect.getsourcefile(fn)
+        if source_file:
+            with open(source_file, "rb") as f:
+                return hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, TypeError):
+        pass
+    return "unknown"
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+class Run:
+    """One durable run, driven one attempt at a time. See :mod:`durablerun.engine`."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        run: layout.RunRef,
+        workflow: str | Workflow,
+        input: Any = None,
+        policy: Policy | None = None,
+        sinks: list[ProgressSink] | None = None,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.ref = run
+        self.workflow = workflow
+        self.input = {} if input is None else input
+        self.policy = policy or Policy()
+        self.config = config or EngineConfig()
+        if self.config.snapshot_every < 1:
+            raise errors.ConfigError("snapshot_every must be >= 1 (checkpoint.snapshotEvery)")
+        self.sinks = SinkSet(sinks or [])
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._core: core.AttemptCore | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop: timedelta | None = None
+        self._stop_at: float | None = None
+        self._abort: tuple[AbortReason, str] | None = None
+        self._fence: str | None = None
+        self.attempt_id = uuid.uuid4().hex[:16]
+
+    # --- control from other threads --------------------------------------------------------
+    def request_stop(self, grace: timedelta | None = None) -> None:
+        """Stop at the next step boundary (outcome Suspended). Thread- and signal-safe.
+
+        Steps already running get ``grace`` (default EngineConfig.stop_grace)
+        to finish and be journaled; then they are cancelled.
+        """
+        with self._lock:
+            if self._stop is None:
+                self._stop = grace if grace is not None else self.config.stop_grace
+        self._poke()
+
+    def request_abort(self, reason: AbortReason = AbortReason.USER_REQUESTED,
+                      message: str = "aborted on request") -> None:
+        """End at the next step boundary as Aborted(reason), with a final checkpoint."""
+        with self._lock:
+            if self._abort is None:
+                self._abort = (reason, message)
+        self._poke()
+
+    def fence(self, message: str = "lease lost: another attempt owns the run") -> None:
+        """Stop at once as Fenced: nothing more is written. Thread-safe."""
+        with self._lock:
+            if self._fence is None:
+                self._fence = message
+        self._poke()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+
+    # --- running ------------------------------------------------------------------------------
+    def run_attempt(self) -> AttemptResult:
+        """Run one attempt on a fresh event loop in this thread; return its outcome.
+
+        Raises StoreUnavailableError when the store cannot be reached (treat it
+        as a crash: exit non-zero so the attempt is retried with backoff).
+        """
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(self.run_attempt_async())
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def run_attempt_async(self) -> AttemptResult:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="durablerun-io")
+        run_store = self.store.run_store(self.ref)
+        try:
+            result = await self._attempt(run_store, io_pool)
+        except errors.StoreUnavailableError:
+            raise
+        except (errors.ConfigError) as e:
+            result = AttemptResult(Outcome.USAGE_ERROR, str(e), error_type=_qual(e))
+        except errors.FencedError as e:
+            result = AttemptResult(Outcome.FENCED, str(e), error_type=_qual(e))
+        except (errors.WorkflowError, errors.StoreError) as e:
+            result = AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e))
+        finally:
+            io_pool.shutdown(wait=False)
+            run_store.close()
+        self.sinks.run_finished(result=result)
+        return result
+
+    async def _io(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.store.backend.io_inline:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def _attempt(self, rs: RunStore, io_pool: ThreadPoolExecutor) -> AttemptResult:
+        if isinstance(self.workflow, str):
+            workflow_ref = self.workflow
+            fn = load_workflow(self.workflow)
+        else:
+            fn = self.workflow
+            workflow_ref = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
+            if not inspect.iscoroutinefunction(fn):
+                raise errors.WorkflowNotFoundError(
+                    f"workflow {workflow_ref} must be an async function")
+        code_version = self.config.code_version or code_version_of(fn)
+        try:
+            input_sha = codec.input_hash(self.input)
+        except (TypeError, ValueError) as e:
+            raise errors.ConfigError(f"--input / spec.input is not JSON: {e}") from e
+
+        await self._io(io_pool, self.store.backend.check)
+        manifest = await self._io(io_pool, rs.read_manifest)
+        if manifest is None:
+            manifest = await self._io(io_pool, rs.create_manifest, {
+                "layout": layout.LAYOUT_VERSION,
+                "run": self.ref.key,
+                "workflow": workflow_ref,
+                "input": self.input,
+                "input_sha256": input_sha,
+                "code_version": code_version,
+                "sdk": SDK_VERSION,
+                "created": iso(time.time()),
+            })
+        if manifest.get("input_sha256") != input_sha:
+            raise errors.InputMismatchError(
+                f"InputMismatch: run {self.ref} was started with a different input "
+                f"(sha256 {str(manifest.get('input_sha256'))[:12]}..., this attempt has "
+                f"{input_sha[:12]}...). A run's input is fixed at its first attempt: restore "
+                "the original input, or start a new run (new --run-id / a new DurableRun). "
+                "Nothing journaled was changed."
+            )
+        if isinstance(self.workflow, str) and manifest.get("workflow") != workflow_ref:
+            raise errors.InputMismatchError(
+                f"run {self.ref} was started with workflow {manifest.get('workflow')!r}, this "
+                f"attempt asks for {workflow_ref!r}: use the original workflow or a new run id. "
+                "Nothing journaled was changed."
+            )
+        first_start = parse_iso(str(manifest["created"]))
+        loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
+        for w in loaded.warnings:
+            self.sinks.warning(w)
+        live = core.Live(loaded=loaded, totals=loaded.totals)
+        for record in loaded.records:
+            live.add(record)
+        self.sinks.run_started(info=RunStarted(
+            run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
+            resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
+            code_version=code_version))
+
+        if loaded.records and loaded.records[-1].kind == "complete":
+            done = loaded.records[-1]
+            attempt_core = self._make_core(rs, live, first_start, io_pool)
+            try:
+                value = await attempt_core.recorded_value(done, "the workflow's result")
+            except Halt as h:
+                return self._halt_result(h, live)
+            finally:
+                attempt_core.close()
+            return AttemptResult(Outcome.COMPLETED, "the run had already completed", result=value,
+                                 totals=live.totals, journal_records=loaded.next_seq)
+
+        attempt_core = self._make_core(rs, live, first_start, io_pool)
+        self._core = attempt_core
+        with self._lock:
+            self._apply_controls(attempt_core)
+        try:
+            return await self._passes(fn, attempt_core, rs, code_version)
+        finally:
+            attempt_core.close()
+            self._core = None
+
+    def _make_core(self, rs: RunStore, live: core.Live, first_start: datetime,
+                   io_pool: ThreadPoolExecutor) -> core.AttemptCore:
+        return core.AttemptCore(
+            store=rs, live=live, policy=self.policy, config=self.config, sinks=self.sinks,
+            run_key=self.ref.key, attempt_id=self.attempt_id, first_start=first_start,
+            io_pool=io_pool)
+
+    def _apply_controls(self, c: core.AttemptCore) -> None:
+        if self._fence and not c.fenced:
+            c.fenced = self._fence
+        if self._abort and not c.abort_requested:
+            c.abort_requested = self._abort
+        if self._stop is not None and not c.stop_requested:
+            c.stop_requested = True
+            self._stop_at = time.monotonic() + self._stop.total_seconds()
+        if c.fenced or c.abort_requested or c.stop_requested:
+            c.stop_event.set()
+
+    async def _passes(self, fn: Workflow, c: core.AttemptCore, rs: RunStore,
+                      code_version: str) -> AttemptResult:
+        """Run the workflow; re-run it in process while a wait is already satisfied."""
+        for _ in range(10_000):
+            outcome = await self._one_pass(fn, c)
+            if isinstance(outcome, AttemptResult):
+                await self._finish(c, rs, outcome, code_version)
+                return outcome
+            # Waiting: publish it, then look again (an event sent meanwhile is never lost:
+            # a sender writes the event first and reads our status second).
+            waiting = outcome
+            result = AttemptResult(
+                Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
+                totals=c.live.totals, journal_records=c.live.loaded.next_seq)
+            await c.final_snapshot()
+            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
+            if not await self._still_waiting(c, rs, waiting):
+                c.new_pass()
+                continue
+            return result
+        raise errors.WorkflowError("the workflow kept waiting for things already available")
+
+    async def _still_waiting(self, c: core.AttemptCore, rs: RunStore, w: WaitingFor) -> bool:
+        now = datetime.now(UTC)
+        if w.event:
+            if await self._io(c._io_pool, rs.get_event, w.event) is not None:
+                return False
+            if w.deadline is not None:
+                remaining = (w.deadline - now).total_seconds()
+                if remaining <= 0:
+                    return False
+                if remaining <= self.config.inline_sleep_max.total_seconds():
+                    # Short deadline: poll in process until the event or the deadline.
+                    end = time.monotonic() + remaining
+                    while time.monotonic() < end:
+                        try:
+                            await c.pause(min(1.0, max(0.0, end - time.monotonic())))
+                        except Halt:
+                            return True
+                        if await self._io(c._io_pool, rs.get_event, w.event) is not None:
+                            return False
+                    return False
+            return True
+        if w.wake_time is not None:
+            remaining = (w.wake_time - now).total_seconds()
+            if remaining <= self.config.inline_sleep_max.total_seconds():
+                try:
+                    await c.pause(remaining)
+                except Halt:
+                    return True
+                return False
+        return True
+
+    async def _one_pass(self, fn: Workflow, c: core.AttemptCore) -> AttemptResult | WaitingFor:
+        ctx = DurableContext(c)
+        loop = asyncio.get_running_loop()
+        scope = core.Scope((), None)
+        import contextvars
+
+        cv = contextvars.copy_context()
+        cv.run(core.SCOPE.set, scope)
+        cv.run(core.STEP.set, None)
+
+        async def main() -> Any:
+            scope.owner = asyncio.current_task()
+            return await fn(ctx, self.input)
+
+        task = loop.create_task(main(), context=cv)
+        cancelled_for: Halt | None = None
+        hb = self.config.heartbeat_interval.total_seconds()
+        next_hb = time.monotonic() + hb
+        progress_timeout = _duration(self.policy.progressTimeout)
+        assert self._wake is not None
+        while not task.done():
+            wake_task = loop.create_task(self._wake.wait())
+            timeout = max(0.0, min(next_hb - time.monotonic(), 1.0))
+            await asyncio.wait({task, wake_task}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            wake_task.cancel()
+            self._wake.clear()
+            with self._lock:
+                self._apply_controls(c)
+            now = time.monotonic()
+            if task.done():
+                break
+            if c.fenced:
+                cancelled_for = Halt(HaltKind.FENCE, c.fenced)
+            elif self._stop_at is not None and now >= self._stop_at:
+                cancelled_for = Halt(HaltKind.SUSPEND,
+                                     "stopped as requested; steps still running after the "
+                                     "grace period were cancelled and will run again")
+            elif c.live.sleeping == 0 and now - c.live.last_progress > progress_timeout:
+                cancelled_for = Halt(
+                    HaltKind.ABORT,
+                    f"no step completed for {self.policy.progressTimeout} "
+                    "(policy.progressTimeout): raise it or fix the hanging step, then run again",
+                    reason=AbortReason.PROGRESS_TIMEOUT)
+            else:
+                try:
+                    c.check_duration()
+                except Halt as h:
+                    cancelled_for = h
+            if cancelled_for is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                break
+            if now >= next_hb:
+                self.sinks.heartbeat(time=datetime.now(UTC))
+                next_hb = now + hb
+
+        live = c.live
+        if cancelled_for is not None:
+            return self._halt_result(cancelled_for, live)
+        exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+        if exc is None:
+            return await self._complete(c, task.result())
+        if isinstance(exc, Halt):
+            if exc.kind == HaltKind.WAIT and exc.waiting is not None:
+                w = exc.waiting
+                return WaitingFor(w.event, w.deadline, w.wake_time, datetime.now(UTC))
+            return self._halt_result(exc, live)
+        if isinstance(exc, asyncio.CancelledError):
+            return AttemptResult(Outcome.SUSPENDED, "the workflow was cancelled",
+                                 totals=live.totals, journal_records=live.loaded.next_seq)
+        if isinstance(exc, errors.ConfigError):
+            return AttemptResult(Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc),
+                                 totals=live.totals, journal_records=live.loaded.next_seq)
+        detail = "".join(traceback.format_exception(exc)[-4:]).strip()
+        print(f"durablerun: the workflow raised:\n{detail}", file=sys.stderr)
+        return AttemptResult(
+            Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
+            error_type=_qual(exc), totals=live.totals, journal_records=live.loaded.next_seq)
+
+    async def _complete(self, c: core.AttemptCore, value: Any) -> AttemptResult:
+        live = c.live
+        try:
+            c.check_unreached()
+            fields, result = await c.encode_result(value, "the workflow")
+            await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
+        except Halt as h:
+            return self._halt_result(h, live)
+        except errors.DurableRunError as e:
+            return AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e), totals=live.totals,
+                                 journal_records=live.loaded.next_seq)
+        return AttemptResult(Outcome.COMPLETED, "the workflow completed", result=result,
+                             totals=live.totals, journal_records=live.loaded.next_seq)
+
+    def _halt_result(self, h: Halt, live: core.Live) -> AttemptResult:
+        kind_outcome = {
+            HaltKind.SUSPEND: Outcome.SUSPENDED,
+            HaltKind.ABORT: Outcome.ABORTED,
+            HaltKind.FAIL: Outcome.FAILED,
+            HaltKind.FENCE: Outcome.FENCED,
+            HaltKind.WAIT: Outcome.WAITING,
+        }
+        if h.kind == HaltKind.CRASH:
+            err = h.error if isinstance(h.error, errors.StoreError) else None
+            if isinstance(err, errors.StoreUnavailableError) or err is None:
+                raise err or errors.StoreUnavailableError(h.message)
+            if isinstance(err, errors.ConfigError):
+                return AttemptResult(Outcome.USAGE_ERROR, h.message, error_type=_qual(err),
+                                     totals=live.totals, journal_records=live.loaded.next_seq)
+            return AttemptResult(Outcome.FAILED, h.message, error_type=_qual(err),
+                                 totals=live.totals, journal_records=live.loaded.next_seq)
+        return AttemptResult(
+            kind_outcome[h.kind], h.message, abort_reason=h.reason,
+            error_type=_qual(h.error) if h.error else None,
+            totals=live.totals, journal_records=live.loaded.next_seq)
+
+    async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
+                      code_version: str) -> None:
+        if result.outcome == Outcome.FENCED:
+            return  # a fenced attempt writes nothing more
+        with contextlib.suppress(Halt):
+            await c.final_snapshot()
+        try:
+            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
+        except errors.StoreError as e:
+            self.sinks.warning(f"could not record the attempt's outcome: {e}")
+
+    def _status_doc(self, result: AttemptResult, code_version: str) -> dict[str, Any]:
+        doc = result.to_json()
+        doc.update({"attempt": self.attempt_id, "time": iso(time.time()),
+                    "codeVersion": code_version, "sdk": SDK_VERSION})
+        return doc
+
+
+def _waiting_message(w: WaitingFor) -> str:
+    if w.event:
+        tail = f" (deadline {iso(w.deadline)})" if w.deadline else ""
+        return f"waiting for event {w.event!r}{tail}"
+    return f"sleeping until {iso(w.wake_time) if w.wake_time else '?'}"
+
+
+def _duration(text: str) -> float:
+    from durablerun.api import parse_duration
+
+    return parse_duration(text).total_seconds()
+
+
+def _qual(e: BaseException) -> str:
+    return f"{type(e).__module__}.{type(e).__qualname__}"
+
+
+__all__ = [
+    "AttemptResult",
+    "EngineConfig",
+    "Run",
+    "RunStarted",
+    "WaitingFor",
+    "load_workflow",
+]

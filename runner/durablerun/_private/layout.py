@@ -1,0 +1,136 @@
+"""The key scheme of a run's store: one module owns it, and it is versioned.
+
+Layout version 1. Under the store's prefix a run lives at::
+
+    <prefix>/<namespace>/<name>/<uid>/     a DurableRun on Kubernetes
+    <prefix>/_local/<run-id>/              a run started by ``durablerun run --run-id``
+
+(``_local`` can never clash with a Kubernetes namespace: namespaces are DNS
+labels and cannot start with an underscore.) Inside a run's root::
+
+    manifest.json              created once: layout, workflow, input + its hash, code version
+    journal/<seq:012d>.json    one sealed record per journal sequence number (S3, memory)
+    journal/<start:012d>.log   append-only segments of sealed records, one per line (filesystem)
+    snapshot.json              pointer to the latest snapshot (compare-and-swap)
+    chunks/<sha256>.json       immutable runs of journal records a snapshot points to
+    blobs/<sha256>.json        big step results, content-addressed, referenced from records
+    events/<name>.json         events, first write wins
+    status.json                the last attempt's outcome and what a Waiting run waits for
+
+Every object is sealed (see :mod:`durablerun._private.codec`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from durablerun import errors
+
+LAYOUT_VERSION = 1
+SEQ_DIGITS = 12
+# Filesystem journal segments hold this many records each (part of layout v1).
+SEGMENT_RECORDS = 4096
+
+LOCAL_NAMESPACE = "_local"
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+_EVENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Identity of one run, and so where its objects live in a store.
+
+    Use :meth:`kubernetes` for a DurableRun and :meth:`local` for a run the
+    local CLI started with ``--run-id``.
+    """
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+    @classmethod
+    def kubernetes(cls, namespace: str, name: str, uid: str) -> RunRef:
+        for field, value, pattern in (
+            ("namespace", namespace, _DNS_RE),
+            ("name", name, _DNS_RE),
+            ("uid", uid, _UID_RE),
+        ):
+            if not pattern.match(value):
+                raise errors.ConfigError(f"invalid run {field} {value!r}")
+        return cls(namespace, name, uid)
+
+    @classmethod
+    def local(cls, run_id: str) -> RunRef:
+        if not _RUN_ID_RE.match(run_id):
+            raise errors.ConfigError(
+                f"--run-id {run_id!r} is not a valid run id: use 1-128 letters, digits, '.', "
+                "'_' or '-', starting with a letter or digit"
+            )
+        return cls(LOCAL_NAMESPACE, run_id, None)
+
+    @property
+    def path(self) -> str:
+        """The run's root relative to the store prefix (no trailing slash)."""
+        if self.uid is None:
+            return f"{self.namespace}/{self.name}"
+        return f"{self.namespace}/{self.name}/{self.uid}"
+
+    @property
+    def key(self) -> str:
+        """Stable identity used in idempotency keys: ``<namespace>/<name>[/<uid>]``."""
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+
+def check_event_name(name: str) -> str:
+    if not _EVENT_RE.match(name):
+        raise errors.ConfigError(
+            f"invalid event name {name!r}: use 1-253 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+MANIFEST = "manifest.json"
+SNAPSHOT = "snapshot.json"
+STATUS = "status.json"
+JOURNAL_DIR = "journal/"
+CHUNKS_DIR = "chunks/"
+BLOBS_DIR = "blobs/"
+EVENTS_DIR = "events/"
+
+
+def journal_key(seq: int) -> str:
+    return f"{JOURNAL_DIR}{seq:0{SEQ_DIGITS}d}.json"
+
+
+def seq_of_journal_key(name: str) -> int | None:
+    """The sequence number of ``journal/<seq>.json`` (relative key), else None."""
+    if not name.startswith(JOURNAL_DIR) or not name.endswith(".json"):
+        return None
+    digits = name[len(JOURNAL_DIR) : -len(".json")]
+    if len(digits) != SEQ_DIGITS or not digits.isdigit():
+        return None
+    return int(digits)
+
+
+def segment_name(start: int) -> str:
+    return f"{start:0{SEQ_DIGITS}d}.log"
+
+
+def chunk_key(sha256: str) -> str:
+    return f"{CHUNKS_DIR}{sha256}.json"
+
+
+def blob_key(sha256: str) -> str:
+    return f"{BLOBS_DIR}{sha256}.json"
+
+
+def event_key(name: str) -> str:
+    return f"{EVENTS_DIR}{check_event_name(name)}.json"
