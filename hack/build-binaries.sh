@@ -6,7 +6,8 @@
 # (KUBEBUILDER_ASSETS or TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD) skip the
 # control-plane build.
 #
-# Usage: hack/build-binaries.sh [kube-apiserver|etcd|minio|helm ...]  (default: all)
+# Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|etcd|minio|helm ...]
+# (default: all)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,12 +29,14 @@ wrapper_module() {
   echo "$dir"
 }
 
-build_kube_apiserver() {
-  local out="$BIN/kube-apiserver-$KUBERNETES_VERSION"
+# build_kubernetes <component>: kube-apiserver or kube-controller-manager.
+build_kubernetes() {
+  local component="$1"
+  local out="$BIN/$component-$KUBERNETES_VERSION"
   [[ -x "$out" ]] && return 0
-  log "building kube-apiserver $KUBERNETES_VERSION (first time only; several minutes)"
+  log "building $component $KUBERNETES_VERSION (first time only; several minutes)"
   local dir minor staging
-  dir="$(wrapper_module "kube-apiserver-$KUBERNETES_VERSION")"
+  dir="$(wrapper_module "$component-$KUBERNETES_VERSION")"
   minor="$(cut -d. -f2 <<<"$KUBERNETES_VERSION")"
   cd "$dir"
   # k8s.io/kubernetes replaces every staging module with ./staging/...; a
@@ -47,7 +50,7 @@ build_kube_apiserver() {
   for m in $staging; do
     go mod edit -replace "$m=$m@$staged_version"
   done
-  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n' >tools.go
+  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/%s/app"\n' "$component" >tools.go
   go mod tidy >/dev/null
   local ldflags=(
     "-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION"
@@ -58,7 +61,7 @@ build_kube_apiserver() {
     "-X k8s.io/client-go/pkg/version.gitMajor=1"
     "-X k8s.io/client-go/pkg/version.gitMinor=$minor"
   )
-  go build -trimpath -ldflags "-s -w ${ldflags[*]}" -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  go build -trimpath -ldflags "-s -w ${ldflags[*]}" -o "$out.tmp" "k8s.io/kubernetes/cmd/$component"
   mv "$out.tmp" "$out"
 }
 
@@ -101,15 +104,17 @@ build_helm() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver etcd minio helm)
+[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager etcd minio helm)
 for t in "${targets[@]}"; do
   case "$t" in
     kube-apiserver)
-      if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_APISERVER:-}" ]]; then log "kube-apiserver from envtest assets"; else (build_kube_apiserver); fi ;;
+      if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_APISERVER:-}" ]]; then log "kube-apiserver from envtest assets"; else (build_kubernetes kube-apiserver); fi ;;
+    kube-controller-manager)
+      if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_CONTROLLER_MANAGER:-}" ]]; then log "kube-controller-manager from envtest assets"; else (build_kubernetes kube-controller-manager); fi ;;
     etcd)
       if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_ETCD:-}" ]]; then log "etcd from envtest assets"; else (build_etcd); fi ;;
     minio) (build_minio) ;;
     helm) (build_helm) ;;
-    *) log "unknown binary '$t' (expected kube-apiserver, etcd, minio or helm)"; exit 2 ;;
+    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, etcd, minio or helm)"; exit 2 ;;
   esac
 done

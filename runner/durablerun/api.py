@@ -32,7 +32,7 @@ POD_FINALIZER = f"{GROUP}/termination"
 RUN_FINALIZER = f"{GROUP}/cleanup"
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     """Where a run is, for humans and for ``kubectl get``."""
 
     PENDING = "Pending"
@@ -49,7 +49,7 @@ class Phase(str, enum.Enum):
         return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.ABORTED)
 
 
-class AbortReason(str, enum.Enum):
+class AbortReason(enum.StrEnum):
     USER_REQUESTED = "UserRequested"
     BUDGET_EXHAUSTED = "BudgetExhausted"
     MAX_DURATION_EXCEEDED = "MaxDurationExceeded"
@@ -57,7 +57,7 @@ class AbortReason(str, enum.Enum):
     RETRY_LIMIT_EXCEEDED = "RetryLimitExceeded"
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """How one runner attempt ended. Exactly one per attempt."""
 
     COMPLETED = "Completed"
@@ -139,12 +139,7 @@ def format_duration(delta: timedelta) -> str:
 
 
 def _duration_field(default: str, description: str) -> Any:
-    return Field(
-        default=default,
-        description=description,
-        pattern=DURATION_PATTERN,
-        json_schema_extra={"x-durablerun-duration": True},
-    )
+    return Field(default=default, description=description, pattern=DURATION_PATTERN)
 
 
 USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
@@ -165,7 +160,8 @@ class Backoff(_Model):
     def delay(self, restarts: int) -> timedelta:
         """The delay before restart number ``restarts`` (1 = first restart)."""
         initial, ceiling = parse_duration(self.initial), parse_duration(self.max)
-        return min(initial * (2 ** max(restarts - 1, 0)), ceiling)
+        doubled = initial * float(2 ** max(restarts - 1, 0))
+        return min(doubled, ceiling)
 
 
 class Policy(_Model):
@@ -361,12 +357,18 @@ class Condition(_Model):
 class DurableRunStatus(_Model):
     """Observed state of the run, written by the operator and the runner."""
 
-    phase: Phase | None = Field(default=None, description="Pending, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted.")
+    phase: Phase | None = Field(
+        default=None, description="Pending, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted."
+    )
     attempt: int = Field(default=0, description="Number of pods started for this run.")
-    epoch: int = Field(default=0, description="Fencing token: bumped before every new pod; only the pod of this epoch may write.")
+    epoch: int = Field(
+        default=0, description="Fencing token: bumped before every new pod; only the pod of this epoch may write."
+    )
     pod: str | None = Field(default=None, description="The current attempt's pod.")
     restarts: int = Field(default=0, description="Restarts after crashes, OOM kills and expired leases.")
-    disruptions: int = Field(default=0, description="Restarts after evictions, preemptions, lost nodes and deleted pods.")
+    disruptions: int = Field(
+        default=0, description="Restarts after evictions, preemptions, lost nodes and deleted pods."
+    )
     lease: Lease = Field(default_factory=Lease)
     progress: Progress = Field(default_factory=Progress)
     cost: Cost = Field(default_factory=Cost)

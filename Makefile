@@ -1,0 +1,33 @@
+# durable-run: the README's commands. Every target installs what it needs first
+# (hack/setup.sh is idempotent and takes seconds once done).
+PY := .venv/bin/python
+SETUP := hack/setup.sh
+
+.PHONY: setup demo test lint generate sandbox-up sandbox-down sandbox-status
+
+setup:
+	@$(SETUP)
+
+## The main job: the local sandbox and an example run, then tear down.
+demo: setup
+	$(PY) -m durablerun_testbed sandbox demo
+
+## The whole test suite against the real test bed (what CI runs).
+test: setup lint
+	$(PY) -m pytest
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/mypy
+
+generate: setup
+	$(PY) hack/generate.py
+
+sandbox-up: setup
+	$(PY) -m durablerun_testbed sandbox up
+
+sandbox-down: setup
+	$(PY) -m durablerun_testbed sandbox down
+
+sandbox-status: setup
+	$(PY) -m durablerun_testbed sandbox status

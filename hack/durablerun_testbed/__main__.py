@@ -1,0 +1,23 @@
+"""python -m durablerun_testbed {node,sandbox} ..."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox"):
+        print("usage: python -m durablerun_testbed {node|sandbox} ...", file=sys.stderr)
+        return 2
+    command, rest = sys.argv[1], sys.argv[2:]
+    if command == "node":
+        from durablerun_testbed import processnode
+
+        return processnode.main(rest)
+    from durablerun_testbed import sandbox
+
+    return sandbox.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
+
+Started the way controller-runtime's envtest starts it, plus the
+controller-manager so that Deployments, garbage collection of owned objects,
+namespace deletion and ServiceAccounts behave as in a cluster. There is no
+scheduler and no kubelet: the process node (``processnode``) plays both.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from durablerun_testbed import binaries, procs
+
+ADMIN_USER = "admin"
+
+
+@dataclass
+class ControlPlane:
+    workdir: Path
+    testbed_id: str
+    etcd: procs.ManagedProcess | None = None
+    apiserver: procs.ManagedProcess | None = None
+    controller_manager: procs.ManagedProcess | None = None
+    port: int = 0
+    admin_token: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "certs" / "apiserver.crt"
+
+    def start(self, *, controller_manager: bool = True) -> ControlPlane:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        logs = self.workdir / "logs"
+        self._start_etcd(logs)
+        self._start_apiserver(logs)
+        self._write_kubeconfig()
+        if controller_manager:
+            self._start_controller_manager(logs)
+        return self
+
+    def _start_etcd(self, logs: Path) -> None:
+        client, peer = procs.free_port(), procs.free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self.etcd = procs.ManagedProcess(
+            "etcd",
+            [
+                str(binaries.find("etcd")),
+                "--data-dir", str(self.workdir / "etcd"),
+                "--listen-client-urls", self.etcd_url,
+                "--advertise-client-urls", self.etcd_url,
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+                "--log-level", "warn",
+            ],
+            log_path=logs / "etcd.log",
+            testbed_id=self.testbed_id,
+        )
+        procs.wait_for(
+            lambda: self._etcd_healthy(), timeout=30, what=f"etcd at {self.etcd_url}"
+        )
+
+    def _etcd_healthy(self) -> bool:
+        assert self.etcd
+        self.etcd.check_alive()
+        with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as response:
+            return b'"health":"true"' in response.read()
+
+    def _start_apiserver(self, logs: Path) -> None:
+        certs = self.workdir / "certs"
+        certs.mkdir(parents=True, exist_ok=True)
+        sa_key = self.workdir / "sa.key"
+        if not sa_key.exists():
+            subprocess.run(
+                ["openssl", "genrsa", "-out", str(sa_key), "2048"],
+                check=True, capture_output=True,
+            )
+        self.admin_token = secrets.token_hex(16)
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n')
+        tokens.chmod(0o600)
+        self.port = procs.free_port()
+        self.apiserver = procs.ManagedProcess(
+            "kube-apiserver",
+            [
+                str(binaries.find("kube-apiserver")),
+                "--etcd-servers", self.etcd_url,
+                "--cert-dir", str(certs),
+                "--secure-port", str(self.port),
+                "--bind-address", "127.0.0.1",
+                "--advertise-address", "127.0.0.1",
+                "--service-cluster-ip-range", "10.0.0.0/24",
+                "--service-account-issuer", self.url,
+                "--service-account-key-file", str(sa_key),
+                "--service-account-signing-key-file", str(sa_key),
+                "--authorization-mode", "RBAC",
+                "--token-auth-file", str(tokens),
+                "--allow-privileged=true",
+                "--v=1",
+            ],
+            log_path=logs / "kube-apiserver.log",
+            testbed_id=self.testbed_id,
+        )
+        procs.wait_for(self._apiserver_ready, timeout=60, what=f"kube-apiserver at {self.url}")
+
+    def _apiserver_ready(self) -> bool:
+        assert self.apiserver
+        self.apiserver.check_alive()
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        request = urllib.request.Request(
+            f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.admin_token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2, context=context) as response:
+                return bool(response.status == 200)
+        except urllib.error.HTTPError:
+            return False
+
+    def _write_kubeconfig(self) -> None:
+        self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_dict(ADMIN_USER, self.admin_token)))
+        self.kubeconfig.chmod(0o600)
+
+    def kubeconfig_dict(self, user: str, token: str) -> dict[str, object]:
+        """A kubeconfig for ``user`` authenticating with a bearer ``token``."""
+        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "testbed", "cluster": {"server": self.url, "certificate-authority-data": ca}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": user}}],
+            "current-context": "testbed",
+        }
+
+    def _start_controller_manager(self, logs: Path) -> None:
+        self.controller_manager = procs.ManagedProcess(
+            "kube-controller-manager",
+            [
+                str(binaries.find("kube-controller-manager")),
+                "--kubeconfig", str(self.kubeconfig),
+                "--leader-elect=false",
+                # The process node keeps no node heartbeats; node loss is
+                # simulated by the node itself.
+                "--controllers", "*,-nodelifecycle,-cloud-node-lifecycle",
+                "--secure-port", "0",
+                "--service-account-private-key-file", str(self.workdir / "sa.key"),
+                "--root-ca-file", str(self.ca_file),
+                "--use-service-account-credentials=false",
+                "--concurrent-gc-syncs", "5",
+                "--v=1",
+            ],
+            log_path=logs / "kube-controller-manager.log",
+            testbed_id=self.testbed_id,
+        )
+
+    def check_alive(self) -> None:
+        for part in (self.etcd, self.apiserver, self.controller_manager):
+            if part is not None:
+                part.check_alive()
+
+    def stop(self) -> None:
+        for part in (self.controller_manager, self.apiserver, self.etcd):
+            if part is not None:
+                part.stop()

@@ -1,0 +1,185 @@
+"""The whole test bed in one object: control plane, MinIO, process node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from durablerun_testbed import binaries, procs
+from durablerun_testbed.controlplane import ControlPlane
+from durablerun_testbed.s3 import S3Server
+
+VENV_BIN = Path(sys.executable).parent
+
+
+class NodeClient:
+    """Tells the process node to do to a pod's process what the real world does."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _post(self, action: str, namespace: str, pod: str, container: str | None) -> dict[str, Any]:
+        query = f"namespace={namespace}&pod={pod}" + (f"&container={container}" if container else "")
+        request = urllib.request.Request(f"{self.url}/{action}?{query}", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+
+    def kill(self, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
+        """SIGKILL the container's process: a crash (exit 137)."""
+        return self._post("kill", namespace, pod, container)
+
+    def oom(self, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
+        """SIGKILL it and report reason OOMKilled, as the kernel's OOM killer would."""
+        return self._post("oom", namespace, pod, container)
+
+    def pause(self, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
+        """SIGSTOP: a hung or network-partitioned pod."""
+        return self._post("pause", namespace, pod, container)
+
+    def cont(self, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
+        """SIGCONT a paused process."""
+        return self._post("continue", namespace, pod, container)
+
+    def terminate(self, namespace: str, pod: str, container: str | None = None) -> dict[str, Any]:
+        """SIGTERM the process (without deleting the pod)."""
+        return self._post("term", namespace, pod, container)
+
+    def lose(self, namespace: str, pod: str) -> dict[str, Any]:
+        """The node dies under the pod: process killed unreported, pod force-deleted."""
+        return self._post("lose", namespace, pod, None)
+
+    def processes(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.url}/processes", timeout=10) as response:
+            result: list[dict[str, Any]] = json.load(response)
+            return result
+
+
+@dataclass
+class TestBed:
+    root: Path
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    controlplane: ControlPlane | None = None
+    s3: S3Server | None = None
+    node_process: procs.ManagedProcess | None = None
+    node: NodeClient | None = None
+    owns_s3: bool = True
+
+    __test__ = False  # not a pytest test class
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.controlplane
+        return self.controlplane.kubeconfig
+
+    def start(
+        self,
+        *,
+        s3: S3Server | bool = True,
+        node: bool = True,
+        base_env: dict[str, str] | None = None,
+    ) -> TestBed:
+        """Start the parts; ``s3`` may be a running server to share instead of a new one."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.controlplane = ControlPlane(self.root / "controlplane", self.id).start()
+            if isinstance(s3, S3Server):
+                self.s3, self.owns_s3 = s3, False
+            elif s3:
+                self.s3 = S3Server(self.root / "s3", self.id).start()
+            if node:
+                self.start_node(base_env)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_node(self, base_env: dict[str, str] | None = None) -> None:
+        port = procs.free_port()
+        env = base_env if base_env is not None else default_pod_env()
+        self.node_process = procs.ManagedProcess(
+            "process-node",
+            [sys.executable, "-m", "durablerun_testbed", "node",
+             "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.root / "node"),
+             "--control-port", str(port), "--workdir", str(binaries.REPO_ROOT),
+             "--base-env", json.dumps(env)],
+            log_path=self.root / "logs" / "process-node.log",
+            testbed_id=self.id,
+        )
+        self.node = NodeClient(f"http://127.0.0.1:{port}")
+        node_client = self.node
+
+        def healthy() -> bool:
+            assert self.node_process
+            self.node_process.check_alive()
+            node_client.processes()
+            return True
+
+        procs.wait_for(healthy, timeout=30, what="the process node's control API")
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the real kubectl against the test bed; raise with its stderr when it fails."""
+        argv = [str(binaries.kubectl()), "--kubeconfig", str(self.kubeconfig), *args]
+        result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
+    def api_client(self) -> Any:
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(
+            config_file=str(self.kubeconfig), client_configuration=configuration
+        )
+        return client.ApiClient(configuration)
+
+    def env(self) -> dict[str, str]:
+        """Environment for a process that talks to the test bed (kubectl, the operator)."""
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        if self.s3:
+            env.update(AWS_ACCESS_KEY_ID=self.s3.access_key, AWS_SECRET_ACCESS_KEY=self.s3.secret_key,
+                       AWS_DEFAULT_REGION=self.s3.region, AWS_ENDPOINT_URL_S3=self.s3.endpoint_url)
+        return env
+
+    def check_alive(self) -> None:
+        for part in (self.controlplane, self.s3, self.node_process):
+            if part is not None:
+                part.check_alive()
+
+    def stop(self) -> None:
+        if self.node_process:
+            self.node_process.stop()
+        if self.s3 and self.owns_s3:
+            self.s3.stop()
+        if self.controlplane:
+            self.controlplane.stop()
+
+    def leftovers(self) -> list[tuple[int, str]]:
+        """Processes started by this test bed that are still alive."""
+        return procs.processes_with_marker(self.id)
+
+    def logs(self) -> Sequence[Path]:
+        return sorted(self.root.rglob("*.log"))
+
+
+def default_pod_env() -> dict[str, str]:
+    """What the process node's "image" provides: this venv and the repo's examples."""
+    return {
+        "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": str(binaries.REPO_ROOT / "examples"),
+        "HOME": "/tmp",
+    }

@@ -1,0 +1,138 @@
+"""The DurableRun CustomResourceDefinition, generated from the API models.
+
+``durablerun.api`` is the one source of the resource's shape; this module turns
+its pydantic models into the structural OpenAPI v3 schema the API server
+validates and defaults with, and adds the printer columns. ``hack/generate.py``
+writes the result into deploy/ and the chart; a test fails when those are stale.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from durablerun import api
+
+# Keys of pydantic's JSON schema that have no place in a CRD schema.
+_DROPPED_KEYS = ("title",)
+
+
+def _inline(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Resolve $refs, collapse Optional[X] to X, and drop what Kubernetes rejects."""
+    if "$ref" in schema:
+        target = copy.deepcopy(defs[schema["$ref"].split("/")[-1]])
+        extra = {k: v for k, v in schema.items() if k != "$ref"}
+        return _inline({**target, **extra}, defs)
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"a CRD schema cannot express a union: {schema}")
+        outer = {k: v for k, v in schema.items() if k != "anyOf"}
+        merged = {**_inline(options[0], defs), **outer}
+        if merged.get("default", "unset") is None:
+            del merged["default"]
+        return _inline(merged, defs)
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROPPED_KEYS:
+            continue
+        if key == "properties":
+            out[key] = {name: _inline(prop, defs) for name, prop in value.items()}
+        elif key == "items" and isinstance(value, dict):
+            out[key] = _inline(value, defs)
+        else:
+            out[key] = value
+    if out.get("x-kubernetes-preserve-unknown-fields"):
+        out.pop("additionalProperties", None)
+        out["type"] = "object"
+    if out.get("type") == "object" and out.get("additionalProperties") is True:
+        del out["additionalProperties"]
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def _default_nested_objects(schema: dict[str, Any]) -> None:
+    """Default an absent nested object to {} so the API server fills in its own defaults.
+
+    (spec.policy omitted entirely still gets maxRestarts: 3 and the rest.)
+    """
+    for prop in schema.get("properties", {}).values():
+        if prop.get("type") == "object" and "properties" in prop:
+            if not prop.get("required"):
+                prop.setdefault("default", {})
+            _default_nested_objects(prop)
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec_schema = api.DurableRunSpec.model_json_schema()
+    status_schema = api.DurableRunStatus.model_json_schema()
+    spec = _inline(spec_schema, spec_schema.get("$defs", {}))
+    spec.pop("$defs", None)
+    _default_nested_objects(spec)
+    status = _inline(status_schema, status_schema.get("$defs", {}))
+    status.pop("$defs", None)
+    spec["description"] = api.DurableRunSpec.__doc__
+    status["description"] = api.DurableRunStatus.__doc__
+    return {
+        "type": "object",
+        "description": (
+            "A durable run: a Python workflow executed step by step by a runner pod, every "
+            "step journaled before the next starts, resumed from its journal after any crash."
+        ),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepName"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.fraction"},
+    {"name": "Cost", "type": "string", "jsonPath": ".status.cost.usd"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.abortReason", "priority": 1},
+    {"name": "Steps", "type": "integer", "jsonPath": ".status.progress.completedSteps", "priority": 1},
+    {"name": "Pod", "type": "string", "jsonPath": ".status.pod", "priority": 1},
+]
+
+
+def custom_resource_definition() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{api.PLURAL}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/name": "durable-run"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": [api.SHORT_NAME],
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }

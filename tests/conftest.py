@@ -1,0 +1,104 @@
+"""Fixtures for the real test bed: MinIO, kube-apiserver + etcd + controller-manager, process node.
+
+Session-scoped parts start once and only when a test asks for them; each test
+gets its own namespace or bucket. Every process the test bed starts carries one
+session marker; when the session ends, no process with it may be left.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from durablerun_testbed import procs
+from durablerun_testbed.prometheus import Prometheus
+from durablerun_testbed.s3 import S3Server
+from durablerun_testbed.testbed import TestBed
+
+REPO = Path(__file__).resolve().parent.parent
+CRD_PATH = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
+SESSION_ID = "pytest-" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def testbed_root() -> Iterator[Path]:
+    """One directory for the session's servers, logs and state; kept when KEEP_TESTBED=1."""
+    root = Path(tempfile.mkdtemp(prefix="durablerun-testbed-"))
+    yield root
+    if not os.environ.get("KEEP_TESTBED"):
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_processes() -> Iterator[None]:
+    """Fails the session if any process the test bed started outlives it."""
+    yield
+    leftovers = procs.processes_with_marker(SESSION_ID)
+    for pid, _ in leftovers:
+        os.kill(pid, 9)
+    assert not leftovers, f"test bed processes survived the session: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def s3_server(testbed_root: Path) -> Iterator[S3Server]:
+    """A real MinIO on loopback for the whole session."""
+    server = S3Server(testbed_root / "s3", SESSION_ID).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A fresh, empty bucket on the session's MinIO."""
+    return s3_server.create_bucket("t-" + uuid.uuid4().hex[:16])
+
+
+@pytest.fixture(scope="session")
+def testbed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
+    """Control plane and process node (sharing the session's MinIO), with the CRD installed."""
+    bed = TestBed(testbed_root / "k8s", id=SESSION_ID).start(s3=s3_server)
+    try:
+        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+        bed.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                    "crd/durableruns.durablerun.dev")
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture
+def namespace(testbed: TestBed) -> Iterator[str]:
+    """A fresh namespace with its default ServiceAccount in place; deleted after the test."""
+    name = "t-" + uuid.uuid4().hex[:10]
+    testbed.kubectl("create", "namespace", name)
+    procs.wait_for(
+        lambda: testbed.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=30, what=f"the default ServiceAccount in {name}",
+    )
+    yield name
+    testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+StartPrometheus = Callable[..., Prometheus]
+
+
+@pytest.fixture
+def start_prometheus(testbed_root: Path) -> Iterator[StartPrometheus]:
+    """``start_prometheus(["127.0.0.1:port"], rule_files=[...])``: a real Prometheus, stopped after the test."""
+    started: list[Prometheus] = []
+
+    def start(targets: list[str], **options: object) -> Prometheus:
+        server = Prometheus(testbed_root / f"prometheus-{uuid.uuid4().hex[:6]}", SESSION_ID)
+        started.append(server)
+        return server.start(targets, **options)  # type: ignore[arg-type]
+
+    yield start
+    for server in started:
+        server.stop()
