@@ -22,7 +22,7 @@ from typing import Any
 from durablerun import errors
 from durablerun._private import codec, core, layout
 from durablerun._private.context import DurableContext
-from durablerun._private.halts import Halt, HaltKind, Waiting
+from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, RunStore, Totals, iso, parse_iso
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store

@@ -30,7 +30,7 @@ class Waiting:
     wake_time: datetime | None = None
 
 
-class Halt(BaseException):  # noqa: N818 - a signal, not an error
+class Halt(BaseException):
     def __init__(
         self,
         kind: HaltKind,

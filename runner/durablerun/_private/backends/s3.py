@@ -231,6 +231,8 @@ class S3Backend(base.Backend):
             except botocore.exceptions.ClientError as e:
                 if _code(e) in _PRECONDITION or _status(e) == 412:
                     return False
+                if "IfMatch" in condition and _code(e) in _NOT_FOUND:
+                    return False  # If-Match on a key that does not exist (any more)
                 raise
             return True
 

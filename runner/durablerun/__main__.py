@@ -1,0 +1,7 @@
+"""``python -m durablerun`` is the ``durablerun`` command."""
+
+import sys
+
+from durablerun.cli import main
+
+sys.exit(main())

@@ -1,0 +1,97 @@
+"""What ``durablerun run`` shows while it runs: a live status line on a terminal,
+plain lines otherwise."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+from decimal import Decimal
+from typing import IO, TYPE_CHECKING
+
+from durablerun._private.sinks import ProgressSink
+
+if TYPE_CHECKING:
+    from durablerun._private.engine import AttemptResult, RunStarted
+
+
+class PlainProgress(ProgressSink):
+    """One line per step: for logs and pipes."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stderr
+
+    def _line(self, text: str) -> None:
+        self.stream.write(f"durablerun: {text}\n")
+        self.stream.flush()
+
+    def run_started(self, *, info: RunStarted) -> None:
+        if info.resumed:
+            self._line(f"resuming {info.run}: {info.journal_records} journal records "
+                       f"({info.objects_read} objects read)")
+        else:
+            self._line(f"starting {info.run}")
+
+    def step_completed(
+        self, *, position: str, name: str, seq: int, ok: bool, duration: float
+    ) -> None:
+        state = "done" if ok else "FAILED"
+        self._line(f"step {position} {name!r} {state} in {duration:.3f}s")
+
+    def warning(self, message: str) -> None:
+        self._line(f"warning: {message}")
+
+
+class TtyProgress(ProgressSink):
+    """A single redrawn status line: steps done, the current step, cost."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self.current = ""
+        self.usd = Decimal(0)
+        self.tokens = 0
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._last_draw = 0.0
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_draw < 0.05:
+            return
+        self._last_draw = now
+        width = shutil.get_terminal_size((80, 20)).columns
+        text = (f"⏵ {self.done} steps · now: {self.current or '-'} · ${self.usd} · "
+                f"{self.tokens} tokens · {now - self.started:.0f}s")
+        with self._lock:
+            self.stream.write("\r\x1b[2K" + text[: max(10, width - 1)])
+            self.stream.flush()
+
+    def run_started(self, *, info: RunStarted) -> None:
+        verb = "resuming" if info.resumed else "starting"
+        self.stream.write(f"{verb} {info.run} ({info.journal_records} journal records)\n")
+
+    def step_started(self, *, position: str, name: str, attempt: int) -> None:
+        self.current = name if attempt == 1 else f"{name} (try {attempt})"
+        self._draw()
+
+    def step_completed(
+        self, *, position: str, name: str, seq: int, ok: bool, duration: float
+    ) -> None:
+        self.done += 1
+        if not ok:
+            self.stream.write(f"\r\x1b[2Kstep {position} {name!r} FAILED\n")
+        self._draw()
+
+    def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
+        self.usd, self.tokens = usd, tokens
+        self._draw()
+
+    def warning(self, message: str) -> None:
+        self.stream.write(f"\r\x1b[2Kwarning: {message}\n")
+
+    def run_finished(self, *, result: AttemptResult) -> None:
+        self._draw(force=True)
+        self.stream.write("\n")
+        self.stream.flush()

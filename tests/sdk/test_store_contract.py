@@ -1,0 +1,254 @@
+"""One contract, three stores: memory, filesystem and S3 on a real MinIO.
+
+Every test here runs unchanged against each store (the ``store_spec`` fixture).
+"""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+
+import pytest
+
+from durablerun import errors
+from durablerun._private import codec, layout
+from durablerun._private.journal import Record, RunStore, Totals
+from durablerun.stores import RunRef, Store
+
+from .conftest import StoreSpec
+from .helpers import corrupt_journal_record, raw_journal_bytes
+
+REF = RunRef.kubernetes("team-a", "research", "3f2a9c1e-0000-4000-8000-000000000001")
+
+
+@pytest.fixture
+def store(store_spec: StoreSpec) -> Store:
+    s = store_spec.open()
+    s.check()
+    return s
+
+
+def _record(seq: int, name: str = "s", *, usd: str = "0") -> Record:
+    return Record(seq, {"seq": seq, "pos": str(seq), "kind": "step", "name": name, "ok": True,
+                        "value": {"n": seq}, "w": "test",
+                        "totals": {"usd": usd, "tokens": seq, "steps": seq + 1}})
+
+
+# --- object primitives ----------------------------------------------------------------
+
+
+def test_create_is_first_write_wins(store: Store) -> None:
+    key = REF.path + "/events/go.json"
+    assert store.backend.create(key, b"first") is True
+    assert store.backend.create(key, b"second") is False
+    assert store.backend.get(key) == b"first"
+    # Identical bytes count as success: a retried request whose first try landed.
+    assert store.backend.create(key, b"first") is True
+
+
+def test_cas_replaces_only_the_expected_version(store: Store) -> None:
+    key = REF.path + "/snapshot.json"
+    assert store.backend.cas(key, b"v1", etag="not-there") is None
+    e1 = store.backend.cas(key, b"v1", etag=None)
+    assert e1 is not None
+    assert store.backend.cas(key, b"v2", etag=None) is None  # exists now
+    e2 = store.backend.cas(key, b"v2", etag=e1)
+    assert e2 is not None and e2 != e1
+    assert store.backend.cas(key, b"v3", etag=e1) is None  # stale etag
+    got = store.backend.get_versioned(key)
+    assert got is not None and got == (b"v2", e2)
+
+
+def test_get_missing_is_none(store: Store) -> None:
+    assert store.backend.get(REF.path + "/nope.json") is None
+    assert store.backend.get_versioned(REF.path + "/nope.json") is None
+
+
+# --- journal ---------------------------------------------------------------------------------
+
+
+def test_journal_positions_are_written_once(store: Store) -> None:
+    rs = store.run_store(REF)
+    for seq in range(3):
+        rs.append(_record(seq))
+    assert [r.seq for r in rs.load().records] == [0, 1, 2]
+    other = store.run_store(REF)  # a second writer that read the journal earlier
+    other_view = other.load(for_writing=True)
+    assert other_view.next_seq == 3
+    rs.append(_record(3, "mine"))
+    with pytest.raises(errors.FencedError):
+        other.append(_record(3, "theirs"))
+    loaded = store.run_store(REF).load()
+    assert [r.name for r in loaded.records] == ["s", "s", "s", "mine"]
+    rs.close()
+    other.close()
+
+
+def test_two_writers_racing_each_position_exactly_one_wins(store: Store) -> None:
+    """Two writers race for the same positions: each position has one winner, whose
+    record is what is stored; the loser learns it is fenced."""
+    winners: dict[int, list[str]] = {}
+    lock = threading.Lock()
+    barrier = threading.Barrier(2)
+
+    def writer(name: str) -> None:
+        rs = store.run_store(REF)
+        rs.load(for_writing=True)
+        for seq in range(12):
+            barrier.wait(timeout=10)
+            try:
+                rs.append(_record(seq, name))
+                with lock:
+                    winners.setdefault(seq, []).append(name)
+            except errors.FencedError:
+                # The loser of a position re-reads (as a new attempt would) and goes on.
+                rs.close()
+                rs = store.run_store(REF)
+                rs.load(for_writing=True)
+        rs.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(winners) == list(range(12))
+    assert all(len(v) == 1 for v in winners.values()), winners
+    stored = store.run_store(REF).load().records
+    assert [r.name for r in stored] == [winners[i][0] for i in range(12)]
+
+
+def test_corrupt_record_is_a_loud_error_and_nothing_is_overwritten(store: Store) -> None:
+    rs = store.run_store(REF)
+    for seq in range(4):
+        rs.append(_record(seq))
+    rs.close()
+    corrupt_journal_record(store, REF, 1)
+    before = raw_journal_bytes_tolerant(store)
+    with pytest.raises(errors.CorruptionError) as e:
+        store.run_store(REF).load(for_writing=True)
+    assert "checksum" in str(e.value)
+    assert raw_journal_bytes_tolerant(store) == before
+
+
+def raw_journal_bytes_tolerant(store: Store) -> list[bytes]:
+    try:
+        return raw_journal_bytes(store, REF)
+    except errors.CorruptionError:
+        # The filesystem journal refuses to read past damage: compare the file itself.
+        from .helpers import fs_segment
+
+        return [fs_segment(store, REF).read_bytes()]
+
+
+def test_snapshots_bound_the_objects_a_resume_reads(store: Store) -> None:
+    rs = store.run_store(REF)
+    loaded = rs.load(for_writing=True)
+    n = 200
+    for seq in range(n):
+        rec = _record(seq)
+        rs.append(rec)
+        loaded.records.append(rec)
+        if (seq + 1) % 10 == 0:
+            rs.snapshot(loaded, Totals(Decimal(0), seq, seq + 1))
+    rs.close()
+    # Binary merging: at most log2(200/10)+1 chunks.
+    assert 1 <= len(loaded.chunks) <= 5, loaded.chunks
+    resumed = store.run_store(REF).load()
+    assert [r.seq for r in resumed.records] == list(range(n))
+    assert [r.data["value"] for r in resumed.records] == [{"n": i} for i in range(n)]
+    assert resumed.snapshot_seq == n - 1
+    assert resumed.objects_read <= 8
+
+
+def test_snapshot_pointer_only_moves_forward(store: Store) -> None:
+    rs = store.run_store(REF)
+    ahead = rs.load(for_writing=True)
+    behind = store.run_store(REF).load()
+    for seq in range(6):
+        rec = _record(seq)
+        rs.append(rec)
+        ahead.records.append(rec)
+        if seq < 3:
+            behind.records.append(rec)
+    assert rs.snapshot(ahead, Totals()) is not None
+    assert rs.snapshot(behind, Totals()) is None  # older than what is saved
+    assert store.run_store(REF).load().snapshot_seq == 5
+    rs.close()
+
+
+def test_blobs_round_trip_and_are_checked(store: Store) -> None:
+    rs = store.run_store(REF)
+    body = codec.dumps({"big": "x" * 100_000})
+    ref = rs.put_blob(body)
+    assert rs.get_blob(ref) == body
+    key = rs.key(layout.blob_key(ref["sha256"]))
+    store.backend.put(key, codec.seal(codec.dumps({"big": "y"})))
+    with pytest.raises(errors.CorruptionError):
+        rs.get_blob(ref)
+
+
+def test_events_first_write_wins(store: Store) -> None:
+    assert store.put_event(run=REF, name="approval", payload={"status": "yes"}) is True
+    assert store.put_event(run=REF, name="approval", payload={"status": "no"}) is False
+    got = store.get_event(run=REF, name="approval")
+    assert got is not None and got.payload == {"status": "yes"}
+    assert store.get_event(run=REF, name="other") is None
+
+
+def test_concurrent_event_senders_exactly_one_wins(store: Store) -> None:
+    results: list[bool] = []
+    barrier = threading.Barrier(4)
+
+    def send(i: int) -> None:
+        barrier.wait(timeout=10)
+        results.append(store.put_event(run=REF, name="go", payload=i))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(results) == [False, False, False, True]
+
+
+def test_manifest_is_created_once(store: Store) -> None:
+    rs = store.run_store(REF)
+    first = rs.create_manifest({"input_sha256": "a"})
+    second = rs.create_manifest({"input_sha256": "b"})
+    assert first == second == {"input_sha256": "a"}
+
+
+def test_read_run_reports_counters_checkpoint_and_status(store: Store) -> None:
+    assert store.read_run(run=REF).exists is False
+    rs: RunStore = store.run_store(REF)
+    rs.create_manifest({"workflow": "m:f", "input_sha256": "abc"})
+    for seq in range(3):
+        rs.append(_record(seq, usd=f"0.{seq}"))
+    rs.write_status({"outcome": "Waiting", "waitingFor": {"event": "go"}})
+    rs.close()
+    info = store.read_run(run=REF)
+    assert info.exists and info.workflow == "m:f" and info.input_hash == "abc"
+    assert info.totals.usd == Decimal("0.2") and info.totals.steps == 3
+    assert info.journal_records == 3
+    assert info.checkpoint is not None and info.checkpoint.seq == 2
+    assert info.status == {"outcome": "Waiting", "waitingFor": {"event": "go"}}
+
+
+def test_delete_run_removes_everything_of_that_run_only(store: Store) -> None:
+    other = RunRef.local("neighbour")
+    for ref in (REF, other):
+        rs = store.run_store(ref)
+        rs.create_manifest({"x": 1})
+        rs.append(_record(0))
+        rs.close()
+        store.put_event(run=ref, name="e", payload=1)
+    assert store.delete_run(run=REF) >= 3
+    assert store.read_run(run=REF).exists is False
+    assert store.read_run(run=other).exists is True
+
+
+def test_describe_names_the_store_without_secrets(store_spec: StoreSpec, store: Store) -> None:
+    d = store.describe()
+    assert d["kind"] in ("memory", "filesystem", "s3")
+    assert store_spec.options.get("secret_key", "\0") not in repr(d)
