@@ -196,7 +196,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     result = run.run_attempt()
-    _report(result.outcome, result.message)
+    label = result.outcome.value
+    if result.abort_reason is not None:
+        label += f" ({result.abort_reason.value})"
+    print(f"durablerun: {label}: {result.message}", file=sys.stderr)
     if result.outcome == Outcome.COMPLETED:
         print(json.dumps(result.result, indent=2, default=str))
     elif result.outcome == Outcome.WAITING:
@@ -211,10 +214,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif result.outcome in (Outcome.ABORTED, Outcome.SUSPENDED):
         print("durablerun: run this command again to resume", file=sys.stderr)
     return result.exit_code
-
-
-def _report(outcome: Outcome, message: str) -> None:
-    print(f"durablerun: {outcome.value}: {message}", file=sys.stderr)
 
 
 def cmd_send_event(args: argparse.Namespace) -> int:

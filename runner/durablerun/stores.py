@@ -33,7 +33,7 @@ FencedError when another writer won a journal position,
 StoreUnavailableError when the store cannot be reached after retries).
 """
 
-from durablerun._private.backends.s3 import S3Options
+from durablerun._private.backends.options import S3Options
 from durablerun._private.journal import Totals
 from durablerun._private.layout import LAYOUT_VERSION, RunRef
 from durablerun._private.stores import (

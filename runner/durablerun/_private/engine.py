@@ -259,6 +259,17 @@ class Run:
         self._poke()
 
     def _poke(self) -> None:
+        # Flags reach the running attempt at once (plain attribute writes), so the very
+        # next step boundary sees them; the wake-up lets the supervisor act on them.
+        c = self._core
+        if c is not None:
+            with self._lock:
+                if self._fence and not c.fenced:
+                    c.fenced = self._fence
+                if self._abort and not c.abort_requested:
+                    c.abort_requested = self._abort
+                if self._stop is not None:
+                    c.stop_requested = True
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
@@ -394,9 +405,10 @@ class Run:
             c.fenced = self._fence
         if self._abort and not c.abort_requested:
             c.abort_requested = self._abort
-        if self._stop is not None and not c.stop_requested:
+        if self._stop is not None:
             c.stop_requested = True
-            self._stop_at = time.monotonic() + self._stop.total_seconds()
+            if self._stop_at is None:
+                self._stop_at = time.monotonic() + self._stop.total_seconds()
         if c.fenced or c.abort_requested or c.stop_requested:
             c.stop_event.set()
 

@@ -14,7 +14,7 @@ from durablerun._private import layout
 from durablerun._private.backends import base
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
-from durablerun._private.backends.s3 import S3Backend, S3Options
+from durablerun._private.backends.options import S3Options
 from durablerun._private.journal import RunStore, Totals, parse_iso
 from durablerun.api import Checkpoint
 
@@ -214,6 +214,8 @@ def open_store(
             endpoint_url=endpoint, region=region or os.environ.get("AWS_REGION"),
             server_side_encryption=server_side_encryption, kms_key_id=kms_key_id,
             access_key=access_key, secret_key=secret_key, session_token=session_token)
+        from durablerun._private.backends.s3 import S3Backend  # boto3 only when needed
+
         return Store(S3Backend(bucket, parsed.path.strip("/"), options), uri)
     raise errors.ConfigError(
         f"store URI {uri!r}: unknown scheme {scheme!r}; use s3://, file:// or memory://"

@@ -21,7 +21,6 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
@@ -31,6 +30,7 @@ import botocore.exceptions
 from durablerun import errors
 from durablerun._private import layout
 from durablerun._private.backends import base
+from durablerun._private.backends.options import S3Options
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -49,25 +49,6 @@ _ACCESS = {
     "InvalidToken",
     "403",
 }
-
-
-@dataclass(frozen=True)
-class S3Options:
-    """How to reach the bucket. Credentials default to boto3's usual chain."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    server_side_encryption: str | None = None
-    kms_key_id: str | None = None
-    access_key: str | None = None
-    secret_key: str | None = None
-    session_token: str | None = None
-    #: Attempts per request (botocore standard mode: throttling, 5xx, timeouts).
-    max_attempts: int = 8
-    #: Outer retries when the server cannot be reached at all, with backoff.
-    unreachable_retries: int = 6
-    connect_timeout: float = 5.0
-    read_timeout: float = 30.0
 
 
 def _code(e: botocore.exceptions.ClientError) -> str:

@@ -1,0 +1,118 @@
+"""The local CLI as a user runs it: real processes, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durablerun.api import Outcome
+
+from .conftest import StoreSpec, cli, sub_env, wait_until
+
+
+def test_run_wait_send_event_resume_and_inspect(durable_store_spec: StoreSpec,
+                                                tmp_path: Path) -> None:
+    spec = durable_store_spec
+    base = ["--run-id", "demo", "--store", spec.uri, *spec.cli_args]
+    first = cli(["run", "racing:approval", *base, "--input", '{"topic": "llms"}'], env=spec.env)
+    assert first.returncode == Outcome.WAITING.exit_code, first.stderr
+    assert "waiting for event 'decision'" in first.stderr
+    assert "send-event" in first.stderr
+
+    sent = cli(["send-event", *base, "decision", '{"approved": true}'], env=spec.env)
+    assert sent.returncode == 0, sent.stderr
+    assert "stored" in sent.stdout and "waiting for it" in sent.stdout
+    again = cli(["send-event", *base, "decision", '{"approved": false}'], env=spec.env)
+    assert again.returncode == 0 and "first write wins" in again.stdout
+
+    # Resume without repeating --input: the stored input is used.
+    done = cli(["run", "racing:approval", *base], env=spec.env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"done": [0, 1], "decision": {"approved": True},
+                                       "topic": "llms"}
+
+    table = cli(["inspect", *base], env=spec.env)
+    assert table.returncode == 0, table.stderr
+    assert "Completed" in table.stdout and "work-0" in table.stdout
+    assert "$0.80" in table.stdout and "decision" in table.stdout
+    as_json = json.loads(cli(["inspect", *base, "--json"], env=spec.env).stdout)
+    assert as_json["completed"] is True and as_json["totals"]["usd"] == "0.80"
+    kinds = [r["kind"] for r in as_json["records"]]
+    assert kinds == ["step", "step", "wait", "event", "complete"]
+
+
+def test_budget_abort_then_raise_the_limit(tmp_path: Path) -> None:
+    base = ["--run-id", "b", "--store", f"file://{tmp_path}/s", "--input", '{"work": 5}']
+    aborted = cli(["run", "racing:approval", *base, "--max-cost", "1.00"])
+    assert aborted.returncode == Outcome.ABORTED.exit_code, aborted.stderr
+    assert "Aborted (BudgetExhausted)" in aborted.stderr
+    assert "ceiling $1.00" in aborted.stderr and "--max-cost" in aborted.stderr
+    resumed = cli(["run", "racing:approval", *base, "--max-cost", "10"])
+    assert resumed.returncode == Outcome.WAITING.exit_code, resumed.stderr
+    info = json.loads(cli(["inspect", "--run-id", "b", "--store", f"file://{tmp_path}/s",
+                           "--json"]).stdout)
+    assert info["totals"] == {"usd": "2.00", "tokens": 250, "steps": 5}
+
+
+def test_usage_errors_exit_2_and_name_the_flag(tmp_path: Path) -> None:
+    store = ["--store", f"file://{tmp_path}/s"]
+    cases = [
+        (["run", "racing:approval", "--run-id", "x", *store, "--input", "{nope"], "--input"),
+        (["run", "racing:approval", "--run-id", "x", *store, "--max-cost", "lots"],
+         "--max-cost"),
+        (["run", "racing:approval", "--run-id", "x", *store, "--max-duration", "8 hours"],
+         "--max-duration"),
+        (["run", "racing:approval", "--run-id", "bad id!", *store], "--run-id"),
+        (["run", "no_such_module:run", "--run-id", "x", *store], "no module named"),
+        (["run", "racing:nope", "--run-id", "x", *store], "no attribute 'nope'"),
+        (["run", "racing:_charge", "--run-id", "x", *store], "must be an async function"),
+        (["run", "racing:approval", "--run-id", "x", "--store", "ftp://x"], "unknown scheme"),
+        (["run", "racing:approval", "--run-id", "x", "--store",
+          f"file://{tmp_path}/missing/deeper"], "does not exist"),
+        (["run", "racing:approval", *store], "--run-id"),
+        (["send-event", "--run-id", "x", *store, "bad name!"], "invalid event name"),
+    ]
+    for args, needle in cases:
+        r = cli(args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert needle in r.stderr, (args, r.stderr)
+
+
+def test_workflow_raising_at_import_fails_with_exit_1(tmp_path: Path) -> None:
+    r = cli(["run", "broken_import:run", "--run-id", "x", "--store", f"file://{tmp_path}/s"])
+    assert r.returncode == 1 and "config file missing" in r.stderr
+
+
+def test_pod_subcommand_points_at_the_missing_module_until_it_exists(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("durablerun.pod") is not None:
+        pytest.skip("durablerun.pod exists now; its own tests cover it")
+    r = cli(["pod"])
+    assert r.returncode == 2 and "durablerun.pod" in r.stderr
+
+
+def test_sigterm_suspends_at_a_step_boundary_and_rerun_resumes(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    base = ["--run-id", "t", "--store", f"file://{tmp_path}/s"]
+    args = [sys.executable, "-m", "durablerun", "run", "racing:slow_steps", *base,
+            "--input", json.dumps({"marker": str(marker), "steps": 30}), "--quiet"]
+    proc = subprocess.Popen(args, env=sub_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: marker.exists() and len(marker.read_text().split()) >= 3, timeout=30,
+               what="a few steps")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == Outcome.SUSPENDED.exit_code, err
+    assert "Suspended" in err
+    ran = marker.read_text().split()
+    assert len(ran) == len(set(ran))  # the step in flight finished within its grace period
+    again = subprocess.run(args, env=sub_env(), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and json.loads(again.stdout) == sum(range(30))
+    executed = marker.read_text().split()
+    assert sorted(map(int, executed)) == list(range(30))  # each step exactly once

@@ -1,0 +1,105 @@
+"""The filesystem journal: torn tails, damage, segments, durability bookkeeping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from durablerun import errors
+from durablerun._private import codec, layout
+from durablerun._private.journal import Record
+from durablerun.stores import RunRef, open_store
+
+from .helpers import fs_segment
+
+REF = RunRef.local("fs")
+
+
+def _rec(seq: int) -> Record:
+    return Record(seq, {"seq": seq, "pos": str(seq), "kind": "step", "name": f"s{seq}",
+                        "ok": True, "value": seq, "totals": {"steps": seq + 1}})
+
+
+def _write(store_uri: str, n: int) -> None:
+    rs = open_store(store_uri).run_store(REF)
+    rs.load(for_writing=True)
+    for seq in range(n):
+        rs.append(_rec(seq))
+    rs.close()
+
+
+@pytest.mark.parametrize("cut", [1, 10, 40, -1])
+def test_a_torn_tail_is_discarded_and_the_position_rewritten(tmp_path: Path, cut: int) -> None:
+    uri = f"file://{tmp_path}"
+    _write(uri, 3)
+    store = open_store(uri)
+    seg = fs_segment(store, REF)
+    data = seg.read_bytes()
+    # Simulate a crash in the middle of appending record 3.
+    partial = codec.seal(_rec(3).raw()) + b"\n"
+    torn = partial[:cut] if cut > 0 else partial[:-5] + b"XXXX\n"  # bad checksum, newline landed
+    seg.write_bytes(data + torn)
+    assert [r.seq for r in store.run_store(REF).load().records] == [0, 1, 2]  # readers stop
+    rs = store.run_store(REF)
+    loaded = rs.load(for_writing=True)
+    assert loaded.next_seq == 3
+    assert seg.read_bytes() == data  # the writer cut the torn tail off
+    rs.append(_rec(3))
+    rs.close()
+    assert [r.seq for r in store.run_store(REF).load().records] == [0, 1, 2, 3]
+
+
+def test_damage_before_the_tail_is_a_loud_error_and_nothing_is_truncated(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    _write(uri, 4)
+    store = open_store(uri)
+    seg = fs_segment(store, REF)
+    lines = seg.read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b'"s1"', b'"s9"')
+    seg.write_bytes(b"\n".join(lines))
+    damaged = seg.read_bytes()
+    for writing in (False, True):
+        with pytest.raises(errors.CorruptionError) as e:
+            store.run_store(REF).load(for_writing=writing)
+        assert "checksum" in str(e.value) and str(seg) in str(e.value)
+    assert seg.read_bytes() == damaged
+
+
+def test_segments_roll_over_and_read_back(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    n = layout.SEGMENT_RECORDS + 5
+    _write(uri, n)
+    store = open_store(uri)
+    assert fs_segment(store, REF, layout.SEGMENT_RECORDS).exists()
+    records = store.run_store(REF).load().records
+    assert [r.seq for r in records] == list(range(n))
+    tail = store.backend.journal(REF.path + "/").read(n - 2)
+    assert [seq for seq, _ in tail] == [n - 2, n - 1]
+    # A missing middle segment is corruption, not a shorter journal.
+    os.rename(fs_segment(store, REF, 0), tmp_path / "elsewhere")
+    with pytest.raises(errors.CorruptionError):
+        store.run_store(REF).load()
+
+
+def test_a_second_writer_that_fell_behind_is_fenced(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    a = open_store(uri).run_store(REF)
+    b = open_store(uri).run_store(REF)
+    a.load(for_writing=True)
+    b.load(for_writing=True)
+    a.append(_rec(0))
+    with pytest.raises(errors.FencedError):
+        b.append(_rec(0))
+    a.append(_rec(1))
+    a.close()
+    b.close()
+
+
+def test_objects_are_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}")
+    assert store.backend.create("a/b.json", b"one")
+    store.backend.put("a/c.json", b"two")
+    leftovers = [p.name for p in (tmp_path / "a").iterdir() if p.name.startswith(".tmp")]
+    assert leftovers == []

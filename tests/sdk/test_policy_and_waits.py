@@ -1,0 +1,368 @@
+"""Budgets, event waits, durable sleeps, graceful stop, fencing and progress sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from durablerun import DurableContext, EventTimeout
+from durablerun._private.backends import memory
+from durablerun._private.backends.memory import MemoryBackend
+from durablerun._private.stores import Store
+from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.sinks import JsonLinesSink, ProgressSink
+from durablerun.stores import RunRef, open_store
+
+from .conftest import StoreSpec, wait_until
+from .test_engine import FAST, REF, Ledger, attempt
+
+
+@pytest.fixture
+def mem() -> Any:
+    name = uuid.uuid4().hex
+    yield open_store(f"memory://{name}")
+    memory.reset(name)
+
+
+# --- budgets -------------------------------------------------------------------------------
+
+
+async def charging(ctx: DurableContext, input: Any) -> Any:
+    out = []
+    for i in range(input["steps"]):
+        def call(i: int = i) -> int:
+            ctx.add_cost(usd=Decimal("0.25"), tokens=100)
+            return i
+        out.append(await ctx.step(f"llm-{i}", call))
+    return out
+
+
+def test_cost_ceiling_aborts_and_raising_it_resumes(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+    r1 = attempt(store, charging, {"steps": 8}, policy=Policy(costCeilingUSD="1.00"))
+    assert r1.outcome == Outcome.ABORTED and r1.exit_code == 3
+    assert r1.abort_reason == AbortReason.BUDGET_EXHAUSTED
+    assert "$1.00" in r1.message and "--max-cost" in r1.message
+    assert r1.totals.usd == Decimal("1.00") and r1.totals.steps == 4
+    info = store.read_run(run=REF)
+    assert info.status and info.status["outcome"] == "Aborted"
+    assert info.snapshot_seq == 3  # the final checkpoint covers every record
+    # Same limit: still aborted, nothing executed again.
+    again = attempt(store, charging, {"steps": 8}, policy=Policy(costCeilingUSD="1.00"))
+    assert again.outcome == Outcome.ABORTED and again.totals.steps == 4
+    r2 = attempt(store, charging, {"steps": 8}, policy=Policy(costCeilingUSD="5"))
+    assert r2.outcome == Outcome.COMPLETED and r2.result == list(range(8))
+    assert r2.totals.usd == Decimal("2.00") and r2.totals.tokens == 800 and r2.totals.steps == 8
+
+
+def test_token_and_step_budgets(mem: Store) -> None:
+    r = attempt(mem, charging, {"steps": 8}, policy=Policy(maxTokens=300))
+    assert r.outcome == Outcome.ABORTED and r.totals.tokens == 300 and "maxTokens" in r.message
+    other = RunRef.local("steps")
+    r = attempt(mem, charging, {"steps": 8}, ref=other, policy=Policy(maxSteps=5))
+    assert r.outcome == Outcome.ABORTED and r.totals.steps == 5 and "maxSteps" in r.message
+    r = attempt(mem, charging, {"steps": 8}, ref=other, policy=Policy(maxSteps=8))
+    assert r.outcome == Outcome.COMPLETED
+
+
+def test_max_duration_counts_from_the_first_start(mem: Store) -> None:
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("a", lambda: 1)
+        await ctx.wait_for_event("e")
+        return await ctx.step("b", lambda: 2)
+
+    assert attempt(mem, wf).outcome == Outcome.WAITING
+    mem.put_event(run=REF, name="e", payload=None)
+    time.sleep(0.02)
+    r = attempt(mem, wf, policy=Policy(maxDuration="10ms"))
+    assert r.outcome == Outcome.ABORTED and r.abort_reason == AbortReason.MAX_DURATION_EXCEEDED
+    assert attempt(mem, wf, policy=Policy(maxDuration="1h")).result == 2
+
+
+def test_progress_timeout_aborts_a_hanging_step(mem: Store) -> None:
+    async def hang() -> None:
+        await asyncio.sleep(60)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("ok", lambda: 1)
+        return await ctx.step("hang", hang)
+
+    started = time.monotonic()
+    r = attempt(mem, wf, policy=Policy(progressTimeout="300ms"))
+    assert r.outcome == Outcome.ABORTED and r.abort_reason == AbortReason.PROGRESS_TIMEOUT
+    assert time.monotonic() - started < 10
+    assert r.totals.steps == 1
+
+
+# --- events --------------------------------------------------------------------------------------
+
+
+async def approval_flow(ctx: DurableContext, input: Any) -> Any:
+    draft = await ctx.step("draft", lambda: "draft-1")
+    try:
+        decision = await ctx.wait_for_event(
+            "review", timeout=timedelta(seconds=input.get("timeout", 3600)))
+    except EventTimeout:
+        return {"draft": draft, "decision": "timed out"}
+    return {"draft": draft, "decision": decision}
+
+
+def test_event_wait_send_and_deliver(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+    r1 = attempt(store, approval_flow)
+    assert r1.outcome == Outcome.WAITING and r1.exit_code == 4
+    assert r1.waiting and r1.waiting.event == "review" and r1.waiting.deadline is not None
+    status = store.read_run(run=REF).status
+    assert status and status["waitingFor"]["event"] == "review"
+    assert store.put_event(run=REF, name="review", payload={"status": "approved"})
+    assert not store.put_event(run=REF, name="review", payload={"status": "rejected"})
+    r2 = attempt(store, approval_flow)
+    assert r2.outcome == Outcome.COMPLETED
+    assert r2.result == {"draft": "draft-1", "decision": {"status": "approved"}}
+
+
+def test_event_timeout_in_process_and_after_a_restart(mem: Store) -> None:
+    r = attempt(mem, approval_flow, {"timeout": 0.3})
+    assert r.outcome == Outcome.COMPLETED and r.result["decision"] == "timed out"
+
+    # A deadline too far for an in-process wait: Waiting, and later the timeout.
+    cfg = EngineConfig(inline_sleep_max=timedelta(milliseconds=50),
+                       retry_initial=timedelta(milliseconds=1))
+    ref = RunRef.local("late")
+    r1 = attempt(mem, approval_flow, {"timeout": 0.3}, ref=ref, config=cfg)
+    assert r1.outcome == Outcome.WAITING
+    time.sleep(0.35)
+    r2 = attempt(mem, approval_flow, {"timeout": 0.3}, ref=ref, config=cfg)
+    assert r2.result["decision"] == "timed out"
+    # The timeout is journaled: an event arriving afterwards changes nothing.
+    mem.put_event(run=ref, name="review", payload="too late")
+    r3 = attempt(mem, approval_flow, {"timeout": 0.3}, ref=ref, config=cfg)
+    assert r3.result["decision"] == "timed out"
+
+
+class _RaceBackend(MemoryBackend):
+    """Delivers the event right after the runner's first look found nothing."""
+
+    def __init__(self, name: str, after_status: bool) -> None:
+        super().__init__(name)
+        self.after_status = after_status
+        self.sent: bool | None = None
+        self.status_when_sent: Any = None
+        self.store: Store | None = None
+
+    def get(self, key: str) -> bytes | None:
+        data = super().get(key)
+        if key.endswith("/events/review.json") and data is None and self.sent is None:
+            if not self.after_status:
+                self._send()
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        super().put(key, data)
+        if key.endswith("/status.json") and self.after_status and self.sent is None:
+            self._send()
+
+    def _send(self) -> None:
+        assert self.store is not None
+        self.sent = self.store.put_event(run=REF, name="review", payload="raced")
+        self.status_when_sent = self.store.read_run(run=REF).status
+
+
+@pytest.mark.parametrize("after_status", [False, True])
+def test_an_event_sent_while_the_run_decides_to_wait_is_never_lost(after_status: bool) -> None:
+    """The runner publishes 'waiting' and then looks again; a sender writes the
+    event and then reads the status. Whichever side goes second sees the other."""
+    name = uuid.uuid4().hex
+    backend = _RaceBackend(name, after_status)
+    store = Store(backend, f"memory://{name}")
+    backend.store = store
+    r = attempt(store, approval_flow)
+    assert backend.sent is True
+    # Delivered within the same attempt: no Waiting outcome, no lost wake-up.
+    assert r.outcome == Outcome.COMPLETED and r.result["decision"] == "raced"
+    if after_status:
+        # The sender saw the run waiting for its event (it would wake the run).
+        assert backend.status_when_sent["outcome"] == "Waiting"
+    memory.reset(name)
+
+
+# --- sleeps ---------------------------------------------------------------------------------------
+
+
+async def sleepy(ctx: DurableContext, input: Any) -> Any:
+    await ctx.step("before", lambda: 1)
+    await ctx.sleep(timedelta(seconds=input["seconds"]))
+    return await ctx.step("after", lambda: 2)
+
+
+def test_short_sleeps_sleep_in_process(mem: Store) -> None:
+    started = time.monotonic()
+    assert attempt(mem, sleepy, {"seconds": 0.2}).result == 2
+    assert time.monotonic() - started >= 0.2
+
+
+def test_long_sleeps_end_the_attempt_with_a_wake_time(mem: Store) -> None:
+    cfg = EngineConfig(inline_sleep_max=timedelta(milliseconds=50))
+    before = datetime.now(UTC)
+    r1 = attempt(mem, sleepy, {"seconds": 0.4}, config=cfg)
+    assert r1.outcome == Outcome.WAITING and r1.waiting and r1.waiting.wake_time
+    assert r1.waiting.event is None
+    assert before + timedelta(seconds=0.39) <= r1.waiting.wake_time
+    # Too early: still waiting, for the same wake time (it is journaled).
+    r2 = attempt(mem, sleepy, {"seconds": 0.4}, config=cfg)
+    assert r2.outcome == Outcome.WAITING and r2.waiting and r2.waiting.wake_time == r1.waiting.wake_time
+    wait_until(lambda: datetime.now(UTC) >= r1.waiting.wake_time, timeout=5, what="wake time")  # type: ignore[union-attr]
+    assert attempt(mem, sleepy, {"seconds": 0.4}, config=cfg).result == 2
+
+
+# --- stop and fence ----------------------------------------------------------------------------------
+
+
+def _start(run: Run) -> tuple[threading.Thread, list[AttemptResult]]:
+    out: list[AttemptResult] = []
+    t = threading.Thread(target=lambda: out.append(run.run_attempt()))
+    t.start()
+    return t, out
+
+
+def test_stop_waits_for_the_running_step_then_suspends(mem: Store) -> None:
+    ledger = Ledger()
+    in_step = threading.Event()
+    release = threading.Event()
+
+    def slow(i: int) -> int:
+        ledger.hit(f"s{i}")
+        if i == 1:
+            in_step.set()
+            assert release.wait(10)
+        return i
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return [await ctx.step(f"s{i}", slow, i) for i in range(4)]
+
+    run = Run(store=mem, run=REF, workflow=wf, config=FAST)
+    t, out = _start(run)
+    assert in_step.wait(10)
+    run.request_stop(grace=timedelta(seconds=10))
+    release.set()
+    t.join(10)
+    assert out[0].outcome == Outcome.SUSPENDED and out[0].exit_code == 4
+    assert out[0].totals.steps == 2  # the running step finished and was journaled
+    r = attempt(mem, wf)
+    assert r.result == [0, 1, 2, 3]
+    assert all(ledger.calls[f"s{i}"] == 1 for i in range(4))
+
+
+def test_stop_after_the_grace_period_cancels_the_step(mem: Store) -> None:
+    ledger = Ledger()
+    started = threading.Event()
+
+    async def stuck() -> str:
+        ledger.hit("stuck")
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("first", lambda: 1)
+        return await ctx.step("stuck", stuck)
+
+    run = Run(store=mem, run=REF, workflow=wf, config=FAST)
+    t, out = _start(run)
+    assert started.wait(10)
+    run.request_stop(grace=timedelta(milliseconds=100))
+    t.join(10)
+    assert out[0].outcome == Outcome.SUSPENDED and out[0].totals.steps == 1
+
+
+def test_fence_stops_at_once_and_writes_nothing_more(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+    started = threading.Event()
+
+    async def slow(i: int) -> int:
+        started.set()
+        await asyncio.sleep(0.05)
+        return i
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return [await ctx.step(f"s{i}", slow, i) for i in range(1000)]
+
+    run = Run(store=store, run=REF, workflow=wf, config=FAST)
+    t, out = _start(run)
+    assert started.wait(10)
+    run.fence("lease lost to pod x-a2")
+    t.join(10)
+    assert out[0].outcome == Outcome.FENCED and out[0].exit_code == 5
+    assert "lease lost" in out[0].message
+    count = store.read_run(run=REF).journal_records
+    time.sleep(0.2)
+    assert store.read_run(run=REF).journal_records == count
+    assert store.read_run(run=REF).status is None  # a fenced attempt records nothing
+
+
+# --- sinks ------------------------------------------------------------------------------------------
+
+
+class Recorder(ProgressSink):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def step_started(self, *, position: str, name: str, attempt: int) -> None:
+        self.events.append(("started", (position, name, attempt)))
+
+    def step_completed(self, *, position: str, name: str, seq: int, ok: bool,
+                       duration: float) -> None:
+        self.events.append(("completed", (position, name, seq, ok)))
+
+    def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
+        self.events.append(("cost", (usd, tokens, steps)))
+
+    def checkpoint_saved(self, *, seq: int, key: str) -> None:
+        self.events.append(("checkpoint", seq))
+
+    def heartbeat(self, *, time: datetime) -> None:
+        self.events.append(("heartbeat", None))
+
+    def run_finished(self, *, result: AttemptResult) -> None:
+        self.events.append(("finished", result.outcome))
+
+
+class Broken(ProgressSink):
+    def step_started(self, *, position: str, name: str, attempt: int) -> None:
+        raise RuntimeError("sink bug")
+
+
+def test_progress_sinks_see_steps_cost_checkpoints_and_the_outcome(mem: Store) -> None:
+    rec = Recorder()
+    stream = io.StringIO()
+    cfg = EngineConfig(heartbeat_interval=timedelta(milliseconds=20), snapshot_every=100)
+
+    async def slow() -> None:
+        await asyncio.sleep(0.1)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("a", lambda: ctx.add_cost(usd="0.5", tokens=5))
+        await ctx.step("slow", slow)
+        return "ok"
+
+    r = attempt(mem, wf, config=cfg, sinks=[Broken(), rec, JsonLinesSink(stream)])
+    assert r.outcome == Outcome.COMPLETED
+    kinds = [k for k, _ in rec.events]
+    assert ("started", ("0", "a", 1)) in rec.events
+    assert ("completed", ("0", "a", 0, True)) in rec.events
+    assert ("cost", (Decimal("0.5"), 5, 1)) in rec.events
+    assert ("checkpoint", 0) in rec.events
+    assert "heartbeat" in kinds and kinds[-1] == "finished"
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [x["event"] for x in lines][0] == "run_started"
+    assert lines[-1] == {**lines[-1], "event": "run_finished", "outcome": "Completed"}

@@ -1,0 +1,3 @@
+"""A workflow module that raises while being imported."""
+
+raise RuntimeError("config file missing")

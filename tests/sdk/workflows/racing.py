@@ -1,0 +1,61 @@
+"""Workflows for CLI and concurrency tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from durablerun import DurableContext
+
+
+async def _gated(ctx: DurableContext, gate: str, ledger: str, i: int) -> dict[str, Any]:
+    with open(ledger, "a") as f:
+        f.write(f"enter {os.getpid()} {i}\n")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError("gate never opened")
+        await asyncio.sleep(0.002)
+    with open(ledger, "a") as f:
+        f.write(f"done {os.getpid()} {i}\n")
+    return {"i": i, "pid": os.getpid()}
+
+
+async def gated(ctx: DurableContext, input: dict[str, Any]) -> list[Any]:
+    """Each step waits for a gate file, so two processes can be lined up to race."""
+    return [await ctx.step(f"s{i}", _gated, ctx, input["gate"], input["ledger"], i)
+            for i in range(input.get("steps", 3))]
+
+
+def _charge(ctx: DurableContext, i: int) -> int:
+    ctx.add_cost(usd=Decimal("0.40"), tokens=50)
+    return i
+
+
+async def approval(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Charges cost, then waits for a human decision."""
+    done = [await ctx.step(f"work-{i}", _charge, ctx, i) for i in range(input.get("work", 2))]
+    decision = await ctx.wait_for_event("decision", timeout=timedelta(hours=1))
+    return {"done": done, "decision": decision, "topic": input.get("topic")}
+
+
+async def slow_steps(ctx: DurableContext, input: dict[str, Any]) -> int:
+    """Long-ish steps, to be interrupted by SIGTERM."""
+    marker = input["marker"]
+    total = 0
+    for i in range(input.get("steps", 50)):
+        async def one(i: int = i) -> int:
+            with open(marker, "a") as f:
+                f.write(f"{i}\n")
+            await asyncio.sleep(0.05)
+            return i
+        total += await ctx.step(f"slow-{i}", one)
+    return total
+
+
+def raise_on_import() -> None:  # pragma: no cover - imported by name only
+    pass
