@@ -262,7 +262,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for r in loaded.records:
         d = r.data
         cost = d.get("cost") or {}
-        row = {"seq": r.seq, "position": d.get("pos"), "kind": d.get("kind"),
+        row: dict[str, Any] = {"seq": r.seq, "position": d.get("pos"), "kind": d.get("kind"),
                "name": d.get("name"), "ok": d.get("ok"), "attempts": d.get("attempts"),
                "duration": d.get("dur"), "at": d.get("at"), "usd": cost.get("usd"),
                "tokens": cost.get("tokens"), "ref": d.get("ref"),

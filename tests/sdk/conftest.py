@@ -21,6 +21,10 @@ from durablerun.stores import Store, open_store
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 WORKFLOWS = HERE / "workflows"
+# Test workflows and the examples import by their own names, as `durablerun run` does.
+for _path in (str(WORKFLOWS), str(REPO / "examples")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 
 @dataclass
@@ -118,12 +122,6 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-@pytest.fixture(autouse=True)
-def _workflows_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(WORKFLOWS))
-    monkeypatch.syspath_prepend(str(REPO / "examples"))
 
 
 @pytest.fixture

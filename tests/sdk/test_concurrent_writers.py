@@ -37,7 +37,8 @@ def test_two_concurrent_writers_exactly_one_wins(durable_store_spec: StoreSpec,
     assert codes == [Outcome.COMPLETED.exit_code, Outcome.FENCED.exit_code], results
     winner = procs[[p.returncode for p in procs].index(0)]
     loser_err = results[[p.returncode for p in procs].index(5)][1]
-    assert "Fenced" in loser_err and "another writer" in loser_err
+    assert "Fenced" in loser_err
+    assert "another writer" in loser_err
 
     rs = spec.open().run_store(RunRef.local("dup"))
     records = rs.load().records

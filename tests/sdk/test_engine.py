@@ -74,7 +74,9 @@ def test_completed_steps_never_execute_again(store_spec: StoreSpec) -> None:
         return {"out": out}
 
     first = attempt(store, wf, {"n": 10})
-    assert first.outcome == Outcome.WAITING and first.waiting and first.waiting.event == "go"
+    assert first.outcome == Outcome.WAITING
+    assert first.waiting
+    assert first.waiting.event == "go"
     assert first.totals.steps == 6
     store.put_event(run=REF, name="go", payload=None)
     second = attempt(store, wf, {"n": 10})
@@ -83,7 +85,8 @@ def test_completed_steps_never_execute_again(store_spec: StoreSpec) -> None:
     assert ledger.calls == Counter({f"step-{i}": 1 for i in range(10)})
     assert second.totals.steps == 10
     third = attempt(store, wf, {"n": 10})
-    assert third.outcome == Outcome.COMPLETED and third.result == second.result
+    assert third.outcome == Outcome.COMPLETED
+    assert third.result == second.result
     assert sum(ledger.calls.values()) == 10
 
 
@@ -142,7 +145,8 @@ def test_now_and_uuid_are_identical_on_replay(mem: Store) -> None:
     mem.put_event(run=REF, name="e", payload=None)
     r = attempt(mem, wf)
     assert r.outcome == Outcome.COMPLETED
-    assert seen[0] == seen[1] and seen[0][0].tzinfo is not None
+    assert seen[0] == seen[1]
+    assert seen[0][0].tzinfo is not None
     assert r.result == str(seen[0][1])
 
 
@@ -155,7 +159,8 @@ def test_a_completed_run_returns_its_result_without_running_code(mem: Store) -> 
 
     assert attempt(mem, wf).result == 42
     again = attempt(mem, wf)
-    assert again.outcome == Outcome.COMPLETED and again.result == 42
+    assert again.outcome == Outcome.COMPLETED
+    assert again.result == 42
     assert runs.calls["workflow"] == 1
 
 
@@ -184,7 +189,8 @@ def test_sync_and_async_steps_and_idempotency_keys(mem: Store) -> None:
         return [a, b]
 
     r = attempt(mem, wf)
-    assert r.outcome == Outcome.COMPLETED and r.result == [2, "ok"]
+    assert r.outcome == Outcome.COMPLETED
+    assert r.result == [2, "ok"]
     assert keys[0] == "_local/t:0:inc"
     assert keys[1:] == ["_local/t:1:flaky"] * 3
     rs = mem.run_store(REF)
@@ -202,12 +208,16 @@ def test_exhausted_retries_fail_the_run_with_type_and_message(mem: Store) -> Non
         return await ctx.step("call-api", broken, retries=2)
 
     r = attempt(mem, wf)
-    assert r.outcome == Outcome.FAILED and r.exit_code == 1
-    assert "call-api" in r.message and "ValueError" in r.message and "the API said no" in r.message
+    assert r.outcome == Outcome.FAILED
+    assert r.exit_code == 1
+    assert "call-api" in r.message
+    assert "ValueError" in r.message
+    assert "the API said no" in r.message
     assert calls.calls["broken"] == 3
     # The failure is journaled: running again re-raises it without calling the API.
     again = attempt(mem, wf)
-    assert again.outcome == Outcome.FAILED and calls.calls["broken"] == 3
+    assert again.outcome == Outcome.FAILED
+    assert calls.calls["broken"] == 3
 
 
 def test_non_retryable_errors_are_not_retried_and_can_be_caught(mem: Store) -> None:
@@ -253,7 +263,8 @@ def test_gather_positions_are_deterministic_and_a_failing_branch_loses_nothing(
         return [flat, nested]
 
     r1 = attempt(mem, wf)
-    assert r1.outcome == Outcome.FAILED and "branch 2 broke" in r1.message
+    assert r1.outcome == Outcome.FAILED
+    assert "branch 2 broke" in r1.message
     positions = {rec.name: rec.pos for rec in mem.run_store(REF).load().records}
     assert positions == {"w0": "0", "w1": "1", "w2": "2", "w3": "3", "w4": "4"}
     # The failure is journaled too; a fixed workflow would need a new run. Here we just
@@ -282,10 +293,12 @@ def test_gather_with_a_branch_waiting_journals_the_other_branches(mem: Store) ->
         return await ctx.gather(waits(ctx), ctx.step("work", lambda: ledger.hit("work") or 7))
 
     r1 = attempt(mem, wf)
-    assert r1.outcome == Outcome.WAITING and r1.totals.steps == 1
+    assert r1.outcome == Outcome.WAITING
+    assert r1.totals.steps == 1
     mem.put_event(run=REF, name="approve", payload="yes")
     r2 = attempt(mem, wf)
-    assert r2.result == ["yes", 7] and ledger.calls["work"] == 1
+    assert r2.result == ["yes", 7]
+    assert ledger.calls["work"] == 1
 
 
 def test_ctx_step_from_a_foreign_task_fails_clearly(mem: Store) -> None:
@@ -297,7 +310,8 @@ def test_ctx_step_from_a_foreign_task_fails_clearly(mem: Store) -> None:
         return await asyncio.gather(branch(ctx), branch(ctx))
 
     r = attempt(mem, wf)
-    assert r.outcome == Outcome.FAILED and "ctx.gather" in r.message
+    assert r.outcome == Outcome.FAILED
+    assert "ctx.gather" in r.message
 
 
 # --- results --------------------------------------------------------------------------------
@@ -310,7 +324,9 @@ def test_non_serializable_result_fails_naming_step_and_type(mem: Store) -> None:
 
     r = attempt(mem, wf)
     assert r.outcome == Outcome.FAILED
-    assert "'bad'" in r.message and "builtins.object" in r.message and "['when']" in r.message
+    assert "'bad'" in r.message
+    assert "builtins.object" in r.message
+    assert "['when']" in r.message
     records = mem.run_store(REF).load().records
     assert [rec.data["ok"] for rec in records] == [True, False]
     assert records[1].data["attempts"] == 1  # not retried
@@ -328,11 +344,13 @@ def test_big_results_go_by_reference_and_come_back(store_spec: StoreSpec) -> Non
     r1 = attempt(store, wf)
     assert r1.outcome == Outcome.WAITING
     rec = store.run_store(REF).load().records[0]
-    assert "ref" in rec.data and rec.data["ref"]["size"] > 5 * 1024 * 1024
+    assert "ref" in rec.data
+    assert rec.data["ref"]["size"] > 5 * 1024 * 1024
     assert len(rec.raw()) < 2000  # the journal entry itself stays small
     store.put_event(run=REF, name="e", payload=None)
     r2 = attempt(store, wf)
-    assert r2.outcome == Outcome.COMPLETED and r2.result == len(big)
+    assert r2.outcome == Outcome.COMPLETED
+    assert r2.result == len(big)
 
 
 def test_result_over_the_hard_limit_fails_without_retries(mem: Store) -> None:
@@ -349,7 +367,8 @@ def test_result_over_the_hard_limit_fails_without_retries(mem: Store) -> None:
                        retry_initial=timedelta(milliseconds=1))
     r = attempt(mem, wf, config=cfg)
     assert r.outcome == Outcome.FAILED
-    assert "2,002 bytes" in r.message and "1,000 bytes" in r.message
+    assert "2,002 bytes" in r.message
+    assert "1,000 bytes" in r.message
     assert calls.calls["huge"] == 1
 
 
@@ -370,8 +389,12 @@ def test_divergence_fails_naming_both_and_keeps_the_journal(mem: Store) -> None:
     assert attempt(mem, v1).outcome == Outcome.WAITING
     before = raw_journal_bytes(mem, REF)
     r = attempt(mem, v2)
-    assert r.outcome == Outcome.FAILED and r.error_type and "DivergenceError" in r.error_type
-    assert "'fetch'" in r.message and "'download'" in r.message and "ctx.patched" in r.message
+    assert r.outcome == Outcome.FAILED
+    assert r.error_type
+    assert "DivergenceError" in r.error_type
+    assert "'fetch'" in r.message
+    assert "'download'" in r.message
+    assert "ctx.patched" in r.message
     assert raw_journal_bytes(mem, REF) == before
     mem.put_event(run=REF, name="e", payload=None)
     assert attempt(mem, v1).result == "v1"  # the original code still resumes it
@@ -390,8 +413,10 @@ def test_removed_operations_are_a_divergence_at_completion(mem: Store) -> None:
 
     attempt(mem, v1)
     r = attempt(mem, v2)
-    assert r.outcome == Outcome.FAILED and "without reaching" in r.message
-    assert "position 1" in r.message and "'b'" in r.message
+    assert r.outcome == Outcome.FAILED
+    assert "without reaching" in r.message
+    assert "position 1" in r.message
+    assert "'b'" in r.message
 
 
 def test_patched_old_journals_take_the_old_path_new_runs_the_new(mem: Store) -> None:
@@ -417,13 +442,16 @@ def test_patched_old_journals_take_the_old_path_new_runs_the_new(mem: Store) -> 
     assert attempt(mem, v1, ref=old).outcome == Outcome.WAITING  # journaled before the change
     mem.put_event(run=old, name="e", payload=None)
     r_old = attempt(mem, v2, ref=old)
-    assert r_old.outcome == Outcome.COMPLETED and r_old.result == "old"
-    assert ledger.calls["summarize-v1"] == 1 and ledger.calls["summarize-v2"] == 0
+    assert r_old.outcome == Outcome.COMPLETED
+    assert r_old.result == "old"
+    assert ledger.calls["summarize-v1"] == 1
+    assert ledger.calls["summarize-v2"] == 0
 
     assert attempt(mem, v2, ref=new).outcome == Outcome.WAITING
     mem.put_event(run=new, name="e", payload=None)
     r_new = attempt(mem, v2, ref=new)
-    assert r_new.result == "new" and ledger.calls["summarize-v2"] == 1
+    assert r_new.result == "new"
+    assert ledger.calls["summarize-v2"] == 1
 
     # A run that was waiting *before* the patched point when the code changed
     # reaches it after the change: new path.
@@ -453,7 +481,8 @@ def test_patched_old_journals_take_the_old_path_new_runs_the_new(mem: Store) -> 
         return await ctx.step("summarize-v2", lambda: "new")
 
     r = attempt(mem, v2_unguarded, ref=plain)
-    assert r.outcome == Outcome.FAILED and "DivergenceError" in str(r.error_type)
+    assert r.outcome == Outcome.FAILED
+    assert "DivergenceError" in str(r.error_type)
 
 
 def test_input_mismatch_fails_and_keeps_the_journal(mem: Store) -> None:
@@ -464,7 +493,8 @@ def test_input_mismatch_fails_and_keeps_the_journal(mem: Store) -> None:
     attempt(mem, wf, {"topic": "a"})
     before = raw_journal_bytes(mem, REF)
     r = attempt(mem, wf, {"topic": "b"})
-    assert r.outcome == Outcome.FAILED and "InputMismatch" in r.message
+    assert r.outcome == Outcome.FAILED
+    assert "InputMismatch" in r.message
     assert "new run" in r.message
     assert raw_journal_bytes(mem, REF) == before
 
@@ -481,9 +511,85 @@ def test_cost_outside_steps_is_counted_once_across_replays(mem: Store) -> None:
         return "ok"
 
     r1 = attempt(mem, wf)
-    assert r1.totals.usd == Decimal("0.11") and r1.totals.tokens == 101
+    assert r1.totals.usd == Decimal("0.11")
+    assert r1.totals.tokens == 101
     mem.put_event(run=REF, name="e", payload=None)
     r2 = attempt(mem, wf)
     assert r2.outcome == Outcome.COMPLETED
-    assert r2.totals.usd == Decimal("0.16") and r2.totals.tokens == 101
+    assert r2.totals.usd == Decimal("0.16")
+    assert r2.totals.tokens == 101
     assert mem.read_run(run=REF).totals.usd == Decimal("0.16")
+
+
+# --- damaged and missing stores ---------------------------------------------------------------
+
+
+def test_a_corrupted_journal_object_fails_loudly_and_is_not_overwritten(
+    store_spec: StoreSpec,
+) -> None:
+    from .helpers import corrupt_journal_record, flip_byte
+
+    store = store_spec.open()
+    ledger = Ledger()
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        for i in range(3):
+            await ctx.step(f"s{i}", lambda i=i: ledger.hit(f"s{i}"))
+        await ctx.wait_for_event("e")
+        return "done"
+
+    cfg = EngineConfig(snapshot_every=1000)
+    assert attempt(store, wf, config=cfg).outcome == Outcome.WAITING
+    store.put_event(run=REF, name="e", payload=None)
+    # The Waiting attempt saved a final snapshot: damage the chunk a resume reads...
+    rs = store.run_store(REF)
+    chunk_key = rs.key(rs.load().chunks[0].key)
+    good_chunk = store.backend.get(chunk_key)
+    assert good_chunk is not None
+    store.backend.put(chunk_key, flip_byte(good_chunk, len(good_chunk) - 3))
+    before = _stored_journal(store)
+    r = attempt(store, wf, config=cfg)
+    assert r.outcome == Outcome.FAILED
+    assert "CorruptionError" in str(r.error_type)
+    assert "checksum" in r.message
+    assert "chunks/" in r.message
+    assert _stored_journal(store) == before  # nothing overwritten, nothing appended
+    # ...and with no snapshot at all, a damaged journal record is just as loud.
+    store.backend.delete([rs.key("snapshot.json")])
+    corrupt_journal_record(store, REF, 1)
+    before = _stored_journal(store)
+    r = attempt(store, wf, config=cfg)
+    assert r.outcome == Outcome.FAILED
+    assert "CorruptionError" in str(r.error_type)
+    assert "journal" in r.message
+    assert _stored_journal(store) == before
+    assert sum(ledger.calls.values()) == 3  # never a fresh start
+
+
+def _stored_journal(store: Store) -> Any:
+    from durablerun._private.backends.fs import FsBackend
+
+    if isinstance(store.backend, FsBackend):
+        d = store.backend.root / REF.path / "journal"
+        return {p.name: p.read_bytes() for p in d.iterdir()}
+    return store.backend.list_keys(REF.path + "/journal/"), [
+        store.backend.get(k) for k in store.backend.list_keys(REF.path + "/journal/")]
+
+
+def test_a_missing_store_is_a_usage_error(tmp_path: Any, s3_spec: StoreSpec) -> None:
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return 1
+
+    r = attempt(open_store(f"file://{tmp_path}/no/such/dir"), wf)
+    assert r.outcome == Outcome.USAGE_ERROR
+    assert r.exit_code == 2
+    assert "does not exist" in r.message
+    missing_bucket = open_store("s3://no-such-bucket-here/x", **s3_spec.options)
+    r = attempt(missing_bucket, wf)
+    assert r.outcome == Outcome.USAGE_ERROR
+    assert "bucket does not exist" in r.message
+    wrong_key = open_store(s3_spec.uri, **{**s3_spec.options, "secret_key": "wrong"})
+    r = attempt(wrong_key, wf)
+    assert r.outcome == Outcome.USAGE_ERROR
+    assert "credentials" in r.message
+    assert "wrong" not in r.message

@@ -63,7 +63,8 @@ def test_damage_before_the_tail_is_a_loud_error_and_nothing_is_truncated(tmp_pat
     for writing in (False, True):
         with pytest.raises(errors.CorruptionError) as e:
             store.run_store(REF).load(for_writing=writing)
-        assert "checksum" in str(e.value) and str(seg) in str(e.value)
+        assert "checksum" in str(e.value)
+        assert str(seg) in str(e.value)
     assert seg.read_bytes() == damaged
 
 

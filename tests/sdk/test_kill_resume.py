@@ -7,7 +7,7 @@ Invariants after every example:
   uncrashed run's;
 * cost and step counters carry over (they equal the uncrashed run's).
 
-Examples: ``DURABLERUN_KILL_EXAMPLES`` (default 8) per store; set it to 200
+Examples: ``DURABLERUN_KILL_EXAMPLES`` (default 20) per store; set it to 200
 for a long run.
 """
 
@@ -34,7 +34,7 @@ from durablerun.stores import RunRef
 from .conftest import StoreSpec, sub_env, wait_until
 from .workflows import chaos
 
-EXAMPLES = int(os.environ.get("DURABLERUN_KILL_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("DURABLERUN_KILL_EXAMPLES", "20"))
 
 segment = st.one_of(
     st.builds(lambda n: {"kind": "steps", "n": n}, st.integers(1, 6)),
@@ -87,7 +87,7 @@ def run_with_kills(spec: StoreSpec, tmp: Path, segments: list[dict[str, Any]],
         proc = _launch(spec, run_id, input_json)
         if plan:
             lines, micros = plan.pop(0)
-            wait_until(lambda: proc.poll() is not None
+            wait_until(lambda proc=proc, base=base, lines=lines: proc.poll() is not None
                        or len(_ledger_lines(ledger)) - base >= lines,
                        timeout=60, what="the kill point", interval=0.0005)
             time.sleep(micros / 1e6)

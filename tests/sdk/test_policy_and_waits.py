@@ -50,27 +50,39 @@ async def charging(ctx: DurableContext, input: Any) -> Any:
 def test_cost_ceiling_aborts_and_raising_it_resumes(store_spec: StoreSpec) -> None:
     store = store_spec.open()
     r1 = attempt(store, charging, {"steps": 8}, policy=Policy(costCeilingUSD="1.00"))
-    assert r1.outcome == Outcome.ABORTED and r1.exit_code == 3
+    assert r1.outcome == Outcome.ABORTED
+    assert r1.exit_code == 3
     assert r1.abort_reason == AbortReason.BUDGET_EXHAUSTED
-    assert "$1.00" in r1.message and "--max-cost" in r1.message
-    assert r1.totals.usd == Decimal("1.00") and r1.totals.steps == 4
+    assert "$1.00" in r1.message
+    assert "--max-cost" in r1.message
+    assert r1.totals.usd == Decimal("1.00")
+    assert r1.totals.steps == 4
     info = store.read_run(run=REF)
-    assert info.status and info.status["outcome"] == "Aborted"
+    assert info.status
+    assert info.status["outcome"] == "Aborted"
     assert info.snapshot_seq == 3  # the final checkpoint covers every record
     # Same limit: still aborted, nothing executed again.
     again = attempt(store, charging, {"steps": 8}, policy=Policy(costCeilingUSD="1.00"))
-    assert again.outcome == Outcome.ABORTED and again.totals.steps == 4
+    assert again.outcome == Outcome.ABORTED
+    assert again.totals.steps == 4
     r2 = attempt(store, charging, {"steps": 8}, policy=Policy(costCeilingUSD="5"))
-    assert r2.outcome == Outcome.COMPLETED and r2.result == list(range(8))
-    assert r2.totals.usd == Decimal("2.00") and r2.totals.tokens == 800 and r2.totals.steps == 8
+    assert r2.outcome == Outcome.COMPLETED
+    assert r2.result == list(range(8))
+    assert r2.totals.usd == Decimal("2.00")
+    assert r2.totals.tokens == 800
+    assert r2.totals.steps == 8
 
 
 def test_token_and_step_budgets(mem: Store) -> None:
     r = attempt(mem, charging, {"steps": 8}, policy=Policy(maxTokens=300))
-    assert r.outcome == Outcome.ABORTED and r.totals.tokens == 300 and "maxTokens" in r.message
+    assert r.outcome == Outcome.ABORTED
+    assert r.totals.tokens == 300
+    assert "maxTokens" in r.message
     other = RunRef.local("steps")
     r = attempt(mem, charging, {"steps": 8}, ref=other, policy=Policy(maxSteps=5))
-    assert r.outcome == Outcome.ABORTED and r.totals.steps == 5 and "maxSteps" in r.message
+    assert r.outcome == Outcome.ABORTED
+    assert r.totals.steps == 5
+    assert "maxSteps" in r.message
     r = attempt(mem, charging, {"steps": 8}, ref=other, policy=Policy(maxSteps=8))
     assert r.outcome == Outcome.COMPLETED
 
@@ -85,7 +97,8 @@ def test_max_duration_counts_from_the_first_start(mem: Store) -> None:
     mem.put_event(run=REF, name="e", payload=None)
     time.sleep(0.02)
     r = attempt(mem, wf, policy=Policy(maxDuration="10ms"))
-    assert r.outcome == Outcome.ABORTED and r.abort_reason == AbortReason.MAX_DURATION_EXCEEDED
+    assert r.outcome == Outcome.ABORTED
+    assert r.abort_reason == AbortReason.MAX_DURATION_EXCEEDED
     assert attempt(mem, wf, policy=Policy(maxDuration="1h")).result == 2
 
 
@@ -99,7 +112,8 @@ def test_progress_timeout_aborts_a_hanging_step(mem: Store) -> None:
 
     started = time.monotonic()
     r = attempt(mem, wf, policy=Policy(progressTimeout="300ms"))
-    assert r.outcome == Outcome.ABORTED and r.abort_reason == AbortReason.PROGRESS_TIMEOUT
+    assert r.outcome == Outcome.ABORTED
+    assert r.abort_reason == AbortReason.PROGRESS_TIMEOUT
     assert time.monotonic() - started < 10
     assert r.totals.steps == 1
 
@@ -120,10 +134,14 @@ async def approval_flow(ctx: DurableContext, input: Any) -> Any:
 def test_event_wait_send_and_deliver(store_spec: StoreSpec) -> None:
     store = store_spec.open()
     r1 = attempt(store, approval_flow)
-    assert r1.outcome == Outcome.WAITING and r1.exit_code == 4
-    assert r1.waiting and r1.waiting.event == "review" and r1.waiting.deadline is not None
+    assert r1.outcome == Outcome.WAITING
+    assert r1.exit_code == 4
+    assert r1.waiting
+    assert r1.waiting.event == "review"
+    assert r1.waiting.deadline is not None
     status = store.read_run(run=REF).status
-    assert status and status["waitingFor"]["event"] == "review"
+    assert status
+    assert status["waitingFor"]["event"] == "review"
     assert store.put_event(run=REF, name="review", payload={"status": "approved"})
     assert not store.put_event(run=REF, name="review", payload={"status": "rejected"})
     r2 = attempt(store, approval_flow)
@@ -133,7 +151,8 @@ def test_event_wait_send_and_deliver(store_spec: StoreSpec) -> None:
 
 def test_event_timeout_in_process_and_after_a_restart(mem: Store) -> None:
     r = attempt(mem, approval_flow, {"timeout": 0.3})
-    assert r.outcome == Outcome.COMPLETED and r.result["decision"] == "timed out"
+    assert r.outcome == Outcome.COMPLETED
+    assert r.result["decision"] == "timed out"
 
     # A deadline too far for an in-process wait: Waiting, and later the timeout.
     cfg = EngineConfig(inline_sleep_max=timedelta(milliseconds=50),
@@ -162,9 +181,9 @@ class _RaceBackend(MemoryBackend):
 
     def get(self, key: str) -> bytes | None:
         data = super().get(key)
-        if key.endswith("/events/review.json") and data is None and self.sent is None:
-            if not self.after_status:
-                self._send()
+        if (key.endswith("/events/review.json") and data is None and self.sent is None
+                and not self.after_status):
+            self._send()
         return data
 
     def put(self, key: str, data: bytes) -> None:
@@ -189,7 +208,8 @@ def test_an_event_sent_while_the_run_decides_to_wait_is_never_lost(after_status:
     r = attempt(store, approval_flow)
     assert backend.sent is True
     # Delivered within the same attempt: no Waiting outcome, no lost wake-up.
-    assert r.outcome == Outcome.COMPLETED and r.result["decision"] == "raced"
+    assert r.outcome == Outcome.COMPLETED
+    assert r.result["decision"] == "raced"
     if after_status:
         # The sender saw the run waiting for its event (it would wake the run).
         assert backend.status_when_sent["outcome"] == "Waiting"
@@ -215,12 +235,16 @@ def test_long_sleeps_end_the_attempt_with_a_wake_time(mem: Store) -> None:
     cfg = EngineConfig(inline_sleep_max=timedelta(milliseconds=50))
     before = datetime.now(UTC)
     r1 = attempt(mem, sleepy, {"seconds": 0.4}, config=cfg)
-    assert r1.outcome == Outcome.WAITING and r1.waiting and r1.waiting.wake_time
+    assert r1.outcome == Outcome.WAITING
+    assert r1.waiting
+    assert r1.waiting.wake_time
     assert r1.waiting.event is None
     assert before + timedelta(seconds=0.39) <= r1.waiting.wake_time
     # Too early: still waiting, for the same wake time (it is journaled).
     r2 = attempt(mem, sleepy, {"seconds": 0.4}, config=cfg)
-    assert r2.outcome == Outcome.WAITING and r2.waiting and r2.waiting.wake_time == r1.waiting.wake_time
+    assert r2.outcome == Outcome.WAITING
+    assert r2.waiting
+    assert r2.waiting.wake_time == r1.waiting.wake_time
     wait_until(lambda: datetime.now(UTC) >= r1.waiting.wake_time, timeout=5, what="wake time")  # type: ignore[union-attr]
     assert attempt(mem, sleepy, {"seconds": 0.4}, config=cfg).result == 2
 
@@ -256,7 +280,8 @@ def test_stop_waits_for_the_running_step_then_suspends(mem: Store) -> None:
     run.request_stop(grace=timedelta(seconds=10))
     release.set()
     t.join(10)
-    assert out[0].outcome == Outcome.SUSPENDED and out[0].exit_code == 4
+    assert out[0].outcome == Outcome.SUSPENDED
+    assert out[0].exit_code == 4
     assert out[0].totals.steps == 2  # the running step finished and was journaled
     r = attempt(mem, wf)
     assert r.result == [0, 1, 2, 3]
@@ -282,7 +307,8 @@ def test_stop_after_the_grace_period_cancels_the_step(mem: Store) -> None:
     assert started.wait(10)
     run.request_stop(grace=timedelta(milliseconds=100))
     t.join(10)
-    assert out[0].outcome == Outcome.SUSPENDED and out[0].totals.steps == 1
+    assert out[0].outcome == Outcome.SUSPENDED
+    assert out[0].totals.steps == 1
 
 
 def test_fence_stops_at_once_and_writes_nothing_more(store_spec: StoreSpec) -> None:
@@ -302,7 +328,8 @@ def test_fence_stops_at_once_and_writes_nothing_more(store_spec: StoreSpec) -> N
     assert started.wait(10)
     run.fence("lease lost to pod x-a2")
     t.join(10)
-    assert out[0].outcome == Outcome.FENCED and out[0].exit_code == 5
+    assert out[0].outcome == Outcome.FENCED
+    assert out[0].exit_code == 5
     assert "lease lost" in out[0].message
     count = store.read_run(run=REF).journal_records
     time.sleep(0.2)
@@ -362,7 +389,8 @@ def test_progress_sinks_see_steps_cost_checkpoints_and_the_outcome(mem: Store) -
     assert ("completed", ("0", "a", 0, True)) in rec.events
     assert ("cost", (Decimal("0.5"), 5, 1)) in rec.events
     assert ("checkpoint", 0) in rec.events
-    assert "heartbeat" in kinds and kinds[-1] == "finished"
+    assert "heartbeat" in kinds
+    assert kinds[-1] == "finished"
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert [x["event"] for x in lines][0] == "run_started"
+    assert lines[0]["event"] == "run_started"
     assert lines[-1] == {**lines[-1], "event": "run_finished", "outcome": "Completed"}

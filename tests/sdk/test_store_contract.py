@@ -53,10 +53,12 @@ def test_cas_replaces_only_the_expected_version(store: Store) -> None:
     assert e1 is not None
     assert store.backend.cas(key, b"v2", etag=None) is None  # exists now
     e2 = store.backend.cas(key, b"v2", etag=e1)
-    assert e2 is not None and e2 != e1
+    assert e2 is not None
+    assert e2 != e1
     assert store.backend.cas(key, b"v3", etag=e1) is None  # stale etag
     got = store.backend.get_versioned(key)
-    assert got is not None and got == (b"v2", e2)
+    assert got is not None
+    assert got == (b"v2", e2)
 
 
 def test_get_missing_is_none(store: Store) -> None:
@@ -192,7 +194,8 @@ def test_events_first_write_wins(store: Store) -> None:
     assert store.put_event(run=REF, name="approval", payload={"status": "yes"}) is True
     assert store.put_event(run=REF, name="approval", payload={"status": "no"}) is False
     got = store.get_event(run=REF, name="approval")
-    assert got is not None and got.payload == {"status": "yes"}
+    assert got is not None
+    assert got.payload == {"status": "yes"}
     assert store.get_event(run=REF, name="other") is None
 
 
@@ -228,10 +231,14 @@ def test_read_run_reports_counters_checkpoint_and_status(store: Store) -> None:
     rs.write_status({"outcome": "Waiting", "waitingFor": {"event": "go"}})
     rs.close()
     info = store.read_run(run=REF)
-    assert info.exists and info.workflow == "m:f" and info.input_hash == "abc"
-    assert info.totals.usd == Decimal("0.2") and info.totals.steps == 3
+    assert info.exists
+    assert info.workflow == "m:f"
+    assert info.input_hash == "abc"
+    assert info.totals.usd == Decimal("0.2")
+    assert info.totals.steps == 3
     assert info.journal_records == 3
-    assert info.checkpoint is not None and info.checkpoint.seq == 2
+    assert info.checkpoint is not None
+    assert info.checkpoint.seq == 2
     assert info.status == {"outcome": "Waiting", "waitingFor": {"event": "go"}}
 
 

@@ -104,7 +104,12 @@ class DurableContext:
         return await self._core.gather(aws, return_exceptions)
 
     # --- waiting ------------------------------------------------------------------------
-    async def wait_for_event(self, name: str, *, timeout: timedelta | None = None) -> Any:
+    async def wait_for_event(
+        self,
+        name: str,
+        *,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 - a durable deadline
+    ) -> Any:
         """Return the payload of event ``name`` once it has been sent.
 
         If it has not arrived, the attempt ends as Waiting (no process stays

@@ -103,7 +103,7 @@ class _DaemonPool(ThreadPoolExecutor):
                 daemon=True,
             )
             t.start()
-            self._threads.add(t)
+            self._threads.add(t)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -505,7 +505,7 @@ class AttemptCore:
         return result
 
     def backoff(self, attempt: int) -> float:
-        base = self.config.retry_initial.total_seconds() * 2 ** (attempt - 1)
+        base = self.config.retry_initial.total_seconds() * float(2 ** (attempt - 1))
         capped = min(base, self.config.retry_max.total_seconds())
         return capped * random.uniform(0.5, 1.0)
 
@@ -536,7 +536,11 @@ class AttemptCore:
             return
         raise Halt(HaltKind.WAIT, f"sleeping until {iso(wake)}", waiting=Waiting(wake_time=wake))
 
-    async def wait_for_event(self, name: str, timeout: timedelta | None) -> Any:
+    async def wait_for_event(
+        self,
+        name: str,
+        timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
+    ) -> Any:
         pos = pos_str(self.allocate("ctx.wait_for_event()"))
         recs = self.lookup(pos, "wait", name)
         end = recs.get("event")

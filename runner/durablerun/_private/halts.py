@@ -53,10 +53,13 @@ def strongest(halts: list[Halt]) -> Halt:
     for h in halts[1:]:
         if h.kind > best.kind:
             best = h
-        elif h.kind == best.kind == HaltKind.WAIT and best.waiting and h.waiting:
-            # Wake for the earliest of several timed waits.
-            if best.waiting.wake_time and h.waiting.wake_time and (
-                h.waiting.wake_time < best.waiting.wake_time
-            ):
-                best = h
+        elif (
+            h.kind == best.kind == HaltKind.WAIT
+            and best.waiting
+            and h.waiting
+            and best.waiting.wake_time
+            and h.waiting.wake_time
+            and h.waiting.wake_time < best.waiting.wake_time
+        ):
+            best = h  # wake for the earliest of several timed waits
     return best

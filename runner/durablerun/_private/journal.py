@@ -332,7 +332,7 @@ class RunStore:
 
     def list_events(self) -> list[str]:
         prefix = self.key(layout.EVENTS_DIR)
-        return [k[len(prefix) : -len(".json")] for k in self.backend.list(prefix)
+        return [k[len(prefix) : -len(".json")] for k in self.backend.list_keys(prefix)
                 if k.endswith(".json")]
 
     # --- status --------------------------------------------------------------------------

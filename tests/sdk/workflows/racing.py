@@ -1,4 +1,6 @@
-"""Workflows for CLI and concurrency tests."""
+"""Workflows for CLI and concurrency tests (blocking file I/O on purpose: tiny ledgers)."""
+
+# ruff: noqa: ASYNC230, ASYNC240
 
 from __future__ import annotations
 

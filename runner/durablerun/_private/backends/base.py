@@ -87,7 +87,7 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def list(self, prefix: str) -> list[str]:
+    def list_keys(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (a folder ending in '/'), sorted."""
 
     @abc.abstractmethod

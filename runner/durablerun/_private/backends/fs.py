@@ -369,7 +369,7 @@ class FsBackend(base.Backend):
         finally:
             os.close(lock_fd)
 
-    def list(self, prefix: str) -> list[str]:
+    def list_keys(self, prefix: str) -> list[str]:
         base_dir = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         out = []
         for dirpath, _dirnames, filenames in os.walk(base_dir):

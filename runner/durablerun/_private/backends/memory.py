@@ -112,7 +112,7 @@ class MemoryBackend(base.Backend):
             self._space.objects[key] = data
             return _etag(data)
 
-    def list(self, prefix: str) -> list[str]:
+    def list_keys(self, prefix: str) -> list[str]:
         with self._space.lock:
             keys = [k for k in self._space.objects if k.startswith(prefix)]
             for root, records in self._space.journals.items():

@@ -120,7 +120,7 @@ class S3Backend(base.Backend):
                 return fn()
             except botocore.exceptions.ClientError as e:
                 code, status = _code(e), _status(e)
-                if code in _NO_BUCKET:
+                if code in _NO_BUCKET or (what == "HeadBucket" and status == 404):
                     raise errors.StoreNotFoundError(
                         "the bucket does not exist: create it or fix checkpoint.uri",
                         bucket=self.bucket,
@@ -163,7 +163,7 @@ class S3Backend(base.Backend):
                     endpoint=self.options.endpoint_url or "aws",
                 ) from e
 
-    def _sse(self) -> dict[str, Any]:
+    def _sse(self) -> Any:
         o = self.options
         extra: dict[str, Any] = {}
         if o.server_side_encryption:
@@ -201,7 +201,7 @@ class S3Backend(base.Backend):
             self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="durablerun-s3")
         return list(self._pool.map(self.get, keys))
 
-    def _conditional_put(self, full: str, data: bytes, **condition: str) -> bool:
+    def _conditional_put(self, full: str, data: bytes, **condition: Any) -> bool:
         """PutObject with a condition; False on 412."""
 
         def go() -> bool:
@@ -243,7 +243,7 @@ class S3Backend(base.Backend):
         current = self.get_versioned(key)
         return None if current is None or current[0] != data else current[1]
 
-    def list(self, prefix: str) -> list[str]:
+    def list_keys(self, prefix: str) -> list[str]:
         return [self._rel(k) for k in self._list_full(self._key(prefix))]
 
     def _list_full(self, full_prefix: str, start_after: str | None = None) -> list[str]:

@@ -1,0 +1,358 @@
+"""The runner inside a DurableRun's pod: ``durablerun pod``.
+
+One attempt of the run, fenced by a lease held through the DurableRun's status:
+
+1. read identity from the env the operator sets (namespace, name, uid, epoch, pod);
+2. acquire the lease with a JSON patch whose ``test`` ops require ``status.epoch``
+   to be this pod's epoch and ``status.pod`` to be this pod: a newer attempt
+   makes the test fail, and this pod exits Fenced (5) without writing anything;
+3. copy ``spec.events`` into the store (first write wins), then run the attempt;
+4. renew every ``leaseDuration/3`` in the same guarded way, carrying progress,
+   cost and checkpoint position; a refused renewal fences the attempt at once;
+   a renewal that cannot reach the API server is retried until the lease would
+   lapse, then the attempt is fenced too. Each renewal's reply is the whole
+   DurableRun, so ``spec.suspend``, new ``spec.events`` and an abort request
+   reach the runner within a third of the lease;
+5. write the outcome to status and to the termination message, and exit with
+   the outcome's exit code. SIGTERM stops at the next step boundary (Suspended).
+
+The ServiceAccount this runs as may only get its own DurableRun and patch its
+status (a per-run Role the operator creates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from durablerun import api, errors
+from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
+from durablerun.sinks import JsonLinesSink, ProgressSink
+from durablerun.stores import RunRef, Store, store_from_checkpoint
+
+log = logging.getLogger("durablerun.pod")
+
+JSON_PATCH = "application/json-patch+json"
+CRASH_EXIT = 70  # not an outcome: the operator counts it as a crash and restarts with backoff
+STATUS_FLUSH_SECONDS = 1.0  # progress reaches the status at most this often (and at every renewal)
+ABORT_ANNOTATION = f"{api.GROUP}/abort"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Fenced(Exception):
+    """A newer attempt owns the run: this pod must stop without writing anything."""
+
+
+class Identity:
+    def __init__(self, env: dict[str, str]) -> None:
+        missing = [v for v in (api.Env.NAMESPACE, api.Env.NAME, api.Env.UID, api.Env.EPOCH, api.Env.POD_NAME)
+                   if not env.get(v)]
+        if missing:
+            raise errors.ConfigError(
+                f"missing environment {', '.join(missing)}: `durablerun pod` runs inside a pod the "
+                "durable-run operator created; locally, use `durablerun run`")
+        self.namespace = env[api.Env.NAMESPACE]
+        self.name = env[api.Env.NAME]
+        self.uid = env[api.Env.UID]
+        self.pod = env[api.Env.POD_NAME]
+        try:
+            self.epoch = int(env[api.Env.EPOCH])
+        except ValueError:
+            raise errors.ConfigError(f"{api.Env.EPOCH}={env[api.Env.EPOCH]!r} is not a whole number") from None
+        self.termination_path = Path(env.get(api.Env.TERMINATION_MESSAGE_PATH) or "/dev/termination-log")
+
+
+class StatusClient:
+    """Guarded reads and writes of this run's DurableRun; the only Kubernetes calls the runner makes."""
+
+    def __init__(self, identity: Identity) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self.identity = identity
+        self.custom = client.CustomObjectsApi()
+
+    def get(self) -> dict[str, Any]:
+        i = self.identity
+        return dict(self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, i.namespace, api.PLURAL, i.name))
+
+    def patch(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch of the status guarded by this pod's epoch; Fenced when the guard fails."""
+        from kubernetes.client.rest import ApiException
+
+        i = self.identity
+        guarded = [{"op": "test", "path": "/status/epoch", "value": i.epoch}, *ops]
+        try:
+            return dict(self.custom.patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, i.namespace, api.PLURAL, i.name, guarded, _content_type=JSON_PATCH))
+        except ApiException as error:
+            if error.status in (409, 422):
+                raise Fenced(f"status.epoch is no longer {i.epoch}: a newer attempt owns the run") from None
+            if error.status == 404:
+                raise Fenced(f"DurableRun {i.namespace}/{i.name} is gone") from None
+            raise
+
+
+class StatusSink(ProgressSink):
+    """Collects progress for the status; the lease thread ships it (throttled)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.fields: dict[str, Any] = {}
+        self.dirty = threading.Event()
+        self.completed = 0
+
+    def update(self, **fields: Any) -> None:
+        with self.lock:
+            self.fields.update(fields)
+        self.dirty.set()
+
+    def run_started(self, *, info: RunStarted) -> None:
+        self.completed = info.journal_records
+
+    def step_started(self, *, position: str, name: str, attempt: int) -> None:
+        with self.lock:
+            progress = dict(self.fields.get("progress") or {})
+            progress.update(stepName=name)
+            self.fields["progress"] = progress
+        self.dirty.set()
+
+    def step_completed(self, *, position: str, name: str, seq: int, ok: bool, duration: float) -> None:
+        with self.lock:
+            progress = dict(self.fields.get("progress") or {})
+            progress.update(step=seq, stepName=name, lastProgressTime=_now())
+            self.fields["progress"] = progress
+        self.dirty.set()
+
+    def checkpoint_saved(self, *, seq: int, key: str) -> None:
+        self.update(checkpoint={"position": seq, "key": key, "time": _now()})
+
+    def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
+        with self.lock:
+            self.fields["cost"] = {"usd": str(usd), "tokens": tokens}
+            progress = dict(self.fields.get("progress") or {})
+            progress["completedSteps"] = steps
+            self.fields["progress"] = progress
+        self.dirty.set()
+
+    def take(self) -> dict[str, Any]:
+        with self.lock:
+            fields, self.fields = self.fields, {}
+        self.dirty.clear()
+        return fields
+
+
+def _status_ops(fields: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Merge collected progress into the status objects they belong to."""
+    ops = []
+    for key, value in fields.items():
+        merged = {**(current.get(key) or {}), **value} if isinstance(value, dict) else value
+        ops.append({"op": "add", "path": f"/status/{key}", "value": merged})
+    return ops
+
+
+class Lease:
+    """Acquires and renews the lease; fences the run when it is lost or would lapse."""
+
+    def __init__(self, status: StatusClient, identity: Identity, duration: timedelta, sink: StatusSink) -> None:
+        self.status, self.identity, self.duration, self.sink = status, identity, duration, sink
+        self.run: Run | None = None
+        self.last_success = time.monotonic()
+        self.body: dict[str, Any] = {}
+        self.stopped = threading.Event()
+        self.lost: str | None = None
+        self.on_spec: list[Any] = []
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> dict[str, Any]:
+        i = self.identity
+        now = _now()
+        lease = {"holder": i.pod, "epoch": i.epoch, "acquireTime": now, "renewTime": now,
+                 "durationSeconds": max(1, int(self.duration.total_seconds()))}
+        self.body = self.status.patch([
+            {"op": "test", "path": "/status/pod", "value": i.pod},
+            {"op": "add", "path": "/status/lease", "value": lease},
+        ])
+        self.last_success = time.monotonic()
+        return self.body
+
+    def start(self, run: Run) -> None:
+        self.run = run
+        self._thread = threading.Thread(target=self._loop, name="lease", daemon=True)
+        self._thread.start()
+
+    def valid(self) -> bool:
+        """Whether this pod may still write: its last renewal is younger than the lease."""
+        return self.lost is None and time.monotonic() - self.last_success < self.duration.total_seconds()
+
+    def _fence(self, why: str) -> None:
+        if self.lost is None:
+            self.lost = why
+            log.error("lease lost: %s", why)
+            if self.run is not None:
+                self.run.fence(why)
+
+    def _loop(self) -> None:
+        interval = self.duration.total_seconds() / 3
+        next_renewal = time.monotonic() + interval
+        while not self.stopped.is_set():
+            if not self.valid():
+                # Paused past the lease (SIGSTOP, a long GC, a partition): stop before anything more is written.
+                self._fence(f"lease of {self.duration.total_seconds():g}s lapsed without renewal")
+                return
+            due = time.monotonic() >= next_renewal
+            throttled = time.monotonic() - self.last_success < STATUS_FLUSH_SECONDS
+            if due or (self.sink.dirty.is_set() and not throttled):
+                if self.renew():
+                    next_renewal = time.monotonic() + interval
+                elif self.lost:
+                    return
+                else:
+                    next_renewal = time.monotonic() + 1.0  # unreachable: retry until the lease would lapse
+            self.stopped.wait(0.2)
+
+    def renew(self, extra: list[dict[str, Any]] | None = None) -> bool:
+        fields = self.sink.take()
+        ops = [{"op": "test", "path": "/status/lease/holder", "value": self.identity.pod},
+               {"op": "add", "path": "/status/lease/renewTime", "value": _now()},
+               *_status_ops(fields, self.body.get("status") or {}), *(extra or [])]
+        try:
+            self.body = self.status.patch(ops)
+        except Fenced as fenced:
+            self._fence(str(fenced))
+            return False
+        except Exception as error:
+            with self.sink.lock:  # keep the progress for the next try
+                for key, value in fields.items():
+                    self.sink.fields.setdefault(key, value)
+            log.warning("lease renewal failed (retrying until the lease would lapse): %s", error)
+            return False
+        self.last_success = time.monotonic()
+        for callback in self.on_spec:
+            callback(self.body)
+        return True
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _store(spec: api.DurableRunSpec) -> Store:
+    return store_from_checkpoint(
+        spec.checkpoint,
+        access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
+        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+    )
+
+
+def _deliver_events(store: Store, ref: RunRef, events: dict[str, Any], delivered: set[str]) -> None:
+    """spec.events -> the store, first write wins: a later edit of an event is ignored."""
+    for name, payload in events.items():
+        if name not in delivered:
+            store.put_event(run=ref, name=name, payload=payload)
+            delivered.add(name)
+
+
+def _terminate(identity: Identity | None, message: str, code: int) -> int:
+    path = identity.termination_path if identity else Path(
+        os.environ.get(api.Env.TERMINATION_MESSAGE_PATH) or "/dev/termination-log")
+    with contextlib.suppress(OSError):
+        path.write_text(message[:4096])
+    return code
+
+
+def _report(outcome: api.Outcome, message: str) -> str:
+    return json.dumps({"outcome": outcome.value, "message": message})
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("DURABLERUN_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    identity: Identity | None = None
+    try:
+        identity = Identity(dict(os.environ))
+        return _attempt(identity)
+    except errors.ConfigError as error:
+        log.error("%s", error)
+        return _terminate(identity, _report(api.Outcome.USAGE_ERROR, str(error)), api.Outcome.USAGE_ERROR.exit_code)
+    except Fenced as fenced:
+        log.warning("fenced: %s", fenced)
+        return _terminate(identity, _report(api.Outcome.FENCED, str(fenced)), api.Outcome.FENCED.exit_code)
+    except Exception as error:  # a crash: the operator restarts the attempt with backoff
+        log.exception("runner crashed")
+        return _terminate(identity, f"runner crashed: {type(error).__name__}: {error}", CRASH_EXIT)
+
+
+def _attempt(identity: Identity) -> int:
+    status = StatusClient(identity)
+    body = status.get()
+    if body["metadata"]["uid"] != identity.uid:
+        raise Fenced(f"DurableRun {identity.name} was recreated (uid {body['metadata']['uid']}): "
+                     "this pod belongs to the old one")
+    spec = api.DurableRunSpec.model_validate(body["spec"])
+    sink = StatusSink()
+    lease = Lease(status, identity, api.parse_duration(spec.policy.leaseDuration), sink)
+    body = lease.acquire()
+    log.info("lease acquired: %s/%s epoch %d", identity.namespace, identity.name, identity.epoch)
+
+    store = _store(spec)
+    ref = RunRef.kubernetes(identity.namespace, identity.name, identity.uid)
+    delivered: set[str] = set()
+    _deliver_events(store, ref, spec.events, delivered)
+    run = Run(
+        store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
+        sinks=[sink, JsonLinesSink(sys.stderr)],
+        config=EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery),
+    )
+
+    def on_spec(latest: dict[str, Any]) -> None:
+        latest_spec = latest.get("spec") or {}
+        _deliver_events(store, ref, latest_spec.get("events") or {}, delivered)
+        if latest_spec.get("suspend"):
+            run.request_stop()
+        reason = ((latest.get("metadata") or {}).get("annotations") or {}).get(ABORT_ANNOTATION)
+        if reason is not None:
+            run.request_abort(api.AbortReason.USER_REQUESTED, f"aborted by request: {reason}")
+
+    lease.on_spec.append(on_spec)
+    on_spec(body)
+    signal.signal(signal.SIGTERM, lambda *_: run.request_stop())
+    lease.start(run)
+    try:
+        result = run.run_attempt()
+    finally:
+        lease.stop()
+    return _finish(identity, lease, result)
+
+
+def _finish(identity: Identity, lease: Lease, result: AttemptResult) -> int:
+    if result.outcome == api.Outcome.FENCED or lease.lost:
+        why = lease.lost or result.message
+        return _terminate(identity, _report(api.Outcome.FENCED, why), api.Outcome.FENCED.exit_code)
+    final = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
+    progress: dict[str, Any] = {"completedSteps": result.totals.steps}
+    if result.outcome == api.Outcome.COMPLETED:
+        progress["fraction"] = "1"
+    lease.sink.update(progress=progress, cost={"usd": str(result.totals.usd), "tokens": result.totals.tokens})
+    if not lease.renew(final):
+        if lease.lost:
+            return _terminate(identity, _report(api.Outcome.FENCED, lease.lost), api.Outcome.FENCED.exit_code)
+        log.warning("could not record the outcome in status; the termination message carries it")
+    return _terminate(identity, result.termination_message(), result.exit_code)

@@ -1,0 +1,104 @@
+"""The examples under examples/ run, resume and behave as their docstrings say."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import code_migration
+import pytest
+import research_agent
+
+from durablerun._private.backends import memory
+from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.engine import EngineConfig, Run
+from durablerun.stores import RunRef, Store, open_store
+
+from .conftest import REPO, cli
+
+FAST = EngineConfig(retry_initial=__import__("datetime").timedelta(milliseconds=1))
+
+
+@pytest.fixture
+def mem() -> Any:
+    name = uuid.uuid4().hex
+    yield open_store(f"memory://{name}")
+    memory.reset(name)
+
+
+def go(store: Store, wf: Any, input: Any, ref: RunRef, policy: Policy | None = None) -> Any:
+    return Run(store=store, run=ref, workflow=wf, input=input, policy=policy,
+               config=FAST).run_attempt()
+
+
+def test_research_agent_charges_cost_retries_and_respects_the_budget(
+    mem: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = research_agent.FakeLLM(flaky_every=3)
+    monkeypatch.setattr(research_agent, "LLM", llm)
+    ref = RunRef.local("research")
+    r = go(mem, research_agent.research, {"topic": "durable execution", "width": 6}, ref,
+           Policy(costCeilingUSD="0.005"))
+    assert r.outcome == Outcome.ABORTED
+    assert r.abort_reason == AbortReason.BUDGET_EXHAUSTED
+    calls_before = llm.calls
+    spent = r.totals.usd
+    assert spent >= Decimal("0.005")
+    r2 = go(mem, research_agent.research, {"topic": "durable execution", "width": 6}, ref,
+            Policy(costCeilingUSD="1.00"))
+    assert r2.outcome == Outcome.COMPLETED, r2.message
+    assert r2.result["sections"] == 6
+    assert r2.result["report"].startswith("answer[")
+    assert r2.totals.steps == 8  # plan, 6 research, draft: each journaled once
+    assert r2.totals.tokens > 0
+    assert r2.totals.usd > spent
+    # Resume re-made only the calls not yet journaled (flaky ones retried).
+    assert llm.calls - calls_before <= 8 + 8
+    again = go(mem, research_agent.research, {"topic": "durable execution", "width": 6}, ref)
+    assert again.result == r2.result
+
+
+def test_code_migration_waits_for_approval(mem: Store) -> None:
+    code_migration.APPLIED.clear()
+    ref = RunRef.local("mig")
+    input = {"repo": "acme/api", "files": 3}
+    r1 = go(mem, code_migration.migrate, input, ref)
+    assert r1.outcome == Outcome.WAITING
+    assert r1.waiting
+    assert r1.waiting.event == "plan-approval"
+    mem.put_event(run=ref, name="plan-approval", payload={"approved": True, "by": "dana"})
+    r2 = go(mem, code_migration.migrate, input, ref)
+    assert r2.outcome == Outcome.COMPLETED
+    assert r2.result == {"repo": "acme/api", "status": "migrated", "commits": 3,
+                         "tests": {"repo": "acme/api", "passed": True}, "approved_by": "dana"}
+    # positions: scan 0, proposals 1-3, their gather 4, the wait 5, applies 6-8
+    assert [f"_local/mig:{6 + i}:apply:acme/api/src/module_{i}.py"
+                                      for i in range(3)] == code_migration.APPLIED
+    rejected = RunRef.local("mig-no")
+    go(mem, code_migration.migrate, input, rejected)
+    mem.put_event(run=rejected, name="plan-approval", payload={"approved": False, "by": "lee"})
+    assert go(mem, code_migration.migrate, input, rejected).result["status"] == "rejected"
+    late = RunRef.local("mig-late")
+    r = go(mem, code_migration.migrate, {**input, "approval_timeout": 0.2}, late)
+    assert r.result == {"repo": "acme/api", "status": "escalated"}
+
+
+def test_examples_run_from_the_cli(tmp_path: Path) -> None:
+    store = f"file://{tmp_path}/s"
+    env = {"PYTHONPATH": str(REPO / "examples")}
+    r = cli(["run", "research_agent:research", "--run-id", "cli", "--store", store,
+             "--input", '{"topic": "x", "width": 2}', "--max-cost", "1"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["sections"] == 2
+    m = cli(["run", "code_migration:migrate", "--run-id", "m", "--store", store,
+             "--input", '{"repo": "acme/api", "files": 2}'], env=env)
+    assert m.returncode == 4
+    assert "plan-approval" in m.stderr
+    cli(["send-event", "--run-id", "m", "--store", store, "plan-approval",
+         '{"approved": true, "by": "cli"}'], env=env)
+    m2 = cli(["run", "code_migration:migrate", "--run-id", "m", "--store", store], env=env)
+    assert m2.returncode == 0
+    assert json.loads(m2.stdout)["status"] == "migrated"

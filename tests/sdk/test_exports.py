@@ -1,0 +1,61 @@
+"""The public surface is pinned: changing it is a deliberate act."""
+
+from __future__ import annotations
+
+import importlib
+
+import durablerun
+
+PUBLIC = {
+    "durablerun": [
+        "AbortReason", "ConfigError", "CorruptionError", "DivergenceError", "DurableContext",
+        "DurableRunError", "EventTimeout", "FencedError", "InputMismatchError",
+        "NonRetryableError", "Outcome", "Policy", "ResultNotSerializableError",
+        "ResultTooLargeError", "StepError", "StoreError", "WorkflowError", "__version__",
+    ],
+    "durablerun.engine": [
+        "SDK_VERSION", "AttemptResult", "EngineConfig", "Run", "RunStarted", "Totals",
+        "WaitingFor", "input_hash", "load_workflow",
+    ],
+    "durablerun.stores": [
+        "LAYOUT_VERSION", "CheckpointInfo", "EventInfo", "RunInfo", "RunRef", "S3Options",
+        "Store", "Totals", "open_store", "store_from_checkpoint",
+    ],
+    "durablerun.sinks": ["JsonLinesSink", "ProgressSink"],
+    "durablerun.errors": [
+        "ConfigError", "CorruptionError", "DivergenceError", "DurableRunError", "EventTimeout",
+        "FencedError", "InputMismatchError", "NonRetryableError", "ResultNotSerializableError",
+        "ResultTooLargeError", "StepError", "StoreAccessError", "StoreError",
+        "StoreNotFoundError", "StoreUnavailableError", "WorkflowError", "WorkflowLoadError",
+        "WorkflowNotFoundError",
+    ],
+}
+
+CONTEXT_METHODS = [
+    "add_cost", "gather", "idempotency_key", "now", "patched", "run_id", "sleep", "step",
+    "uuid", "wait_for_event",
+]
+
+
+def test_export_lists_are_pinned() -> None:
+    for module_name, names in PUBLIC.items():
+        module = importlib.import_module(module_name)
+        assert sorted(module.__all__) == sorted(names), module_name
+        for name in names:
+            assert hasattr(module, name), (module_name, name)
+
+
+def test_durable_context_surface_is_pinned() -> None:
+    public = sorted(n for n in dir(durablerun.DurableContext) if not n.startswith("_"))
+    assert public == sorted(CONTEXT_METHODS)
+
+
+def test_public_modules_are_thin_and_internals_private() -> None:
+    for module_name in PUBLIC:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            origin = getattr(obj, "__module__", module_name) or module_name
+            assert origin.startswith(("durablerun._private", "durablerun.api",
+                                      "durablerun.errors", "builtins")) or name in (
+                "__version__", "SDK_VERSION", "LAYOUT_VERSION"), (module_name, name, origin)
