@@ -475,6 +475,8 @@ class ProcessNode:
                 if mount.get("subPath"):
                     source = source / mount["subPath"]
                 mounts.append((source, mount["mountPath"], bool(mount.get("readOnly"))))
+        # Parents before children (/tmp before /tmp/ledger), as container runtimes order mounts.
+        mounts.sort(key=lambda m: len(Path(m[1]).parts))
         security = {**(pod["spec"].get("securityContext") or {}), **(spec.get("securityContext") or {})}
         script = _namespace_script(mounts, security, spec.get("workingDir") or str(self.default_workdir))
         container.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -749,17 +751,29 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
     raise ConfigError(f"unsupported fieldRef {path}")
 
 
+STAGING = "/run/durablerun-processnode"
+
+
 def _namespace_script(mounts: list[tuple[Path, str, bool]], security: dict[str, Any], workdir: str) -> str:
-    """The shell run inside the container's mount namespace before exec'ing its command."""
-    lines = ["set -e"]
-    for source, target, read_only in mounts:
-        # The mount point must exist on the host: an empty placeholder is made once.
+    """The shell run inside the container's mount namespace before exec'ing its command.
+
+    Every source is first bound into a private staging tmpfs, so a mount over
+    /tmp cannot hide a source that lives under /tmp; then each is bound to its
+    target, parents before children.
+    """
+    lines = ["set -e", f"mkdir -p {STAGING}", f"mount -t tmpfs -o mode=0700 durablerun-staging {STAGING}"]
+    for index, (source, _, _) in enumerate(mounts):
+        stage = f"{STAGING}/{index}"
+        lines.append(f"{'touch' if source.is_file() else 'mkdir'} {stage}")
+        lines.append(f"mount --bind {shlex.quote(str(source))} {stage}")
+    for index, (source, target, read_only) in enumerate(mounts):
+        # The mount point must exist: an empty placeholder is made once where it is missing.
         make = "touch" if source.is_file() else "mkdir -p"
-        parent = shlex.quote(str(Path(target).parent))
-        lines.append(f"[ -e {shlex.quote(target)} ] || {{ mkdir -p {parent}; {make} {shlex.quote(target)}; }}")
-        lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        quoted = shlex.quote(target)
+        lines.append(f"[ -e {quoted} ] || {{ mkdir -p {shlex.quote(str(Path(target).parent))}; {make} {quoted}; }}")
+        lines.append(f"mount --bind {STAGING}/{index} {quoted}")
         if read_only:
-            lines.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+            lines.append(f"mount -o remount,bind,ro {quoted}")
     if security.get("readOnlyRootFilesystem"):
         lines.append("mount -o remount,bind,ro /")
     lines.append(f"cd {shlex.quote(workdir)}")

@@ -1,0 +1,42 @@
+"""python -m durablerun_operator [--namespace NS ...]: run the operator.
+
+Watches every namespace unless --namespace is given. Settings come from the
+environment (see ``durablerun_operator.config.Settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import kopf
+
+from durablerun_operator import handlers
+from durablerun_operator.config import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m durablerun_operator", description=__doc__.splitlines()[0])
+    parser.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    parser.add_argument("--all-namespaces", action="store_true", help="watch every namespace (the default)")
+    args = parser.parse_args(argv)
+    if args.all_namespaces and args.namespace:
+        parser.error("--all-namespaces and --namespace exclude each other")
+    settings = Settings.from_env(tuple(args.namespace))
+    level = os.environ.get("DURABLERUN_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kopf.configure(verbose=level == "DEBUG", log_prefix=True)
+    handlers.configure(settings)
+    asyncio.run(kopf.operator(
+        standalone=True,  # one replica by design; correctness does not rest on kopf's peering
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
+        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
+    ))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

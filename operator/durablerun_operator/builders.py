@@ -1,0 +1,176 @@
+"""Pure builders of the objects the operator creates for a run: the runner pod and its RBAC.
+
+No API calls here: every function maps a run (and an epoch) to a manifest dict.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from durablerun import api
+from durablerun_operator.config import Settings
+
+RUNNER_CONTAINER = "runner"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+DEFAULT_COMMAND = ["durablerun", "pod"]
+ANNOTATION_DELETED_BY_OPERATOR = f"{api.GROUP}/deleted-by-operator"
+ANNOTATION_ABORT = f"{api.GROUP}/abort"
+
+
+def pod_name(run_name: str, epoch: int) -> str:
+    """Deterministic, so a repeated create of one attempt is a no-op (AlreadyExists)."""
+    return f"{run_name}-a{epoch}"
+
+
+def runner_account(run_name: str) -> str:
+    return f"durablerun-{run_name}"
+
+
+def owner_reference(run: dict[str, Any]) -> dict[str, Any]:
+    meta = run["metadata"]
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _labels(run_name: str) -> dict[str, str]:
+    return {
+        api.LABEL_RUN: run_name,
+        api.LABEL_MANAGED_BY: "durable-run",
+        "app.kubernetes.io/name": "durablerun-runner",
+    }
+
+
+def service_account_name(run: dict[str, Any]) -> str:
+    """The pod's ServiceAccount: the template's own (e.g. for workload identity) or a per-run one."""
+    template_spec = (run["spec"].get("template") or {}).get("spec") or {}
+    return str(template_spec.get("serviceAccountName") or runner_account(run["metadata"]["name"]))
+
+
+def runner_rbac(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """ServiceAccount (unless the template names one), Role and RoleBinding for one run.
+
+    The Role names the run itself: a runner can read its DurableRun and patch
+    its status, and nothing else: not another run, not pods, not Secrets.
+    """
+    name, namespace = run["metadata"]["name"], run["metadata"]["namespace"]
+    account = service_account_name(run)
+    meta = {"namespace": namespace, "labels": _labels(name), "ownerReferences": [owner_reference(run)]}
+    objects: list[dict[str, Any]] = []
+    if account == runner_account(name):
+        objects.append({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": account, **copy.deepcopy(meta)},
+        })
+    objects.append({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": runner_account(name), **copy.deepcopy(meta)},
+        "rules": [
+            {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "resourceNames": [name],
+             "verbs": ["get", "watch"]},
+            {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": [name],
+             "verbs": ["get", "patch"]},
+        ],
+    })
+    objects.append({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": runner_account(name), **copy.deepcopy(meta)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": runner_account(name)},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    })
+    return objects
+
+
+def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str, Any]:
+    """Attempt ``epoch``'s pod: the user's template plus what the runner needs.
+
+    The operator adds its env, labels, owner reference, finalizer, restartPolicy
+    Never and secure defaults (restricted Pod Security Standard) where the
+    template says nothing.
+    """
+    meta, spec = run["metadata"], run["spec"]
+    name = pod_name(meta["name"], epoch)
+    template = copy.deepcopy(spec.get("template") or {})
+    template_meta = template.get("metadata") or {}
+    pod_spec: dict[str, Any] = template.get("spec") or {}
+
+    containers: list[dict[str, Any]] = pod_spec.setdefault("containers", [])
+    runner = next((c for c in containers if c.get("name") == RUNNER_CONTAINER), None)
+    if runner is None and containers:
+        runner = containers[0]
+    if runner is None:
+        runner = {"name": RUNNER_CONTAINER}
+        containers.append(runner)
+    runner.setdefault("image", settings.runner_image)
+    if not runner.get("command") and not runner.get("args"):
+        runner["command"] = list(DEFAULT_COMMAND)
+    runner["terminationMessagePath"] = TERMINATION_MESSAGE_PATH
+    runner["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    runner["env"] = [*(runner.get("env") or []), *_runner_env(run, epoch)]
+    security = runner.setdefault("securityContext", {})
+    security.setdefault("allowPrivilegeEscalation", False)
+    security.setdefault("readOnlyRootFilesystem", True)
+    security.setdefault("runAsNonRoot", True)
+    security.setdefault("capabilities", {"drop": ["ALL"]})
+    mounts = runner.setdefault("volumeMounts", [])
+    if not any(m.get("mountPath") == "/tmp" for m in mounts):
+        mounts.append({"name": "durablerun-tmp", "mountPath": "/tmp"})
+        pod_spec.setdefault("volumes", []).append({"name": "durablerun-tmp", "emptyDir": {}})
+
+    pod_security = pod_spec.setdefault("securityContext", {})
+    pod_security.setdefault("runAsNonRoot", True)
+    pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["serviceAccountName"] = service_account_name(run)
+    pod_spec["automountServiceAccountToken"] = True
+    pod_spec.setdefault("terminationGracePeriodSeconds", 30)
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "labels": {**(template_meta.get("labels") or {}), **_labels(meta["name"]),
+                       api.LABEL_EPOCH: str(epoch)},
+            "annotations": dict(template_meta.get("annotations") or {}),
+            "ownerReferences": [owner_reference(run)],
+            "finalizers": [api.POD_FINALIZER],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _runner_env(run: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+    meta, checkpoint = run["metadata"], run["spec"]["checkpoint"]
+    env: list[dict[str, Any]] = [
+        {"name": api.Env.NAMESPACE, "value": meta["namespace"]},
+        {"name": api.Env.NAME, "value": meta["name"]},
+        {"name": api.Env.UID, "value": meta["uid"]},
+        {"name": api.Env.EPOCH, "value": str(epoch)},
+        {"name": api.Env.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": api.Env.TERMINATION_MESSAGE_PATH, "value": TERMINATION_MESSAGE_PATH},
+    ]
+    secret = checkpoint.get("credentialsSecret")
+    if secret:
+        # The operator never reads the Secret: the kubelet injects it into the runner.
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+        env.append({"name": "AWS_SESSION_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": secret, "key": "AWS_SESSION_TOKEN", "optional": True}}})
+    return env
+
+
+def memory_limit(pod: dict[str, Any]) -> str | None:
+    """The runner container's memory limit, for an OOMKilled message."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == RUNNER_CONTAINER or len(pod["spec"]["containers"]) == 1:
+            limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+            return str(limit) if limit else None
+    return None

@@ -1,0 +1,642 @@
+"""The operator's decisions, as pure functions: (run, its pods, now) -> one Plan.
+
+Nothing here talks to the API. ``decide`` makes one transition at a time; the
+reconciler applies its plan (the status patch first, guarded by ``test`` ops so
+a concurrent writer makes it fail and the decision is made again on fresh
+facts), then asks again until nothing is left to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from durablerun import api
+from durablerun_operator import builders
+
+# Restart reasons (the `reason` label of durablerun_run_restarts_total).
+CRASH, OOM, LEASE_EXPIRED, FENCED = "Crash", "OOMKilled", "LeaseExpired", "Fenced"
+EVICTED, PREEMPTED, NODE_LOST, POD_DELETED = "Evicted", "Preempted", "NodeLost", "PodDeleted"
+COUNTED_AGAINST_RESTARTS = (CRASH, OOM, LEASE_EXPIRED, FENCED)
+
+_DISRUPTION_REASONS = {
+    "EvictionByEvictionAPI": EVICTED,
+    "TerminationByKubelet": EVICTED,
+    "PreemptionByScheduler": PREEMPTED,
+    "PreemptionByKubeScheduler": PREEMPTED,
+    "DeletionByTaintManager": NODE_LOST,
+    "DeletionByPodGC": NODE_LOST,
+}
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def input_hash(value: Any) -> str:
+    """sha256 of the canonical JSON of spec.input (the SDK computes the same)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- what the operator observes -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How an attempt's pod ended, as far as the run is concerned."""
+
+    reason: str  # an Outcome value, or a restart reason (Crash, OOMKilled, Evicted, ...)
+    message: str
+    outcome: api.Outcome | None = None
+    abort_reason: api.AbortReason | None = None
+    waiting_for: dict[str, Any] | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def disruption(self) -> bool:
+        return self.outcome is None and self.reason not in COUNTED_AGAINST_RESTARTS
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    epoch: int
+    phase: str
+    deleting: bool
+    deletion_time: datetime | None
+    deleted_by_operator: bool
+    has_finalizer: bool
+    running_since: datetime | None
+    waiting_reason: str | None
+    waiting_message: str | None
+    ending: Ending | None
+    memory_limit: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.ending is not None
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any], now: datetime, stuck_seconds: float) -> PodView:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        runner = _runner_status(pod)
+        state = (runner or {}).get("state") or {}
+        deleting = meta.get("deletionTimestamp") is not None
+        deletion_time = parse_time(meta.get("deletionTimestamp"))
+        limit = builders.memory_limit(pod)
+        view = cls(
+            name=meta["name"], uid=meta["uid"], epoch=int(labels.get(api.LABEL_EPOCH, "0")),
+            phase=status.get("phase") or "Pending", deleting=deleting, deletion_time=deletion_time,
+            deleted_by_operator=builders.ANNOTATION_DELETED_BY_OPERATOR in annotations,
+            has_finalizer=api.POD_FINALIZER in (meta.get("finalizers") or []),
+            running_since=parse_time((state.get("running") or {}).get("startedAt")),
+            waiting_reason=(state.get("waiting") or {}).get("reason"),
+            waiting_message=(state.get("waiting") or {}).get("message"),
+            ending=None, memory_limit=limit,
+        )
+        return _with_ending(view, pod, state, now, stuck_seconds)
+
+
+def _runner_status(pod: dict[str, Any]) -> dict[str, Any] | None:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for entry in statuses:
+        if entry.get("name") == builders.RUNNER_CONTAINER:
+            return dict(entry)
+    return dict(statuses[0]) if statuses else None
+
+
+def _disruption(pod: dict[str, Any], view: PodView) -> str | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return _DISRUPTION_REASONS.get(condition.get("reason", ""), POD_DELETED)
+    if (pod.get("status") or {}).get("reason") == "Evicted":
+        return EVICTED
+    if view.deleting and not view.deleted_by_operator:
+        return POD_DELETED
+    return None
+
+
+def _with_ending(
+    view: PodView, pod: dict[str, Any], state: dict[str, Any], now: datetime, stuck_seconds: float
+) -> PodView:
+    from dataclasses import replace
+
+    disruption = _disruption(pod, view)
+    terminated = state.get("terminated")
+    if terminated:
+        ending = _terminated_ending(terminated, view, disruption)
+    elif view.phase in ("Failed", "Succeeded"):
+        # The pod ended without a container status: evicted by its kubelet, say.
+        ending = Ending(disruption or CRASH, f"pod {view.name} ended: {pod.get('status', {}).get('message', '')}")
+    elif view.deleting and view.deletion_time is not None and (
+        (pod["metadata"].get("deletionGracePeriodSeconds") == 0)
+        or now > view.deletion_time + timedelta(seconds=stuck_seconds)
+    ):
+        # Force-deleted or stuck Terminating: its node is gone and will report nothing.
+        ending = Ending(disruption or NODE_LOST, f"pod {view.name} was lost with its node before it could report")
+    else:
+        return view
+    return replace(view, ending=ending)
+
+
+def _terminated_ending(terminated: dict[str, Any], view: PodView, disruption: str | None) -> Ending:
+    code = int(terminated.get("exitCode", -1))
+    finished = parse_time(terminated.get("finishedAt"))
+    raw = terminated.get("message") or ""
+    if terminated.get("reason") == "OOMKilled":
+        limit = f" (memory limit {view.memory_limit})" if view.memory_limit else ""
+        return Ending(OOM, f"the runner was OOMKilled{limit}: raise spec.template's runner container "
+                      "resources.limits.memory", finished_at=finished)
+    report = _parse_termination_message(raw)
+    outcome = None
+    if report is not None and code == api.Outcome(report["outcome"]).exit_code:
+        outcome = api.Outcome(report["outcome"])
+    if outcome is not None and report is not None:
+        if disruption and outcome in (api.Outcome.SUSPENDED, api.Outcome.FENCED):
+            # It stopped because its pod was deleted or evicted under it.
+            return Ending(disruption, _disruption_message(disruption, view.name), finished_at=finished)
+        reason = report.get("abortReason")
+        return Ending(
+            outcome.value, str(report.get("message") or outcome.value), outcome=outcome,
+            abort_reason=api.AbortReason(reason) if reason else None,
+            waiting_for=report.get("waitingFor"), finished_at=finished,
+        )
+    if disruption:
+        return Ending(disruption, _disruption_message(disruption, view.name), finished_at=finished)
+    tail = raw.strip().splitlines()[-1][:300] if raw.strip() else "no termination message"
+    return Ending(CRASH, f"the runner crashed with exit code {code}: {tail}", finished_at=finished)
+
+
+def _parse_termination_message(raw: str) -> dict[str, Any] | None:
+    try:
+        report = json.loads(raw)
+        api.Outcome(report["outcome"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return dict(report)
+
+
+def _disruption_message(reason: str, pod: str) -> str:
+    return {
+        EVICTED: f"pod {pod} was evicted",
+        PREEMPTED: f"pod {pod} was preempted",
+        NODE_LOST: f"pod {pod} was lost with its node",
+    }.get(reason, f"pod {pod} was deleted by someone other than the operator")
+
+
+@dataclass(frozen=True)
+class RunView:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    deleting: bool
+    finalizers: tuple[str, ...]
+    annotations: dict[str, str]
+    spec: api.DurableRunSpec
+    status: api.DurableRunStatus
+    raw_status: dict[str, Any] | None
+    body: dict[str, Any]
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> RunView:
+        meta = body["metadata"]
+        return cls(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+            generation=int(meta.get("generation") or 0),
+            deleting=meta.get("deletionTimestamp") is not None,
+            finalizers=tuple(meta.get("finalizers") or ()),
+            annotations=dict(meta.get("annotations") or {}),
+            spec=api.DurableRunSpec.model_validate(body["spec"]),
+            status=api.DurableRunStatus.model_validate(body.get("status") or {}),
+            raw_status=body.get("status"),
+            body=body,
+        )
+
+
+# --- what the operator does -----------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """One transition: a guarded status patch, then pod actions, Events and metrics."""
+
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    create_pod_epoch: int | None = None
+    delete_pods: list[str] = field(default_factory=list)
+    release_pods: list[str] = field(default_factory=list)
+    add_run_finalizer: bool = False
+    remove_run_finalizer: bool = False
+    delete_run: bool = False
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    restart_reason: str | None = None
+    abort_reason: str | None = None
+    completion: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.patch or self.create_pod_epoch is not None or self.delete_pods or self.release_pods
+                    or self.add_run_finalizer or self.remove_run_finalizer or self.delete_run)
+
+
+def status_patch(
+    old: dict[str, Any] | None, new: api.DurableRunStatus, *, guard: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A JSON patch from ``old`` to ``new`` whose ``test`` ops pin ``guard`` (path -> value).
+
+    A concurrent change to any guarded field makes the API server refuse the
+    whole patch: the decision is then made again on fresh facts.
+    """
+    new_doc = new.model_dump(mode="json", exclude_none=True)
+    if old is None:
+        return [{"op": "test", "path": path, "value": value} for path, value in guard.items()] + [
+            {"op": "add", "path": "/status", "value": new_doc}
+        ]
+    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
+    for key in sorted(set(old) | set(new_doc)):
+        if key not in new_doc:
+            ops.append({"op": "remove", "path": f"/status/{key}"})
+        elif old.get(key) != new_doc[key]:
+            ops.append({"op": "add", "path": f"/status/{key}", "value": new_doc[key]})
+    return ops
+
+
+def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) -> list[api.Condition]:
+    """Job-style conditions derived from the phase: Progressing, Suspended, Complete, Failed."""
+    phase = status.phase
+    wanted = {
+        "Progressing": phase in (api.Phase.PENDING, api.Phase.RUNNING, api.Phase.BACKOFF, api.Phase.WAITING),
+        "Suspended": phase == api.Phase.SUSPENDED,
+        "Complete": phase == api.Phase.SUCCEEDED,
+        "Failed": phase in (api.Phase.FAILED, api.Phase.ABORTED),
+    }
+    old = {c.type: c for c in status.conditions}
+    reason = (status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
+              else (phase.value if phase else "Unknown"))
+    out = []
+    for kind, true in wanted.items():
+        value = "True" if true else "False"
+        previous = old.get(kind)
+        changed = previous is None or previous.status != value
+        out.append(api.Condition(
+            type=kind, status=value, reason=reason, message=(status.message or "")[:1024],
+            lastTransitionTime=iso(now) if changed or not previous else previous.lastTransitionTime,
+            observedGeneration=generation,
+        ))
+    return out
+
+
+class _Transition:
+    """Builds the next status from the current one, with guards and side effects."""
+
+    def __init__(self, run: RunView, now: datetime) -> None:
+        self.run, self.now = run, now
+        self.new = run.status.model_copy(deep=True)
+        self.plan = Plan()
+        self.guard: dict[str, Any] = {}
+        if run.raw_status is not None:
+            self.guard["/status/epoch"] = run.status.epoch
+            if run.raw_status.get("phase") is not None:
+                self.guard["/status/phase"] = run.raw_status["phase"]
+        else:
+            self.guard["/metadata/resourceVersion"] = run.body["metadata"]["resourceVersion"]
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.plan.events.append(("Warning" if warning else "Normal", reason, message))
+
+    def fence(self) -> None:
+        """Leave the current attempt: bump the epoch, so its pod can no longer write."""
+        self.new.epoch = self.run.status.epoch + 1
+        self.new.lease = api.Lease()
+
+    def finish(self, phase: api.Phase, message: str, abort: api.AbortReason | None = None) -> None:
+        self.new.phase = phase
+        self.new.message = message
+        self.new.abortReason = abort
+        self.new.completionTime = iso(self.now)
+        self.new.waitingFor = None
+        self.new.nextAttemptTime = None
+        if phase == api.Phase.ABORTED:
+            assert abort is not None
+            self.plan.abort_reason = abort.value
+            self.plan.completion = phase.value
+            self.event("Aborted", f"{abort.value}: {message}", warning=True)
+        elif phase == api.Phase.FAILED:
+            self.plan.completion = phase.value
+            self.event("Failed", message, warning=True)
+        else:
+            self.plan.completion = phase.value
+            self.event("Succeeded", message)
+
+    def done(self) -> Plan:
+        if self.new != self.run.status or self.run.raw_status is None:
+            self.new.observedGeneration = self.run.generation
+            self.new.conditions = _conditions(self.new, self.now, self.run.generation)
+            self.plan.patch = status_patch(self.run.raw_status, self.new, guard=self.guard)
+        return self.plan
+
+
+def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0) -> Plan:
+    """The next transition of ``run``, given every pod labelled with it."""
+    t = _Transition(run, now)
+    status, spec = run.status, run.spec
+    current = next((p for p in pods if p.name == status.pod and p.epoch == status.epoch), None)
+    older = [p for p in pods if p is not current]
+
+    if run.deleting:
+        return _deleting(t, pods)
+    if api.RUN_FINALIZER not in run.finalizers:
+        t.plan.add_run_finalizer = True
+
+    # Pods no attempt owns any more: delete the live ones, release the ended ones.
+    for pod in older:
+        if pod.finished or (pod.deleting and pod.ending is not None):
+            if pod.has_finalizer:
+                t.plan.release_pods.append(pod.name)
+            if not pod.deleting and not (status.phase and status.phase.finished and pod.name == status.pod):
+                t.plan.delete_pods.append(pod.name)
+        elif not pod.deleting:
+            t.plan.delete_pods.append(pod.name)
+
+    phase = status.phase
+    if phase is None:
+        _admit(t)
+    elif phase == api.Phase.RUNNING:
+        _running(t, current, stuck_seconds)
+    elif phase.finished:
+        _finished(t)
+    elif _user_abort(t) or _limits_exceeded(t):
+        pass
+    elif spec.suspend:
+        t.new.phase = api.Phase.SUSPENDED
+        t.new.message = "suspended: spec.suspend is true"
+        t.event("Suspended", "spec.suspend is true: no pod runs until it is false")
+    elif phase == api.Phase.PENDING:
+        _start(t, older, stuck_seconds)
+    elif phase == api.Phase.BACKOFF:
+        next_time = parse_time(status.nextAttemptTime)
+        if next_time is None or now >= next_time:
+            t.new.phase = api.Phase.PENDING
+            t.new.nextAttemptTime = None
+            t.new.message = "backoff over: starting the next attempt"
+    elif phase == api.Phase.WAITING:
+        _waiting(t)
+    elif phase == api.Phase.SUSPENDED:
+        t.new.phase = api.Phase.PENDING
+        t.new.message = "resumed: spec.suspend is false"
+        t.event("Resumed", "spec.suspend is false: resuming from the latest checkpoint")
+    return t.done()
+
+
+def _admit(t: _Transition) -> None:
+    t.new = api.DurableRunStatus(
+        phase=api.Phase.PENDING, epoch=1, attempt=0,
+        inputHash=input_hash(t.run.spec.input), startTime=iso(t.now),
+        message="admitted: starting the first attempt",
+    )
+
+
+def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
+    status = t.run.status
+    if status.inputHash and status.inputHash != input_hash(t.run.spec.input):
+        t.fence()
+        t.finish(api.Phase.FAILED, "InputMismatch: spec.input changed after the first attempt "
+                 f"(sha256 {input_hash(t.run.spec.input)[:12]} != {status.inputHash[:12]}). A run's input "
+                 "is fixed: restore it, or create a new DurableRun for the new input")
+        return
+    # Every older pod must be gone (or presumed lost with its node) before the next one starts.
+    blocking = [p for p in older if not p.finished and not (p.deleting and p.ending is not None)]
+    if blocking:
+        t.new.message = f"waiting for pod {blocking[0].name} to terminate before the next attempt"
+        return
+    epoch = status.epoch
+    t.new.phase = api.Phase.RUNNING
+    t.new.attempt = status.attempt + 1
+    t.new.pod = builders.pod_name(t.run.name, epoch)
+    t.new.lease = api.Lease()
+    t.new.outcome = None
+    t.new.waitingFor = None
+    t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
+    if t.new.startTime is None:
+        t.new.startTime = iso(t.now)
+    t.plan.create_pod_epoch = epoch
+    t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
+
+
+def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
+    status, policy = t.run.status, t.run.spec.policy
+    if pod is None:
+        if status.lease.epoch == status.epoch:
+            # It ran, and now it is gone without a trace: someone removed it.
+            _ended(t, Ending(POD_DELETED, f"pod {status.pod} disappeared"), None)
+        else:
+            t.plan.create_pod_epoch = status.epoch  # its creation was interrupted: create it again
+        return
+    if pod.ending is not None:
+        _ended(t, pod.ending, pod)
+        return
+    if _user_abort(t, pod) or _limits_exceeded(t, pod):
+        return
+    lease_duration = api.parse_duration(policy.leaseDuration)
+    renewed = parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
+    reference = renewed or pod.running_since
+    if reference is not None and t.now - reference > lease_duration:
+        what = "renewed" if renewed else "acquired"
+        t.guard["/status/lease"] = status.lease.model_dump(mode="json", exclude_none=True)
+        t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(lease_duration)}",
+                warning=True)
+        _ended(t, Ending(LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing it (hung, paused "
+                         "or partitioned)"), pod, delete=True)
+        return
+    if pod.waiting_reason in ("CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff",
+                              "CreateContainerError", "InvalidImageName"):
+        message = f"pod {pod.name} cannot start: {pod.waiting_reason}: {pod.waiting_message or ''}".strip()
+        if status.message != message:
+            t.new.message = message
+            t.event(pod.waiting_reason, message, warning=True)
+
+
+def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = False) -> None:
+    """The current attempt is over: fence it, record why, and decide what comes next."""
+    status, policy = t.run.status, t.run.spec.policy
+    t.fence()
+    t.new.lastPodEndTime = iso(ending.finished_at or t.now)
+    t.new.outcome = ending.outcome
+    if pod is not None:
+        if pod.has_finalizer:
+            t.plan.release_pods.append(pod.name)
+        keep = ending.outcome in (api.Outcome.COMPLETED, api.Outcome.FAILED, api.Outcome.USAGE_ERROR,
+                                  api.Outcome.ABORTED)
+        if (delete or not keep) and not pod.deleting:
+            t.plan.delete_pods.append(pod.name)
+    outcome = ending.outcome
+    if outcome == api.Outcome.COMPLETED:
+        t.finish(api.Phase.SUCCEEDED, ending.message)
+    elif outcome in (api.Outcome.FAILED, api.Outcome.USAGE_ERROR):
+        t.finish(api.Phase.FAILED, ending.message)
+    elif outcome == api.Outcome.ABORTED:
+        t.finish(api.Phase.ABORTED, ending.message, ending.abort_reason or api.AbortReason.BUDGET_EXHAUSTED)
+    elif outcome == api.Outcome.WAITING:
+        waiting = ending.waiting_for or {}
+        t.new.phase = api.Phase.WAITING
+        t.new.waitingFor = api.WaitingFor(
+            event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
+            since=waiting.get("since") or iso(t.now), deadline=waiting.get("deadline"),
+        )
+        t.new.message = ending.message
+        t.event("Waiting", ending.message)
+    elif outcome == api.Outcome.SUSPENDED:
+        if t.run.spec.suspend:
+            t.new.phase = api.Phase.SUSPENDED
+            t.new.message = "suspended at a step boundary: spec.suspend is true"
+            t.event("Suspended", t.new.message)
+        else:
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"the runner stopped cleanly ({ending.message}); resuming"
+    elif ending.disruption:
+        t.new.disruptions = status.disruptions + 1
+        t.plan.restart_reason = ending.reason
+        if t.new.disruptions > policy.maxDisruptions:
+            t.finish(api.Phase.ABORTED, f"{ending.message}; {t.new.disruptions} disruptions exceed "
+                     f"policy.maxDisruptions={policy.maxDisruptions}", api.AbortReason.RETRY_LIMIT_EXCEEDED)
+        else:
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"{ending.message}: restarting (disruption {t.new.disruptions} of " \
+                            f"{policy.maxDisruptions}; does not count against maxRestarts)"
+            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+    else:  # a crash, an OOM kill, an expired lease, or an attempt fenced by a zombie write
+        t.new.restarts = status.restarts + 1
+        t.plan.restart_reason = ending.reason
+        if t.new.restarts > policy.maxRestarts:
+            t.finish(api.Phase.ABORTED, f"{ending.message}; {t.new.restarts} restarts exceed "
+                     f"policy.maxRestarts={policy.maxRestarts}", api.AbortReason.RETRY_LIMIT_EXCEEDED)
+        else:
+            delay = policy.backoff.delay(t.new.restarts)
+            t.new.phase = api.Phase.BACKOFF
+            t.new.nextAttemptTime = iso(t.now + delay)
+            t.new.message = f"{ending.message}: restart {t.new.restarts} of {policy.maxRestarts} in " \
+                            f"{api.format_duration(delay)}"
+            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+
+
+def _user_abort(t: _Transition, pod: PodView | None = None) -> bool:
+    reason = t.run.annotations.get(builders.ANNOTATION_ABORT)
+    if reason is None:
+        return False
+    _abort(t, api.AbortReason.USER_REQUESTED, f"aborted by request: {reason or 'no reason given'}", pod)
+    return True
+
+
+def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView | None) -> None:
+    t.fence()
+    if pod is not None and not pod.deleting:
+        t.plan.delete_pods.append(pod.name)
+    t.finish(api.Phase.ABORTED, message, reason)
+
+
+def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
+    """maxDuration and progressTimeout hold even when the runner is hung."""
+    status, policy = t.run.status, t.run.spec.policy
+    started = parse_time(status.startTime)
+    max_duration = api.parse_duration(policy.maxDuration)
+    if started is not None and t.now - started > max_duration and status.phase != api.Phase.WAITING:
+        _abort(t, api.AbortReason.MAX_DURATION_EXCEEDED,
+               f"the run has taken longer than policy.maxDuration={policy.maxDuration}; raise it to resume", pod)
+        return True
+    if status.phase == api.Phase.RUNNING and pod is not None:
+        progress = parse_time(status.progress.lastProgressTime)
+        acquired = parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
+        reference = max((m for m in (progress, acquired) if m is not None), default=None)
+        timeout = api.parse_duration(policy.progressTimeout)
+        if reference is not None and t.now - reference > timeout:
+            t.guard["/status/progress"] = status.progress.model_dump(mode="json", exclude_none=True)
+            _abort(t, api.AbortReason.PROGRESS_TIMEOUT,
+                   f"no step completed for policy.progressTimeout={policy.progressTimeout}", pod)
+            return True
+    return False
+
+
+def _waiting(t: _Transition) -> None:
+    waiting = t.run.status.waitingFor or api.WaitingFor()
+    if waiting.event and waiting.event in t.run.spec.events:
+        t.new.phase = api.Phase.PENDING
+        t.new.message = f"event {waiting.event!r} arrived: resuming"
+        t.event("EventReceived", t.new.message)
+        return
+    for moment, why in ((waiting.wakeTime, "wake time reached"), (waiting.deadline, "wait deadline passed")):
+        when = parse_time(moment)
+        if when is not None and t.now >= when:
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"{why}: resuming"
+            t.event("Resumed", t.new.message)
+            return
+
+
+def _finished(t: _Transition) -> None:
+    status, spec = t.run.status, t.run.spec
+    policy_changed = (status.observedGeneration or 0) < t.run.generation
+    if status.phase == api.Phase.ABORTED and policy_changed and _abort_lifted(t):
+        t.new.phase = api.Phase.PENDING
+        t.new.abortReason = None
+        t.new.completionTime = None
+        t.new.message = f"policy raised past {status.abortReason}: resuming from the latest checkpoint"
+        t.event("Resumed", t.new.message)
+        return
+    if spec.ttlSecondsAfterFinished is not None:
+        completed = parse_time(status.completionTime)
+        if completed is not None and t.now >= completed + timedelta(seconds=spec.ttlSecondsAfterFinished):
+            t.plan.delete_run = True
+
+
+def _abort_lifted(t: _Transition) -> bool:
+    """Whether the policy now allows what made the run abort (the user raised a limit)."""
+    status, policy = t.run.status, t.run.spec.policy
+    reason = status.abortReason
+    if reason == api.AbortReason.BUDGET_EXHAUSTED:
+        try:
+            cost = Decimal(status.cost.usd)
+            ceiling = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
+        except InvalidOperation:
+            return False
+        return ((ceiling is None or cost < ceiling)
+                and (policy.maxTokens is None or status.cost.tokens < policy.maxTokens)
+                and (policy.maxSteps is None or status.progress.completedSteps < policy.maxSteps))
+    if reason == api.AbortReason.MAX_DURATION_EXCEEDED:
+        started = parse_time(status.startTime)
+        return started is None or t.now - started < api.parse_duration(policy.maxDuration)
+    if reason == api.AbortReason.RETRY_LIMIT_EXCEEDED:
+        return status.restarts <= policy.maxRestarts and status.disruptions <= policy.maxDisruptions
+    return reason == api.AbortReason.PROGRESS_TIMEOUT
+
+
+def _deleting(t: _Transition, pods: list[PodView]) -> Plan:
+    """The DurableRun is being deleted: stop its pods, then let it go."""
+    if t.run.raw_status is not None and t.run.status.phase and not t.run.status.phase.finished \
+            and t.run.status.lease.epoch == t.run.status.epoch:
+        t.fence()  # the runner stops at its next renewal
+    for pod in pods:
+        if not pod.deleting and not pod.finished:
+            t.plan.delete_pods.append(pod.name)
+        if pod.has_finalizer and (pod.finished or pod.deleting):
+            t.plan.release_pods.append(pod.name)
+    settled = all(p.finished or (p.deleting and p.ending is not None) for p in pods)
+    if settled and api.RUN_FINALIZER in t.run.finalizers:
+        t.plan.remove_run_finalizer = True
+    return t.done()

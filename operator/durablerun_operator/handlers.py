@@ -1,0 +1,75 @@
+"""kopf wiring: watch DurableRuns and their pods, and hand every change to the reconciler.
+
+Handlers are thin: they only enqueue the run. The decisions live in
+``decide``, the API calls in ``kube``. Only ``on.event`` handlers are used, so
+kopf writes no progress annotations onto DurableRuns: the run's state lives in
+its status alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from durablerun import api
+from durablerun_operator import kube, reconciler
+from durablerun_operator.config import Settings
+
+log = logging.getLogger("durablerun.operator")
+
+_state: dict[str, Any] = {}
+
+
+def configure(settings: Settings) -> None:
+    """Called by __main__ before kopf starts."""
+    _state["settings"] = settings
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    from durablerun_operator import metrics
+
+    own: Settings = _state.get("settings") or Settings.from_env()
+    # Watches can go silently stale behind proxies and load balancers: ask the
+    # server to close each watch regularly so kopf re-lists (kopf docs, "Networking").
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.posting.level = logging.WARNING
+    kube.load_config()
+    run_metrics = metrics.RunMetrics()
+    if own.metrics_port:
+        run_metrics.serve(own.metrics_port, "0.0.0.0")
+    rec = reconciler.Reconciler(kube.Kube(), own, run_metrics)
+    _state["reconciler"] = rec
+    _state["tasks"] = [
+        asyncio.create_task(rec.run_workers(), name="durablerun-workers"),
+        asyncio.create_task(rec.resync_forever(), name="durablerun-resync"),
+    ]
+    log.info("durablerun operator started (namespaces: %s)", ", ".join(own.namespaces) or "all")
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    for task in _state.get("tasks", []):
+        task.cancel()
+
+
+def _enqueue(namespace: str | None, name: str | None) -> None:
+    rec: reconciler.Reconciler | None = _state.get("reconciler")
+    if rec is not None and namespace and name:
+        rec.queue.add((namespace, name))
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def run_changed(namespace: str | None, name: str | None, **_: Any) -> None:
+    _enqueue(namespace, name)
+
+
+@kopf.on.event("", "v1", "pods", labels={api.LABEL_RUN: kopf.PRESENT})
+async def pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    _enqueue(namespace, labels.get(api.LABEL_RUN))

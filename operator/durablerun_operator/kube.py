@@ -1,0 +1,188 @@
+"""The one module of the operator that talks to the Kubernetes API.
+
+Synchronous calls of the official client, run in worker threads by the
+reconciler. Every write that must not race is a JSON patch with ``test`` ops:
+a refused test means someone else changed the object first, reported as
+``Conflict`` so the caller decides again on fresh facts.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from durablerun import api
+from durablerun_operator import builders
+
+log = logging.getLogger("durablerun.operator.kube")
+
+JSON_PATCH = "application/json-patch+json"
+
+
+class Conflict(Exception):
+    """A guarded write was refused: the object changed since it was read."""
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, api_client: Any | None = None) -> None:
+        self.client = api_client or client.ApiClient()
+        self.custom = client.CustomObjectsApi(self.client)
+        self.core = client.CoreV1Api(self.client)
+        self.rbac = client.RbacAuthorizationV1Api(self.client)
+
+    # --- DurableRuns ---------------------------------------------------------------
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_runs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+        if not namespaces:
+            reply = self.custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
+            return list(reply["items"])
+        runs: list[dict[str, Any]] = []
+        for namespace in namespaces:
+            reply = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL)
+            runs.extend(reply["items"])
+        return runs
+
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """Apply a guarded JSON patch to the status subresource; Conflict if a test op fails."""
+        try:
+            return dict(self.custom.patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, ops, _content_type=JSON_PATCH))
+        except ApiException as error:
+            if error.status in (409, 422):
+                raise Conflict(f"status of {namespace}/{name} changed: {error.reason}") from None
+            raise
+
+    def set_run_finalizer(self, run: dict[str, Any], present: bool) -> None:
+        meta = run["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if present == (api.RUN_FINALIZER in finalizers):
+            return
+        updated = [*finalizers, api.RUN_FINALIZER] if present else [f for f in finalizers if f != api.RUN_FINALIZER]
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                      "value": meta["resourceVersion"]},
+                                     {"op": "add", "path": "/metadata/finalizers", "value": updated}]
+        try:
+            self.custom.patch_namespaced_custom_object(
+                api.GROUP, api.VERSION, meta["namespace"], api.PLURAL, meta["name"], ops, _content_type=JSON_PATCH)
+        except ApiException as error:
+            if error.status in (409, 422):
+                raise Conflict(f"{meta['namespace']}/{meta['name']} changed") from None
+            if error.status != 404:
+                raise
+
+    def delete_run(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+    # --- pods ----------------------------------------------------------------------
+
+    def list_pods(self, namespace: str, run_name: str) -> list[dict[str, Any]]:
+        reply = self.core.list_namespaced_pod(namespace, label_selector=f"{api.LABEL_RUN}={run_name}")
+        return [self.client.sanitize_for_serialization(p) for p in reply.items]
+
+    def create_pod(self, pod: dict[str, Any]) -> bool:
+        """Create the pod; False if it already exists (a repeated create of one attempt)."""
+        try:
+            self.core.create_namespaced_pod(pod["metadata"]["namespace"], pod)
+            return True
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Mark the pod as deleted by the operator (so it is not read as a disruption), then delete it."""
+        patch = {"metadata": {"annotations": {builders.ANNOTATION_DELETED_BY_OPERATOR: _now()}}}
+        try:
+            self.core.patch_namespaced_pod(name, namespace, patch)
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def release_pod(self, namespace: str, name: str) -> None:
+        """Remove the operator's finalizer once the pod's ending is recorded."""
+        try:
+            pod = self.core.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        finalizers = list(pod.metadata.finalizers or [])
+        if api.POD_FINALIZER not in finalizers:
+            return
+        index = finalizers.index(api.POD_FINALIZER)
+        ops = [{"op": "test", "path": f"/metadata/finalizers/{index}", "value": api.POD_FINALIZER},
+               {"op": "remove", "path": f"/metadata/finalizers/{index}"}]
+        try:
+            self.core.patch_namespaced_pod(name, namespace, ops, _content_type=JSON_PATCH)
+        except ApiException as error:
+            if error.status in (409, 422):
+                raise Conflict(f"pod {namespace}/{name} changed") from None
+            if error.status != 404:
+                raise
+
+    # --- per-run RBAC --------------------------------------------------------------
+
+    def ensure(self, obj: dict[str, Any]) -> None:
+        """Create a ServiceAccount, Role or RoleBinding unless it exists."""
+        namespace, kind = obj["metadata"]["namespace"], obj["kind"]
+        create = {
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+        }[kind]
+        try:
+            create(namespace, obj)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    # --- Events --------------------------------------------------------------------
+
+    def post_event(self, run: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        meta = run["metadata"]
+        now = _now()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": "durablerun-operator"},
+            "reportingComponent": "durablerun.dev/operator", "reportingInstance": "durablerun-operator",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1, "action": reason,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as error:  # an Event is best effort: never fail a transition for it
+            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], error.reason)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

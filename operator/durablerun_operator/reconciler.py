@@ -1,0 +1,201 @@
+"""Reconcile runs: read facts, decide (pure), apply the plan, repeat until settled.
+
+A work queue (the controller-runtime pattern) gives each run at most one
+reconcile at a time in this process and folds bursts of events into one pass.
+Correctness never depends on that: every status write is guarded, so two
+operators acting on one run still produce one attempt per epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durablerun import api
+from durablerun_operator import builders, decide
+from durablerun_operator.config import Settings
+from durablerun_operator.kube import Conflict, Kube
+
+if TYPE_CHECKING:
+    from durablerun_operator.metrics import RunMetrics
+
+log = logging.getLogger("durablerun.operator")
+
+Key = tuple[str, str]  # (namespace, name)
+T = TypeVar("T")
+MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
+
+
+class WorkQueue:
+    """Deduplicating queue: a key queued twice is reconciled once; one worker per key at a time."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._dirty: set[Key] = set()
+        self._active: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._active:
+            self._queue.put_nowait(key)
+
+    async def get(self) -> Key:
+        key = await self._queue.get()
+        self._dirty.discard(key)
+        self._active.add(key)
+        return key
+
+    def done(self, key: Key) -> None:
+        self._active.discard(key)
+        if key in self._dirty:  # changed again while we worked on it
+            self._queue.put_nowait(key)
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: Settings, metrics: RunMetrics | None = None) -> None:
+        self.kube, self.settings, self.metrics = kube, settings, metrics
+        self.queue = WorkQueue()
+        self._resumes_seen: set[tuple[str, int]] = set()
+
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    # --- workers ---------------------------------------------------------------------
+
+    async def run_workers(self, count: int = 4) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(count)))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(*key)
+            except Exception:
+                log.exception("reconcile of %s/%s failed; it is retried on the next resync", *key)
+            finally:
+                self.queue.done(key)
+
+    async def resync_forever(self) -> None:
+        """The level-based safety net: every interval, every run that may need a transition."""
+        while True:
+            try:
+                runs = await self._io(self.kube.list_runs, self.settings.namespaces)
+                for run in runs:
+                    if needs_attention(run):
+                        self.queue.add((run["metadata"]["namespace"], run["metadata"]["name"]))
+            except Exception:
+                log.exception("resync failed")
+            await asyncio.sleep(self.settings.resync_seconds)
+
+    # --- one run ---------------------------------------------------------------------
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        started = time.perf_counter()
+        try:
+            for _ in range(MAX_TRANSITIONS):
+                body = await self._io(self.kube.get_run, namespace, name)
+                if body is None:
+                    if self.metrics:
+                        self.metrics.forget_run(namespace, name)
+                    return
+                pods = await self._io(self.kube.list_pods, namespace, name)
+                now = decide.now_utc()
+                views = [decide.PodView.from_pod(p, now, self.settings.stuck_terminating_seconds) for p in pods]
+                run = decide.RunView.from_body(body)
+                self._observe(run, now)
+                plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds)
+                if plan.empty:
+                    return
+                try:
+                    await self._apply(run, plan)
+                except Conflict as conflict:
+                    log.info("%s/%s: %s; deciding again", namespace, name, conflict)
+            log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
+        finally:
+            if self.metrics:
+                self.metrics.observe_reconcile(time.perf_counter() - started)
+
+    async def _apply(self, run: decide.RunView, plan: decide.Plan) -> None:
+        ns, name = run.namespace, run.name
+        if plan.add_run_finalizer:
+            await self._io(self.kube.set_run_finalizer, run.body, True)
+            return  # the resourceVersion moved: decide again
+        updated = run.body
+        if plan.patch:
+            # First the guarded status write: the epoch is bumped before any pod is
+            # deleted or created, so a fenced pod can no longer renew or report.
+            updated = await self._io(self.kube.patch_status, ns, name, plan.patch)
+        for pod in plan.delete_pods:
+            await self._io(self.kube.delete_pod, ns, pod)
+        for pod in plan.release_pods:
+            with contextlib.suppress(Conflict):
+                await self._io(self.kube.release_pod, ns, pod)
+        if plan.create_pod_epoch is not None:
+            await self._start_pod(updated, plan.create_pod_epoch)
+        for kind, reason, message in plan.events:
+            log.info("%s/%s %s: %s", ns, name, reason, message)
+            await self._io(self.kube.post_event, updated, kind, reason, message)
+        if self.metrics:
+            if plan.restart_reason:
+                self.metrics.record_restart(ns, name, plan.restart_reason)
+            if plan.abort_reason:
+                self.metrics.record_abort(ns, name, plan.abort_reason)
+            if plan.completion:
+                self.metrics.record_completion(ns, name, plan.completion)
+        if plan.remove_run_finalizer:
+            await self._io(self.kube.set_run_finalizer, updated, False)
+        if plan.delete_run:
+            await self._io(self.kube.delete_run, ns, name, run.uid)
+
+    async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
+        for obj in builders.runner_rbac(run):
+            await self._io(self.kube.ensure, obj)
+        pod = builders.runner_pod(run, epoch, self.settings)
+        created = await self._io(self.kube.create_pod, pod)
+        if not created:
+            log.info("pod %s already exists: attempt %d was started before", pod["metadata"]["name"], epoch)
+
+    def _observe(self, run: decide.RunView, now: Any) -> None:
+        if not self.metrics or run.raw_status is None:
+            return
+        self.metrics.observe_run(run.namespace, run.name, run.status, run.spec.policy, now)
+        lease, status = run.status.lease, run.status
+        # Resume latency: previous pod's end -> the new attempt holding the lease.
+        if lease.epoch == status.epoch and lease.acquireTime and status.lastPodEndTime:
+            key = (run.uid, status.epoch)
+            if key not in self._resumes_seen:
+                self._resumes_seen.add(key)
+                acquired, ended = decide.parse_time(lease.acquireTime), decide.parse_time(status.lastPodEndTime)
+                if acquired and ended and acquired >= ended:
+                    self.metrics.observe_resume_latency((acquired - ended).total_seconds())
+
+
+def needs_attention(run: dict[str, Any]) -> bool:
+    """Whether the periodic check should look at this run (finished runs rarely need to)."""
+    meta, status = run["metadata"], run.get("status") or {}
+    phase = status.get("phase")
+    if meta.get("deletionTimestamp") or phase is None:
+        return True
+    if phase in (api.Phase.SUCCEEDED, api.Phase.FAILED, api.Phase.ABORTED):
+        return bool((run.get("spec") or {}).get("ttlSecondsAfterFinished") is not None
+                    or (status.get("observedGeneration") or 0) < (meta.get("generation") or 0))
+    return True
+
+
+async def run_in_background(coroutine: Awaitable[None], name: str) -> asyncio.Task[None]:
+    async def guarded() -> None:
+        try:
+            await coroutine
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task %s died", name)
+            raise
+
+    return asyncio.create_task(guarded(), name=name)

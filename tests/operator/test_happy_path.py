@@ -1,0 +1,27 @@
+"""A DurableRun applied with kubectl runs to Succeeded through a runner pod."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.operator.conftest import Operator, RunEnv
+
+pytestmark = pytest.mark.testbed
+
+
+def test_run_succeeds_and_kubectl_shows_it(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("happy", "optest_flows:steps", {"steps": 3, "sleep": 0.1, "usd": "0.01"}))
+    runs.testbed.kubectl("wait", "dr/happy", "-n", runs.namespace, "--for=jsonpath={.status.phase}=Succeeded",
+                         "--timeout=60s", timeout=90)
+    run = runs.get("happy")
+    status = run["status"]
+    assert status["outcome"] == "Completed"
+    assert status["progress"]["completedSteps"] == 3
+    assert status["cost"]["usd"] == "0.03"
+    assert status["restarts"] == 0
+    assert [runs.executions(f"s{i}") for i in range(3)] == [1, 1, 1]
+    table = runs.testbed.kubectl("get", "dr", "-n", runs.namespace).stdout.splitlines()
+    assert table[1].split()[:2] == ["happy", "Succeeded"]
+    reasons = [e["reason"] for e in runs.events("happy")]
+    assert "AttemptStarted" in reasons
+    assert "Succeeded" in reasons

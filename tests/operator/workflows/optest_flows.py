@@ -1,0 +1,57 @@
+"""Workflows the operator tests run in runner pods.
+
+Every step execution appends a line to a ledger outside the run (a hostPath
+volume), so a test can count executions instead of assuming them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from durablerun import DurableContext
+
+LEDGER = os.environ.get("LEDGER", "/tmp/ledger/ledger.txt")
+
+
+def _record(entry: str) -> None:
+    with open(LEDGER, "a") as ledger:
+        ledger.write(entry + "\n")
+        ledger.flush()
+        os.fsync(ledger.fileno())
+
+
+def work(name: str, seconds: float) -> str:
+    _record(f"start {name}")
+    time.sleep(seconds)
+    _record(f"done {name}")
+    return name.upper()
+
+
+async def steps(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """``input.steps`` steps of ``input.sleep`` seconds, each charging ``input.usd``."""
+    results = []
+    for i in range(int(input.get("steps", 5))):
+        results.append(await ctx.step(f"s{i}", work, f"s{i}", float(input.get("sleep", 0.2))))
+        if input.get("usd"):
+            ctx.add_cost(usd=Decimal(str(input["usd"])), tokens=int(input.get("tokens", 0)))
+    return {"results": results}
+
+
+async def approval(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A step, a human approval, another step."""
+    draft = await ctx.step("draft", work, "draft", 0.1)
+    decision = await ctx.wait_for_event("review", timeout=timedelta(hours=1))
+    final = await ctx.step("publish", work, "publish", 0.1)
+    return {"draft": draft, "decision": decision, "final": final}
+
+
+async def sleeper(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A durable sleep long enough to end the attempt."""
+    await ctx.step("before", work, "before", 0.05)
+    await ctx.sleep(timedelta(seconds=float(input.get("seconds", 90))))
+    await ctx.step("after", work, "after", 0.05)
+    return {"slept": True}
