@@ -16,7 +16,9 @@ written in, which is what writers race for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import inspect
 import random
 import threading
@@ -171,6 +173,8 @@ class AttemptCore:
         self._io_pool = io_pool
         self._step_pool = _DaemonPool(max_workers=config.max_sync_threads)
         self._tlock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
         self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-w")
         self.reached: set[str] = set()
         self.fenced: str | None = None
@@ -191,6 +195,7 @@ class AttemptCore:
     def close(self) -> None:
         with self._tlock:
             self.closed = True
+        self._snap_pool.shutdown(wait=not self.fenced, cancel_futures=bool(self.fenced))
         self._step_pool.shutdown(wait=False, cancel_futures=True)
         self._write_pool.shutdown(wait=False)
 
@@ -268,7 +273,7 @@ class AttemptCore:
             raw = data.pop("value") if isinstance(data.get("value"), _Raw) else None
             if raw is not None:
                 body = codec.dumps(data)[:-1] + b',"value":' + raw.data + b"}"
-                data["value"] = raw.plain
+                data["value"] = raw  # decoded lazily, only if a later pass replays it
                 record = Record(seq, data, body)
             else:
                 record = Record(seq, data)
@@ -283,17 +288,33 @@ class AttemptCore:
             live.add(record)
             live.totals = totals
             live.pending_usd, live.pending_tokens = Decimal(0), 0
-            snap_key = warning = None
             if (seq + 1) % self.config.snapshot_every == 0:
-                snap_key, warning = self._snapshot_locked()
-            return record, key, snap_key, warning
+                # Off the step's critical path: the record is already durable, and a
+                # snapshot only makes the next resume cheaper.
+                self._snap_pool.submit(self._snapshot_job, seq, totals)
+            return record, key, None, None
 
-    def _snapshot_locked(self) -> tuple[str | None, str | None]:
+    def _snapshot_job(self, upto: int | None, totals: Totals) -> tuple[str | None, str | None]:
+        """Runs on the snapshot thread (one at a time, in order)."""
+        if self.fenced:
+            return None, None
         try:
-            return self.store.snapshot(self.live.loaded, self.live.totals), None
+            key = self.store.snapshot(self.live.loaded, totals, upto=upto)
         except errors.StoreError as e:
             # Snapshots only speed up resume; the journal already holds everything.
-            return None, f"snapshot failed (the journal is intact): {e}"
+            key, warning = None, f"snapshot failed (the journal is intact): {e}"
+        else:
+            warning = None
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            seq = self.live.loaded.snapshot_seq
+            with contextlib.suppress(RuntimeError):
+                if key:
+                    loop.call_soon_threadsafe(
+                        functools.partial(self.sinks.checkpoint_saved, seq=seq, key=key))
+                if warning:
+                    loop.call_soon_threadsafe(self.sinks.warning, warning)
+        return key, warning
 
     def _after_commit(self, result: tuple[Record, str, str | None, str | None],
                       step: bool) -> Record:
@@ -323,15 +344,12 @@ class AttemptCore:
         return self._after_commit(self._commit_locked(fields, Decimal(0), 0, False), False)
 
     async def final_snapshot(self) -> None:
-        def go() -> tuple[str | None, str | None]:
-            with self._tlock:
-                return self._snapshot_locked()
-
-        key, warning = await self.io(go)
-        if key:
-            self.sinks.checkpoint_saved(seq=self.live.loaded.snapshot_seq, key=key)
-        if warning:
-            self.sinks.warning(warning)
+        """A snapshot of everything journaled, after any snapshot still being written."""
+        with self._tlock:
+            upto = self.live.loaded.next_seq - 1
+            totals = self.live.totals
+        fut = self._snap_pool.submit(self._snapshot_job, upto, totals)
+        await asyncio.wrap_future(fut)
 
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
@@ -399,11 +417,10 @@ class AttemptCore:
                 "--max-result-bytes). Store large data elsewhere and return a reference."
             )
         fields: dict[str, Any] = {}
-        plain = codec.loads(body, what=what)
         if size > self.config.inline_result_max:
             fields["ref"] = await self.io(self.store.put_blob, body)
         else:
-            fields["value"] = _Raw(body, plain)
+            fields["value"] = _Raw(body)
         if model:
             fields["model"] = model
         # The workflow gets its own copy, decoded exactly as a replay would decode it.
@@ -418,8 +435,12 @@ class AttemptCore:
                 raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                            else HaltKind.FAIL, str(e), error=e) from None
             return codec.decode_value(body, data.get("model"), what=what)
+        value = data.get("value")
         try:
-            return codec.rebuild(_fresh(data.get("value")), data.get("model"), what=what)
+            if isinstance(value, _Raw):
+                return codec.rebuild(codec.loads(value.data, what=what), data.get("model"),
+                                     what=what)
+            return codec.rebuild(_fresh(value), data.get("model"), what=what)
         except errors.WorkflowError as e:
             raise Halt(HaltKind.FAIL, str(e), error=e) from None
 
@@ -491,7 +512,7 @@ class AttemptCore:
 
     async def _invoke(self, fn: Callable[..., Any], args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> Any:
-        if inspect.iscoroutinefunction(fn):
+        if _is_async(fn):
             return await fn(*args, **kwargs)
         if self.config.sync_steps_in_threads:
             loop = asyncio.get_running_loop()
@@ -642,11 +663,10 @@ class AttemptCore:
 class _Raw:
     """Pre-encoded JSON spliced into a record without re-encoding."""
 
-    __slots__ = ("data", "plain")
+    __slots__ = ("data",)
 
-    def __init__(self, data: bytes, plain: Any) -> None:
+    def __init__(self, data: bytes) -> None:
         self.data = data
-        self.plain = plain
 
 
 def _fresh(value: Any) -> Any:
@@ -659,6 +679,22 @@ def _fresh(value: Any) -> Any:
 async def _branch(scope: Scope, aw: Awaitable[Any]) -> Any:
     scope.owner = asyncio.current_task()
     return await aw
+
+
+_ASYNC_CACHE: dict[Any, bool] = {}
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    try:
+        return _ASYNC_CACHE[fn]
+    except (KeyError, TypeError):
+        result = inspect.iscoroutinefunction(fn)
+        try:
+            if len(_ASYNC_CACHE) < 4096:
+                _ASYNC_CACHE[fn] = result
+        except TypeError:
+            pass
+        return result
 
 
 def new_uuid() -> str:

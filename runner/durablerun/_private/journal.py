@@ -88,6 +88,15 @@ class Record:
             self.body = codec.dumps(self.data)
         return self.body
 
+    def value(self) -> Any:
+        """The record's inline ``value`` as plain JSON (records written in this
+        process keep it encoded until someone asks)."""
+        value = self.data.get("value")
+        raw = getattr(value, "data", None)
+        if isinstance(raw, bytes):
+            return codec.loads(raw, what=f"record {self.seq}")
+        return value
+
 
 @dataclass
 class Chunk:
@@ -251,14 +260,17 @@ class RunStore:
         return self.journal().append(record.seq, codec.seal(record.raw()))
 
     # --- snapshots ---------------------------------------------------------------
-    def snapshot(self, loaded: Loaded, totals: Totals) -> str | None:
-        """Save records after ``loaded.snapshot_seq`` as a chunk; swap the pointer.
+    def snapshot(self, loaded: Loaded, totals: Totals, *, upto: int | None = None) -> str | None:
+        """Save records after ``loaded.snapshot_seq`` (up to ``upto``) as a chunk; swap
+        the pointer.
 
         Updates ``loaded`` (chunks, snapshot seq, etag). Returns the pointer key,
         or None when there was nothing new or a newer snapshot already exists.
+        Safe to run on another thread while records are appended: it reads only
+        records up to ``upto``, which never change.
         """
         records = loaded.records
-        last = len(records) - 1
+        last = len(records) - 1 if upto is None else upto
         if last <= loaded.snapshot_seq:
             return None
         chunks = list(loaded.chunks)

@@ -60,6 +60,8 @@ class SinkSet(ProgressSink):
         self.sinks = list(sinks)
 
     def _each(self, method: str, *args: Any, **kwargs: Any) -> None:
+        if not self.sinks:
+            return
         for sink in self.sinks:
             try:
                 getattr(sink, method)(*args, **kwargs)

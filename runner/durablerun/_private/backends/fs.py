@@ -87,6 +87,8 @@ def _flock(fd: int, what: str) -> Iterator[None]:
 class FsJournal(base.JournalBackend):
     def __init__(self, directory: Path) -> None:
         self._dir = directory
+        self._dir_s = str(directory)
+        self._lock_s = os.path.join(self._dir_s, ".lock")
         self._lock_fd: int | None = None
         self._seg_fd: int | None = None
         self._seg_start: int | None = None
@@ -235,15 +237,15 @@ class FsJournal(base.JournalBackend):
             )
         start = seq - seq % layout.SEGMENT_RECORDS
         lock_fd = self._lock()
-        path = self._dir / layout.segment_name(start)
-        with _flock(lock_fd, str(self._dir / ".lock")):
+        path = os.path.join(self._dir_s, layout.segment_name(start))
+        with _flock(lock_fd, self._lock_s):
             if self._seg_start != start:
                 # Roll over to a new segment; it must not hold anything yet.
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 if os.fstat(fd).st_size != 0:
                     os.close(fd)
                     raise errors.FencedError(
-                        "journal segment already written by another writer", segment=str(path)
+                        "journal segment already written by another writer", segment=path
                     )
                 _fsync_dir(self._dir)
                 self._close_segment()
@@ -254,7 +256,7 @@ class FsJournal(base.JournalBackend):
                 raise errors.FencedError(
                     "journal position already written by another writer (the segment grew "
                     "since this writer last appended)",
-                    segment=str(path),
+                    segment=path,
                     seq=seq,
                 )
             line = data + b"\n"
@@ -264,7 +266,7 @@ class FsJournal(base.JournalBackend):
             except OSError as e:
                 self._broken = f"{e.strerror or e}"
                 raise errors.StoreUnavailableError(
-                    f"journal append failed: {e}", segment=str(path), seq=seq
+                    f"journal append failed: {e}", segment=path, seq=seq
                 ) from e
         self._expected_size += len(line)
         self._next_seq = seq + 1
