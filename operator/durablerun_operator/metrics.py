@@ -48,7 +48,11 @@ RUN_LABELS = ("namespace", "name")
 
 # Closed label sets. Anything else is counted as "Other" (and logged) so a
 # caller's typo cannot grow the number of series without bound.
-RESTART_REASONS = ("Crash", "OOMKilled", "LeaseExpired", "Evicted", "Preempted", "NodeLost", "PodDeleted")
+# Restarts: Crash, OOMKilled, LeaseExpired and Fenced (an attempt superseded by a
+# zombie write) count against maxRestarts; the rest are disruptions.
+RESTART_REASONS = (
+    "Crash", "OOMKilled", "LeaseExpired", "Fenced", "Evicted", "Preempted", "NodeLost", "PodDeleted",
+)
 ABORT_REASONS = tuple(reason.value for reason in api.AbortReason)
 COMPLETION_OUTCOMES = (api.Phase.SUCCEEDED.value, api.Phase.FAILED.value, api.Phase.ABORTED.value)
 OTHER = "Other"
@@ -341,7 +345,7 @@ class RunMetrics:
             self._runs.pop((namespace, name), None)
 
     def record_restart(self, namespace: str, name: str, reason: str) -> None:
-        """Counts a restart: Crash, OOMKilled, LeaseExpired, Evicted, Preempted, NodeLost or PodDeleted."""
+        """Counts a restart by cause: one of ``RESTART_REASONS``."""
         self._count(namespace, name, "restarts", reason, RESTART_REASONS)
 
     def record_abort(self, namespace: str, name: str, reason: str) -> None:

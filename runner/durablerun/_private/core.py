@@ -298,13 +298,13 @@ class AttemptCore:
         """Runs on the snapshot thread (one at a time, in order)."""
         if self.fenced:
             return None, None
+        key: str | None = None
+        warning: str | None = None
         try:
             key = self.store.snapshot(self.live.loaded, totals, upto=upto)
         except errors.StoreError as e:
             # Snapshots only speed up resume; the journal already holds everything.
-            key, warning = None, f"snapshot failed (the journal is intact): {e}"
-        else:
-            warning = None
+            warning = f"snapshot failed (the journal is intact): {e}"
         loop = self._loop
         if loop is not None and not loop.is_closed():
             seq = self.live.loaded.snapshot_seq

@@ -1,0 +1,184 @@
+"""durable-run's Prometheus alerts. Each has severity, summary, description, for and a runbook link.
+
+Expressions aggregate per-run series ``by (namespace, name)`` (see
+``config.RUN``). Metric names and their meaning: docs/metrics.md; what to do
+when an alert fires: docs/runbooks.md (one section per alert).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from monitoring import config
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+
+    def rule(self) -> dict[str, Any]:
+        return {
+            "alert": self.name,
+            "expr": textwrap.dedent(self.expr).strip() + "\n",
+            "for": self.for_,
+            "labels": {"severity": self.severity},
+            "annotations": {
+                "summary": self.summary,
+                "description": " ".join(self.description.split()),
+                "runbook_url": runbook_url(self.name),
+            },
+        }
+
+
+def runbook_url(alert: str) -> str:
+    """The alert's section of docs/runbooks.md (GitHub anchors: the heading, lowercased)."""
+    return f"{config.RUNBOOK_BASE_URL}#{alert.lower()}"
+
+
+RUN = config.RUN
+RUN_LABELS = "{{ $labels.namespace }}/{{ $labels.name }}"
+
+
+def _max(metric: str) -> str:
+    return f"max by ({RUN}) ({metric})"
+
+
+ABORTED = Alert(
+    name="DurableRunAborted",
+    # The abort_reason series exists while the run is Aborted; max_over_time
+    # bridges scrape gaps and keeps a run deleted right after its abort visible.
+    expr=f"""
+        max by ({RUN}, reason) (
+          max_over_time(durablerun_run_abort_reason[{config.ABORT_ALERT_MEMORY}])
+        ) == 1
+    """,
+    for_="0m",  # an abort is final: there is nothing to debounce
+    # A deliberate abort (kubectl patch) is news, not a page.
+    severity='{{ if eq $labels.reason "UserRequested" }}info{{ else }}critical{{ end }}',
+    summary="A durable run was aborted.",
+    description=f"""
+        DurableRun {RUN_LABELS} was aborted: {{{{ $labels.reason }}}}.
+        It will not run again until its policy is changed or it is re-created.
+    """,
+)
+
+RESTART_LOOP = Alert(
+    name="DurableRunRestartLoop",
+    # Counters start at 0 for every reason when the operator first sees a run,
+    # so increase() counts the first restart too. Restarts of every cause count:
+    # a run evicted again and again is also not getting anywhere.
+    expr=f"""
+        sum by ({RUN}) (increase(durablerun_run_restarts_total[{config.RESTART_LOOP_WINDOW}]))
+          >= {config.RESTART_LOOP_RESTARTS}
+        unless on ({RUN})
+          {_max(f'durablerun_run_phase{{phase=~"{config.FINISHED_PHASES}"}}')} == 1
+    """,
+    for_="1m",
+    severity="warning",
+    summary="A durable run keeps restarting.",
+    description=f"""
+        DurableRun {RUN_LABELS} was restarted {{{{ $value | printf "%.0f" }}}} times in the last
+        {config.RESTART_LOOP_WINDOW}. Every restart replays the journal and retries the current step.
+    """,
+)
+
+STUCK = Alert(
+    name="DurableRunStuck",
+    # The runner aborts an attempt that makes no progress for progressTimeout,
+    # but each new attempt starts that clock again, and a Pending pod has no
+    # runner at all: across attempts, no step for longer than the timeout.
+    expr=f"""
+        {_max("durablerun_run_seconds_since_progress")}
+          > {_max("durablerun_run_progress_timeout_seconds")}
+        and on ({RUN})
+          {_max(f'durablerun_run_phase{{phase=~"{config.ACTIVE_PHASES}"}}')} == 1
+    """,
+    for_="5m",
+    severity="warning",
+    summary="A durable run makes no progress.",
+    description=f"""
+        DurableRun {RUN_LABELS} has completed no step for {{{{ $value | humanizeDuration }}}},
+        longer than its policy.progressTimeout, while Pending, Running or in Backoff.
+    """,
+)
+
+
+def _budget(used: str, ceiling: str, budget: str) -> str:
+    return f'label_replace({_max(used)} / {_max(ceiling)}, "budget", "{budget}", "", "")'
+
+
+BUDGET_NEAR_CEILING = Alert(
+    name="DurableRunBudgetNearCeiling",
+    expr=f"""
+        (
+          {_budget("durablerun_run_cost_usd", "durablerun_run_cost_ceiling_usd", "cost")}
+          or
+          {_budget("durablerun_run_tokens", "durablerun_run_token_limit", "tokens")}
+          or
+          {_budget("durablerun_run_completed_steps", "durablerun_run_step_limit", "steps")}
+        ) >= {config.BUDGET_RATIO}
+        and on ({RUN})
+          {_max(f'durablerun_run_phase{{phase!~"{config.FINISHED_PHASES}"}}')} == 1
+    """,
+    for_="1m",
+    severity="warning",
+    summary="A durable run has nearly used up its budget.",
+    description=f"""
+        DurableRun {RUN_LABELS} has used {{{{ $value | humanizePercentage }}}} of its
+        {{{{ $labels.budget }}}} ceiling; at 100% it is aborted (BudgetExhausted).
+    """,
+)
+
+LEASE_STALE = Alert(
+    name="DurableRunLeaseStale",
+    # Exported only while the run is Running, i.e. while a pod must renew it.
+    expr=f"""
+        {_max("durablerun_run_seconds_since_lease_renewal")}
+          > {config.LEASE_STALE_FACTOR} * {_max("durablerun_run_lease_duration_seconds")}
+    """,
+    for_="1m",
+    severity="warning",
+    summary="A running durable run's lease expired and the run was not taken over.",
+    description=f"""
+        The runner of DurableRun {RUN_LABELS} last renewed its lease {{{{ $value | humanizeDuration }}}}
+        ago, more than {config.LEASE_STALE_FACTOR}x its lease duration, and the operator has not
+        started a new attempt.
+    """,
+)
+
+OPERATOR_DOWN = Alert(
+    name="DurableRunOperatorDown",
+    # build_info is 1 on every successful scrape and marked stale by the first
+    # failed one. Absent means the operator is down or nothing scrapes it, and
+    # needs no assumption about the scrape job's name.
+    expr="absent(durablerun_build_info)",
+    for_="5m",
+    severity="critical",
+    summary="The durable-run operator is down or not scraped.",
+    description="""
+        Prometheus has no durablerun_build_info: the durable-run operator is not running, not ready,
+        or not scraped. While it is down, crashed runs are not restarted and no policy is enforced
+        by the operator.
+    """,
+)
+
+RUN_ALERTS = (ABORTED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
+OPERATOR_ALERTS = (OPERATOR_DOWN,)
+ALL = RUN_ALERTS + OPERATOR_ALERTS
+
+
+def groups() -> dict[str, Any]:
+    """The Prometheus rule file: ``{"groups": [...]}``."""
+    return {
+        "groups": [
+            {"name": "durablerun.runs", "rules": [alert.rule() for alert in RUN_ALERTS]},
+            {"name": "durablerun.operator", "rules": [alert.rule() for alert in OPERATOR_ALERTS]},
+        ]
+    }
