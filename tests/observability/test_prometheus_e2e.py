@@ -1,0 +1,319 @@
+"""A real Prometheus scrapes RunMetrics fed like the operator feeds it, evaluates the shipped rules and answers
+every query of the shipped dashboard.
+
+The operator is simulated at the metrics API (observe_run / record_* with
+statuses as the operator writes them); the end-to-end test against the real
+operator lives with the operator's tests. Rules are the generated file with
+every ``for`` set to 0s, so alerts fire within a few evaluation intervals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from durablerun import api
+from durablerun_operator import metrics
+from durablerun_testbed import procs
+from durablerun_testbed.prometheus import Prometheus
+from tests.conftest import StartPrometheus
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy" / "monitoring" / "durablerun-rules.yaml"
+DASHBOARD = REPO / "deploy" / "monitoring" / "durablerun-dashboard.json"
+WAIT = 30.0  # seconds; Prometheus scrapes and evaluates every second
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class FakeOperator:
+    """Feeds RunMetrics the way the reconciler does: a status as written to the DurableRun, then events."""
+
+    metrics: metrics.RunMetrics
+
+    def observe(self, namespace: str, name: str, policy: api.Policy | None = None, **status: Any) -> None:
+        started = time.perf_counter()
+        self.metrics.observe_run(namespace, name, api.DurableRunStatus.model_validate(status),
+                                 policy or api.Policy(), datetime.now(UTC))
+        self.metrics.observe_reconcile(time.perf_counter() - started + 0.004)
+
+
+def now(offset_seconds: float = 0) -> str:
+    return iso(datetime.now(UTC) + timedelta(seconds=offset_seconds))
+
+
+def running(epoch: int, completed: int, total: int | None, usd: str, tokens: int, **extra: Any) -> dict[str, Any]:
+    """A healthy Running status: lease just renewed, a step and a checkpoint a few seconds ago."""
+    progress: dict[str, Any] = {"step": completed + 1, "stepName": "call_model", "completedSteps": completed,
+                                "lastProgressTime": now(-4)}
+    if total:
+        progress |= {"totalSteps": total, "fraction": f"{completed / total:.4f}"}
+    status: dict[str, Any] = {
+        "phase": "Running", "attempt": epoch, "epoch": epoch, "pod": f"pod-a{epoch}",
+        "lease": {"holder": f"pod-a{epoch}", "epoch": epoch, "acquireTime": now(-60), "renewTime": now(-3),
+                  "durationSeconds": 60},
+        "progress": progress,
+        "cost": {"usd": usd, "tokens": tokens},
+        "checkpoint": {"position": completed, "key": f"journal/{completed:08d}.json", "time": now(-4)},
+        "startTime": now(-3600),
+    }
+    return status | extra
+
+
+def rules_for_test(tmp_path: Path) -> Path:
+    """The shipped rules with every `for` at 0s (the expressions are unchanged)."""
+    body = yaml.safe_load(RULES.read_text())
+    for group in body["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "0s"
+    path = tmp_path / "durablerun-rules.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[metrics.RunMetrics, FakeOperator]]:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # the operator uses the default registry, which has these
+    run_metrics = metrics.RunMetrics(registry)
+    run_metrics.serve(0, "127.0.0.1")
+    yield run_metrics, FakeOperator(run_metrics)
+    run_metrics.stop()
+
+
+def firing(prometheus: Prometheus) -> dict[tuple[str, str, str], dict[str, str]]:
+    """Firing alerts by (alertname, namespace, name), with their labels."""
+    return {
+        (a["labels"]["alertname"], a["labels"].get("namespace", ""), a["labels"].get("name", "")): a["labels"]
+        for a in prometheus.api("alerts")["alerts"] if a["state"] == "firing"
+    }
+
+
+def scalar(prometheus: Prometheus, promql: str) -> float:
+    result = prometheus.query(promql)
+    assert len(result) == 1, f"{promql}: {result}"
+    return float(result[0]["value"][1])
+
+
+# --- the dashboard as Grafana would run it --------------------------------------------------------
+
+
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            yield from panel.get("panels", [])
+        else:
+            yield panel
+
+
+def resolve_variables(prometheus: Prometheus, dashboard: dict[str, Any]) -> dict[str, str]:
+    """Each variable's value with "All" selected: the regex Grafana substitutes."""
+    values: dict[str, str] = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        query = variable["query"]["query"]
+        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query)
+        assert match, f"variable {variable['name']}: unsupported query {query}"
+        selector = substitute(match.group(1), values)
+        found = prometheus.api(f"label/{match.group(2)}/values", **{"match[]": selector})
+        assert found, f"variable {variable['name']} ({query}) has no values"
+        values[variable["name"]] = variable.get("allValue") or "(" + "|".join(grafana_escape(v) for v in found) + ")"
+    return values
+
+
+def grafana_escape(value: str) -> str:
+    """How Grafana's Prometheus data source escapes one value of a multi-value variable."""
+    return re.sub(r"([$^*{}\[\]'+?.()|])", r"\\\\\1", value)
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in values, f"unknown variable ${name} in {expr}"
+        return values[name]
+
+    result = re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
+    assert "$" not in result, result
+    return result
+
+
+def run_target(prometheus: Prometheus, expr: str, instant: bool, start: float) -> list[dict[str, Any]]:
+    if instant:
+        return prometheus.query(expr)
+    result: list[dict[str, Any]] = prometheus.api(
+        "query_range", query=expr, start=f"{start:.3f}", end=f"{time.time():.3f}", step="1")["result"]
+    return result
+
+
+def has_numbers(result: list[dict[str, Any]]) -> bool:
+    samples = [s["value"] for s in result if "value" in s] + [v for s in result for v in s.get("values", [])]
+    return any(not math.isnan(float(v[1])) for v in samples)
+
+
+# --- the test --------------------------------------------------------------------------------------
+
+
+def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
+    start_prometheus: StartPrometheus, served: tuple[metrics.RunMetrics, FakeOperator], tmp_path: Path
+) -> None:
+    run_metrics, operator = served
+    started = time.time()
+    ceiling_25 = api.Policy(costCeilingUSD="25.00")
+    # Seven runs in two namespaces, as the operator would observe them.
+    operator.observe("research", "survey", ceiling_25, **running(1, 12, 40, "1.75", 42_000))
+    operator.observe("research", "costly", ceiling_25, **running(1, 30, None, "23.10", 910_000))
+    operator.observe("research", "notes", **running(2, 7, None, "0.40", 9_000) | {
+        "phase": "Waiting", "waitingFor": {"event": "approval", "since": now(-300)}})
+    operator.observe("research", "done", **running(1, 20, 20, "3.00", 70_000) | {
+        "phase": "Succeeded", "outcome": "Completed", "completionTime": now(-120)})
+    operator.observe("ml", "flaky", **running(1, 5, 50, "0.90", 15_000))
+    operator.observe("ml", "pricey", api.Policy(costCeilingUSD="10"), **running(1, 60, 100, "8.00", 400_000))
+    hung = running(1, 3, 30, "0.20", 2_000)
+    hung["progress"]["lastProgressTime"] = now(-1200)  # progressTimeout is 10m
+    hung["lease"]["renewTime"] = now(-300)  # leaseDuration is 60s
+    operator.observe("ml", "hung", **hung)
+    observed_hung = time.monotonic()
+
+    prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}"], rule_files=[rules_for_test(tmp_path)])
+    # Counters are scraped at 0 before anything happens, as in a cluster.
+    procs.wait_for(lambda: prometheus.query('durablerun_run_restarts_total{name="flaky", reason="Crash"} == 0'),
+                   timeout=WAIT, what="the first scrape")
+
+    # ml/flaky crashes, is OOM-killed and evicted; each time a new attempt resumes it.
+    for epoch, (reason, latency, completed) in enumerate(
+        (("Crash", 11.8, 7), ("OOMKilled", 23.4, 9), ("Evicted", 4.2, 12)), start=2
+    ):
+        restarts = min(epoch - 1, 2)
+        disruptions = 1 if reason == "Evicted" else 0
+        run_metrics.record_restart("ml", "flaky", reason)
+        operator.observe("ml", "flaky", **running(epoch - 1, completed - 2, 50, "0.90", 15_000) | {
+            "phase": "Pending" if disruptions else "Backoff", "restarts": restarts, "disruptions": disruptions,
+            "lastPodEndTime": now()})
+        run_metrics.observe_resume_latency(latency)
+        operator.observe("ml", "flaky", **running(epoch, completed, 50, f"{0.9 + epoch / 10:.2f}", 15_000 * epoch)
+                         | {"restarts": restarts, "disruptions": disruptions})
+    # ml/pricey reaches its ceiling and is aborted.
+    run_metrics.record_abort("ml", "pricey", "BudgetExhausted")
+    run_metrics.record_completion("ml", "pricey", "Aborted")
+    operator.observe("ml", "pricey", api.Policy(costCeilingUSD="10"), **running(1, 71, 100, "10.02", 480_000) | {
+        "phase": "Aborted", "abortReason": "BudgetExhausted", "outcome": "Aborted", "completionTime": now()})
+    procs.wait_for(lambda: prometheus.query('durablerun_run_abort_reason{name="pricey"}'),
+                   timeout=WAIT, what="the abort in Prometheus")
+
+    # --- metric values match the statuses they come from -------------------------------------------------
+    run = 'namespace="{}", name="{}"'.format
+    assert scalar(prometheus, f"durablerun_run_progress_ratio{{{run('research', 'survey')}}}") == 0.3
+    assert scalar(prometheus, f"durablerun_run_completed_steps{{{run('research', 'survey')}}}") == 12
+    assert scalar(prometheus, f"durablerun_run_cost_usd{{{run('research', 'survey')}}}") == 1.75
+    assert scalar(prometheus, f"durablerun_run_tokens{{{run('research', 'survey')}}}") == 42_000
+    assert scalar(prometheus, f"durablerun_run_cost_ceiling_usd{{{run('research', 'survey')}}}") == 25
+    assert scalar(prometheus, f"durablerun_run_progress_ratio{{{run('ml', 'flaky')}}}") == 0.24
+    assert scalar(prometheus, f"durablerun_run_status_restarts{{{run('ml', 'flaky')}}}") == 2
+    assert scalar(prometheus, f"durablerun_run_status_disruptions{{{run('ml', 'flaky')}}}") == 1
+    by_reason = {r["metric"]["reason"]: float(r["value"][1]) for r in prometheus.query(
+        f"durablerun_run_restarts_total{{{run('ml', 'flaky')}}} > 0")}
+    assert by_reason == {"Crash": 1, "OOMKilled": 1, "Evicted": 1}
+    assert scalar(prometheus, f'durablerun_run_phase{{{run("ml", "pricey")}, phase="Aborted"}}') == 1
+    assert scalar(prometheus, f"sum(durablerun_run_phase{{{run('ml', 'pricey')}}})") == 1
+    assert scalar(prometheus, f'durablerun_run_abort_reason{{{run("ml", "pricey")}, reason="BudgetExhausted"}}') == 1
+    assert scalar(prometheus, f"durablerun_run_cost_usd{{{run('ml', 'pricey')}}}") == 10.02
+    assert scalar(prometheus, "durablerun_resume_latency_seconds_count") == 3
+    assert scalar(prometheus, "durablerun_resume_latency_seconds_sum") == pytest.approx(39.4)
+    # Staleness is computed at scrape time: it grows from scrape to scrape with no new observation.
+    since_hung = f"durablerun_run_seconds_since_progress{{{run('ml', 'hung')}}}"
+    first = scalar(prometheus, since_hung)
+    # 1200s old when observed, plus however long ago that was (a scrape can only lag behind).
+    assert 1200 <= first <= 1200 + (time.monotonic() - observed_hung) + 1
+    procs.wait_for(lambda: scalar(prometheus, since_hung) >= first + 2, timeout=WAIT,
+                   what="seconds since progress to grow between scrapes")
+
+    # --- alerts: exactly the expected ones fire ------------------------------------------------------------
+    expected = {
+        ("DurableRunAborted", "ml", "pricey"),
+        ("DurableRunRestartLoop", "ml", "flaky"),
+        ("DurableRunStuck", "ml", "hung"),
+        ("DurableRunLeaseStale", "ml", "hung"),
+        ("DurableRunBudgetNearCeiling", "research", "costly"),
+    }
+    procs.wait_for(lambda: set(firing(prometheus)) == expected, timeout=WAIT,
+                   what=f"exactly {sorted(expected)} firing")
+    alerts = firing(prometheus)
+    assert alerts[("DurableRunAborted", "ml", "pricey")] == {
+        "alertname": "DurableRunAborted", "namespace": "ml", "name": "pricey", "reason": "BudgetExhausted",
+        "severity": "critical",
+    }
+    assert alerts[("DurableRunBudgetNearCeiling", "research", "costly")]["budget"] == "cost"
+    active = {a["labels"]["alertname"]: a for a in prometheus.api("alerts")["alerts"]}
+    assert active["DurableRunAborted"]["annotations"]["description"].startswith(
+        "DurableRun ml/pricey was aborted: BudgetExhausted.")
+    assert active["DurableRunAborted"]["annotations"]["runbook_url"].endswith("docs/runbooks.md#durablerunaborted")
+
+    # --- every dashboard query returns data ------------------------------------------------------------------
+    dashboard = json.loads(DASHBOARD.read_text())
+    values = resolve_variables(prometheus, dashboard)
+    assert values["job"] == "(durablerun-operator)"
+    namespaces = prometheus.api("label/namespace/values", **{"match[]": "durablerun_run_phase"})
+    assert sorted(namespaces) == ["ml", "research"]
+    failures, checked = [], 0
+    for panel in panels(dashboard):
+        for target in panel["targets"]:
+            expr = substitute(target["expr"], values)
+            try:
+                result = run_target(prometheus, expr, target["instant"], started)
+            except Exception as error:  # report every broken query at once
+                failures.append(f"{panel['title']} [{target['refId']}]: {expr}: {error}")
+                continue
+            checked += 1
+            if not has_numbers(result):
+                failures.append(f"{panel['title']} [{target['refId']}]: no data: {expr}")
+    assert not failures, "\n".join(failures)
+    assert checked >= 25
+
+    # One namespace selected: a per-run panel shows only that namespace's runs.
+    progress = next(p for p in panels(dashboard) if p["title"] == "Progress per run")["targets"][0]["expr"]
+    shown = prometheus.query(substitute(progress, values | {"namespace": "research"}))
+    assert {r["metric"]["name"] for r in shown} == {"survey", "done"}
+
+
+def test_a_deleted_run_disappears_and_a_stopped_operator_alerts(
+    start_prometheus: StartPrometheus, served: tuple[metrics.RunMetrics, FakeOperator], tmp_path: Path
+) -> None:
+    run_metrics, operator = served
+    operator.observe("ml", "gone", **running(1, 2, 4, "0.10", 100))
+    operator.observe("ml", "kept", **running(1, 3, 4, "0.20", 200))
+    run_metrics.record_restart("ml", "gone", "Crash")
+    prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}"], rule_files=[rules_for_test(tmp_path)])
+    every_series_of = 'count({__name__=~"durablerun_.+", namespace="ml", name="%s"})'
+    procs.wait_for(lambda: prometheus.query(every_series_of % "gone"), timeout=WAIT, what="the run scraped")
+    assert scalar(prometheus, every_series_of % "gone") == scalar(prometheus, every_series_of % "kept")
+    # (Before the first scrape, the operator looked absent: wait for that to clear.)
+    procs.wait_for(lambda: not firing(prometheus), timeout=WAIT, what="no alert for two healthy runs")
+
+    # The DurableRun is deleted: every one of its series goes stale at the next scrape.
+    run_metrics.forget_run("ml", "gone")
+    procs.wait_for(lambda: not prometheus.query(every_series_of % "gone"), timeout=WAIT,
+                   what="the deleted run's series to disappear")
+    assert scalar(prometheus, 'durablerun_run_cost_usd{namespace="ml", name="kept"}') == 0.2
+
+    # The operator stops: its build_info goes stale and DurableRunOperatorDown fires.
+    run_metrics.stop()
+    procs.wait_for(lambda: ("DurableRunOperatorDown", "", "") in firing(prometheus), timeout=WAIT,
+                   what="DurableRunOperatorDown firing")
+    assert firing(prometheus)[("DurableRunOperatorDown", "", "")] == {
+        "alertname": "DurableRunOperatorDown", "severity": "critical"}
+    assert scalar(prometheus, 'up{job="durablerun-operator"}') == 0
