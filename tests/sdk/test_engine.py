@@ -17,6 +17,7 @@ from durablerun import DurableContext, NonRetryableError, StepError
 from durablerun._private.backends import memory
 from durablerun.api import Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.sinks import ProgressSink
 from durablerun.stores import RunRef, Store, open_store
 
 from .conftest import StoreSpec
@@ -593,3 +594,50 @@ def test_a_missing_store_is_a_usage_error(tmp_path: Any, s3_spec: StoreSpec) -> 
     assert r.outcome == Outcome.USAGE_ERROR
     assert "credentials" in r.message
     assert "wrong" not in r.message
+
+
+def test_removing_a_patched_call_later_is_harmless(mem: Store) -> None:
+    async def v2(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("fetch", lambda: 1)
+        if ctx.patched("better-summary"):
+            s = await ctx.step("summarize-v2", lambda: "new")
+        else:
+            s = await ctx.step("summarize", lambda: "old")
+        await ctx.wait_for_event("e")
+        return s
+
+    async def v3(ctx: DurableContext, input: Any) -> Any:  # the old branch and the call gone
+        await ctx.step("fetch", lambda: 1)
+        s = await ctx.step("summarize-v2", lambda: "new")
+        await ctx.wait_for_event("e")
+        return s
+
+    assert attempt(mem, v2).outcome == Outcome.WAITING  # journal holds the marker
+    mem.put_event(run=REF, name="e", payload=None)
+    assert attempt(mem, v3).result == "new"
+
+
+def test_a_missing_snapshot_chunk_falls_back_to_the_journal(store_spec: StoreSpec) -> None:
+    store = store_spec.open()
+    ledger = Ledger()
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        out = [await ctx.step(f"s{i}", lambda i=i: ledger.hit(f"s{i}") or i) for i in range(10)]
+        await ctx.wait_for_event("e")
+        return out
+
+    warnings: list[str] = []
+
+    class Warn(ProgressSink):
+        def warning(self, message: str) -> None:
+            warnings.append(message)
+
+    assert attempt(store, wf).outcome == Outcome.WAITING
+    rs = store.run_store(REF)
+    chunks = rs.load().chunks
+    store.backend.delete([rs.key(chunks[0].key)])
+    store.put_event(run=REF, name="e", payload=None)
+    r = attempt(store, wf, sinks=[Warn()])
+    assert r.result == list(range(10))
+    assert sum(ledger.calls.values()) == 10
+    assert any("read the whole journal" in w for w in warnings)

@@ -440,7 +440,11 @@ class AttemptCore:
             if isinstance(value, _Raw):
                 return codec.rebuild(codec.loads(value.data, what=what), data.get("model"),
                                      what=what)
-            return codec.rebuild(_fresh(value), data.get("model"), what=what)
+            if record.handed or record.body is None:
+                # A second pass in this process: the first may have mutated its copy.
+                value = _fresh(value)
+            record.handed = True
+            return codec.rebuild(value, data.get("model"), what=what)
         except errors.WorkflowError as e:
             raise Halt(HaltKind.FAIL, str(e), error=e) from None
 

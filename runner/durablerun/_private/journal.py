@@ -70,6 +70,8 @@ class Record:
     seq: int
     data: dict[str, Any]
     body: bytes | None = None
+    #: The decoded value was handed to the workflow once; hand out copies after that.
+    handed: bool = False
 
     @property
     def pos(self) -> str:
@@ -130,6 +132,16 @@ class Loaded:
     @property
     def totals(self) -> Totals:
         return Totals.from_json(self.records[-1].data.get("totals")) if self.records else Totals()
+
+
+def _chunk_lines(body: bytes, where: str) -> list[bytes]:
+    """The records of a chunk body (``[\n<record>,\n<record>\n]``), byte for byte."""
+    if not (body.startswith(b"[\n") and body.endswith(b"\n]")):
+        raise errors.CorruptionError("snapshot chunk is not in the expected format", key=where)
+    inner = body[2:-2]
+    if not inner:
+        return []
+    return inner.split(b",\n")
 
 
 def utcnow() -> datetime:
@@ -223,13 +235,16 @@ class RunStore:
                 body = codec.unseal(sealed, what=ck)
                 if not chunk.key.endswith(f"{codec.sha256_hex(body)}.json"):
                     raise errors.CorruptionError("chunk content does not match its name", key=ck)
-                items = codec.loads(body, what=ck)
-                for item in items:
-                    if item.get("seq") != len(records):
+                lines = _chunk_lines(body, ck)
+                items = codec.loads(body, what=ck)  # one parse of the whole array
+                if not isinstance(items, list) or len(items) != len(lines):
+                    raise errors.CorruptionError("snapshot chunk does not parse", key=ck)
+                for line, item in zip(lines, items, strict=True):
+                    if not isinstance(item, dict) or item.get("seq") != len(records):
                         raise errors.CorruptionError(
-                            f"snapshot chunk holds seq {item.get('seq')} where "
-                            f"{len(records)} belongs", key=ck)
-                    records.append(Record(len(records), item))
+                            f"snapshot chunk holds seq {item.get('seq') if isinstance(item, dict) else '?'}"
+                            f" where {len(records)} belongs", key=ck)
+                    records.append(Record(len(records), item, line))
             snap_seq, snap_etag = int(meta["seq"]), pointer[1]
             if len(records) != snap_seq + 1:
                 raise errors.CorruptionError(
@@ -282,7 +297,10 @@ class RunStore:
         for chunk in chunks:
             if chunk.key:
                 continue
-            body = b"[" + b",".join(r.raw() for r in records[chunk.first : chunk.last + 1]) + b"]"
+            # One record per line: still a JSON array, and a reader can keep each
+            # record's exact bytes without re-encoding anything.
+            body = (b"[\n" + b",\n".join(r.raw() for r in records[chunk.first : chunk.last + 1])
+                    + b"\n]")
             chunk.key = layout.chunk_key(codec.sha256_hex(body))
             self.backend.create(self.key(chunk.key), codec.seal(body))
         pointer = codec.seal(codec.dumps({
