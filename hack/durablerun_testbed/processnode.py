@@ -18,8 +18,9 @@ API server:
 - honours graceful deletion (SIGTERM, grace period, SIGKILL) and restart
   policies (restarting containers of Deployment pods);
 - on request, through a small HTTP control API on loopback: SIGKILLs a
-  container (exit 137), marks it OOMKilled, pauses/continues it
-  (SIGSTOP/SIGCONT: a hung or partitioned pod), or loses the node under a pod
+  container (exit 137), marks it OOMKilled, pauses/continues it (SIGSTOP and
+  SIGCONT; while paused the node also ignores the pod, as a partitioned node
+  would: a deletion reaches the process only once it is continued), or loses the node under a pod
   (the process dies unreported, the pod gets a DisruptionTarget condition and
   is force-deleted, as the taint manager and pod GC do for a lost node).
 
@@ -121,6 +122,9 @@ class PodRuntime:
     kill_deadline: float | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
     projected_at: float = 0.0
+    #: Paused: the process is SIGSTOPped and the node acts as if cut off from it
+    #: (no status, no deletion handling) until it is continued.
+    partitioned: bool = False
 
     @property
     def key(self) -> str:
@@ -248,6 +252,8 @@ class ProcessNode:
             return
         runtime = self._runtime(pod)
         with runtime.lock:
+            if runtime.partitioned:
+                return
             if meta.deletion_timestamp is not None:
                 self._handle_deletion(pod, runtime)
                 return
@@ -659,8 +665,10 @@ class ProcessNode:
             target.oom_marked = True
             _kill_group(target.popen, signal.SIGKILL)
         elif action == "pause":
+            runtime.partitioned = True
             _kill_group(target.popen, signal.SIGSTOP)
         elif action == "continue":
+            runtime.partitioned = False
             _kill_group(target.popen, signal.SIGCONT)
         elif action == "term":
             _kill_group(target.popen, signal.SIGTERM)

@@ -32,15 +32,19 @@ class Operator:
 StartOperator = Callable[..., Operator]
 
 
-@pytest.fixture(scope="session")
-def start_operator(testbed: TestBed, testbed_root: Path) -> Iterator[StartOperator]:
-    """``start_operator()`` runs `python -m durablerun_operator` against the test bed."""
+@pytest.fixture
+def start_operator(testbed: TestBed, testbed_root: Path, namespace: str) -> Iterator[StartOperator]:
+    """``start_operator()`` runs `python -m durablerun_operator --namespace <the test's>` on the test bed.
+
+    Each test gets operators of its own, watching only its namespace, so a test
+    may kill, restart or double them without touching any other test.
+    """
     started: list[Operator] = []
 
     def start(name: str = "operator", **env: str) -> Operator:
         metrics_port, health_port = procs.free_port(), procs.free_port()
         process = procs.ManagedProcess(
-            name, [sys.executable, "-m", "durablerun_operator"],
+            name, [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
             log_path=testbed_root / "logs" / f"{name}-{uuid.uuid4().hex[:6]}.log",
             env={**testbed.env(), "DURABLERUN_RESYNC_SECONDS": "0.5", "DURABLERUN_METRICS_PORT": str(metrics_port),
                  "DURABLERUN_HEALTH_PORT": str(health_port), "DURABLERUN_STUCK_TERMINATING_SECONDS": "10", **env},
@@ -64,10 +68,10 @@ def _healthy(operator: Operator) -> bool:
         return bool(reply.status == 200)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def operator(start_operator: StartOperator) -> Operator:
-    """One operator for the session's tests that do not restart it."""
-    return start_operator("operator-shared")
+    """The test's operator, for tests that do not restart it."""
+    return start_operator()
 
 
 @dataclass
@@ -119,6 +123,13 @@ class RunEnv:
 
     def executions(self, step: str) -> int:
         return self.ledger().count(f"start {step}")
+
+    def store_objects(self) -> dict[str, str]:
+        """Every object in the run's bucket, key -> ETag."""
+        assert self.testbed.s3
+        s3 = self.testbed.s3.client()
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
 
     def pods(self, name: str) -> list[dict[str, Any]]:
         out = self.testbed.kubectl("get", "pods", "-n", self.namespace, "-l", f"durablerun.dev/run={name}",

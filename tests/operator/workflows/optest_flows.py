@@ -6,7 +6,9 @@ volume), so a test can count executions instead of assuming them.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -38,7 +40,21 @@ async def steps(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
         results.append(await ctx.step(f"s{i}", work, f"s{i}", float(input.get("sleep", 0.2))))
         if input.get("usd"):
             ctx.add_cost(usd=Decimal(str(input["usd"])), tokens=int(input.get("tokens", 0)))
+    _record("result " + json.dumps(results))
     return {"results": results}
+
+
+def die(name: str) -> str:
+    _record(f"start {name}")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return name
+
+
+async def crasher(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Crashes (SIGKILL) in its second step on every attempt."""
+    await ctx.step("ok", work, "ok", 0.05)
+    await ctx.step("boom", die, "boom")
+    return {}
 
 
 async def approval(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
@@ -46,6 +62,7 @@ async def approval(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]
     draft = await ctx.step("draft", work, "draft", 0.1)
     decision = await ctx.wait_for_event("review", timeout=timedelta(hours=1))
     final = await ctx.step("publish", work, "publish", 0.1)
+    _record("decision " + json.dumps(decision, sort_keys=True))
     return {"draft": draft, "decision": decision, "final": final}
 
 

@@ -1,0 +1,47 @@
+"""A hung or partitioned runner loses its lease; the next attempt takes over; the old one is fenced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from durablerun_testbed import procs
+from tests.operator.conftest import Operator, RunEnv
+
+pytestmark = pytest.mark.testbed
+
+
+def test_paused_runner_is_replaced_and_then_fenced(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("hung", "optest_flows:steps", {"steps": 8, "sleep": 0.3},
+                             policy={"leaseDuration": "4s"}))
+    procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=60, what="step s1 to finish")
+    old_pod = str(runs.get("hung")["status"]["pod"])
+    node = runs.testbed.node
+    assert node
+    node.pause(runs.namespace, old_pod)
+
+    # The lease expires, the epoch is bumped, and a new attempt finishes the run.
+    run = runs.wait_phase("hung", "Succeeded", timeout=120)
+    assert run["status"]["restarts"] == 1
+    assert run["status"]["pod"] != old_pod
+    assert any(e["reason"] == "LeaseExpired" for e in runs.events("hung"))
+    objects_before_wakeup = runs.store_objects()
+    ledger_before_wakeup = runs.ledger()
+
+    # The old runner wakes up: it must notice it was superseded and exit Fenced.
+    node.cont(runs.namespace, old_pod)
+    entry = procs.wait_for(
+        lambda: next((p for p in node.processes() if p["pod"] == f"{runs.namespace}/{old_pod}"
+                      and p["exitCode"] is not None), None),
+        timeout=60, what="the old runner to exit",
+    )
+    assert entry["exitCode"] == 5, Path(entry["log"]).read_text()[-2000:]
+    report = json.loads(Path(entry["log"]).with_suffix(".termination-log").read_text())
+    assert report["outcome"] == "Fenced"
+    # It wrote nothing after waking: not one object in the store, no new step, no status change.
+    assert runs.store_objects() == objects_before_wakeup
+    assert not [line for line in runs.ledger()[len(ledger_before_wakeup):] if line.startswith("start")]
+    assert runs.get("hung")["status"]["phase"] == "Succeeded"
+    assert runs.get("hung")["status"]["epoch"] == run["status"]["epoch"]
