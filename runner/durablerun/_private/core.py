@@ -85,6 +85,12 @@ class _DaemonPool(ThreadPoolExecutor):
     """Runs sync steps. Its threads must never keep a finished process alive."""
 
     def _adjust_thread_count(self) -> None:  # pragma: no cover - CPython internals
+        try:
+            self._adjust_daemon()
+        except (AttributeError, TypeError):
+            super()._adjust_thread_count()  # another CPython: plain (non-daemon) threads
+
+    def _adjust_daemon(self) -> None:
         import threading
         import weakref
         from concurrent.futures import thread as cf_thread

@@ -293,6 +293,7 @@ class Run:
     async def run_attempt_async(self) -> AttemptResult:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self.attempt_id = uuid.uuid4().hex[:16]
         io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="durablerun-io")
         run_store = self.store.run_store(self.ref)
         try:
