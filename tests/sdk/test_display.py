@@ -33,7 +33,10 @@ def test_tty_progress_redraws_one_line_with_steps_current_step_and_cost() -> Non
     text = out.getvalue()
     assert "\r\x1b[2K" in text  # redraws in place
     last = text.rsplit("\r\x1b[2K", 1)[1]
-    assert "1 steps" in last and "plan" in last and "$0.25" in last and "100 tokens" in last
+    assert "1 steps" in last
+    assert "plan" in last
+    assert "$0.25" in last
+    assert "100 tokens" in last
 
 
 def test_plain_progress_writes_one_line_per_step() -> None:
@@ -72,4 +75,6 @@ def test_the_cli_picks_the_display_by_whether_stderr_is_a_terminal(tmp_path: Pat
     os.close(leader)
     screen = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 4
-    assert "\x1b[2K" in screen and "2 steps" in screen and "$0.80" in screen
+    assert "\x1b[2K" in screen
+    assert "2 steps" in screen
+    assert "$0.80" in screen

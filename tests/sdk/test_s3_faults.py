@@ -81,8 +81,8 @@ def test_a_server_that_stays_down_is_store_unavailable(s3_spec: StoreSpec) -> No
 
 
 def test_server_side_encryption_is_requested_on_every_write(s3_spec: StoreSpec) -> None:
-    store, backend = _store(s3_spec, server_side_encryption="aws:kms", kms_key_id="key-1",
-                            unreachable_retries=0, max_attempts=1)
+    _, backend = _store(s3_spec, server_side_encryption="aws:kms", kms_key_id="key-1",
+                        unreachable_retries=0, max_attempts=1)
     seen: list[dict[str, str]] = []
 
     def capture(request: Any, **kwargs: Any) -> None:
