@@ -13,18 +13,23 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.testbed import NodeClient, TestBed
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".sandbox"
 CRD = binaries.REPO_ROOT / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-EXAMPLE = binaries.REPO_ROOT / "deploy" / "samples" / "hello.yaml"
+EXAMPLE = binaries.REPO_ROOT / "deploy" / "samples" / "review-agent.yaml"
 BUCKET = "durable-runs"
 
 
@@ -38,6 +43,7 @@ class SandboxState:
     s3_secret_key: str
     s3_bucket: str
     node_url: str
+    metrics_url: str
     pids: list[int]
 
 
@@ -58,7 +64,16 @@ def up(directory: Path) -> SandboxState:
         print(f"the sandbox is already running (state in {directory}); `make sandbox-down` stops it")
         return existing
     directory.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(directory / "bed", ignore_errors=True)  # a fresh cluster and store every time
     bed = TestBed(directory / "bed", id="sandbox-" + os.urandom(4).hex()).start()
+    try:
+        return _provision(bed, directory)
+    except BaseException:
+        bed.stop()
+        raise
+
+
+def _provision(bed: TestBed, directory: Path) -> SandboxState:
     assert bed.s3
     assert bed.node
     assert bed.controlplane
@@ -69,18 +84,41 @@ def up(directory: Path) -> SandboxState:
         "create", "secret", "generic", "durablerun-s3", "-n", "default", "--dry-run=client", "-o", "json",
         f"--from-literal=AWS_ACCESS_KEY_ID={bed.s3.access_key}",
         f"--from-literal=AWS_SECRET_ACCESS_KEY={bed.s3.secret_key}",
+        f"--from-literal=AWS_ENDPOINT_URL_S3={bed.s3.endpoint_url}",
     ).stdout
     bed.kubectl("apply", "-f", "-", input=secret)
+    operator, metrics_port = _start_operator(bed, directory)
     parts = [bed.controlplane.etcd, bed.controlplane.apiserver, bed.controlplane.controller_manager,
-             bed.s3.process, bed.node_process]
+             bed.s3.process, bed.node_process, operator]
     state = SandboxState(
         id=bed.id, dir=str(directory), kubeconfig=str(bed.kubeconfig),
         s3_endpoint=bed.s3.endpoint_url, s3_access_key=bed.s3.access_key, s3_secret_key=bed.s3.secret_key,
-        s3_bucket=BUCKET, node_url=bed.node.url, pids=[p.pid for p in parts if p is not None],
+        s3_bucket=BUCKET, node_url=bed.node.url, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+        pids=[p.pid for p in parts if p is not None],
     )
     _state_path(directory).write_text(json.dumps(asdict(state), indent=2))
     _state_path(directory).chmod(0o600)
     return state
+
+
+def _start_operator(bed: TestBed, directory: Path) -> tuple[procs.ManagedProcess, int]:
+    """The operator as a local process with the admin kubeconfig (as `make run` does for kubebuilder)."""
+    metrics_port, health_port = procs.free_port(), procs.free_port()
+    operator = procs.ManagedProcess(
+        "operator", [sys.executable, "-m", "durablerun_operator"],
+        log_path=directory / "bed" / "logs" / "operator.log",
+        env={**os.environ, "KUBECONFIG": str(bed.kubeconfig), "DURABLERUN_METRICS_PORT": str(metrics_port),
+             "DURABLERUN_HEALTH_PORT": str(health_port), "DURABLERUN_RESYNC_SECONDS": "1"},
+        testbed_id=bed.id,
+    )
+
+    def healthy() -> bool:
+        operator.check_alive()
+        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=2) as reply:
+            return bool(reply.status == 200)
+
+    procs.wait_for(healthy, timeout=60, what="the operator's /healthz")
+    return operator, metrics_port
 
 
 def describe(state: SandboxState) -> str:
@@ -91,6 +129,7 @@ def describe(state: SandboxState) -> str:
         f"  S3 (MinIO):   {state.s3_endpoint}  bucket {state.s3_bucket}",
         f"                access key {state.s3_access_key}, secret in {state.dir}/state.json"
         " and in Secret default/durablerun-s3",
+        f"  operator:     metrics at {state.metrics_url}",
         f"  process node: {state.node_url}  (python -m durablerun_testbed sandbox node kill NAMESPACE POD)",
         f"  logs:         {state.dir}/bed/**/*.log",
         "  stop it:      make sandbox-down",
@@ -117,23 +156,84 @@ def down(directory: Path) -> None:
 
 
 def demo(directory: Path) -> int:
-    """Up, the example run, down — the README's first command."""
+    """The README's first command: the whole story with kubectl, then tear down."""
     state = up(directory)
     print(describe(state), flush=True)
-    env = dict(os.environ, KUBECONFIG=state.kubeconfig)
     try:
-        kubectl = str(binaries.kubectl())
-        _show(env, kubectl, "apply", "-f", str(EXAMPLE))
-        _show(env, kubectl, "get", "durableruns")
-        _show(env, kubectl, "get", "durablerun", "hello", "-o", "yaml")
+        _story(state)
     finally:
         down(directory)
     return 0
 
 
-def _show(env: dict[str, str], kubectl: str, *args: str) -> None:
-    import subprocess
+def _story(state: SandboxState) -> None:
+    env = dict(os.environ, KUBECONFIG=state.kubeconfig)
+    kubectl = str(binaries.kubectl())
+    node = NodeClient(state.node_url)
+    name = "review-agent"
 
+    def run() -> dict[str, object]:
+        out = subprocess.run([kubectl, "get", "dr", name, "-o", "json"], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        return dict(json.loads(out))
+
+    def status() -> dict[str, Any]:
+        return dict(run().get("status") or {})
+
+    def watch_until(what: str, done: Callable[[dict[str, Any]], bool], timeout: float = 120) -> None:
+        print(f"\n# waiting until {what} (kubectl get dr, every 2s)", flush=True)
+        deadline, last = time.monotonic() + timeout, ""
+        while True:
+            row = subprocess.run([kubectl, "get", "dr", name, "--no-headers"], env=env, capture_output=True,
+                                 text=True).stdout.strip()
+            if row != last:
+                print(f"  {row}", flush=True)
+                last = row
+            if done(status()):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"demo: timed out waiting until {what}")
+            time.sleep(2)
+
+    _show(env, kubectl, "apply", "-f", str(EXAMPLE))
+    watch_until("3 steps are journaled", lambda s: (s.get("progress") or {}).get("completedSteps", 0) >= 3)
+
+    pod = str(status()["pod"])
+    print(f"\n# crash: SIGKILL the runner process of pod {pod} (as an OOM kill or a node crash would)")
+    print("$ python -m durablerun_testbed sandbox node kill default " + pod, flush=True)
+    print("  " + json.dumps(node.kill("default", pod)), flush=True)
+    watch_until("a new attempt has resumed from the checkpoint and waits for the review",
+                lambda s: s.get("phase") == "Waiting")
+    _show(env, kubectl, "get", "pods", "-l", f"durablerun.dev/run={name}")
+    _count_executions(state)
+
+    print("\n# a human approves the draft", flush=True)
+    _show(env, kubectl, "patch", "dr", name, "--type", "merge",
+          "-p", '{"spec": {"events": {"review": {"approved": true, "by": "dana"}}}}')
+    watch_until("the run has succeeded", lambda s: s.get("phase") == "Succeeded")
+    _show(env, kubectl, "get", "dr", "-o", "wide")
+    _show(env, kubectl, "describe", "dr", name)
+    print(f"\n$ curl -s {state.metrics_url} | grep 'durablerun_run_.*name=\"{name}\"'", flush=True)
+    with urllib.request.urlopen(state.metrics_url, timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if f'name="{name}"' in line and not line.endswith(" 0.0"):
+                print(f"  {line}")
+
+
+def _count_executions(state: SandboxState) -> None:
+    """Every step body logs `executing <step>`: count them across every attempt's runner log."""
+    counts: dict[str, int] = {}
+    for log in sorted(Path(state.dir).glob("bed/node/pods/default_review-agent-a*/runner.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("executing "):
+                counts[line[len("executing "):]] = counts.get(line[len("executing "):], 0) + 1
+    print("\n# step executions across all attempts (from the runner logs): only the step in flight "
+          "when the pod was killed ran twice", flush=True)
+    for step, count in counts.items():
+        print(f"  {count}x {step}")
+
+
+def _show(env: dict[str, str], kubectl: str, *args: str) -> None:
     print(f"\n$ kubectl {' '.join(args)}", flush=True)
     subprocess.run([kubectl, *args], env=env, check=True)
 

@@ -162,8 +162,10 @@ def _runner_env(run: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         # The operator never reads the Secret: the kubelet injects it into the runner.
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
-        env.append({"name": "AWS_SESSION_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": secret, "key": "AWS_SESSION_TOKEN", "optional": True}}})
+        # Optional keys: temporary credentials, and the endpoint of an S3-compatible server
+        # (so one manifest works against different stores, as in the local sandbox).
+        for key in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}})
     return env
 
 

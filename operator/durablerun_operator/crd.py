@@ -95,7 +95,7 @@ def openapi_schema() -> dict[str, Any]:
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepName"},
-    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.fraction"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Cost", "type": "string", "jsonPath": ".status.cost.usd"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

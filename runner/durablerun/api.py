@@ -240,8 +240,9 @@ class Checkpoint(_Model):
     credentialsSecret: str | None = Field(
         default=None,
         description=(
-            "Secret in the run's namespace with keys AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY. Omit it to use workload identity."
+            "Secret in the run's namespace with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(optional: AWS_SESSION_TOKEN, and AWS_ENDPOINT_URL_S3 when endpoint is not set). "
+            "Omit it to use workload identity."
         ),
     )
     snapshotEvery: int = Field(
@@ -324,6 +325,9 @@ class Progress(_Model):
     completedSteps: int = Field(default=0, description="Steps journaled so far.")
     totalSteps: int | None = Field(default=None, description="Total steps, when the workflow declares it.")
     fraction: str | None = Field(default=None, description="completedSteps / totalSteps, as a decimal string.")
+    summary: str | None = Field(
+        default=None, description='Progress for humans: "5/12" when totalSteps is known, else "5 steps".'
+    )
     lastProgressTime: str | None = Field(default=None, description="When a step last completed.")
 
 

@@ -147,7 +147,7 @@ class StatusSink(ProgressSink):
         with self.lock:
             self.fields["cost"] = {"usd": str(usd), "tokens": tokens}
             progress = dict(self.fields.get("progress") or {})
-            progress["completedSteps"] = steps
+            progress.update(completedSteps=steps, summary=f"{steps} steps")
             self.fields["progress"] = progress
         self.dirty.set()
 
@@ -255,8 +255,12 @@ class Lease:
 
 
 def _store(spec: api.DurableRunSpec) -> Store:
+    checkpoint = spec.checkpoint
+    if checkpoint.endpoint is None and os.environ.get("AWS_ENDPOINT_URL_S3"):
+        # From the credentials Secret's optional AWS_ENDPOINT_URL_S3 key.
+        checkpoint = checkpoint.model_copy(update={"endpoint": os.environ["AWS_ENDPOINT_URL_S3"]})
     return store_from_checkpoint(
-        spec.checkpoint,
+        checkpoint,
         access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
         secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
     )
@@ -347,9 +351,9 @@ def _finish(identity: Identity, lease: Lease, result: AttemptResult) -> int:
         why = lease.lost or result.message
         return _terminate(identity, _report(api.Outcome.FENCED, why), api.Outcome.FENCED.exit_code)
     final = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
-    progress: dict[str, Any] = {"completedSteps": result.totals.steps}
+    progress: dict[str, Any] = {"completedSteps": result.totals.steps, "summary": f"{result.totals.steps} steps"}
     if result.outcome == api.Outcome.COMPLETED:
-        progress["fraction"] = "1"
+        progress.update(fraction="1", summary=f"{result.totals.steps}/{result.totals.steps}")
     lease.sink.update(progress=progress, cost={"usd": str(result.totals.usd), "tokens": result.totals.tokens})
     if not lease.renew(final):
         if lease.lost:

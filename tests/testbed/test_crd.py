@@ -72,13 +72,13 @@ def test_invalid_run_is_refused_naming_the_field(
 def test_printer_columns(testbed: TestBed, namespace: str) -> None:
     testbed.kubectl("apply", "-n", namespace, "-f", "-", input=manifest("columns"))
     status = {"status": {"phase": "Running", "restarts": 2, "abortReason": "ProgressTimeout",
-                         "progress": {"stepName": "plan", "fraction": "0.25", "completedSteps": 3},
+                         "progress": {"stepName": "plan", "summary": "3/12", "completedSteps": 3},
                          "cost": {"usd": "1.50", "tokens": 10}, "pod": "columns-a3"}}
     testbed.kubectl("patch", "dr", "columns", "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps(status))
     table = testbed.kubectl("get", "dr", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "COST", "RESTARTS", "AGE"]
-    assert table[1].split()[:6] == ["columns", "Running", "plan", "0.25", "1.50", "2"]
+    assert table[1].split()[:6] == ["columns", "Running", "plan", "3/12", "1.50", "2"]
     wide = testbed.kubectl("get", "durableruns", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-3:] == ["REASON", "STEPS", "POD"]
     assert wide[1].split()[-3:] == ["ProgressTimeout", "3", "columns-a3"]

@@ -1,0 +1,100 @@
+"""Budgets, human events, suspend and bad input, driven with kubectl as a user would."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from durablerun_testbed import procs
+from tests.operator.conftest import Operator, RunEnv
+
+pytestmark = pytest.mark.testbed
+
+
+def live_pods(runs: RunEnv, name: str) -> list[str]:
+    return [p["metadata"]["name"] for p in runs.pods(name)
+            if p["status"].get("phase") in ("Pending", "Running") and not p["metadata"].get("deletionTimestamp")]
+
+
+def test_human_event_wakes_a_waiting_run_with_no_pod(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("review", "optest_flows:approval"))
+    run = runs.wait_phase("review", "Waiting", timeout=60)
+    assert run["status"]["waitingFor"]["event"] == "review"
+    procs.wait_for(lambda: not live_pods(runs, "review"), timeout=30, what="no pod while waiting")
+
+    runs.testbed.kubectl("patch", "dr", "review", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"events": {"review": {"status": "approved"}}}}')
+    runs.wait_phase("review", "Succeeded", timeout=60)
+    assert 'decision {"status": "approved"}' in runs.ledger()
+    assert runs.executions("draft") == 1
+    assert runs.executions("publish") == 1
+
+
+def test_event_sent_while_the_runner_decides_to_wait_is_not_lost(operator: Operator, runs: RunEnv) -> None:
+    names = [f"race-{i}" for i in range(3)]
+    for name in names:
+        runs.apply(runs.manifest(name, "optest_flows:approval"))
+
+    def approve_when_drafted(name: str) -> None:
+        # The moment the draft step finishes, the runner is deciding whether to wait.
+        procs.wait_for(lambda: runs.get(name).get("status", {}).get("progress", {}).get("completedSteps", 0) >= 1
+                       or "done draft" in runs.ledger(), timeout=60, interval=0.01, what="the draft")
+        runs.testbed.kubectl("patch", "dr", name, "-n", runs.namespace, "--type=merge",
+                             "-p", json.dumps({"spec": {"events": {"review": {"by": name}}}}))
+
+    threads = [threading.Thread(target=approve_when_drafted, args=(n,)) for n in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name in names:
+        runs.wait_phase(name, "Succeeded", timeout=60)
+        assert f'decision {{"by": "{name}"}}' in runs.ledger()
+
+
+def test_first_event_value_wins(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("first", "optest_flows:approval"))
+    runs.wait_phase("first", "Waiting", timeout=60)
+    runs.testbed.kubectl("patch", "dr", "first", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"events": {"review": {"v": 1}}}}')
+    runs.wait_phase("first", "Succeeded", timeout=60)
+    runs.testbed.kubectl("patch", "dr", "first", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"events": {"review": {"v": 2}}}}')
+    assert 'decision {"v": 1}' in runs.ledger()
+    assert runs.get("first")["status"]["phase"] == "Succeeded"
+
+
+def test_suspend_and_resume(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("pausable", "optest_flows:steps", {"steps": 6, "sleep": 0.5}))
+    procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=60, what="step s1")
+    runs.testbed.kubectl("patch", "dr", "pausable", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"suspend": true}}')
+    run = runs.wait_phase("pausable", "Suspended", timeout=60)
+    procs.wait_for(lambda: not live_pods(runs, "pausable"), timeout=30, what="no pod while suspended")
+    assert run["status"]["restarts"] == 0
+    runs.testbed.kubectl("patch", "dr", "pausable", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"suspend": false}}')
+    runs.wait_phase("pausable", "Succeeded", timeout=60)
+    # Suspension waits for the running step: nothing runs twice.
+    assert [runs.executions(f"s{i}") for i in range(6)] == [1] * 6
+
+
+def test_unknown_workflow_fails_once_with_a_clear_message(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("typo", "optest_flows:no_such_flow"))
+    run = runs.wait_phase("typo", "Failed", timeout=60)
+    assert run["status"]["restarts"] == 0
+    assert run["status"]["attempt"] == 1
+    assert "no_such_flow" in run["status"]["message"]
+
+
+def test_changed_input_fails_with_input_mismatch(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("fixed", "optest_flows:approval", {"topic": "a"}))
+    runs.wait_phase("fixed", "Waiting", timeout=60)
+    runs.testbed.kubectl("patch", "dr", "fixed", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"input": {"topic": "b"}, "events": {"review": {}}}}')
+    run = runs.wait_phase("fixed", "Failed", timeout=60)
+    assert "InputMismatch" in run["status"]["message"]
+    assert runs.executions("draft") == 1
+    assert runs.executions("publish") == 0
