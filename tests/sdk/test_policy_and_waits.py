@@ -158,14 +158,17 @@ def test_event_timeout_in_process_and_after_a_restart(mem: Store) -> None:
     cfg = EngineConfig(inline_sleep_max=timedelta(milliseconds=50),
                        retry_initial=timedelta(milliseconds=1))
     ref = RunRef.local("late")
-    r1 = attempt(mem, approval_flow, {"timeout": 0.3}, ref=ref, config=cfg)
+    r1 = attempt(mem, approval_flow, {"timeout": 1.5}, ref=ref, config=cfg)
     assert r1.outcome == Outcome.WAITING
-    time.sleep(0.35)
-    r2 = attempt(mem, approval_flow, {"timeout": 0.3}, ref=ref, config=cfg)
+    assert r1.waiting is not None
+    deadline = r1.waiting.deadline
+    assert deadline is not None
+    wait_until(lambda: datetime.now(UTC) >= deadline, timeout=10, what="the deadline")
+    r2 = attempt(mem, approval_flow, {"timeout": 1.5}, ref=ref, config=cfg)
     assert r2.result["decision"] == "timed out"
     # The timeout is journaled: an event arriving afterwards changes nothing.
     mem.put_event(run=ref, name="review", payload="too late")
-    r3 = attempt(mem, approval_flow, {"timeout": 0.3}, ref=ref, config=cfg)
+    r3 = attempt(mem, approval_flow, {"timeout": 1.5}, ref=ref, config=cfg)
     assert r3.result["decision"] == "timed out"
 
 
@@ -234,19 +237,21 @@ def test_short_sleeps_sleep_in_process(mem: Store) -> None:
 def test_long_sleeps_end_the_attempt_with_a_wake_time(mem: Store) -> None:
     cfg = EngineConfig(inline_sleep_max=timedelta(milliseconds=50))
     before = datetime.now(UTC)
-    r1 = attempt(mem, sleepy, {"seconds": 0.4}, config=cfg)
+    r1 = attempt(mem, sleepy, {"seconds": 2}, config=cfg)
     assert r1.outcome == Outcome.WAITING
-    assert r1.waiting
-    assert r1.waiting.wake_time
+    assert r1.waiting is not None
+    wake = r1.waiting.wake_time
+    assert wake is not None
     assert r1.waiting.event is None
-    assert before + timedelta(seconds=0.39) <= r1.waiting.wake_time
+    assert before + timedelta(seconds=1.99) <= wake
     # Too early: still waiting, for the same wake time (it is journaled).
-    r2 = attempt(mem, sleepy, {"seconds": 0.4}, config=cfg)
-    assert r2.outcome == Outcome.WAITING
-    assert r2.waiting
-    assert r2.waiting.wake_time == r1.waiting.wake_time
-    wait_until(lambda: datetime.now(UTC) >= r1.waiting.wake_time, timeout=5, what="wake time")  # type: ignore[union-attr]
-    assert attempt(mem, sleepy, {"seconds": 0.4}, config=cfg).result == 2
+    r2 = attempt(mem, sleepy, {"seconds": 2}, config=cfg)
+    if datetime.now(UTC) < wake - timedelta(milliseconds=100):
+        assert r2.outcome == Outcome.WAITING
+        assert r2.waiting is not None
+        assert r2.waiting.wake_time == wake
+    wait_until(lambda: datetime.now(UTC) >= wake, timeout=10, what="wake time")
+    assert attempt(mem, sleepy, {"seconds": 2}, config=cfg).result == 2
 
 
 # --- stop and fence ----------------------------------------------------------------------------------

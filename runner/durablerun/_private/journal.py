@@ -308,6 +308,7 @@ class RunStore:
             "seq": last,
             "chunks": [c.to_json() for c in chunks],
             "totals": totals.to_json(),
+            "complete": records[last].kind == "complete",
             "time": iso(time.time()),
         }))
         etag = loaded.snapshot_etag

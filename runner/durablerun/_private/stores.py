@@ -114,6 +114,7 @@ class Store:
             snap_seq = -1
             snap_totals = Totals()
             snap_time = None
+            snap_complete = False
             if snapshot is not None:
                 from durablerun._private import codec
 
@@ -122,12 +123,13 @@ class Store:
                 snap_seq = int(meta["seq"])
                 snap_totals = Totals.from_json(meta.get("totals"))
                 snap_time = parse_iso(meta["time"]) if meta.get("time") else None
+                snap_complete = bool(meta.get("complete"))
             tail = rs.journal().read(snap_seq + 1)
         finally:
             rs.close()
         if manifest is None and not tail and snapshot is None:
             return RunInfo(run.key, exists=False, events=events, status=status)
-        totals, checkpoint, completed = snap_totals, None, False
+        totals, checkpoint, completed = snap_totals, None, snap_complete
         if snapshot is not None:
             checkpoint = CheckpointInfo(snap_seq, rs.key(layout.SNAPSHOT), snap_time)
         if tail:
@@ -141,8 +143,6 @@ class Store:
             checkpoint = CheckpointInfo(
                 seq, key, datetime.fromtimestamp(float(at), UTC) if at else None)
             completed = last.get("kind") == "complete"
-        elif status is not None and status.get("outcome") == "Completed":
-            completed = True
         records = (tail[-1][0] + 1) if tail else snap_seq + 1
         return RunInfo(run.key, True, manifest or {}, totals, records, checkpoint,
                        snap_seq if snapshot is not None else None, status, completed, events)
