@@ -89,10 +89,16 @@ def test_code_migration_waits_for_approval(mem: Store) -> None:
 def test_examples_run_from_the_cli(tmp_path: Path) -> None:
     store = f"file://{tmp_path}/s"
     env = {"PYTHONPATH": str(REPO / "examples")}
+    log = tmp_path / "progress.jsonl"
     r = cli(["run", "research_agent:research", "--run-id", "cli", "--store", store,
-             "--input", '{"topic": "x", "width": 2}', "--max-cost", "1"], env=env)
+             "--input", '{"topic": "x", "width": 2}', "--max-cost", "1",
+             "--json-log", str(log)], env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["sections"] == 2
+    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert events[0] == "run_started"
+    assert events[-1] == "run_finished"
+    assert events.count("step_completed") == 4  # plan, 2 x research, draft
     m = cli(["run", "code_migration:migrate", "--run-id", "m", "--store", store,
              "--input", '{"repo": "acme/api", "files": 2}'], env=env)
     assert m.returncode == 4

@@ -226,9 +226,9 @@ class AttemptCore:
         self.reached.add(pos_str(pos))
         return pos
 
-    def peek(self) -> tuple[int, ...]:
-        scope = SCOPE.get()
-        return (*scope.prefix, scope.counter)
+    def peek(self) -> tuple[int, ...] | None:
+        scope = SCOPE.get(None)
+        return None if scope is None else (*scope.prefix, scope.counter)
 
     def lookup(self, pos: str, family: str, name: str) -> dict[str, Record]:
         """Journaled records of this operation at ``pos`` (empty: not yet run)."""
@@ -612,6 +612,9 @@ class AttemptCore:
 
     def patched(self, change_id: str) -> bool:
         cur = self.peek()
+        if cur is None or STEP.get() is not None:
+            raise errors.WorkflowError("ctx.patched() belongs in the workflow function, "
+                                       "not in a step or another thread")
         pos = pos_str(cur)
         if f"patch:{change_id}" in self.live.index.get(pos, {}):
             return True
@@ -626,7 +629,8 @@ class AttemptCore:
             frame.usd += usd
             frame.tokens += tokens
             return
-        if self.live.replaying_at(self.peek()):
+        cur = self.peek()
+        if cur is not None and self.live.replaying_at(cur):
             return  # already counted in the journal record that followed it
         with self._tlock:
             self.live.pending_usd += usd

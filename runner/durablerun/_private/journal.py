@@ -350,7 +350,10 @@ class RunStore:
     # --- events ------------------------------------------------------------------------
     def put_event(self, name: str, payload: Any, *, event_id: str) -> bool:
         """Store an event; True if this write won (first write wins)."""
-        body, _ = codec.encode_value(payload, what=f"event {name!r}")
+        try:
+            body, _ = codec.encode_value(payload, what=f"the payload of event {name!r}")
+        except errors.ResultNotSerializableError as e:
+            raise errors.ConfigError(str(e).replace(" returned a value", " is a value")) from None
         doc = b"".join((
             b'{"name":', codec.dumps(name), b',"id":', codec.dumps(event_id),
             b',"sent_at":', codec.dumps(iso(time.time())), b',"payload":', body, b"}",
