@@ -99,7 +99,7 @@ def test_pod_subcommand_delegates_to_durablerun_pod(monkeypatch: pytest.MonkeyPa
     import types
 
     import durablerun
-    from durablerun import cli as cli_module
+    from durablerun._private import cli as cli_module
 
     seen: list[list[str]] = []
     fake = types.ModuleType("durablerun.pod")

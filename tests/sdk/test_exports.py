@@ -22,6 +22,7 @@ PUBLIC = {
         "Store", "Totals", "open_store", "store_from_checkpoint",
     ],
     "durablerun.sinks": ["JsonLinesSink", "ProgressSink"],
+    "durablerun.cli": ["main"],
     "durablerun.errors": [
         "ConfigError", "CorruptionError", "DivergenceError", "DurableRunError", "EventTimeout",
         "FencedError", "InputMismatchError", "NonRetryableError", "ResultNotSerializableError",
