@@ -1,0 +1,162 @@
+"""The Helm chart renders, lints and validates: defaults, every value set, and typos refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from durablerun_testbed import binaries
+from durablerun_testbed.testbed import TestBed
+
+from .helpers import CHART, Helm, Kubectl, at, dump, full_values, of_kind, one, schema_leaves
+
+pytestmark = pytest.mark.testbed
+
+# Kinds served only where the Prometheus Operator is installed: checked below by what they mean.
+PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_chart_lints(helm: Helm, namespace: str) -> None:
+    for values in (None, full_values([namespace])):
+        args = helm._values_args(values)
+        result = helm("lint", "--strict", str(CHART), *args)
+        assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_every_value_is_documented_and_exercised() -> None:
+    """values.yaml comments every value it declares; full_values() sets every one of them."""
+    text = (CHART / "values.yaml").read_text()
+    defaults, full = yaml.safe_load(text), full_values(["x"])
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for path in schema_leaves(schema):
+        if path == ("global",):
+            continue
+        default, value = at(defaults, path), at(full, path)
+        assert default is not None, f"values.yaml does not declare {'.'.join(path)}"
+        # Switches stay on where "on" renders more; every other value differs from its default.
+        assert value is not None, f"full_values() does not set {'.'.join(path)}"
+        assert isinstance(default, bool) or value != default, f"full_values() leaves {'.'.join(path)} at its default"
+    # Each value is documented by a comment right above it, or belongs to a run of sibling
+    # values (the fields of a probe, say) whose first one is.
+    documented = set(schema_leaves(schema))
+    stack: list[tuple[int, str]] = []
+    previous, previous_ok = "", False
+    for line in text.splitlines():
+        body = line.lstrip()
+        indent = len(line) - len(body)
+        if not body or body.startswith(("#", "-")) or ":" not in body:
+            previous, previous_ok = line, False
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = body.split(":", 1)[0].strip('"')
+        path = (*(k for _, k in stack), key)
+        stack.append((indent, key))
+        if path in documented:
+            above = previous.lstrip()
+            sibling = previous_ok and len(previous) - len(above) == indent
+            assert above.startswith("#") or sibling, f"values.yaml: {'.'.join(path)} has no comment"
+            previous_ok = True
+        else:
+            previous_ok = False
+        previous = line
+
+
+def test_default_render_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl, namespace: str) -> None:
+    objects = helm.template("durable-run", namespace)
+    kinds = sorted(obj["kind"] for obj in objects)
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+                     "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount"]
+    result = admin("apply", "--dry-run=server", "-f", "-", input=dump(objects))
+    assert result.stdout.count("(server dry run)") == len(objects), result.stdout
+
+
+def test_full_values_render_is_accepted_by_the_api_server(
+    helm: Helm, admin: Kubectl, testbed: TestBed, namespace: str, tmp_path: Path
+) -> None:
+    objects = helm.template("full", namespace, full_values([namespace]))
+    kinds = {obj["kind"] for obj in objects}
+    assert kinds == {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
+                     "ServiceMonitor", "PrometheusRule", "ConfigMap"}, kinds
+    served = [obj for obj in objects if obj["kind"] not in PROMETHEUS_OPERATOR_KINDS]
+    result = admin("apply", "--dry-run=server", "-f", "-", input=dump(served))
+    assert result.stdout.count("(server dry run)") == len(served), result.stdout
+
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = one([{"kind": "c", **c} for c in pod["containers"]], "c")
+    assert container["image"] == "registry.example/durable-run/operator@sha256:" + "a" * 64
+    assert container["args"] == [f"--namespace={namespace}"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DURABLERUN_RUNNER_IMAGE"]["value"] == "registry.example/durable-run/runner@sha256:" + "b" * 64
+    assert env["DURABLERUN_METRICS_PORT"]["value"] == "19090"
+    assert env["DURABLERUN_HEALTH_PORT"]["value"] == "18080"
+    assert env["DURABLERUN_RESYNC_SECONDS"]["value"] == "2.5"
+    assert env["DURABLERUN_LOG_LEVEL"]["value"] == "DEBUG"
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "readinessProbe" not in container
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["serviceAccountName"] == "durable-run-operator"
+
+    # Namespaced mode: a Role and RoleBinding in the watched namespace, no cluster-wide grant.
+    assert one(objects, "RoleBinding")["metadata"]["namespace"] == namespace
+    assert one(objects, "RoleBinding")["subjects"][0]["name"] == "durable-run-operator"
+    assert "helm.sh/resource-policy" not in (one(objects, "CustomResourceDefinition")["metadata"]
+                                             .get("annotations") or {})
+
+    # The ServiceMonitor scrapes the metrics Service: its selector and port name match.
+    service, monitor = one(objects, "Service"), one(objects, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+    # The PrometheusRule's spec is a valid Prometheus rule file (the real promtool says so).
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(one(objects, "PrometheusRule")["spec"]))
+    check = subprocess.run([str(binaries.find("promtool")), "check", "rules", str(rules)],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    dashboard = one(objects, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["durablerun-dashboard.json"]) == json.loads(
+        (CHART / "files" / "durablerun-dashboard.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        (["--set", "image.tga=latest"], "at '/image': additional properties 'tga' not allowed"),
+        (["--set", "metrics.serviceMonitor.enabeld=true"],
+         "at '/metrics/serviceMonitor': additional properties 'enabeld' not allowed"),
+        (["--set", "replicas=2"], "additional properties 'replicas' not allowed"),
+        (["--set", "logLevel=VERBOSE"], "at '/logLevel': value must be one of"),
+        (["--set", "metrics.port=http"], "at '/metrics/port': got string, want integer"),
+    ],
+    ids=["typo-in-image", "typo-in-servicemonitor", "unknown-top-level", "bad-enum", "bad-type"],
+)
+def test_schema_refuses_bad_values(helm: Helm, setting: list[str], complaint: str) -> None:
+    result = helm("template", "x", str(CHART), *setting, check=False)
+    assert result.returncode != 0, f"{setting} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert complaint in result.stderr, result.stderr
+
+
+def test_service_monitor_needs_the_metrics_service(helm: Helm) -> None:
+    result = helm("template", "x", str(CHART), "--set", "metrics.serviceMonitor.enabled=true",
+                  "--set", "metrics.service.enabled=false", check=False)
+    assert result.returncode != 0
+    assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in result.stderr
+
+
+def test_crds_keep_and_enabled(helm: Helm) -> None:
+    kept = one(helm.template("x", "ns"), "CustomResourceDefinition")
+    assert kept["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert of_kind(helm.template("x", "ns", {"crds": {"enabled": False}}), "CustomResourceDefinition") == []

@@ -1,0 +1,213 @@
+"""Least privilege, asked of the real RBAC authorizer with real ServiceAccount tokens.
+
+The operator's ServiceAccount and permissions come from the chart; the runner's
+per-run ServiceAccount, Role and RoleBinding are built by the operator's own
+builder and created with the operator's token, as the operator creates them
+(which also proves RBAC's escalation check lets it grant them).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durablerun_operator import builders
+from durablerun_testbed import procs
+from durablerun_testbed.testbed import TestBed
+
+from .helpers import CHART, Helm, Kubectl, dump, service_account_kubectl
+
+pytestmark = pytest.mark.testbed
+
+RUNS = "durableruns.durablerun.dev"
+
+# What the operator must be able to do in every namespace it watches (the operator's contract).
+OPERATOR_NEEDS: list[tuple[str, str, str | None]] = [
+    *((verb, RUNS, None) for verb in ("get", "list", "watch", "patch", "update", "delete")),
+    *((verb, RUNS, "status") for verb in ("get", "patch", "update")),
+    ("update", RUNS, "finalizers"),
+    *((verb, "pods", None) for verb in ("get", "list", "watch", "create", "delete", "patch")),
+    *((verb, "events", None) for verb in ("create", "patch")),
+    *((verb, "events.events.k8s.io", None) for verb in ("create", "patch")),
+    *((verb, "serviceaccounts", None) for verb in ("get", "create", "delete")),
+    *((verb, kind, None) for kind in ("roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io")
+      for verb in ("get", "create", "patch", "delete")),
+]
+# What it must not: read credentials, run code in pods, change cluster-wide state, or create runs.
+OPERATOR_MUST_NOT: list[tuple[str, str, str | None]] = [
+    ("get", "secrets", None), ("list", "secrets", None), ("get", "configmaps", None),
+    ("create", "pods", "exec"), ("create", "serviceaccounts", "token"), ("create", RUNS, None),
+    ("update", "pods", None), ("create", "deployments.apps", None),
+    ("escalate", "roles.rbac.authorization.k8s.io", None), ("bind", "roles.rbac.authorization.k8s.io", None),
+]
+OPERATOR_MUST_NOT_CLUSTER: list[tuple[str, str, str | None]] = [
+    ("create", "clusterroles.rbac.authorization.k8s.io", None),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+    ("delete", "nodes", None), ("list", "namespaces", None),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
+]
+
+
+def can(kubectl: Kubectl, verb: str, resource: str, subresource: str | None, namespace: str | None) -> bool:
+    extra = [f"--subresource={subresource}"] if subresource else []
+    return kubectl.can_i(verb, resource, namespace, *extra)
+
+
+def denied(kubectl: Kubectl, asks: list[tuple[str, str, str | None]], namespace: str | None) -> list[str]:
+    return [f"{v} {r}{'/' + s if s else ''}" for v, r, s in asks if not can(kubectl, v, r, s, namespace)]
+
+
+def granted(kubectl: Kubectl, asks: list[tuple[str, str, str | None]], namespace: str | None) -> list[str]:
+    return [f"{v} {r}{'/' + s if s else ''}" for v, r, s in asks if can(kubectl, v, r, s, namespace)]
+
+
+@pytest.fixture
+def other_namespace(testbed: TestBed) -> Iterator[str]:
+    name = "t-" + uuid.uuid4().hex[:10]
+    testbed.kubectl("create", "namespace", name)
+    yield name
+    testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def install_rbac(helm: Helm, admin: Kubectl) -> Iterator[Any]:
+    """Apply only the chart's ServiceAccount and RBAC (no Deployment: nothing runs); delete them after."""
+    applied: list[str] = []
+
+    def install(namespace: str, *values: str) -> str:
+        release = "dr-" + uuid.uuid4().hex[:6]
+        rendered = helm("template", release, str(CHART), "--namespace", namespace, *values,
+                        "--show-only", "templates/serviceaccount.yaml",
+                        "--show-only", "templates/rbac-operator.yaml",
+                        "--show-only", "templates/rbac-users.yaml").stdout
+        admin("apply", "-f", "-", input=rendered)
+        applied.append(rendered)
+        return f"{release}-durable-run"
+
+    yield install
+    for rendered in applied:
+        admin("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=rendered, check=False)
+
+
+def make_run(admin: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    run = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"workflow": "agents.research:run", "checkpoint": {"uri": "s3://runs/prefix"}}}
+    admin("apply", "-f", "-", input=json.dumps(run))
+    return dict(json.loads(admin("get", "dr", name, "-n", namespace, "-o", "json").stdout))
+
+
+def test_operator_can_do_its_job_everywhere_and_nothing_more(
+    testbed: TestBed, admin: Kubectl, install_rbac: Any, namespace: str, other_namespace: str, tmp_path: Path
+) -> None:
+    account = install_rbac(namespace)
+    operator = service_account_kubectl(testbed, account, namespace, tmp_path)
+    for where in (namespace, other_namespace):
+        assert denied(operator, OPERATOR_NEEDS, where) == [], f"the operator lacks these in {where}"
+        assert granted(operator, OPERATOR_MUST_NOT, where) == [], f"the operator holds these in {where}"
+    assert granted(operator, OPERATOR_MUST_NOT_CLUSTER, None) == []
+
+
+def test_operator_watching_listed_namespaces_has_no_rights_elsewhere(
+    testbed: TestBed, install_rbac: Any, namespace: str, other_namespace: str, tmp_path: Path
+) -> None:
+    account = install_rbac(namespace, "--set", f"watchNamespaces={{{namespace}}}")
+    operator = service_account_kubectl(testbed, account, namespace, tmp_path)
+    assert denied(operator, OPERATOR_NEEDS, namespace) == []
+    assert granted(operator, OPERATOR_NEEDS, other_namespace) == []
+    assert granted(operator, [("list", RUNS, None), ("list", "pods", None)], None) == []
+
+
+def test_runner_reads_its_run_and_patches_its_status_and_nothing_else(
+    testbed: TestBed, admin: Kubectl, install_rbac: Any, namespace: str, other_namespace: str, tmp_path: Path
+) -> None:
+    operator = service_account_kubectl(testbed, install_rbac(namespace), namespace, tmp_path)
+    run = make_run(admin, namespace, "mine")
+    make_run(admin, namespace, "theirs")
+    make_run(admin, other_namespace, "mine")
+
+    # The per-run objects, shaped by the operator's builder and created with the operator's token.
+    objects = builders.runner_rbac(run)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ServiceAccount", "durablerun-mine"), ("Role", "durablerun-mine"), ("RoleBinding", "durablerun-mine")]
+    role = objects[1]
+    assert role["rules"] == [
+        {"apiGroups": ["durablerun.dev"], "resources": ["durableruns"], "resourceNames": ["mine"],
+         "verbs": ["get", "watch"]},
+        {"apiGroups": ["durablerun.dev"], "resources": ["durableruns/status"], "resourceNames": ["mine"],
+         "verbs": ["get", "patch"]},
+    ]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"] for o in objects)
+    operator("create", "-f", "-", input=dump(objects))
+
+    runner = service_account_kubectl(testbed, "durablerun-mine", namespace, tmp_path)
+    # What a runner does: read its run, renew its lease and report progress in its status.
+    assert can(runner, "get", f"{RUNS}/mine", None, namespace)
+    assert can(runner, "watch", f"{RUNS}/mine", None, namespace)
+    assert can(runner, "patch", f"{RUNS}/mine", "status", namespace)
+    runner("get", "dr", "mine", "-n", namespace)
+    status = {"status": {"lease": {"holder": "mine-a1", "epoch": 1, "durationSeconds": 60}}}
+    runner("patch", "dr", "mine", "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+    assert json.loads(admin("get", "dr", "mine", "-n", namespace, "-o", "json").stdout)["status"]["lease"][
+        "holder"] == "mine-a1"
+
+    # And nothing else: not another run, not its own spec, not pods, Secrets or other namespaces.
+    must_not: list[tuple[str, str, str | None, str]] = [
+        ("get", f"{RUNS}/theirs", None, namespace), ("patch", f"{RUNS}/theirs", "status", namespace),
+        ("list", RUNS, None, namespace), ("patch", f"{RUNS}/mine", None, namespace),
+        ("update", f"{RUNS}/mine", None, namespace), ("delete", f"{RUNS}/mine", None, namespace),
+        ("create", RUNS, None, namespace),
+        ("get", f"{RUNS}/mine", None, other_namespace), ("patch", f"{RUNS}/mine", "status", other_namespace),
+        ("delete", "pods", None, namespace), ("create", "pods", None, namespace), ("list", "pods", None, namespace),
+        ("get", "secrets", None, namespace), ("list", "secrets", None, namespace),
+        ("get", "configmaps", None, namespace), ("create", "serviceaccounts", "token", namespace),
+        ("create", "roles.rbac.authorization.k8s.io", None, namespace),
+    ]
+    allowed = [ask for ask in must_not if can(runner, ask[0], ask[1], ask[2], ask[3])]
+    assert allowed == [], f"the runner may: {allowed}"
+    for args in (["patch", "dr", "theirs", "-n", namespace, "--subresource=status"],
+                 ["patch", "dr", "mine", "-n", other_namespace, "--subresource=status"]):
+        refused = runner(*args, "--type=merge", "-p", json.dumps(status), check=False)
+        assert refused.returncode != 0
+        assert "Forbidden" in refused.stderr or "forbidden" in refused.stderr, refused.stderr
+    refused = runner("delete", "pods", "--all", "-n", namespace, check=False)
+    assert "forbidden" in refused.stderr, refused.stderr
+
+
+def test_operator_cannot_grant_what_it_does_not_hold(
+    testbed: TestBed, install_rbac: Any, namespace: str, tmp_path: Path
+) -> None:
+    operator = service_account_kubectl(testbed, install_rbac(namespace), namespace, tmp_path)
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "sneaky", "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}
+    refused = operator("create", "-f", "-", input=json.dumps(role), check=False)
+    assert refused.returncode != 0
+    assert "attempting to grant RBAC permissions not currently held" in refused.stderr, refused.stderr
+
+
+def test_user_roles_are_aggregated_into_admin_edit_view(
+    admin: Kubectl, install_rbac: Any, namespace: str
+) -> None:
+    install_rbac(namespace)
+    for role, user in (("edit", "edna"), ("view", "vic"), ("admin", "ada")):
+        admin("create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}", "-n", namespace)
+
+    def as_user(user: str, verb: str, subresource: str | None = None) -> bool:
+        extra = ["--as", user] + ([f"--subresource={subresource}"] if subresource else [])
+        return admin.can_i(verb, RUNS, namespace, *extra)
+
+    # Aggregation is done by a controller: wait for it.
+    procs.wait_for(lambda: as_user("vic", "list") and as_user("edna", "create") and as_user("ada", "deletecollection"),
+                   timeout=30, what="admin/edit/view to aggregate the durable-run roles")
+    assert not as_user("vic", "create")
+    assert as_user("edna", "patch")  # suspend, resume, send events: spec changes
+    # Status is the operator's and the runner's: people read it, never write it.
+    for user in ("vic", "edna", "ada"):
+        assert as_user(user, "get", "status")
+        assert not as_user(user, "patch", "status")
