@@ -399,3 +399,20 @@ def test_progress_sinks_see_steps_cost_checkpoints_and_the_outcome(mem: Store) -
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert lines[0]["event"] == "run_started"
     assert lines[-1] == {**lines[-1], "event": "run_finished", "outcome": "Completed"}
+
+
+def test_a_stop_ends_an_in_process_wait_promptly(mem: Store) -> None:
+    """A short event deadline is waited out in process; SIGTERM must not wait for it."""
+    cfg = EngineConfig(inline_sleep_max=timedelta(seconds=60))
+    run = Run(store=mem, run=REF, workflow=approval_flow, input={"timeout": 50}, config=cfg)
+    t, out = _start(run)
+    wait_until(lambda: (mem.read_run(run=REF).status or {}).get("outcome") == "Waiting",
+               timeout=10, what="the run to wait in process")
+    started = time.monotonic()
+    run.request_stop()
+    t.join(10)
+    assert out, "the attempt did not end"
+    assert time.monotonic() - started < 5
+    assert out[0].outcome == Outcome.WAITING
+    assert out[0].waiting is not None
+    assert out[0].waiting.event == "review"

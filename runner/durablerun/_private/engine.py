@@ -270,10 +270,19 @@ class Run:
                     c.abort_requested = self._abort
                 if self._stop is not None:
                     c.stop_requested = True
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(self._on_loop_poke)
+
+    def _on_loop_poke(self) -> None:
+        """On the loop: apply the controls (ends in-process waits) and wake the supervisor."""
+        c = self._core
+        if c is not None:
+            with self._lock:
+                self._apply_controls(c)
+        if self._wake is not None:
+            self._wake.set()
 
     # --- running ------------------------------------------------------------------------------
     def run_attempt(self) -> AttemptResult:
@@ -429,7 +438,11 @@ class Run:
                 totals=c.live.totals, journal_records=c.live.loaded.next_seq)
             await c.final_snapshot()
             await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
-            if not await self._still_waiting(c, rs, waiting):
+            still = await self._still_waiting(c, rs, waiting)
+            if c.fenced:
+                return AttemptResult(Outcome.FENCED, c.fenced, totals=c.live.totals,
+                                     journal_records=c.live.loaded.next_seq)
+            if not still:
                 c.new_pass()
                 continue
             return result
@@ -488,7 +501,11 @@ class Run:
         assert self._wake is not None
         while not task.done():
             wake_task = loop.create_task(self._wake.wait())
-            timeout = max(0.0, min(next_hb - time.monotonic(), 1.0))
+            now = time.monotonic()
+            timeout = min(next_hb - now, 1.0)
+            if self._stop_at is not None:
+                timeout = min(timeout, self._stop_at - now)
+            timeout = max(0.0, timeout)
             await asyncio.wait({task, wake_task}, timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
             wake_task.cancel()
