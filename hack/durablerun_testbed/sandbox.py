@@ -172,7 +172,7 @@ def _story(state: SandboxState) -> None:
     node = NodeClient(state.node_url)
     name = "review-agent"
 
-    def run() -> dict[str, object]:
+    def run() -> dict[str, Any]:
         out = subprocess.run([kubectl, "get", "dr", name, "-o", "json"], env=env, capture_output=True,
                              text=True, check=True).stdout
         return dict(json.loads(out))
