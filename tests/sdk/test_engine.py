@@ -641,3 +641,32 @@ def test_a_missing_snapshot_chunk_falls_back_to_the_journal(store_spec: StoreSpe
     assert r.result == list(range(10))
     assert sum(ledger.calls.values()) == 10
     assert any("read the whole journal" in w for w in warnings)
+
+
+def test_a_store_failure_while_saving_a_big_result_is_not_the_steps_failure(mem: Store) -> None:
+    from durablerun import errors as sdk_errors
+    from durablerun._private.backends.memory import MemoryBackend
+
+    class BlobsDown(MemoryBackend):
+        def create(self, key: str, data: bytes) -> bool:
+            if "/blobs/" in key:
+                raise sdk_errors.StoreUnavailableError("blob store down", key=key)
+            return super().create(key, data)
+
+    name = uuid.uuid4().hex
+    store = Store(BlobsDown(name), f"memory://{name}")
+    calls = Ledger()
+
+    def big() -> str:
+        calls.hit("big")
+        return "z" * 2000
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return len(await ctx.step("big", big, retries=3))
+
+    cfg = EngineConfig(inline_result_max=100, retry_initial=timedelta(milliseconds=1))
+    with pytest.raises(sdk_errors.StoreUnavailableError):
+        attempt(store, wf, config=cfg)
+    assert calls.calls["big"] == 1  # not retried as if the step had failed
+    assert store.run_store(REF).load().records == []  # and nothing journaled
+    memory.reset(name)

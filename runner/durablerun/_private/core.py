@@ -424,7 +424,12 @@ class AttemptCore:
             )
         fields: dict[str, Any] = {}
         if size > self.config.inline_result_max:
-            fields["ref"] = await self.io(self.store.put_blob, body)
+            try:
+                fields["ref"] = await self.io(self.store.put_blob, body)
+            except errors.StoreError as e:
+                # The store failed, not the step: never journal this as the step's error.
+                raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
+                           else HaltKind.FAIL, str(e), error=e) from None
         else:
             fields["value"] = _Raw(body)
         if model:
