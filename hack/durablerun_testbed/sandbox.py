@@ -78,7 +78,7 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
     assert bed.node
     assert bed.controlplane
     bed.kubectl("apply", "--server-side", "-f", str(CRD))
-    bed.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/durableruns.durablerun.dev")
+    bed.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/durableruns.durablerun.dev")
     bed.s3.create_bucket(BUCKET)
     secret = bed.kubectl(
         "create", "secret", "generic", "durablerun-s3", "-n", "default", "--dry-run=client", "-o", "json",

@@ -16,11 +16,16 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_COMMAND = ["durablerun", "pod"]
 ANNOTATION_DELETED_BY_OPERATOR = f"{api.GROUP}/deleted-by-operator"
 ANNOTATION_ABORT = f"{api.GROUP}/abort"
+LABEL_PURGE = f"{api.GROUP}/purge"
 
 
 def pod_name(run_name: str, epoch: int) -> str:
     """Deterministic, so a repeated create of one attempt is a no-op (AlreadyExists)."""
     return f"{run_name}-a{epoch}"
+
+
+def purge_pod_name(run_name: str) -> str:
+    return f"{run_name}-purge"
 
 
 def runner_account(run_name: str) -> str:
@@ -85,6 +90,21 @@ def runner_rbac(run: dict[str, Any]) -> list[dict[str, Any]]:
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
     })
     return objects
+
+
+def purge_pod(run: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The pod that deletes a run's journal (retention Delete), with the runner's image and credentials.
+
+    The operator itself never holds store credentials: the runner, which has
+    them from the run's Secret or workload identity, deletes its own journal.
+    """
+    pod = runner_pod(run, 0, settings)
+    pod["metadata"]["name"] = purge_pod_name(run["metadata"]["name"])
+    pod["metadata"]["labels"].pop(api.LABEL_EPOCH, None)
+    pod["metadata"]["labels"][LABEL_PURGE] = "true"
+    runner = next(c for c in pod["spec"]["containers"] if any(e["name"] == api.Env.EPOCH for e in c["env"]))
+    runner["env"].append({"name": api.Env.MODE, "value": "purge"})
+    return pod
 
 
 def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str, Any]:

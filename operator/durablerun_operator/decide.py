@@ -240,6 +240,7 @@ class Plan:
 
     patch: list[dict[str, Any]] = field(default_factory=list)
     create_pod_epoch: int | None = None
+    create_purge_pod: bool = False
     delete_pods: list[str] = field(default_factory=list)
     release_pods: list[str] = field(default_factory=list)
     add_run_finalizer: bool = False
@@ -252,7 +253,8 @@ class Plan:
 
     @property
     def empty(self) -> bool:
-        return not (self.patch or self.create_pod_epoch is not None or self.delete_pods or self.release_pods
+        return not (self.patch or self.create_pod_epoch is not None or self.create_purge_pod
+                    or self.delete_pods or self.release_pods
                     or self.add_run_finalizer or self.remove_run_finalizer or self.delete_run)
 
 
@@ -357,11 +359,13 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     """The next transition of ``run``, given every pod labelled with it."""
     t = _Transition(run, now)
     status, spec = run.status, run.spec
+    purge = next((p for p in pods if p.name == builders.purge_pod_name(run.name)), None)
+    pods = [p for p in pods if p is not purge]
     current = next((p for p in pods if p.name == status.pod and p.epoch == status.epoch), None)
     older = [p for p in pods if p is not current]
 
     if run.deleting:
-        return _deleting(t, pods)
+        return _deleting(t, pods, purge)
     if api.RUN_FINALIZER not in run.finalizers:
         t.plan.add_run_finalizer = True
 
@@ -370,6 +374,9 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         if pod.finished or (pod.deleting and pod.ending is not None):
             if pod.has_finalizer:
                 t.plan.release_pods.append(pod.name)
+                if pod.ending is not None and pod.ending.outcome == api.Outcome.FENCED:
+                    t.event("Fenced", f"pod {pod.name} (epoch {pod.epoch}) stopped without writing: a newer "
+                            f"attempt owns the run ({pod.ending.message})", warning=True)
             if not pod.deleting and not (status.phase and status.phase.finished and pod.name == status.pod):
                 t.plan.delete_pods.append(pod.name)
         elif not pod.deleting:
@@ -626,8 +633,8 @@ def _abort_lifted(t: _Transition) -> bool:
     return reason == api.AbortReason.PROGRESS_TIMEOUT
 
 
-def _deleting(t: _Transition, pods: list[PodView]) -> Plan:
-    """The DurableRun is being deleted: stop its pods, then let it go."""
+def _deleting(t: _Transition, pods: list[PodView], purge: PodView | None) -> Plan:
+    """The DurableRun is being deleted: stop its pods, apply the retention policy, then let it go."""
     if t.run.raw_status is not None and t.run.status.phase and not t.run.status.phase.finished \
             and t.run.status.lease.epoch == t.run.status.epoch:
         t.fence()  # the runner stops at its next renewal
@@ -637,6 +644,21 @@ def _deleting(t: _Transition, pods: list[PodView]) -> Plan:
         if pod.has_finalizer and (pod.finished or pod.deleting):
             t.plan.release_pods.append(pod.name)
     settled = all(p.finished or (p.deleting and p.ending is not None) for p in pods)
-    if settled and api.RUN_FINALIZER in t.run.finalizers:
-        t.plan.remove_run_finalizer = True
+    if not settled or api.RUN_FINALIZER not in t.run.finalizers:
+        return t.done()
+    if t.run.spec.checkpoint.retention == "Delete" and t.run.raw_status is not None:
+        if purge is None:
+            t.plan.create_purge_pod = True
+            t.event("DeletingJournal", f"retention Delete: deleting the journal under {t.run.spec.checkpoint.uri}")
+            return t.done()
+        if purge.ending is None:
+            return t.done()  # still deleting
+        if purge.has_finalizer:
+            t.plan.release_pods.append(purge.name)
+        if purge.ending.outcome == api.Outcome.COMPLETED:
+            t.event("JournalDeleted", purge.ending.message)
+        else:
+            t.event("JournalKept", f"the journal could not be deleted and is kept: {purge.ending.message}",
+                    warning=True)
+    t.plan.remove_run_finalizer = True
     return t.done()

@@ -138,6 +138,8 @@ class Reconciler:
                 await self._io(self.kube.release_pod, ns, pod)
         if plan.create_pod_epoch is not None:
             await self._start_pod(updated, plan.create_pod_epoch)
+        if plan.create_purge_pod:
+            await self._io(self.kube.create_pod, builders.purge_pod(updated, self.settings))
         for kind, reason, message in plan.events:
             log.info("%s/%s %s: %s", ns, name, reason, message)
             await self._io(self.kube.post_event, updated, kind, reason, message)

@@ -105,6 +105,8 @@ class Env:
     # Where the runner writes its outcome for the kubelet to report; equals
     # the container's terminationMessagePath.
     TERMINATION_MESSAGE_PATH = "DURABLERUN_TERMINATION_MESSAGE_PATH"
+    # "purge": delete the run's journal (retention Delete) instead of running it.
+    MODE = "DURABLERUN_MODE"
 
 
 # --- durations ---------------------------------------------------------------

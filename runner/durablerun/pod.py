@@ -286,12 +286,24 @@ def _report(outcome: api.Outcome, message: str) -> str:
     return json.dumps({"outcome": outcome.value, "message": message})
 
 
+_SIGTERM_BEFORE_RUN = threading.Event()
+
+
+def _early_sigterm(signum: int, frame: Any) -> None:
+    _SIGTERM_BEFORE_RUN.set()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("DURABLERUN_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Until the attempt takes SIGTERM over (stop at the next step boundary), a SIGTERM is remembered
+    # rather than fatal: a runner fenced at start-up must not die halfway through reporting it.
+    signal.signal(signal.SIGTERM, _early_sigterm)
     identity: Identity | None = None
     try:
         identity = Identity(dict(os.environ))
+        if os.environ.get(api.Env.MODE) == "purge":
+            return _purge(identity)
         return _attempt(identity)
     except errors.ConfigError as error:
         log.error("%s", error)
@@ -302,6 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # a crash: the operator restarts the attempt with backoff
         log.exception("runner crashed")
         return _terminate(identity, f"runner crashed: {type(error).__name__}: {error}", CRASH_EXIT)
+
+
+def _purge(identity: Identity) -> int:
+    """Retention Delete: remove every object of the run from its store."""
+    body = StatusClient(identity).get()
+    spec = api.DurableRunSpec.model_validate(body["spec"])
+    store = _store(spec)
+    deleted = store.delete_run(run=RunRef.kubernetes(identity.namespace, identity.name, identity.uid))
+    message = f"deleted {deleted} objects of the run's journal from {spec.checkpoint.uri}"
+    log.info("%s", message)
+    return _terminate(identity, _report(api.Outcome.COMPLETED, message), api.Outcome.COMPLETED.exit_code)
 
 
 def _attempt(identity: Identity) -> int:
@@ -338,6 +361,8 @@ def _attempt(identity: Identity) -> int:
     lease.on_spec.append(on_spec)
     on_spec(body)
     signal.signal(signal.SIGTERM, lambda *_: run.request_stop())
+    if _SIGTERM_BEFORE_RUN.is_set():
+        run.request_stop()
     lease.start(run)
     try:
         result = run.run_attempt()
