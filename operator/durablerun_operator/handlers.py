@@ -40,6 +40,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.WARNING
+    # The operator's RBAC is least privilege: no cluster-wide reads of CRDs or
+    # namespaces, so kopf must not scan for them (the resources are fixed).
+    settings.scanning.disabled = True
     kube.load_config()
     run_metrics = metrics.RunMetrics()
     if own.metrics_port:

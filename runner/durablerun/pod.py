@@ -23,6 +23,7 @@ status (a per-run Role the operator creates).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -266,6 +267,20 @@ def _store(spec: api.DurableRunSpec) -> Store:
     )
 
 
+def _engine_config(spec: api.DurableRunSpec) -> EngineConfig:
+    """Engine tuning from the spec, plus DURABLERUN_INLINE_SLEEP_MAX_SECONDS from the pod template's env."""
+    config = EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery)
+    raw = os.environ.get("DURABLERUN_INLINE_SLEEP_MAX_SECONDS")
+    if raw:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise errors.ConfigError(
+                f"DURABLERUN_INLINE_SLEEP_MAX_SECONDS={raw!r} is not a number of seconds") from None
+        config = dataclasses.replace(config, inline_sleep_max=timedelta(seconds=seconds))
+    return config
+
+
 def _deliver_events(store: Store, ref: RunRef, events: dict[str, Any], delivered: set[str]) -> None:
     """spec.events -> the store, first write wins: a later edit of an event is ignored."""
     for name, payload in events.items():
@@ -346,7 +361,7 @@ def _attempt(identity: Identity) -> int:
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery),
+        config=_engine_config(spec),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:

@@ -98,3 +98,16 @@ def test_changed_input_fails_with_input_mismatch(operator: Operator, runs: RunEn
     assert "InputMismatch" in run["status"]["message"]
     assert runs.executions("draft") == 1
     assert runs.executions("publish") == 0
+
+
+def test_durable_sleep_holds_no_pod_and_wakes_at_its_time(operator: Operator, runs: RunEnv) -> None:
+    manifest = runs.manifest("napper", "optest_flows:sleeper", {"seconds": 6})
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "DURABLERUN_INLINE_SLEEP_MAX_SECONDS", "value": "1"})
+    runs.apply(manifest)
+    run = runs.wait_phase("napper", "Waiting", timeout=60)
+    assert run["status"]["waitingFor"]["wakeTime"]
+    procs.wait_for(lambda: not live_pods(runs, "napper"), timeout=30, what="no pod while sleeping")
+    runs.wait_phase("napper", "Succeeded", timeout=60)
+    assert runs.executions("before") == 1
+    assert runs.executions("after") == 1
