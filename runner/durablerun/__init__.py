@@ -11,7 +11,7 @@ Write a workflow against :class:`DurableContext`::
 Public modules: ``durablerun`` (this: the workflow API and its errors),
 ``durablerun.engine`` (running attempts: what the CLI and the runner pod use),
 ``durablerun.stores`` (journal stores), ``durablerun.sinks`` (progress sinks),
-``durablerun.errors``, ``durablerun.api`` (the DurableRun contract) and
+``durablerun.errors``, ``durablerun.api`` (the DurableRun contract), ``durablerun.cli`` and
 ``durablerun.testing``. Everything under ``durablerun._private`` is internal.
 """
 

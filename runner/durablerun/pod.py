@@ -202,6 +202,13 @@ class Lease:
         """Whether this pod may still write: its last renewal is younger than the lease."""
         return self.lost is None and time.monotonic() - self.last_success < self.duration.total_seconds()
 
+    def write_guard(self) -> str | None:
+        """For the engine, before every journal write: None while this pod still holds the lease."""
+        if self.valid():
+            return None
+        self._fence(self.lost or f"lease of {self.duration.total_seconds():g}s lapsed without renewal")
+        return self.lost
+
     def _fence(self, why: str) -> None:
         if self.lost is None:
             self.lost = why
@@ -361,7 +368,7 @@ def _attempt(identity: Identity) -> int:
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=_engine_config(spec),
+        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:

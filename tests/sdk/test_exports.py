@@ -23,6 +23,7 @@ PUBLIC = {
     ],
     "durablerun.sinks": ["JsonLinesSink", "ProgressSink"],
     "durablerun.cli": ["main"],
+    "durablerun.testing": ["WorkflowTest"],
     "durablerun.errors": [
         "ConfigError", "CorruptionError", "DivergenceError", "DurableRunError", "EventTimeout",
         "FencedError", "InputMismatchError", "NonRetryableError", "ResultNotSerializableError",

@@ -261,6 +261,10 @@ class AttemptCore:
         thread for remote ones; either way one record at a time, in order.
         """
         with self._tlock:
+            guard = self.config.write_guard
+            reason = guard() if guard is not None and not self.fenced else None
+            if reason:
+                self.fenced = reason
             if self.fenced:
                 raise Halt(HaltKind.FENCE, self.fenced)
             if self.closed:

@@ -58,6 +58,10 @@ class EngineConfig:
     sync_steps_in_threads: bool = True
     #: Worker threads for sync steps.
     max_sync_threads: int = 32
+    #: Asked before every journal write: a reason when this process may no longer
+    #: write (e.g. its lease lapsed while it was paused), None when it may. A
+    #: reason fences the attempt before anything is written.
+    write_guard: Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
