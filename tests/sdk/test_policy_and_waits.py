@@ -416,3 +416,21 @@ def test_a_stop_ends_an_in_process_wait_promptly(mem: Store) -> None:
     assert out[0].outcome == Outcome.WAITING
     assert out[0].waiting is not None
     assert out[0].waiting.event == "review"
+
+
+def test_control_requests_are_safe_from_a_signal_handler_holding_the_lock(mem: Store) -> None:
+    """A signal handler runs on the main thread, possibly while it holds the run's
+    control lock: requesting a stop from there must not deadlock."""
+    run = Run(store=mem, run=REF, workflow=approval_flow, config=FAST)
+    done = threading.Event()
+
+    def handler_while_locked() -> None:
+        with run._lock:  # what the main thread may hold when the signal lands
+            run.request_stop()
+            run.request_abort()
+            run.fence("x")
+        done.set()
+
+    t = threading.Thread(target=handler_while_locked, daemon=True)
+    t.start()
+    assert done.wait(5), "deadlock"

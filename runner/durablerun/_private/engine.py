@@ -225,7 +225,8 @@ class Run:
         if self.config.snapshot_every < 1:
             raise errors.ConfigError("snapshot_every must be >= 1 (checkpoint.snapshotEvery)")
         self.sinks = SinkSet(sinks or [])
-        self._lock = threading.Lock()
+        # Re-entrant: request_stop() runs in signal handlers, on the thread that may hold it.
+        self._lock = threading.RLock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._core: core.AttemptCore | None = None
         self._wake: asyncio.Event | None = None
