@@ -18,6 +18,7 @@ under ``<store>/_local/<run-id>/``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -188,8 +189,11 @@ def cmd_run(args: argparse.Namespace) -> int:
               sinks=sinks, config=EngineConfig(**config_fields))
 
     def on_signal(signum: int, _frame: Any) -> None:
-        print(f"\ndurablerun: {signal.Signals(signum).name}: stopping at the next step "
-              "boundary (send it again to stop at once)", file=sys.stderr)
+        # A raw write: the display may be inside a buffered write to stderr right now,
+        # and re-entering a buffered stream from a signal handler raises.
+        with contextlib.suppress(OSError):
+            os.write(2, f"\ndurablerun: {signal.Signals(signum).name}: stopping at the next "
+                        "step boundary (send it again to stop at once)\n".encode())
         run.request_stop()
         signal.signal(signum, signal.SIG_DFL)
 
