@@ -301,6 +301,10 @@ def _terminate(identity: Identity | None, message: str, code: int) -> int:
         os.environ.get(api.Env.TERMINATION_MESSAGE_PATH) or "/dev/termination-log")
     with contextlib.suppress(OSError):
         path.write_text(message[:4096])
+    # The outcome is final: a late SIGTERM (the pod being deleted) must not turn the exit code into 143
+    # while the interpreter shuts down (it resets Python-level handlers, but not SIG_IGN).
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return code
 
 
