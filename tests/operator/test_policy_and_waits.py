@@ -18,6 +18,24 @@ def live_pods(runs: RunEnv, name: str) -> list[str]:
             if p["status"].get("phase") in ("Pending", "Running") and not p["metadata"].get("deletionTimestamp")]
 
 
+def test_cost_ceiling_aborts_and_raising_it_resumes(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("budget", "optest_flows:steps", {"steps": 5, "sleep": 0.05, "usd": "0.10"},
+                             policy={"costCeilingUSD": "0.25"}))
+    run = runs.wait_phase("budget", "Aborted", timeout=60)
+    assert run["status"]["abortReason"] == "BudgetExhausted"
+    assert run["status"]["cost"]["usd"] == "0.30"
+    done_before = [runs.executions(f"s{i}") for i in range(5)]
+    assert done_before == [1, 1, 1, 0, 0]
+    row = runs.testbed.kubectl("get", "dr", "budget", "-n", runs.namespace, "-o", "wide").stdout.splitlines()[1]
+    assert "BudgetExhausted" in row.split()
+
+    runs.testbed.kubectl("patch", "dr", "budget", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"policy": {"costCeilingUSD": "10"}}}')
+    run = runs.wait_phase("budget", "Succeeded", timeout=60)
+    assert [runs.executions(f"s{i}") for i in range(5)] == [1] * 5
+    assert run["status"]["cost"]["usd"] == "0.50"
+
+
 def test_human_event_wakes_a_waiting_run_with_no_pod(operator: Operator, runs: RunEnv) -> None:
     runs.apply(runs.manifest("review", "optest_flows:approval"))
     run = runs.wait_phase("review", "Waiting", timeout=60)

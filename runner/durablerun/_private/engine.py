@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import importlib
 import inspect
@@ -26,7 +27,7 @@ from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, RunStore, Totals, iso, parse_iso
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
-from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.api import AbortReason, Outcome, Policy, parse_duration
 
 SDK_VERSION = "0.1.0"
 Workflow = Callable[[DurableContext, Any], Any]
@@ -488,8 +489,6 @@ class Run:
         ctx = DurableContext(c)
         loop = asyncio.get_running_loop()
         scope = core.Scope((), None)
-        import contextvars
-
         cv = contextvars.copy_context()
         cv.run(core.SCOPE.set, scope)
         cv.run(core.STEP.set, None)
@@ -600,10 +599,15 @@ class Run:
                                      totals=live.totals, journal_records=live.loaded.next_seq)
             return AttemptResult(Outcome.FAILED, h.message, error_type=_qual(err),
                                  totals=live.totals, journal_records=live.loaded.next_seq)
+        # Cost charged outside a step since the last record is journaled with the next
+        # record; report it too, so an abort says the cost that triggered it. (A resume
+        # replays the add_cost call, so it is neither lost nor counted twice.)
+        totals = Totals(live.totals.usd + live.pending_usd, live.totals.tokens + live.pending_tokens,
+                        live.totals.steps)
         return AttemptResult(
             kind_outcome[h.kind], h.message, abort_reason=h.reason,
             error_type=_qual(h.error) if h.error else None,
-            totals=live.totals, journal_records=live.loaded.next_seq)
+            totals=totals, journal_records=live.loaded.next_seq)
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
@@ -631,8 +635,6 @@ def _waiting_message(w: WaitingFor) -> str:
 
 
 def _duration(text: str) -> float:
-    from durablerun.api import parse_duration
-
     return parse_duration(text).total_seconds()
 
 
