@@ -24,7 +24,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -363,6 +363,12 @@ class AttemptCore:
 
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
+        guard = self.config.write_guard
+        reason = guard() if guard is not None and not self.fenced else None
+        if reason:
+            # A runner that wakes from a pause past its lease must not start anything (a step is a
+            # side effect) before its renewal thread notices: ask the lease now, not only at the write.
+            self.fenced = reason
         if self.fenced:
             raise Halt(HaltKind.FENCE, self.fenced)
         if self.abort_requested:
@@ -723,6 +729,3 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 def new_uuid() -> str:
     return str(uuid.uuid4())
 
-
-def is_coroutine(obj: Any) -> bool:
-    return isinstance(obj, Coroutine)

@@ -144,10 +144,6 @@ def _chunk_lines(body: bytes, where: str) -> list[bytes]:
     return inner.split(b",\n")
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def iso(t: datetime | float) -> str:
     if isinstance(t, float | int):
         t = datetime.fromtimestamp(t, UTC)
