@@ -146,6 +146,7 @@ class ProcessNode:
         api_port: int,
         ca_file: Path,
         default_workdir: Path,
+        image_paths: list[Path] | None = None,
     ) -> None:
         self.node_name = node_name
         self.state_dir = state_dir
@@ -153,6 +154,10 @@ class ProcessNode:
         self.api_host, self.api_port = api_host, api_port
         self.ca_file = ca_file
         self.default_workdir = default_workdir
+        # What stands in for the image: these host paths stay visible in every
+        # container even under a volume mounted over a parent (an emptyDir at /tmp
+        # must not hide a venv or a checkout that happens to live under /tmp).
+        self.image_paths = image_paths or []
         self.core = client.CoreV1Api()
         self.pods: dict[str, PodRuntime] = {}  # by uid
         self.lock = threading.Lock()
@@ -484,7 +489,8 @@ class ProcessNode:
         # Parents before children (/tmp before /tmp/ledger), as container runtimes order mounts.
         mounts.sort(key=lambda m: len(Path(m[1]).parts))
         security = {**(pod["spec"].get("securityContext") or {}), **(spec.get("securityContext") or {})}
-        script = _namespace_script(mounts, security, spec.get("workingDir") or str(self.default_workdir))
+        script = _namespace_script(mounts, security, spec.get("workingDir") or str(self.default_workdir),
+                                   self.image_paths)
         container.log_path.parent.mkdir(parents=True, exist_ok=True)
         with container.log_path.open("ab") as logfile:
             container.popen = subprocess.Popen(
@@ -762,21 +768,27 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
 STAGING = "/run/durablerun-processnode"
 
 
-def _namespace_script(mounts: list[tuple[Path, str, bool]], security: dict[str, Any], workdir: str) -> str:
+def _namespace_script(
+    mounts: list[tuple[Path, str, bool]], security: dict[str, Any], workdir: str, image_paths: list[Path]
+) -> str:
     """The shell run inside the container's mount namespace before exec'ing its command.
 
     Every source is first bound into a private staging tmpfs, so a mount over
     /tmp cannot hide a source that lives under /tmp; then each is bound to its
-    target, parents before children.
+    target, parents before children; then the image's paths that a volume now
+    covers are bound back, read-only.
     """
-    lines = ["set -e", f"mkdir -p {STAGING}", f"mount -t tmpfs -o mode=0700 durablerun-staging {STAGING}"]
-    for index, (source, _, _) in enumerate(mounts):
+    covered = [p for p in image_paths if any(_under(p, Path(target)) for _, target, _ in mounts)]
+    lines = ["set -e", f"mkdir -p {STAGING}", f"mount -t tmpfs -o mode=0755 durablerun-staging {STAGING}"]
+    sources = [source for source, _, _ in mounts] + covered
+    for index, source in enumerate(sources):
         stage = f"{STAGING}/{index}"
         lines.append(f"{'touch' if source.is_file() else 'mkdir'} {stage}")
         lines.append(f"mount --bind {shlex.quote(str(source))} {stage}")
-    for index, (source, target, read_only) in enumerate(mounts):
+    targets = [(target, read_only) for _, target, read_only in mounts] + [(str(p), True) for p in covered]
+    for index, (target, read_only) in enumerate(targets):
         # The mount point must exist: an empty placeholder is made once where it is missing.
-        make = "touch" if source.is_file() else "mkdir -p"
+        make = "touch" if sources[index].is_file() else "mkdir -p"
         quoted = shlex.quote(target)
         lines.append(f"[ -e {quoted} ] || {{ mkdir -p {shlex.quote(str(Path(target).parent))}; {make} {quoted}; }}")
         lines.append(f"mount --bind {STAGING}/{index} {quoted}")
@@ -792,6 +804,10 @@ def _namespace_script(mounts: list[tuple[Path, str, bool]], security: dict[str, 
     else:
         lines.append('exec "$@"')
     return "\n".join(lines)
+
+
+def _under(path: Path, parent: Path) -> bool:
+    return path != parent and path.is_relative_to(parent)
 
 
 def _write_files(directory: Path, files: dict[str, bytes]) -> None:
@@ -860,6 +876,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--workdir", type=Path, default=Path.cwd(),
                         help="working directory of containers that set no workingDir")
+    parser.add_argument("--image-path", action="append", type=Path, default=[],
+                        help="a host path that stands in for the image: kept visible in every container")
     parser.add_argument("--base-env", default="{}",
                         help="JSON object: the environment every container starts from (stands in for the image)")
     args = parser.parse_args(argv)
@@ -878,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
     node = ProcessNode(
         node_name=args.name, state_dir=args.state_dir, base_env=base_env,
         api_host=url.hostname or "127.0.0.1", api_port=url.port or 443, ca_file=ca_file,
-        default_workdir=args.workdir,
+        default_workdir=args.workdir, image_paths=args.image_path,
     )
     server = _control_server(node, args.control_port)
 

@@ -110,6 +110,7 @@ class TestBed:
             [sys.executable, "-m", "durablerun_testbed", "node",
              "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.root / "node"),
              "--control-port", str(port), "--workdir", str(binaries.REPO_ROOT),
+             "--image-path", str(binaries.REPO_ROOT), "--image-path", sys.prefix,
              "--base-env", json.dumps(env)],
             log_path=self.root / "logs" / "process-node.log",
             testbed_id=self.id,
