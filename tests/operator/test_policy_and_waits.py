@@ -129,3 +129,20 @@ def test_durable_sleep_holds_no_pod_and_wakes_at_its_time(operator: Operator, ru
     runs.wait_phase("napper", "Succeeded", timeout=60)
     assert runs.executions("before") == 1
     assert runs.executions("after") == 1
+
+
+def test_progress_timeout_aborts_a_hung_runner(operator: Operator, runs: RunEnv) -> None:
+    # The lease is long, so only the operator's own progress check can catch this hang.
+    runs.apply(runs.manifest("stalled", "optest_flows:steps", {"steps": 5, "sleep": 0.3},
+                             policy={"leaseDuration": "120s", "progressTimeout": "4s"}))
+    procs.wait_for(lambda: "done s0" in runs.ledger(), timeout=60, what="step s0")
+    pod = runs.get("stalled")["status"]["pod"]
+    assert runs.testbed.node
+    runs.testbed.node.pause(runs.namespace, pod)
+    try:
+        run = runs.wait_phase("stalled", "Aborted", timeout=60)
+    finally:
+        runs.testbed.node.cont(runs.namespace, pod)
+    assert run["status"]["abortReason"] == "ProgressTimeout"
+    assert "progressTimeout=4s" in run["status"]["message"]
+    procs.wait_for(lambda: not live_pods(runs, "stalled"), timeout=60, what="the hung pod to be gone")
