@@ -65,7 +65,8 @@ def test_budget_abort_then_raise_the_limit(tmp_path: Path) -> None:
     assert info["totals"] == {"usd": "2.00", "tokens": 250, "steps": 5}
 
 
-def test_usage_errors_exit_2_and_name_the_flag(tmp_path: Path) -> None:
+def test_usage_errors_exit_2_and_name_the_flag(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     store = ["--store", f"file://{tmp_path}/s"]
     cases = [
         (["run", "racing:approval", "--run-id", "x", *store, "--input", "{nope"], "--input"),
@@ -83,10 +84,16 @@ def test_usage_errors_exit_2_and_name_the_flag(tmp_path: Path) -> None:
         (["run", "racing:approval", *store], "--run-id"),
         (["send-event", "--run-id", "x", *store, "bad name!"], "invalid event name"),
     ]
+    from durablerun._private import cli as cli_module
+
     for args, needle in cases:
-        r = cli(args)
-        assert r.returncode == 2, (args, r.returncode, r.stderr)
-        assert needle in r.stderr, (args, r.stderr)
+        assert cli_module.main(args) == 2, args
+        err = capsys.readouterr().err
+        assert needle in err, (args, err)
+    # And once as a real process: the exit code reaches the shell.
+    r = cli(cases[0][0])
+    assert r.returncode == 2
+    assert "--input" in r.stderr
 
 
 def test_workflow_raising_at_import_fails_with_exit_1(tmp_path: Path) -> None:

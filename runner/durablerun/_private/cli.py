@@ -197,9 +197,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         run.request_stop()
         signal.signal(signum, signal.SIG_DFL)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    result = run.run_attempt()
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = run.run_attempt()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     label = result.outcome.value
     if result.abort_reason is not None:
         label += f" ({result.abort_reason.value})"
