@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a whole number: set it to e.g. {default}") from None
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a number: set it to e.g. {default}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise SystemExit(f"{name}={raw!r} is not {what}: set it to e.g. {default}") from None
 
 
 @dataclass(frozen=True)
@@ -48,11 +40,11 @@ class Settings:
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> Settings:
         return cls(
             runner_image=os.environ.get("DURABLERUN_RUNNER_IMAGE") or cls.runner_image,
-            metrics_port=_env_int("DURABLERUN_METRICS_PORT", cls.metrics_port),
-            health_port=_env_int("DURABLERUN_HEALTH_PORT", cls.health_port),
-            resync_seconds=_env_float("DURABLERUN_RESYNC_SECONDS", cls.resync_seconds),
-            stuck_terminating_seconds=_env_float(
-                "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds
+            metrics_port=_env_number("DURABLERUN_METRICS_PORT", cls.metrics_port, int),
+            health_port=_env_number("DURABLERUN_HEALTH_PORT", cls.health_port, int),
+            resync_seconds=_env_number("DURABLERUN_RESYNC_SECONDS", cls.resync_seconds, float),
+            stuck_terminating_seconds=_env_number(
+                "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds, float
             ),
             namespaces=namespaces,
         )

@@ -34,27 +34,21 @@ def reasons(runs: RunEnv, name: str) -> list[str]:
     return [f"{e['reason']}: {e['message']}" for e in runs.events(name)]
 
 
-def test_sigkill_resumes_in_a_new_pod(operator: Operator, runs: RunEnv) -> None:
+@pytest.mark.parametrize("how", ["sigkill", "oom"])
+def test_crash_resumes_in_a_new_pod(operator: Operator, runs: RunEnv, how: str) -> None:
     pod = start_and_wait_for_step(runs, "crash", "s1")
     assert runs.testbed.node
-    runs.testbed.node.kill(runs.namespace, pod)
+    (runs.testbed.node.kill if how == "sigkill" else runs.testbed.node.oom)(runs.namespace, pod)
     run = runs.wait_phase("crash", "Succeeded", timeout=90)
     assert run["status"]["restarts"] == 1
     assert run["status"]["disruptions"] == 0
     assert run["status"]["attempt"] == 2
     assert run["status"]["pod"] != pod
     assert_resumed_without_redoing(runs, completed_before=2)
-    assert any("Restarting: Crash" in r and "exit code 137" in r for r in reasons(runs, "crash"))
-
-
-def test_oom_kill_restarts_and_says_so(operator: Operator, runs: RunEnv) -> None:
-    pod = start_and_wait_for_step(runs, "oom", "s1")
-    assert runs.testbed.node
-    runs.testbed.node.oom(runs.namespace, pod)
-    run = runs.wait_phase("oom", "Succeeded", timeout=90)
-    assert run["status"]["restarts"] == 1
-    assert any("OOMKilled" in r and "limits.memory" in r for r in reasons(runs, "oom"))
-    assert_resumed_without_redoing(runs, completed_before=2)
+    if how == "sigkill":
+        assert any("Restarting: Crash" in r and "exit code 137" in r for r in reasons(runs, "crash"))
+    else:
+        assert any("OOMKilled" in r and "limits.memory" in r for r in reasons(runs, "crash"))
 
 
 @pytest.mark.parametrize("how", ["pod-deleted", "node-lost", "evicted"])
