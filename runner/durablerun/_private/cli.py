@@ -303,19 +303,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if info.events:
         print(f"events    {', '.join(info.events)}")
     print()
-    header = f"{'seq':>5} {'pos':<8} {'kind':<8} {'name':<28} {'ok':<4} {'tries':>5} " \
-             f"{'secs':>8} {'usd':>9} {'at (UTC)':<12}"
-    print(header)
-    print("-" * len(header))
+    names = []
     for row in rows:
-        ok = {True: "yes", False: "NO", None: ""}[row["ok"]]
-        dur = f"{row['duration']:.3f}" if isinstance(row["duration"], int | float) else ""
         name = str(row["name"] or "")
         if row["ref"]:
             name += f" [ref {row['ref']['size']:,}B]"
-        print(f"{row['seq']:>5} {row['position']!s:<8} {row['kind']!s:<8} {name[:28]:<28} "
-              f"{ok:<4} {row['attempts'] or '':>5} {dur:>8} {row['usd'] or '':>9} "
-              f"{_fmt_time(row['at']):<12}")
+        names.append(name if len(name) <= 60 else name[:57] + "...")
+    width = max([4, *map(len, names)])
+    pos_width = max([3, *(len(str(row["position"])) for row in rows)])
+    header = (f"{'seq':>5} {'pos':<{pos_width}} {'kind':<8} {'name':<{width}} {'ok':<4} "
+              f"{'tries':>5} {'secs':>8} {'usd':>9} {'at (UTC)':<12}")
+    print(header)
+    print("-" * len(header))
+    for row, name in zip(rows, names, strict=True):
+        ok = {True: "yes", False: "NO", None: ""}[row["ok"]]
+        dur = f"{row['duration']:.3f}" if isinstance(row["duration"], int | float) else ""
+        print(f"{row['seq']:>5} {row['position']!s:<{pos_width}} {row['kind']!s:<8} "
+              f"{name:<{width}} {ok:<4} {row['attempts'] or '':>5} {dur:>8} "
+              f"{row['usd'] or '':>9} {_fmt_time(row['at']):<12}")
         if row["error"]:
             print(f"{'':>15}error: {row['error'][:100]}")
     return 0
