@@ -31,3 +31,10 @@ sandbox-down: setup
 
 sandbox-status: setup
 	$(PY) -m durablerun_testbed sandbox status
+
+## Benchmarks against the floors, DBOS and LangGraph (not part of CI; ~20 min, BENCH_QUICK=1 for a smoke run):
+## installs what they need (bench/setup.sh), runs every section, writes bench/RESULTS.md.
+.PHONY: bench
+bench:
+	bench/setup.sh
+	bench/.venv/bin/python -m durablerun_bench

@@ -1,0 +1,149 @@
+"""python -m durablerun_bench [--only SECTION ...] [--out bench/RESULTS.md]: run the benchmarks.
+
+Sections: steps (per-step overhead), replay (journals of growing size, DBOS
+recovery), resume (SIGKILL -> first new step on the test bed), scale (the
+operator with many DurableRuns). BENCH_QUICK=1 runs a fast smoke version.
+Every server is started here on loopback and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durablerun_bench import machine, postgres, replay, report, resume, scale, steps
+from durablerun_bench.util import quick
+from durablerun_testbed import procs
+from durablerun_testbed.s3 import S3Server
+from durablerun_testbed.testbed import TestBed
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+REPO = BENCH_DIR.parent
+CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
+SECTIONS = ("steps", "replay", "resume", "scale")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steps: int
+    step_repeats: int
+    replay_sizes: tuple[int, ...]
+    replay_repeats: int
+    transcode_from: int
+    dbos_steps: int
+    resume_repeats: int
+    scale_runs: int
+    scale_lease: int
+    scale_stopped: int
+
+    @classmethod
+    def pick(cls) -> Sizes:
+        if quick():
+            return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
+                       transcode_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
+                       scale_stopped=10)
+        runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
+        return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
+                   transcode_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=60,
+                   scale_stopped=max(10, runs // 20))
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@contextlib.contextmanager
+def testbed(root: Path, run_id: str, s3: S3Server) -> Iterator[TestBed]:
+    bed = TestBed(root / "k8s", id=run_id).start(s3=s3)
+    try:
+        bed.kubectl("apply", "--server-side", "-f", str(CRD))
+        bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/durableruns.durablerun.dev")
+        yield bed
+    finally:
+        bed.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m durablerun_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section (repeatable)")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "RESULTS.md")
+    parser.add_argument("--json", type=Path, default=BENCH_DIR / "out" / "results.json")
+    args = parser.parse_args(argv)
+    sections = tuple(args.only or SECTIONS)
+    sizes = Sizes.pick()
+    run_id = "bench-" + uuid.uuid4().hex[:8]
+    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-"))
+    tmp = root / "tmp"
+    tmp.mkdir()
+    results: dict[str, Any] = {"quick": quick(), "sizes": sizes.__dict__, "sections": list(sections),
+                               "machine": machine.info(str(tmp)), "load_before": machine.load(),
+                               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    started = time.monotonic()
+    log(f"{'quick' if quick() else 'full'} run of {', '.join(sections)} in {root}")
+    s3 = S3Server(root / "s3", run_id).start()
+    try:
+        s3.create_bucket("bench")
+        s3_params = {"endpoint": s3.endpoint_url, "access_key": s3.access_key, "secret_key": s3.secret_key,
+                     "bucket": "bench"}
+        results["minio"] = str(s3.process.popen.args[0]).rsplit("/", 1)[-1] if s3.process else None  # type: ignore[index]
+        if "steps" in sections or "replay" in sections:
+            with postgres.cluster() as pg:
+                results["postgres"] = pg.version
+                if "steps" in sections:
+                    log("per-step overhead")
+                    env = steps.Env(tmp=str(tmp), s3=s3_params, pg_dsn=pg.dsn(pg.create_database("floor")),
+                                    dbos_pg_url=pg.sqlalchemy_url(pg.create_database("dbos")),
+                                    langgraph_pg_dsn=pg.dsn(pg.create_database("langgraph")),
+                                    dbos_sqlite_url="sqlite:///unused")
+                    results["steps"] = steps.run(env, steps=sizes.steps, repeats=sizes.step_repeats, log=log)
+                if "replay" in sections:
+                    log("replay and recovery")
+                    results["replay"] = replay.bench(
+                        tmp=str(tmp), s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("recovery")),
+                        sizes=list(sizes.replay_sizes), dbos_steps=sizes.dbos_steps, repeats=sizes.replay_repeats,
+                        transcode_from=sizes.transcode_from, log=log)
+        if "resume" in sections or "scale" in sections:
+            log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
+            with testbed(root, run_id, s3) as bed:
+                results["kubernetes"] = bed.kubectl("version", "-o", "json").stdout and json.loads(
+                    bed.kubectl("version", "-o", "json").stdout).get("serverVersion", {}).get("gitVersion")
+                if "resume" in sections:
+                    log("resume after SIGKILL on the test bed")
+                    results["resume"] = resume.bench(bed, root, run_id, repeats=sizes.resume_repeats, steps=400,
+                                                     kill_after=200, sleep=0.01, log=log)
+                if "scale" in sections:
+                    if bed.node_process:
+                        bed.node_process.stop()  # the stand-in renews leases; no runner processes
+                        bed.node_process = None
+                    log(f"operator scale: {sizes.scale_runs} DurableRuns")
+                    results["scale"] = scale.bench(bed, root, run_id, runs=sizes.scale_runs,
+                                                   lease_seconds=sizes.scale_lease, stopped=sizes.scale_stopped,
+                                                   log=log)
+    finally:
+        s3.stop()
+        for pid, _ in procs.processes_with_marker(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+    results["load_after"] = machine.load()
+    results["seconds"] = time.monotonic() - started
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1, default=str))
+    args.out.write_text(report.render(results))
+    log(f"done in {results['seconds'] / 60:.1f} min: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

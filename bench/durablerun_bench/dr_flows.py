@@ -1,0 +1,74 @@
+"""durable-run workflows the replay and resume benchmarks run, in processes and in runner pods.
+
+``steps``: ``input.n`` steps returning 1 KB each (optionally sleeping
+``input.sleep`` seconds in each), then a ``marker`` step. Timestamps go to the
+file named by ``$DURABLERUN_BENCH_MARK`` (one ``<what> <pid> <unix time>`` line
+each), so a benchmark can tell when a process started, entered the workflow
+and ran its first new step, even inside a runner pod. ``$DURABLERUN_BENCH_CRASH``
+makes the marker step SIGKILL its own process (``settle``: after letting the
+snapshot thread finish; ``now``: at once), which leaves a journal of exactly
+``n`` steps behind, so the same journal can be resumed again and again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+from durablerun_bench.util import payload
+
+MARK_ENV = "DURABLERUN_BENCH_MARK"
+CRASH_ENV = "DURABLERUN_BENCH_CRASH"
+STEP_MARKS_ENV = "DURABLERUN_BENCH_STEP_MARKS"
+
+
+def process_start_time() -> float:
+    """When this process started (unix time, ~10 ms resolution): its age from /proc, back from now."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    started_ticks = int(fields[19])  # starttime, field 22 of stat, counted after the comm field
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def mark(what: str, when: float | None = None) -> None:
+    path = os.environ.get(MARK_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{what} {os.getpid()} {time.time() if when is None else when:.6f}\n")
+
+
+mark("process", process_start_time())
+mark("import")
+
+
+async def work(i: int, sleep: float) -> str:
+    if os.environ.get(STEP_MARKS_ENV):
+        mark(f"step{i}")
+    if sleep:
+        await asyncio.sleep(sleep)
+    return payload(i)
+
+
+def marker() -> float:
+    now = time.time()
+    mark("marker", now)
+    crash = os.environ.get(CRASH_ENV)
+    if crash == "settle":
+        time.sleep(0.5)  # let a snapshot in flight finish, so every build leaves the same state
+    if crash:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return now
+
+
+async def steps(ctx: Any, input: dict[str, Any]) -> int:
+    mark("entry")
+    n, sleep = int(input["n"]), float(input.get("sleep", 0))
+    for i in range(n):
+        await ctx.step("work", work, i, sleep)
+    await ctx.step("marker", marker)
+    return n

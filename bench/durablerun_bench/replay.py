@@ -1,0 +1,290 @@
+"""Replay: resuming a journal of N steps in a fresh process, and DBOS recovering the same.
+
+Subcommands, each in a fresh interpreter (``python -m durablerun_bench.replay CMD JSON``):
+
+* ``build``: run ``dr_flows:steps`` for N steps on a store; its marker step
+  SIGKILLs the process, leaving a journal of exactly N steps (plus snapshots
+  every 100 records, the default) and no outcome, as a crash would.
+* ``resume``: a new process resumes it; prints when the process started, when
+  the journal was loaded, when the workflow had replayed the N steps and ran
+  its first new step, and when it had the result.
+* ``dbos-build`` / ``dbos-resume``: the same for DBOS (its workflow is recovered
+  by ``DBOS.launch()``, which re-runs it and reads each step's output back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+T_MAIN = time.time()  # set before the heavy imports below
+
+WORKFLOW = "durablerun_bench.dr_flows:steps"
+
+
+def _store(p: dict[str, Any]) -> Any:
+    from durablerun.stores import open_store
+
+    if p["store"] == "fs":
+        return open_store(f"file://{p['root']}")
+    return open_store(f"s3://{p['bucket']}/{p['prefix']}", endpoint_url=p["endpoint"],
+                      access_key=p["access_key"], secret_key=p["secret_key"], region="us-east-1")
+
+
+def _run(p: dict[str, Any], sinks: list[Any] | None = None) -> Any:
+    from durablerun.engine import EngineConfig, Run
+    from durablerun.stores import RunRef
+
+    return Run(store=_store(p), run=RunRef.local(p["run_id"]), workflow=WORKFLOW, input={"n": int(p["n"])},
+               sinks=sinks or [], config=EngineConfig(snapshot_every=int(p.get("snapshot_every", 100))))
+
+
+def build(p: dict[str, Any]) -> dict[str, Any]:
+    os.environ["DURABLERUN_BENCH_CRASH"] = "settle"
+    _run(p).run_attempt()
+    raise RuntimeError("the marker step should have killed this process")
+
+
+def resume(p: dict[str, Any]) -> dict[str, Any]:
+    """Resume the journal; every moment goes to the marks file (the process may be killed)."""
+    from durablerun.sinks import ProgressSink
+    from durablerun_bench import dr_flows
+
+    dr_flows.mark("process", dr_flows.process_start_time())
+    dr_flows.mark("main", T_MAIN)
+    seen: dict[str, Any] = {}
+
+    class Sink(ProgressSink):
+        def run_started(self, *, info: Any) -> None:
+            dr_flows.mark("loaded")
+            seen.update(objects_read=info.objects_read, records=info.journal_records)
+            dr_flows.mark(f"objects_read={info.objects_read}")
+
+    dr_flows.mark("run")
+    result = _run(p, [Sink()]).run_attempt()
+    dr_flows.mark("result")
+    if result.outcome.value != "Completed" or result.result != int(p["n"]):
+        raise RuntimeError(f"resume ended {result.outcome.value}: {result.message}")
+    return {"records": seen.get("records"), "objects_read": seen.get("objects_read")}
+
+
+def read_marks(path: Path) -> dict[str, float]:
+    """``what -> unix time`` of the marks file's lines (the first of each), plus ``objects_read``."""
+    out: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        what, _pid, when = line.split()
+        if what.startswith("objects_read="):
+            out["objects_read"] = float(what.split("=", 1)[1])
+        else:
+            out.setdefault(what, float(when))
+    return out
+
+
+def measure(command: str, params: dict[str, Any], *, crash: bool, marks: Path) -> dict[str, float]:
+    """Spawn ``command`` in a fresh interpreter and return its phases, in seconds from the spawn.
+
+    With ``crash`` the first new step SIGKILLs the process right after marking
+    itself, so the journal is left as it was and the next repeat resumes the same.
+    """
+    import subprocess
+
+    marks.unlink(missing_ok=True)
+    env = dict(os.environ, DURABLERUN_BENCH_MARK=str(marks))
+    env.pop("DURABLERUN_BENCH_CRASH", None)
+    if crash:
+        env["DURABLERUN_BENCH_CRASH"] = "now"
+    spawned = time.time()
+    proc = subprocess.run([sys.executable, "-m", "durablerun_bench.replay", command, json.dumps(params)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != (-9 if crash else 0):
+        raise RuntimeError(f"replay {command} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    got = read_marks(marks)
+    return {k: (v if k == "objects_read" else v - spawned) for k, v in got.items()}
+
+
+def transcode(p: dict[str, Any]) -> dict[str, Any]:
+    """Copy a run built on the filesystem store into S3, object for object, in S3's layout.
+
+    Building 100,000 steps through the S3 store takes 100,000 sequential PUTs;
+    this writes the same sealed bytes (manifest, snapshot pointer, chunks, one
+    object per journal record, exactly as the S3 backend names them) with 16
+    writers at once. The resume benchmark then checks the run replays to the
+    same result.
+    """
+    from durablerun._private import layout
+    from durablerun.stores import RunRef
+    from durablerun_bench.systems import s3_client
+
+    client = s3_client(p)
+    root = Path(p["fs_root"]) / RunRef.local(p["run_id"]).path
+    prefix = f"{p['prefix']}/{RunRef.local(p['run_id']).path}/"
+    objects: list[tuple[str, bytes]] = []
+    for name in (layout.MANIFEST, layout.SNAPSHOT):
+        objects.append((prefix + name, (root / name).read_bytes()))
+    for chunk in sorted((root / "chunks").glob("*.json")):
+        objects.append((prefix + layout.CHUNKS_DIR + chunk.name, chunk.read_bytes()))
+    seq = 0
+    for segment in sorted((root / "journal").glob("*.log")):
+        for line in segment.read_bytes().split(b"\n"):
+            if line:
+                objects.append((prefix + layout.journal_key(seq), line))
+                seq += 1
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda kv: client.put_object(Bucket=p["bucket"], Key=kv[0], Body=kv[1], IfNoneMatch="*"),
+                      objects))
+    return {"objects": len(objects), "records": seq, "seconds": time.monotonic() - started}
+
+
+# --- DBOS ---------------------------------------------------------------------------------
+
+
+def _dbos(p: dict[str, Any]) -> Any:
+    from dbos import DBOS, DBOSConfig
+
+    config: DBOSConfig = {"name": "durablerun-bench-recovery", "system_database_url": p["url"],
+                          "log_level": "WARNING", "executor_id": "bench-executor"}
+    DBOS(config=config)
+    return DBOS
+
+
+def dbos_build(p: dict[str, Any]) -> dict[str, Any]:
+    from durablerun_bench import dbos_flows
+
+    os.environ[dbos_flows.CRASH_ENV] = "1"
+    api = _dbos(p)
+    api.launch()
+    handle = api.start_workflow(dbos_flows.steps, int(p["n"]), True)
+    handle.get_result()
+    raise RuntimeError("the marker step should have killed this process")
+
+
+def dbos_resume(p: dict[str, Any]) -> dict[str, Any]:
+    """Launch DBOS, which recovers the pending workflow; marks like ``resume``."""
+    from durablerun_bench import dbos_flows, dr_flows
+
+    dr_flows.mark("process", dr_flows.process_start_time())
+    dr_flows.mark("main", T_MAIN)
+    dr_flows.mark("run")
+    api = _dbos(p)
+    api.launch()  # starts recovering this executor's pending workflows in the background
+    dr_flows.mark("loaded")
+    try:
+        workflows = api.list_workflows()
+        if len(workflows) != 1:
+            raise RuntimeError(f"expected one workflow, found {len(workflows)}")
+        result = api.retrieve_workflow(workflows[0].workflow_id).get_result()
+        dr_flows.mark("result")
+        if result != int(p["n"]):
+            raise RuntimeError(f"DBOS recovered to {result!r}")
+    finally:
+        api.destroy()
+    assert dbos_flows.MARK_ENV == dr_flows.MARK_ENV
+    return {}
+
+
+# --- the benchmark -----------------------------------------------------------------------
+
+
+def _spawn(command: str, params: dict[str, Any], expect: int) -> dict[str, Any]:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "durablerun_bench.replay", command, json.dumps(params)],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != expect:
+        raise RuntimeError(f"replay {command} exited {proc.returncode}, expected {expect}:\n{proc.stderr[-3000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return dict(json.loads(lines[-1])) if lines else {}
+
+
+def phases(m: dict[str, float]) -> dict[str, float]:
+    """Seconds of each phase of one resume, from the marks (all relative to the spawn)."""
+    out = {
+        "interpreter_s": m["main"],  # spawn -> the replay module running (interpreter + site)
+        "imports_s": m["run"] - m["main"],  # the SDK's (or DBOS's) imports
+        "load_s": m["loaded"] - m["run"],  # open the store, read manifest, snapshot, chunks, tail
+        "replay_s": m["marker"] - m["loaded"],  # the workflow re-runs through the journaled steps
+        "to_first_new_step_s": m["marker"],
+        "run_to_first_new_step_s": m["marker"] - m["run"],
+    }
+    if "result" in m:
+        out["to_result_s"] = m["result"]
+    if "objects_read" in m:
+        out["objects_read"] = m["objects_read"]
+    return out
+
+
+def _median_phases(samples: list[dict[str, float]]) -> dict[str, Any]:
+    import statistics
+
+    keys = set.intersection(*(set(s) for s in samples))
+    out: dict[str, Any] = {k: statistics.median(s[k] for s in samples) for k in keys}
+    out["samples"] = len(samples)
+    finals = [s for s in samples if "to_result_s" in s]
+    if finals:
+        out["to_result_s"] = finals[-1]["to_result_s"]
+    return out
+
+
+def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos_steps: int, repeats: int,
+          transcode_from: int, log: Any = print) -> dict[str, Any]:
+    """Replay of journals of each size on both stores, and DBOS recovering ``dbos_steps`` steps."""
+    import uuid
+
+    marks = Path(tmp) / "marks.txt"
+    fs_root = str(Path(tmp) / "replay-fs")
+    results: dict[str, Any] = {"fs": {}, "s3": {}, "dbos": {}, "built": {}}
+    for n in sizes:
+        for store in ("fs", "s3"):
+            run_id = f"replay-{n}-{uuid.uuid4().hex[:6]}"
+            p: dict[str, Any] = {"store": store, "root": fs_root, "run_id": run_id, "n": n,
+                                 "prefix": "replay", **s3}
+            started = time.monotonic()
+            if store == "s3" and n >= transcode_from:
+                source = results["built"][f"fs-{n}"]["run_id"]
+                got = _spawn("transcode", {**p, "fs_root": fs_root, "run_id": source}, 0)
+                p["run_id"] = source
+                how = f"copied from the filesystem build ({got['objects']} objects, 16 writers)"
+            else:
+                _spawn("build", p, -9)
+                how = "built by the SDK"
+            results["built"][f"{store}-{n}"] = {"run_id": p["run_id"], "seconds": time.monotonic() - started,
+                                                 "how": how}
+            samples = [phases(measure("resume", p, crash=True, marks=marks)) for _ in range(repeats)]
+            samples.append(phases(measure("resume", p, crash=False, marks=marks)))
+            results[store][n] = _median_phases(samples)
+            r = results[store][n]
+            log(f"  {store} {n:>7,} steps: first new step {r['to_first_new_step_s']:.3f}s after spawn "
+                f"(load {r['load_s']:.3f}s, replay {r['replay_s']:.3f}s, objects read {r.get('objects_read')})")
+    p = {"url": dbos_url, "n": dbos_steps}
+    started = time.monotonic()
+    _spawn("dbos-build", p, -9)
+    results["built"]["dbos"] = {"seconds": time.monotonic() - started}
+    samples = [phases(measure("dbos-resume", p, crash=True, marks=marks)) for _ in range(max(1, repeats - 2))]
+    samples.append(phases(measure("dbos-resume", p, crash=False, marks=marks)))
+    results["dbos"][dbos_steps] = _median_phases(samples)
+    r = results["dbos"][dbos_steps]
+    log(f"  DBOS {dbos_steps:,} steps: first new step {r['to_first_new_step_s']:.3f}s after spawn, "
+        f"result {r.get('to_result_s', float('nan')):.3f}s")
+    return results
+
+
+COMMANDS = {"build": build, "resume": resume, "transcode": transcode, "dbos-build": dbos_build,
+            "dbos-resume": dbos_resume}
+
+
+def main(argv: list[str]) -> int:
+    from durablerun_bench.util import emit
+
+    result = COMMANDS[argv[0]](json.loads(argv[1]))
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
