@@ -124,7 +124,7 @@ def run_with_kills(spec: StoreSpec, tmp: Path, segments: list[dict[str, Any]],
     assert len(starts) <= len(names) + sum(1 for _ in journaled_at_kill) * len(names)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=False, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(segments=shapes, kills=kill_points)
 def test_sigkill_at_many_points_fs(tmp_path: Path, segments: list[dict[str, Any]],
