@@ -201,26 +201,26 @@ class S3Backend(base.Backend):
             self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="durablerun-s3")
         return list(self._pool.map(self.get, keys))
 
-    def _conditional_put(self, full: str, data: bytes, **condition: Any) -> bool:
-        """PutObject with a condition; False on 412."""
+    def _conditional_put(self, full: str, data: bytes, **condition: Any) -> str | None:
+        """PutObject with a condition: the new ETag, or None on 412."""
 
-        def go() -> bool:
+        def go() -> str | None:
             try:
-                self._client.put_object(
+                resp = self._client.put_object(
                     Bucket=self.bucket, Key=full, Body=data, **condition, **self._sse()
                 )
             except botocore.exceptions.ClientError as e:
                 if _code(e) in _PRECONDITION or _status(e) == 412:
-                    return False
+                    return None
                 if "IfMatch" in condition and _code(e) in _NOT_FOUND:
-                    return False  # If-Match on a key that does not exist (any more)
+                    return None  # If-Match on a key that does not exist (any more)
                 raise
-            return True
+            return str(resp.get("ETag") or "")
 
         return self._call("PutObject", full, go)
 
     def create(self, key: str, data: bytes) -> bool:
-        if self._conditional_put(self._key(key), data, IfNoneMatch="*"):
+        if self._conditional_put(self._key(key), data, IfNoneMatch="*") is not None:
             return True
         return self.get(key) == data
 
@@ -235,12 +235,15 @@ class S3Backend(base.Backend):
     def cas(self, key: str, data: bytes, *, etag: str | None) -> str | None:
         full = self._key(key)
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
-        if not self._conditional_put(full, data, **condition):
+        etag = self._conditional_put(full, data, **condition)
+        if etag is None:
             current = self.get_versioned(key)
             if current is not None and current[0] == data:
                 return current[1]  # our own write, retried after it landed
             return None
-        current = self.get_versioned(key)
+        if etag:
+            return etag
+        current = self.get_versioned(key)  # a server that returned no ETag
         return None if current is None or current[0] != data else current[1]
 
     def list_keys(self, prefix: str) -> list[str]:
@@ -317,7 +320,7 @@ class S3Journal(base.JournalBackend):
     def append(self, seq: int, data: bytes) -> str:
         key = self._root + layout.journal_key(seq)
         full = self._b._key(key)
-        if self._b._conditional_put(full, data, IfNoneMatch="*"):
+        if self._b._conditional_put(full, data, IfNoneMatch="*") is not None:
             return full
         if self._b.get(key) == data:
             return full  # our own write: the first try landed, the retry got 412
