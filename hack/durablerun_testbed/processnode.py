@@ -85,6 +85,8 @@ class Container:
     last_terminated: dict[str, Any] | None = None
     oom_marked: bool = False
     lost: bool = False
+    #: Its exit has been written to the pod's status (a kubelet reports an exit before it deletes the pod).
+    reported: bool = False
 
     @property
     def running(self) -> bool:
@@ -500,7 +502,7 @@ class ProcessNode:
             )
         container.started_at = _now()
         container.exit_code = container.reason = container.message = None
-        container.oom_marked = container.lost = False
+        container.oom_marked = container.lost = container.reported = False
         threading.Thread(
             target=self._wait, args=(pod, runtime, container), name=f"wait-{runtime.key}", daemon=True
         ).start()
@@ -528,7 +530,10 @@ class ProcessNode:
                 restart == "Always" or (restart == "OnFailure" and container.exit_code != 0)
             ):
                 self._schedule_restart(pod, runtime, container)
-        self._write_status_by_name(runtime)
+        try:
+            self._write_status_by_name(runtime)
+        finally:
+            container.reported = True
         if runtime.deleting:
             self._finish_deletion(runtime)
 
@@ -567,7 +572,8 @@ class ProcessNode:
             for container in running:
                 assert container.popen
                 _kill_group(container.popen, signal.SIGKILL)
-        if not running:
+        # An exit not reported yet is reported first: the thread waiting on it then finishes the deletion.
+        if not running and all(c.reported or c.popen is None for c in runtime.containers.values()):
             self._finish_deletion(runtime)
 
     def _finish_deletion(self, runtime: PodRuntime) -> None:
@@ -601,7 +607,12 @@ class ProcessNode:
                     return
                 if error.status != 409:
                     raise
-            pod = self.core.read_namespaced_pod(runtime.name, runtime.namespace)
+            try:
+                pod = self.core.read_namespaced_pod(runtime.name, runtime.namespace)
+            except ApiException as error:
+                if error.status == 404:
+                    return  # deleted meanwhile
+                raise
 
     def _status(self, pod: dict[str, Any], runtime: PodRuntime) -> dict[str, Any]:
         with runtime.lock:

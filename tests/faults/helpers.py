@@ -1,0 +1,211 @@
+"""What the fault, bad-input and security tests share: manifests, a pod recorder, ledgers, metrics.
+
+Built on the operator tests' fixtures (``tests.operator.conftest``): a namespace
+with its own operator, a bucket, a credentials Secret and a ledger directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from durablerun_testbed import procs
+from durablerun_testbed.testbed import TestBed
+from tests.operator.conftest import WORKFLOWS as OPERATOR_WORKFLOWS
+from tests.operator.conftest import Operator, RunEnv
+
+WORKFLOWS = Path(__file__).resolve().parent / "workflows"
+LEDGER_MOUNT = "/tmp/ledger"  # where RunEnv mounts the ledger directory in runner pods
+
+
+def seeded(name: str) -> random.Random:
+    """A random source whose seed is printed, so a failing trial can be replayed (FAULT_SEED=...)."""
+    seed = int(os.environ.get("FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
+    print(f"{name}: FAULT_SEED={seed}")
+    return random.Random(seed)
+
+
+def manifest(runs: RunEnv, name: str, workflow: str = "torture_flows:torture", input: dict[str, Any] | None = None,
+             policy: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    """``runs.manifest`` with the fault suite's workflows importable too."""
+    body = runs.manifest(name, workflow, input, policy=policy, **spec)
+    env = body["spec"]["template"]["spec"]["containers"][0]["env"]
+    for var in env:
+        if var["name"] == "PYTHONPATH":
+            var["value"] = f"{WORKFLOWS}:{OPERATOR_WORKFLOWS}"
+    return body
+
+
+def torture_input(name: str, **extra: Any) -> dict[str, Any]:
+    return {"ledger": f"{LEDGER_MOUNT}/{name}.txt", "rounds": 3, "width": 3, "pace": 0.15, **extra}
+
+
+@dataclass
+class Ledger:
+    """A run's ledger: ``start|done <step> <pod>`` and ``effect <key> <pod>`` lines."""
+
+    lines: list[tuple[str, str, str]]
+
+    @classmethod
+    def read(cls, runs: RunEnv, name: str) -> Ledger:
+        path = runs.ledger_dir / f"{name}.txt"
+        text = path.read_text() if path.exists() else ""
+        return cls([tuple(line.split(" ")) for line in text.splitlines() if line])  # type: ignore[misc]
+
+    def starts(self, step: str) -> list[str]:
+        """The pods that started ``step``, one entry per execution."""
+        return [pod for kind, name, pod in self.lines if kind == "start" and name == step]
+
+    def effects(self) -> dict[str, list[str]]:
+        """Idempotency keys the side-effect steps saw, with the pods that saw them."""
+        out: dict[str, list[str]] = {}
+        for kind, key, _pod in self.lines:
+            if kind == "effect":
+                out.setdefault(key.rsplit(":", 1)[1], []).append(key)
+        return out
+
+
+def check_executions(ledger: Ledger, steps: list[str], interrupted: set[str]) -> None:
+    """Each step ran at least once, at most once per pod, and every pod but one that ran it was interrupted.
+
+    ``interrupted``: pods the test killed or paused. So a step ran at most
+    1 + (the number of kills that caught it in flight) times.
+    """
+    for step in steps:
+        pods = ledger.starts(step)
+        assert pods, f"step {step} never ran"
+        assert len(pods) == len(set(pods)), f"step {step} ran twice in one pod: {pods}"
+        uninterrupted = [p for p in pods if p not in interrupted]
+        assert len(uninterrupted) <= 1, f"step {step} ran in several pods nobody interrupted: {pods}"
+        if len(pods) > 1:
+            # All but the last execution were cut short; the last is the journaled one.
+            assert set(pods[:-1]) <= interrupted, f"step {step} ran again after {pods[:-1]} completed it"
+    for step, keys in ledger.effects().items():
+        assert len(set(keys)) == 1, f"side effect {step} saw different idempotency keys: {keys}"
+
+
+class PodRecorder:
+    """Watches the namespace's pods and records every pod ever created: uid and how it ended."""
+
+    def __init__(self, testbed: TestBed, namespace: str) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(testbed.api_client())
+        self.namespace = namespace
+        self.uids: dict[str, set[str]] = {}
+        self.endings: dict[str, dict[str, Any]] = {}  # pod name -> terminated state of its runner
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name=f"pods-{namespace}", daemon=True)
+        self._thread.start()
+
+    def _record(self, pod: Any) -> None:
+        with self._lock:
+            self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
+            for status in (pod.status.container_statuses or []) if pod.status else []:
+                if status.state and status.state.terminated:
+                    t = status.state.terminated
+                    self.endings[pod.metadata.name] = {"exitCode": t.exit_code, "reason": t.reason,
+                                                       "message": t.message}
+
+    def _loop(self) -> None:
+        from kubernetes import watch
+
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    listed = self.core.list_namespaced_pod(self.namespace)
+                    for pod in listed.items:
+                        self._record(pod)
+                    version = listed.metadata.resource_version
+                # Resume from the last version seen, so no update between two watches is missed.
+                for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace,
+                                                  resource_version=version, timeout_seconds=5,
+                                                  allow_watch_bookmarks=True):
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        raise RuntimeError(f"watch error: {event['raw_object']}")
+                    if event["type"] != "BOOKMARK":
+                        self._record(obj)
+                    version = obj.metadata.resource_version
+                    if self._stop.is_set():
+                        break
+            except Exception:  # expired version (410) or the API server restarting: list again
+                version = None
+                time.sleep(0.2)
+
+    def pods_of(self, run: str) -> list[str]:
+        with self._lock:
+            return sorted((p for p in self.uids if p.startswith(f"{run}-a")), key=lambda p: int(p.rsplit("-a", 1)[1]))
+
+    def ending(self, pod: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self.endings.get(pod)
+
+    def check_one_pod_per_epoch(self, run: str, attempts: int) -> None:
+        pods = self.pods_of(run)
+        with self._lock:
+            recreated = {p: sorted(self.uids[p]) for p in pods if len(self.uids[p]) > 1}
+        assert not recreated, f"an attempt's pod was created twice: {recreated}"
+        assert len(pods) == attempts, f"{len(pods)} pods for {attempts} attempts: {pods}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def scrape(operator: Operator) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def run_metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], metric: str, namespace: str,
+               name: str, **labels: str) -> float | None:
+    key = (metric, frozenset({"namespace": namespace, "name": name, **labels}.items()))
+    return samples.get(key)
+
+
+def events(runs: RunEnv, name: str) -> Counter[str]:
+    return Counter(e["reason"] for e in runs.events(name))
+
+
+def process_of(testbed: TestBed, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The process node's entry for the pod's runner, while the node still knows it."""
+    assert testbed.node
+    return next((p for p in testbed.node.processes() if p["pod"] == f"{namespace}/{pod}"), None)
+
+
+def running_pod(runs: RunEnv, name: str) -> str | None:
+    """The run's current pod if its runner process is running now."""
+    status = runs.get(name).get("status") or {}
+    pod = status.get("pod")
+    if status.get("phase") != "Running" or not pod:
+        return None
+    entry = process_of(runs.testbed, runs.namespace, pod)
+    return pod if entry and entry["running"] else None
+
+
+def finished(runs: RunEnv, name: str) -> bool:
+    return (runs.get(name).get("status") or {}).get("phase") in ("Succeeded", "Failed", "Aborted")
+
+
+def send_event(runs: RunEnv, name: str, event: str, payload: Any) -> None:
+    runs.testbed.kubectl("patch", "dr", name, "-n", runs.namespace, "--type=merge",
+                         "-p", json.dumps({"spec": {"events": {event: payload}}}))
+
+
+def wait_pod_exit(runs: RunEnv, pods: PodRecorder, pod: str, timeout: float = 60) -> dict[str, Any]:
+    return procs.wait_for(lambda: pods.ending(pod), timeout=timeout, what=f"pod {pod} to report how it ended")

@@ -1,0 +1,175 @@
+"""A runner paused (SIGSTOP) past its lease, then continued at a random moment: fenced, it writes nothing.
+
+The pause falls at a random moment of the attempt (start-up, replay, a step,
+a journal write, a snapshot); the operator declares the lease expired, bumps
+the epoch and starts the next attempt once the old pod is presumed lost. The
+paused runner is continued at a random moment: while the next attempt runs,
+or after the run has finished. Then it must notice that its lease lapsed and
+exit Fenced (5) without writing: no journal record it creates after the pause
+lands, no status, no outcome; after a finished run, not one object changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durablerun_testbed import procs
+from tests.faults.conftest import Tally
+from tests.faults.helpers import (
+    Ledger,
+    PodRecorder,
+    check_executions,
+    events,
+    finished,
+    manifest,
+    process_of,
+    running_pod,
+    seeded,
+    torture_input,
+    wait_pod_exit,
+)
+from tests.faults.journal import check_journal, list_objects, read_journal, run_root
+from tests.faults.workflows import torture_flows
+from tests.operator.conftest import RunEnv, StartOperator
+
+pytestmark = pytest.mark.testbed
+
+TRIALS = max(2, int(os.environ.get("FAULT_TRIALS", "10")) // 3)
+PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))
+POLICY = {"maxRestarts": 20, "leaseDuration": "6s", "backoff": {"initial": "1s", "max": "1s"}}
+
+
+@dataclass
+class Paused:
+    name: str
+    mode: str  # "during-next-attempt" or "after-finish"
+    input: dict[str, Any]
+    pod: str | None = None
+    attempt_id: str | None = None
+    paused_at: float = 0.0
+    continued_at: float = 0.0
+    listing_before: dict[str, str] = field(default_factory=dict)
+    listing_after: dict[str, str] = field(default_factory=dict)
+    status_before: dict[str, Any] = field(default_factory=dict)
+    status_after: dict[str, Any] = field(default_factory=dict)
+    exit: dict[str, Any] | None = None
+    log: str = ""
+    error: BaseException | None = None
+
+
+def attempt_id(log: Path) -> str | None:
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if line.startswith("{") and '"run_started"' in line:
+            return str(json.loads(line)["attempt"])
+    return None
+
+
+def drive(runs: RunEnv, pods: PodRecorder, trial: Paused, rng: Any, root: str) -> None:
+    node = runs.testbed.node
+    assert node
+    assert runs.testbed.s3
+    s3 = runs.testbed.s3.client()
+    try:
+        pod = procs.wait_for(lambda: running_pod(runs, trial.name), timeout=120, what=f"a runner of {trial.name}")
+        entry = process_of(runs.testbed, runs.namespace, pod)
+        assert entry
+        time.sleep(rng.uniform(0, 4.0))  # the random moment of the pause
+        try:
+            node.pause(runs.namespace, pod)
+        except urllib.error.HTTPError:
+            return  # the run finished first: no trial
+        trial.pod, trial.paused_at = pod, time.time()
+        epoch = int(pod.rsplit("-a", 1)[1])
+        if trial.mode == "during-next-attempt":
+            procs.wait_for(lambda: finished(runs, trial.name) or (
+                (p := running_pod(runs, trial.name)) is not None and int(p.rsplit("-a", 1)[1]) > epoch),
+                timeout=120, what=f"the next attempt of {trial.name} to run")
+            time.sleep(rng.uniform(0, 3.0))  # the random moment of the wake-up
+        else:
+            runs.wait_phase(trial.name, "Succeeded", timeout=180)
+        trial.listing_before = list_objects(s3, runs.bucket, root)
+        trial.status_before = runs.get(trial.name)["status"]
+        trial.continued_at = time.time()
+        node.cont(runs.namespace, pod)
+        trial.exit = wait_pod_exit(runs, pods, pod, timeout=90)
+        trial.listing_after = list_objects(s3, runs.bucket, root)
+        trial.status_after = runs.get(trial.name)["status"]
+        trial.log = entry["log"]
+        trial.attempt_id = attempt_id(Path(entry["log"]))
+    except BaseException as error:
+        trial.error = error
+
+
+def check_trial(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str) -> None:
+    assert runs.testbed.s3
+    log_tail = Path(trial.log).read_text(errors="replace")[-3000:] if trial.log else ""
+    assert trial.exit, "the continued runner did not end"
+    assert trial.exit["exitCode"] == 5, f"the continued runner did not exit Fenced: {trial.exit}\n{log_tail}"
+    assert json.loads(trial.exit["message"])["outcome"] == "Fenced"
+    status = runs.wait_phase(trial.name, "Succeeded", "Failed", "Aborted", timeout=180)["status"]
+    assert status["phase"] == "Succeeded", status.get("message")
+    s3 = runs.testbed.s3.client()
+    journal = read_journal(s3, runs.bucket, root)
+    check_journal(journal)
+    if trial.mode == "after-finish":
+        assert trial.listing_after == trial.listing_before, "the fenced runner changed the store after waking"
+        assert trial.status_after == trial.status_before, "the fenced runner changed the run's status after waking"
+    # What the paused runner wrote, it wrote before the pause (a write under way when it froze may land).
+    late = [seq for seq, r in journal.records.items()
+            if trial.attempt_id and r["w"] == trial.attempt_id and r["at"] >= trial.paused_at]
+    assert not late, f"the paused runner journaled {late} after it was paused"
+    status_doc = s3.get_object(Bucket=runs.bucket, Key=root + "status.json")["Body"].read()
+    assert trial.attempt_id is None or trial.attempt_id.encode() not in status_doc, \
+        "the fenced runner recorded an outcome"
+    check_executions(Ledger.read(runs, trial.name), torture_flows.step_names(trial.input), {trial.pod or ""})
+    # The expired lease is counted once, as LeaseExpired; no other restart, no pod twice per epoch.
+    pods.check_one_pod_per_epoch(trial.name, status["attempt"])
+    seen = events(runs, trial.name)
+    assert seen["LeaseExpired"] >= 1, seen
+    assert seen["Restarting"] == status["restarts"], seen
+
+
+def test_paused_runner_wakes_fenced_and_writes_nothing(start_operator: StartOperator, runs: RunEnv,
+                                                       pods: PodRecorder, tally: Tally) -> None:
+    start_operator()
+    rng = seeded("runner paused past its lease")
+    trials = failures = 0
+    failed: list[str] = []
+    batch = 0
+    while trials < TRIALS:
+        batch += 1
+        paused = [Paused(f"p{batch}-{i}", ("during-next-attempt", "after-finish")[i % 2],
+                         torture_input(f"p{batch}-{i}", rounds=4))
+                  for i in range(min(PARALLEL, TRIALS - trials + 1))]
+        roots, threads = {}, []
+        for trial in paused:
+            runs.apply(manifest(runs, trial.name, input=trial.input, policy=POLICY))
+            roots[trial.name] = run_root("runs", runs.namespace, trial.name, runs.get(trial.name)["metadata"]["uid"])
+            threads.append(threading.Thread(target=drive, args=(runs, pods, trial, rng, roots[trial.name])))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for trial in paused:
+            if trial.pod is None and trial.error is None:
+                continue
+            trials += 1
+            try:
+                if trial.error:
+                    raise trial.error
+                check_trial(runs, pods, trial, roots[trial.name])
+            except AssertionError as error:
+                failures += 1
+                failed.append(f"{trial.name} ({trial.mode}, paused {trial.pod}): {error}")
+    tally.add("runner paused past its lease, then continued", trials, failures)
+    print(f"runner paused past its lease: {trials} trials, {failures} failures")
+    assert not failed, "\n".join(failed)
