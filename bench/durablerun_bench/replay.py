@@ -240,21 +240,24 @@ def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos
     fs_root = str(Path(tmp) / "replay-fs")
     results: dict[str, Any] = {"fs": {}, "s3": {}, "dbos": {}, "built": {}}
     for n in sizes:
-        for store in ("fs", "s3"):
+        built: dict[str, dict[str, Any]] = {}
+        for store in ("fs", "s3"):  # both journals first: the S3 one may be a copy of the fresh fs one
             run_id = f"replay-{n}-{uuid.uuid4().hex[:6]}"
             p: dict[str, Any] = {"store": store, "root": fs_root, "run_id": run_id, "n": n,
                                  "prefix": "replay", **s3}
             started = time.monotonic()
             if store == "s3" and n >= transcode_from:
-                source = results["built"][f"fs-{n}"]["run_id"]
+                source = built["fs"]["run_id"]
                 got = _spawn("transcode", {**p, "fs_root": fs_root, "run_id": source}, 0)
                 p["run_id"] = source
-                how = f"copied from the filesystem build ({got['objects']} objects, 16 writers)"
+                how = f"copied from the filesystem build ({got['objects']:,} objects, 16 writers)"
             else:
                 _spawn("build", p, -9)
                 how = "built by the SDK"
+            built[store] = p
             results["built"][f"{store}-{n}"] = {"run_id": p["run_id"], "seconds": time.monotonic() - started,
                                                  "how": how}
+        for store, p in built.items():
             samples = [phases(measure("resume", p, crash=True, marks=marks)) for _ in range(repeats)]
             samples.append(phases(measure("resume", p, crash=False, marks=marks)))
             results[store][n] = _median_phases(samples)

@@ -1,0 +1,112 @@
+"""Fast checks of the benchmark harness (the benchmarks themselves run with `make bench`, not in CI)."""
+# The report checks Markdown with multiplication signs: they are meant.
+# ruff: noqa: RUF001
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from durablerun_bench import dr_flows, report, systems, util
+
+
+def test_payload_is_one_kilobyte_and_differs_per_step() -> None:
+    assert len(util.payload(0)) == len(util.payload(99_999)) == 1024
+    assert util.payload(1) != util.payload(2)
+
+
+def test_percentiles_and_intervals() -> None:
+    assert util.percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
+    assert util.percentile([float(i) for i in range(100)], 99) == 98.0
+    assert math.isnan(util.percentile([], 50))
+    diffs, wall = util.intervals([1.0, 1.5, 2.5])
+    assert diffs == [0.5, 1.0]
+    assert wall == 1.5
+
+
+def test_median_run_keeps_every_rate() -> None:
+    runs = [{"ops_per_s": 10.0, "x": "a"}, {"ops_per_s": 30.0, "x": "b"}, {"ops_per_s": 20.0, "x": "c"}]
+    chosen = util.best_of(runs)
+    assert chosen["x"] == "c"
+    assert chosen["runs_ops_per_s"] == [10.0, 30.0, 20.0]
+
+
+def test_process_start_time_is_this_process() -> None:
+    started = dr_flows.process_start_time()
+    assert started <= time.time()
+    assert time.time() - started < 3600
+
+
+@pytest.mark.parametrize("name", ["floor-append-fdatasync", "floor-create-fsync"])
+def test_filesystem_floors_time_every_write(tmp_path: Path, name: str) -> None:
+    series = systems.SYSTEMS[name]({"dir": str(tmp_path), "size": 1300, "steps": 20})
+    assert len(series.latencies) == 20
+    assert series.summary()["bytes"] == 1300
+    assert list(tmp_path.iterdir()) == []  # cleaned up
+
+
+def test_durablerun_system_measures_steps_and_record_size(tmp_path: Path) -> None:
+    summary = systems.durablerun({"store": "fs", "dir": str(tmp_path), "steps": 30}).summary()
+    assert summary["n"] == 29  # intervals between 30 step starts
+    assert summary["record_bytes"] > 1024  # the record carries the 1 KB result
+    assert summary["ops_per_s"] > 0
+
+
+def _results() -> dict[str, Any]:
+    row = {"ops_per_s": 2000.0, "mean_ms": 0.5, "p50_ms": 0.4, "p99_ms": 2.0, "runs_ops_per_s": [2000.0]}
+    rows = [
+        {"key": "floor-fdatasync", "label": "floor: append + fdatasync", "durability": "d", "floor": None,
+         **row, "mean_ms": 0.3},
+        {"key": "floor-s3", "label": "floor: S3 conditional PutObject (MinIO)", "durability": "d", "floor": None,
+         **row, "mean_ms": 3.0},
+        {"key": "dr-fs", "label": "durable-run, filesystem store", "durability": "d", "floor": "floor-fdatasync",
+         **row, "ratio_floor": 1.5, "ratio_floor_p50": 1.4, "ratio_fdatasync": 1.5},
+        {"key": "dr-s3", "label": "durable-run, S3 store (MinIO)", "durability": "d", "floor": "floor-s3",
+         **row, "mean_ms": 3.6, "ratio_floor": 1.2, "ratio_floor_p50": 1.1, "ratio_fdatasync": 12.0},
+        {"key": "dbos-pg", "label": "DBOS on PostgreSQL", "durability": "d", "floor": None, **row, "mean_ms": 4.0},
+    ]
+    phases = {"interpreter_s": 0.1, "imports_s": 0.3, "load_s": 0.05, "replay_s": 0.01, "to_first_new_step_s": 0.5,
+              "run_to_first_new_step_s": 0.06, "to_result_s": 0.6, "objects_read": 3}
+    return {
+        "quick": True, "started": "now", "seconds": 60, "load_before": [1, 1, 1], "load_after": [1, 1, 1],
+        "machine": {"cpu": "cpu", "cores": 2, "versions": {"dbos": "3.4.0"}},
+        "steps": {"steps": 1000, "repeats": 1, "record_bytes": 1293, "rows": rows},
+        "replay": {"fs": {100: phases, 10_000: {**phases, "run_to_first_new_step_s": 0.1}},
+                   "s3": {10_000: phases}, "dbos": {10_000: {**phases, "to_result_s": 14.0}}, "built": {}},
+        "resume": {"steps": 400, "kill_after": 200, "step_sleep_s": 0.01,
+                   "median": {k: 0.4 for k in ("detection_s", "pod_creation_s", "process_start_s", "runner_start_s",
+                                               "load_s", "replay_s", "total_s")},
+                   "samples": [{k: 0.4 for k in ("detection_s", "pod_creation_s", "process_start_s",
+                                                 "runner_start_s", "load_s", "replay_s", "total_s")}]},
+        "scale": {"runs": 100, "lease_seconds": 15, "stopped": 10, "ramp_up_s": 10.0, "ramp_cpu_cores": 0.3,
+                  "held_after_ramp": 100, "window_s": 60.0, "cpu_cores": 0.2, "rss_mb_max": 100.0, "hwm_mb": 101.0,
+                  "api_requests_per_s": 50.0, "api_requests_by_kind": {"GET durableruns": 30.0},
+                  "renewer": {"acquired": 110, "renewed": 900, "fenced": 0, "errors": 0},
+                  "detection_delay": {"p50": 1.0, "p99": 3.0, "max": 3.0, "n": 10},
+                  "since_last_renewal": {"p50": 16.0, "p99": 18.0, "max": 18.0, "n": 10},
+                  "detection_target_s": 20, "missed_restarts": 0, "duplicated_restarts": 0},
+    }
+
+
+def test_report_renders_every_section_and_judges_the_targets() -> None:
+    text = report.render(_results())
+    for heading in ("## 1. Per-step overhead", "## 2. Replay", "## 3. Resume", "## 4. Operator scale",
+                    "## Targets"):
+        assert heading in text
+    assert "Quick smoke run" in text
+    assert "| filesystem store ≥ 3,000 steps/s, within 1.6× of append+fdatasync | 2,000 steps/s" in text
+    assert "S3 store per step ≤ 1.25× one conditional PutObject | 1.20×" in text
+    assert "**not measured at 1,000**" in text  # 100 runs is said to be fewer than asked
+    assert "| DBOS on PostgreSQL | 8.00× | 1.11× |" in text  # side by side, per store
+
+
+def test_report_skips_sections_that_did_not_run() -> None:
+    results = _results()
+    for section in ("steps", "replay", "resume", "scale"):
+        del results[section]
+    text = report.render(results)
+    assert "## 1." not in text
+    assert "## Targets" not in text
