@@ -140,8 +140,10 @@ def format_duration(delta: timedelta) -> str:
     return f"{total:g}s"
 
 
-def _duration_field(default: str, description: str) -> Any:
-    return Field(default=default, description=description, pattern=DURATION_PATTERN)
+def _duration_field(default: str, description: str, *, positive: bool = False) -> Any:
+    extra = {"x-kubernetes-validations": [{"rule": "self.matches('[1-9]')", "message": "must be longer than zero"}]}
+    return Field(default=default, description=description, pattern=DURATION_PATTERN,
+                 json_schema_extra=extra if positive else None)
 
 
 USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
@@ -170,7 +172,8 @@ class Policy(_Model):
     """Limits the run is held to. Counters survive restarts: they are journaled."""
 
     maxDuration: str = _duration_field(
-        "8h", "Wall time from the run's first start after which it is Aborted (MaxDurationExceeded)."
+        "8h", "Wall time from the run's first start after which it is Aborted (MaxDurationExceeded).",
+        positive=True,
     )
     costCeilingUSD: str | None = Field(
         default=None,
@@ -206,17 +209,25 @@ class Policy(_Model):
     )
     backoff: Backoff = Field(default_factory=Backoff, description=Backoff.__doc__)
     progressTimeout: str = _duration_field(
-        "10m", "Abort (ProgressTimeout) when no step completes for this long while running."
+        "10m", "Abort (ProgressTimeout) when no step completes for this long while running.", positive=True
     )
     leaseDuration: str = _duration_field(
         "60s",
         "How long a runner's lease is valid without renewal. The runner renews every third of "
         "it; the operator replaces a runner whose lease has expired.",
+        positive=True,
     )
 
 
 class Checkpoint(_Model):
     """Where the run's journal, snapshots and events are stored."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", json_schema_extra={
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.kmsKeyId) || (has(self.serverSideEncryption) && self.serverSideEncryption == 'aws:kms')",
+            "message": "kmsKeyId needs serverSideEncryption: aws:kms",
+        }],
+    })
 
     uri: str = Field(
         description=(

@@ -1,0 +1,122 @@
+"""Invalid DurableRuns are refused by `kubectl apply`, and the refusal names the field to fix.
+
+The CRD is generated from ``durablerun.api``; these cases pin that wrong
+types, negative or zero durations, bad URIs, unknown fields and absurd limits
+never reach the operator (docs/bad-input.md lists them with what the user sees).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from durablerun_testbed.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+
+VALID: dict[str, Any] = {
+    "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+    "metadata": {"name": "bad"},
+    "spec": {"workflow": "agents.research:run", "input": {"topic": "x"},
+             "checkpoint": {"uri": "s3://runs/prefix", "endpoint": "http://minio:9000"}},
+}
+
+
+def with_(path: str, value: Any) -> dict[str, Any]:
+    """VALID with ``path`` (dotted, under the manifest) set to ``value``; the value ``DELETE`` removes it."""
+    body = copy.deepcopy(VALID)
+    *parents, last = path.split(".")
+    node = body
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return body
+
+
+DELETE = object()
+
+# (manifest, the field the error must name, a phrase of the reason)
+CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "workflow-missing": (with_("spec.workflow", DELETE), "spec.workflow", "Required value"),
+    "workflow-not-module-function": (with_("spec.workflow", "run my agent"), "spec.workflow", "should match"),
+    "workflow-not-a-string": (with_("spec.workflow", 42), "spec.workflow", "must be of type string"),
+    "checkpoint-missing": (with_("spec.checkpoint", DELETE), "spec.checkpoint", "Required value"),
+    "uri-missing": (with_("spec.checkpoint.uri", DELETE), "spec.checkpoint.uri", "Required value"),
+    "uri-http-scheme": (with_("spec.checkpoint.uri", "https://bucket.s3.amazonaws.com/x"), "spec.checkpoint.uri",
+                        "must be s3://<bucket>[/prefix] or file:///<absolute path>"),
+    "uri-bad-bucket": (with_("spec.checkpoint.uri", "s3://My_Bucket/x"), "spec.checkpoint.uri", "must be s3://"),
+    "uri-relative-file": (with_("spec.checkpoint.uri", "file://runs"), "spec.checkpoint.uri", "must be s3://"),
+    "endpoint-no-scheme": (with_("spec.checkpoint.endpoint", "minio:9000"), "spec.checkpoint.endpoint",
+                           "should match"),
+    "snapshot-every-zero": (with_("spec.checkpoint.snapshotEvery", 0), "spec.checkpoint.snapshotEvery",
+                            "greater than or equal to 1"),
+    "retention-unknown": (with_("spec.checkpoint.retention", "Forever"), "spec.checkpoint.retention",
+                          "Unsupported value"),
+    "sse-unknown": (with_("spec.checkpoint.serverSideEncryption", "rot13"), "spec.checkpoint.serverSideEncryption",
+                    "Unsupported value"),
+    "kms-key-without-kms": (with_("spec.checkpoint.kmsKeyId", "alias/runs"), "spec.checkpoint",
+                            "kmsKeyId needs serverSideEncryption: aws:kms"),
+    "max-duration-negative": (with_("spec.policy.maxDuration", "-5m"), "spec.policy.maxDuration", "should match"),
+    "max-duration-zero": (with_("spec.policy.maxDuration", "0s"), "spec.policy.maxDuration",
+                          "must be longer than zero"),
+    "lease-no-unit": (with_("spec.policy.leaseDuration", "60"), "spec.policy.leaseDuration", "should match"),
+    "lease-zero": (with_("spec.policy.leaseDuration", "0s"), "spec.policy.leaseDuration",
+                   "must be longer than zero"),
+    "progress-timeout-words": (with_("spec.policy.progressTimeout", "ten minutes"), "spec.policy.progressTimeout",
+                               "should match"),
+    "backoff-initial-bad": (with_("spec.policy.backoff.initial", "soon"), "spec.policy.backoff.initial",
+                            "should match"),
+    "max-restarts-negative": (with_("spec.policy.maxRestarts", -1), "spec.policy.maxRestarts",
+                              "greater than or equal to 0"),
+    "max-restarts-absurd": (with_("spec.policy.maxRestarts", 1_000_000), "spec.policy.maxRestarts",
+                            "less than or equal to 1000"),
+    "max-disruptions-absurd": (with_("spec.policy.maxDisruptions", 10**9), "spec.policy.maxDisruptions",
+                               "less than or equal to 10000"),
+    "max-retries-string": (with_("spec.policy.maxRetries", "three"), "spec.policy.maxRetries",
+                           "must be of type integer"),
+    "cost-ceiling-negative": (with_("spec.policy.costCeilingUSD", "-5"), "spec.policy.costCeilingUSD",
+                              "should match"),
+    "cost-ceiling-currency": (with_("spec.policy.costCeilingUSD", "$5"), "spec.policy.costCeilingUSD",
+                              "should match"),
+    "cost-ceiling-number": (with_("spec.policy.costCeilingUSD", 5), "spec.policy.costCeilingUSD",
+                            "must be of type string"),
+    "max-tokens-negative": (with_("spec.policy.maxTokens", -10), "spec.policy.maxTokens",
+                            "greater than or equal to 0"),
+    "max-steps-zero": (with_("spec.policy.maxSteps", 0), "spec.policy.maxSteps", "greater than or equal to 1"),
+    "suspend-string": (with_("spec.suspend", "yes"), "spec.suspend", "must be of type boolean"),
+    "input-a-list": (with_("spec.input", [1, 2]), "spec.input", "must be of type object"),
+    "template-a-string": (with_("spec.template", "my-pod"), "spec.template", "must be of type object"),
+    "events-a-list": (with_("spec.events", ["go"]), "spec.events", "must be of type object"),
+    "ttl-negative": (with_("spec.ttlSecondsAfterFinished", -1), "spec.ttlSecondsAfterFinished",
+                     "greater than or equal to 0"),
+    "unknown-spec-field": (with_("spec.workflw", "agents.research:run"), "spec.workflw", "unknown field"),
+    "unknown-policy-field": (with_("spec.policy.maxRestart", 3), "spec.policy.maxRestart", "unknown field"),
+}
+
+
+def test_the_valid_manifest_is_accepted(testbed: TestBed, namespace: str) -> None:
+    """So each refusal below is caused by its one change."""
+    accepted = testbed.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(VALID), check=False)
+    assert accepted.returncode == 0, accepted.stderr
+    testbed.kubectl("delete", "dr", "bad", "-n", namespace, "--wait=false")
+
+
+def test_at_least_twenty_cases() -> None:
+    assert len(CASES) >= 20
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_invalid_manifest_is_refused_naming_the_field(testbed: TestBed, namespace: str, case: str) -> None:
+    body, field, reason = CASES[case]
+    refused = testbed.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body), check=False)
+    assert refused.returncode != 0, f"{case} was accepted"
+    assert field in refused.stderr, refused.stderr
+    assert reason in refused.stderr, refused.stderr
+    # Nothing was created: the operator never sees it.
+    assert testbed.kubectl("get", "dr", "bad", "-n", namespace, check=False).returncode != 0
