@@ -141,7 +141,8 @@ def format_duration(delta: timedelta) -> str:
 
 
 def _duration_field(default: str, description: str, *, positive: bool = False) -> Any:
-    extra = {"x-kubernetes-validations": [{"rule": "self.matches('[1-9]')", "message": "must be longer than zero"}]}
+    extra: dict[str, Any] = {
+        "x-kubernetes-validations": [{"rule": "self.matches('[1-9]')", "message": "must be longer than zero"}]}
     return Field(default=default, description=description, pattern=DURATION_PATTERN,
                  json_schema_extra=extra if positive else None)
 
