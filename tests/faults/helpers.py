@@ -106,6 +106,8 @@ class PodRecorder:
         self.endings: dict[str, dict[str, Any]] = {}  # pod name -> terminated state of its runner
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.seen = 0  # watch events, and the last watch error: diagnostics for a timed-out wait
+        self.last_error: str | None = None
         self._thread = threading.Thread(target=self._loop, name=f"pods-{namespace}", daemon=True)
         self._thread.start()
 
@@ -138,10 +140,12 @@ class PodRecorder:
                         raise RuntimeError(f"watch error: {event['raw_object']}")
                     if event["type"] != "BOOKMARK":
                         self._record(obj)
+                        self.seen += 1
                     version = obj.metadata.resource_version
                     if self._stop.is_set():
                         break
-            except Exception:  # expired version (410) or the API server restarting: list again
+            except Exception as error:  # expired version (410) or the API server restarting: list again
+                self.last_error = repr(error)[:300]
                 version = None
                 time.sleep(0.2)
 
@@ -208,4 +212,22 @@ def send_event(runs: RunEnv, name: str, event: str, payload: Any) -> None:
 
 
 def wait_pod_exit(runs: RunEnv, pods: PodRecorder, pod: str, timeout: float = 60) -> dict[str, Any]:
-    return procs.wait_for(lambda: pods.ending(pod), timeout=timeout, what=f"pod {pod} to report how it ended")
+    """How the pod's runner ended, from the pod's status (as the recorder saw it, or read now) or, once
+    the pod is gone, from the process node, which keeps each process's exit code and termination message."""
+
+    def ended() -> dict[str, Any] | None:
+        seen = pods.ending(pod)
+        if seen:
+            return seen
+        entry = process_of(runs.testbed, runs.namespace, pod)
+        if entry and entry["exitCode"] is not None:
+            message = Path(entry["log"]).with_suffix(".termination-log")
+            return {"exitCode": entry["exitCode"], "reason": "from the process node",
+                    "message": message.read_text() if message.exists() else None}
+        return None
+
+    try:
+        return procs.wait_for(ended, timeout=timeout, what=f"pod {pod} to report how it ended")
+    except procs.Timeout as timeout_error:
+        raise procs.Timeout(f"{timeout_error} (pod watch: {pods.seen} events, last error {pods.last_error}; "
+                            f"pod now: {pods.ending(pod)})") from None
