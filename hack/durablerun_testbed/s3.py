@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ class S3Server:
     access_key: str = ""
     secret_key: str = ""
     region: str = REGION
+    #: More environment for MinIO, e.g. MINIO_KMS_SECRET_KEY for server-side encryption.
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def endpoint_url(self) -> str:
@@ -35,6 +37,15 @@ class S3Server:
         self.port = procs.free_port()
         self.access_key = "testbed-" + secrets.token_hex(4)
         self.secret_key = secrets.token_hex(16)
+        self._launch()
+        return self
+
+    def restart(self) -> S3Server:
+        """Start again after ``stop()``: same port, credentials and data, as a server coming back."""
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         env = {
@@ -46,6 +57,7 @@ class S3Server:
             "MINIO_BROWSER": "off",
             "MINIO_UPDATE": "off",
             "MINIO_CI_CD": "1",
+            **self.extra_env,
         }
         self.process = procs.ManagedProcess(
             "minio",
@@ -60,7 +72,6 @@ class S3Server:
             testbed_id=self.testbed_id,
         )
         procs.wait_for(self._ready, timeout=60, what=f"MinIO at {self.endpoint_url}")
-        return self
 
     def _ready(self) -> bool:
         assert self.process

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from durablerun_testbed import procs
+from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 from tests.operator.conftest import WORKFLOWS as OPERATOR_WORKFLOWS
 from tests.operator.conftest import Operator, RunEnv
@@ -44,6 +45,21 @@ def manifest(runs: RunEnv, name: str, workflow: str = "torture_flows:torture", i
         if var["name"] == "PYTHONPATH":
             var["value"] = f"{WORKFLOWS}:{OPERATOR_WORKFLOWS}"
     return body
+
+
+@dataclass
+class Store:
+    """A MinIO of a test's own, a bucket on it and the Secret holding its credentials."""
+
+    server: S3Server
+    bucket: str
+    secret: str
+
+    def use(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Point a DurableRun manifest at this store."""
+        body["spec"]["checkpoint"].update(uri=f"s3://{self.bucket}/runs", endpoint=self.server.endpoint_url,
+                                          credentialsSecret=self.secret)
+        return body
 
 
 def torture_input(name: str, **extra: Any) -> dict[str, Any]:
