@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -39,7 +40,7 @@ class Sizes:
     step_repeats: int
     replay_sizes: tuple[int, ...]
     replay_repeats: int
-    transcode_from: int
+    export_from: int
     dbos_steps: int
     resume_repeats: int
     scale_runs: int
@@ -50,11 +51,11 @@ class Sizes:
     def pick(cls) -> Sizes:
         if quick():
             return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
-                       transcode_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
+                       export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
                        scale_stopped=10)
         runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
-                   transcode_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=60,
+                   export_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=60,
                    scale_stopped=max(10, runs // 20))
 
 
@@ -73,12 +74,18 @@ def testbed(root: Path, run_id: str, s3: S3Server) -> Iterator[TestBed]:
         bed.stop()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m durablerun_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section (repeatable)")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "RESULTS.md")
     parser.add_argument("--json", type=Path, default=BENCH_DIR / "out" / "results.json")
     args = parser.parse_args(argv)
+    # SIGTERM (a stopped make, a session ending) unwinds like Ctrl-C, so every server is stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     sections = tuple(args.only or SECTIONS)
     sizes = Sizes.pick()
     run_id = "bench-" + uuid.uuid4().hex[:8]
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     results["replay"] = replay.bench(
                         tmp=str(tmp), s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("recovery")),
                         sizes=list(sizes.replay_sizes), dbos_steps=sizes.dbos_steps, repeats=sizes.replay_repeats,
-                        transcode_from=sizes.transcode_from, log=log)
+                        export_from=sizes.export_from, log=log)
         if "resume" in sections or "scale" in sections:
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:

@@ -16,6 +16,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from durablerun_bench.util import payload
@@ -23,6 +24,8 @@ from durablerun_bench.util import payload
 MARK_ENV = "DURABLERUN_BENCH_MARK"
 CRASH_ENV = "DURABLERUN_BENCH_CRASH"
 STEP_MARKS_ENV = "DURABLERUN_BENCH_STEP_MARKS"
+#: Called by the marker step just before it SIGKILLs the process (a build exports its journal).
+BEFORE_CRASH: list[Callable[[], None]] = []
 
 
 def process_start_time() -> float:
@@ -61,6 +64,8 @@ def marker() -> float:
     if crash == "settle":
         time.sleep(0.5)  # let a snapshot in flight finish, so every build leaves the same state
     if crash:
+        for hook in BEFORE_CRASH:
+            hook()
         os.kill(os.getpid(), signal.SIGKILL)
     return now
 

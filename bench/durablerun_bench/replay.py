@@ -107,38 +107,55 @@ def measure(command: str, params: dict[str, Any], *, crash: bool, marks: Path) -
     return {k: (v if k == "objects_read" else v - spawned) for k, v in got.items()}
 
 
-def transcode(p: dict[str, Any]) -> dict[str, Any]:
-    """Copy a run built on the filesystem store into S3, object for object, in S3's layout.
+def build_exported(p: dict[str, Any]) -> dict[str, Any]:
+    """Build N steps on the in-memory store, then write the run out in both stores' layouts.
 
-    Building 100,000 steps through the S3 store takes 100,000 sequential PUTs;
-    this writes the same sealed bytes (manifest, snapshot pointer, chunks, one
-    object per journal record, exactly as the S3 backend names them) with 16
-    writers at once. The resume benchmark then checks the run replays to the
-    same result.
+    100,000 steps through a real store take 100,000 fdatasyncs or sequential
+    PUTs (and under a shared machine's load, many minutes); built in memory by
+    the same engine (same records, same snapshot chunks and pointer), the run
+    is then written to the filesystem layout (segments of
+    ``layout.SEGMENT_RECORDS`` records, one per line) and to the S3 layout (an
+    object per record, 32 PUTs at a time). The resume benchmark checks each
+    copy replays to the same result.
     """
     from durablerun._private import layout
-    from durablerun.stores import RunRef
+    from durablerun.stores import RunRef, open_store
+    from durablerun_bench import dr_flows
     from durablerun_bench.systems import s3_client
 
-    client = s3_client(p)
-    root = Path(p["fs_root"]) / RunRef.local(p["run_id"]).path
-    prefix = f"{p['prefix']}/{RunRef.local(p['run_id']).path}/"
-    objects: list[tuple[str, bytes]] = []
-    for name in (layout.MANIFEST, layout.SNAPSHOT):
-        objects.append((prefix + name, (root / name).read_bytes()))
-    for chunk in sorted((root / "chunks").glob("*.json")):
-        objects.append((prefix + layout.CHUNKS_DIR + chunk.name, chunk.read_bytes()))
-    seq = 0
-    for segment in sorted((root / "journal").glob("*.log")):
-        for line in segment.read_bytes().split(b"\n"):
-            if line:
-                objects.append((prefix + layout.journal_key(seq), line))
-                seq += 1
-    started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(lambda kv: client.put_object(Bucket=p["bucket"], Key=kv[0], Body=kv[1], IfNoneMatch="*"),
-                      objects))
-    return {"objects": len(objects), "records": seq, "seconds": time.monotonic() - started}
+    ref = RunRef.local(p["run_id"])
+    store = open_store(f"memory://{p['run_id']}")
+    root = ref.path + "/"
+
+    def export() -> None:
+        backend: Any = store.backend
+        records: list[bytes] = list(backend.raw_journal(root))
+        objects = {k: backend.get(k) for k in backend.list_keys(root) if layout.seq_of_journal_key(k[len(root):])
+                   is None}
+        fs_root = Path(p["fs_root"]) / ref.path
+        for key, data in objects.items():
+            target = fs_root / key[len(root):]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        (fs_root / "journal").mkdir(parents=True, exist_ok=True)
+        for start in range(0, len(records), layout.SEGMENT_RECORDS):
+            (fs_root / "journal" / layout.segment_name(start)).write_bytes(
+                b"".join(r + b"\n" for r in records[start:start + layout.SEGMENT_RECORDS]))
+        os.sync()
+        client = s3_client(p)
+        prefix = f"{p['prefix']}/"
+        puts = [(prefix + k, v) for k, v in objects.items()]
+        puts += [(prefix + root + layout.journal_key(seq), r) for seq, r in enumerate(records)]
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            list(pool.map(lambda kv: client.put_object(Bucket=p["bucket"], Key=kv[0], Body=kv[1]), puts))
+
+    dr_flows.BEFORE_CRASH.append(export)
+    os.environ["DURABLERUN_BENCH_CRASH"] = "settle"
+    from durablerun.engine import EngineConfig, Run
+
+    Run(store=store, run=ref, workflow=WORKFLOW, input={"n": int(p["n"])},
+        config=EngineConfig(snapshot_every=int(p.get("snapshot_every", 100)))).run_attempt()
+    raise RuntimeError("the marker step should have killed this process")
 
 
 # --- DBOS ---------------------------------------------------------------------------------
@@ -232,7 +249,7 @@ def _median_phases(samples: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos_steps: int, repeats: int,
-          transcode_from: int, log: Any = print) -> dict[str, Any]:
+          export_from: int, log: Any = print) -> dict[str, Any]:
     """Replay of journals of each size on both stores, and DBOS recovering ``dbos_steps`` steps."""
     import uuid
 
@@ -241,22 +258,25 @@ def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos
     results: dict[str, Any] = {"fs": {}, "s3": {}, "dbos": {}, "built": {}}
     for n in sizes:
         built: dict[str, dict[str, Any]] = {}
-        for store in ("fs", "s3"):  # both journals first: the S3 one may be a copy of the fresh fs one
-            run_id = f"replay-{n}-{uuid.uuid4().hex[:6]}"
-            p: dict[str, Any] = {"store": store, "root": fs_root, "run_id": run_id, "n": n,
-                                 "prefix": "replay", **s3}
+        run_id = f"replay-{n}-{uuid.uuid4().hex[:6]}"
+        if n >= export_from:
             started = time.monotonic()
-            if store == "s3" and n >= transcode_from:
-                source = built["fs"]["run_id"]
-                got = _spawn("transcode", {**p, "fs_root": fs_root, "run_id": source}, 0)
-                p["run_id"] = source
-                how = f"copied from the filesystem build ({got['objects']:,} objects, 16 writers)"
-            else:
+            _spawn("build-exported", {"run_id": run_id, "n": n, "fs_root": fs_root, "prefix": "replay", **s3}, -9)
+            for store in ("fs", "s3"):
+                built[store] = {"store": store, "root": fs_root, "run_id": run_id, "n": n, "prefix": "replay", **s3}
+                results["built"][f"{store}-{n}"] = {
+                    "run_id": run_id, "seconds": time.monotonic() - started,
+                    "how": "built in memory by the engine, written out in this store's layout"}
+        else:
+            for store in ("fs", "s3"):
+                p: dict[str, Any] = {"store": store, "root": fs_root, "run_id": f"{run_id}-{store}", "n": n,
+                                     "prefix": "replay", **s3}
+                started = time.monotonic()
                 _spawn("build", p, -9)
-                how = "built by the SDK"
-            built[store] = p
-            results["built"][f"{store}-{n}"] = {"run_id": p["run_id"], "seconds": time.monotonic() - started,
-                                                 "how": how}
+                built[store] = p
+                seconds = time.monotonic() - started
+                results["built"][f"{store}-{n}"] = {"run_id": p["run_id"], "seconds": seconds,
+                                                     "how": f"built by the SDK ({n / seconds:,.0f} steps/s)"}
         for store, p in built.items():
             samples = [phases(measure("resume", p, crash=True, marks=marks)) for _ in range(repeats)]
             samples.append(phases(measure("resume", p, crash=False, marks=marks)))
@@ -277,7 +297,7 @@ def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos
     return results
 
 
-COMMANDS = {"build": build, "resume": resume, "transcode": transcode, "dbos-build": dbos_build,
+COMMANDS = {"build": build, "resume": resume, "build-exported": build_exported, "dbos-build": dbos_build,
             "dbos-resume": dbos_resume}
 
 

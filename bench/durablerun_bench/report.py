@@ -69,8 +69,10 @@ def _steps(s: dict[str, Any], targets: list[list[str]]) -> list[str]:
         f"process; {s['repeats']} repeat(s), the median run shown (every run's rate in the last column). A "
         "step's latency is from one step's start to the next one's: the whole cost of recording the result "
         f"durably and moving on. The floors write {s['record_bytes']:,} bytes (durable-run's journal record for "
-        "a 1 KB result) per operation. *× floor* is the system's mean step time over its floor's mean op time, "
-        "taken within each repeat, median over repeats.",
+        "a 1 KB result) per operation. *× its floor* is the system's mean (and p50) step time over its floor's "
+        "mean (p50) op time, with the floor measured in the same process right before and right after the "
+        "system (500 ops each time; the machine's disk and MinIO speed up and slow down from second to second), "
+        "median over repeats; the floor rows themselves are separate runs.",
         "",
     ]
     header = ["", "durability", "steps/s", "mean ms", "p50 ms", "p99 ms", "× its floor (mean / p50)",

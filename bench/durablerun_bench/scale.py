@@ -128,7 +128,6 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
         _create_runs(bed, namespace, names, lease_seconds)
         created = time.time()
         log(f"  created {runs} DurableRuns in {created - t0:.1f}s")
-        # Stops are staggered over one lease period, starting once the ramp-up is over.
         plan: dict[str, Any] = {"namespace": namespace, "lease_seconds": lease_seconds, "stop": {}}
         plan_path.write_text(json.dumps(plan))
         renewer = procs.ManagedProcess("renewer", [sys.executable, "-m", "durablerun_bench.renewer", str(plan_path),
@@ -153,7 +152,8 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
         renewer.stop()
         victims = names[:: max(1, runs // stopped)][:stopped]
         first_stop = time.time() + 5
-        plan["stop"] = {name: first_stop + i * lease_seconds / stopped for i, name in enumerate(victims)}
+        # Spread over several resync periods (5 s), so detection is seen at every phase of the loop.
+        plan["stop"] = {name: first_stop + i * (lease_seconds / 3) / stopped for i, name in enumerate(victims)}
         plan_path.write_text(json.dumps(plan))
         renewer = procs.ManagedProcess("renewer", [sys.executable, "-m", "durablerun_bench.renewer", str(plan_path),
                                                    str(renew_log)],

@@ -1,9 +1,10 @@
 """Per-step overhead: every system and every floor, same workload, same machine, same run.
 
 Each repeat runs every row once, in a fresh interpreter each, one after the
-other; a system's ratio to its floor is taken within each repeat (so a busy
-moment on the shared machine hits both sides) and the median over repeats is
-reported.
+other. A system's ratio to its floor uses the floor measured in the same
+process right before and right after it (the machine is shared: its disk and
+MinIO speed up and slow down from one second to the next), and the median over
+repeats is reported.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def rows(env: Env, record_bytes: int) -> list[Row]:
     ]
 
 
+#: Operations of the floor run before and after each system (its bracket).
+BRACKET_OPS = 500
+
+
+def _floor(run: dict[str, Any], field: str) -> float:
+    """The floor's value around one system run: the mean of the runs before and after it."""
+    return (float(run["floor_before"][field]) + float(run["floor_after"][field])) / 2
+
+
 def record_size(env: Env) -> int:
     """Bytes of one durable-run journal record holding a 1 KB result (what the floors write)."""
     got = run_json(["durablerun_bench.systems", "durablerun", _json({"store": "fs", "dir": env.tmp, "steps": 20})])
@@ -94,12 +104,17 @@ def _json(value: Any) -> str:
 def run(env: Env, *, steps: int, repeats: int, log: Any = print) -> dict[str, Any]:
     size = record_size(env)
     table = rows(env, size)
+    by_key = {row.key: row for row in table}
     measured: dict[str, list[dict[str, Any]]] = {row.key: [] for row in table}
     for repeat in range(repeats):
         for row in table:
             params = {**row.params, "steps": steps}
             if row.system in ("dbos",) and "sqlite" in row.params.get("url", ""):
                 params["url"] = f"sqlite:///{tempfile.mkdtemp(dir=env.tmp)}/dbos.sqlite"
+            if row.floor:
+                floor = by_key[row.floor]
+                params["bracket"] = {"system": floor.system,
+                                     "params": {**floor.params, "steps": min(steps, BRACKET_OPS)}}
             result = run_json(["durablerun_bench.systems", row.system, _json(params)])
             measured[row.key].append(result)
             log(f"  [{repeat + 1}/{repeats}] {row.label}: {result['ops_per_s']:.0f}/s, "
@@ -110,12 +125,13 @@ def run(env: Env, *, steps: int, repeats: int, log: Any = print) -> dict[str, An
         entry: dict[str, Any] = {"key": row.key, "label": row.label, "durability": row.durability,
                                  "floor": row.floor, **chosen}
         if row.floor:
-            ratios = [s["mean_ms"] / f["mean_ms"] for s, f in zip(measured[row.key], measured[row.floor], strict=True)]
-            p50 = [s["p50_ms"] / f["p50_ms"] for s, f in zip(measured[row.key], measured[row.floor], strict=True)]
-            fd = [s["mean_ms"] / f["mean_ms"] for s, f in
-                  zip(measured[row.key], measured["floor-fdatasync"], strict=True)]
+            runs = measured[row.key]
+            ratios = [r["mean_ms"] / _floor(r, "mean_ms") for r in runs]
+            p50 = [r["p50_ms"] / _floor(r, "p50_ms") for r in runs]
+            fd = [r["mean_ms"] / f["mean_ms"] for r, f in zip(runs, measured["floor-fdatasync"], strict=True)]
             entry.update(ratio_floor=statistics.median(ratios), ratio_floor_all=ratios,
-                         ratio_floor_p50=statistics.median(p50), ratio_fdatasync=statistics.median(fd))
+                         ratio_floor_p50=statistics.median(p50), ratio_fdatasync=statistics.median(fd),
+                         floor_ms=statistics.median(_floor(r, "mean_ms") for r in runs))
         out_rows.append(entry)
     return {"steps": steps, "repeats": repeats, "record_bytes": size, "rows": out_rows,
             "raw": measured}
