@@ -122,6 +122,17 @@ class ControlPlane:
         )
         procs.wait_for(self._apiserver_ready, timeout=60, what=f"kube-apiserver at {self.url}")
 
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port, certificates, keys and tokens."""
+        assert self.apiserver
+        previous = self.apiserver
+        previous.stop()
+        self.apiserver = procs.ManagedProcess(
+            "kube-apiserver", list(previous.popen.args), log_path=previous.log_path,  # type: ignore[arg-type]
+            testbed_id=self.testbed_id,
+        )
+        procs.wait_for(self._apiserver_ready, timeout=60, what=f"kube-apiserver at {self.url} to come back")
+
     def _apiserver_ready(self) -> bool:
         assert self.apiserver
         self.apiserver.check_alive()

@@ -261,6 +261,9 @@ class ProcessNode:
         with runtime.lock:
             if runtime.partitioned:
                 return
+            for container in runtime.containers.values():
+                if container.exit_code is not None and not container.reported:
+                    self._report_exit(runtime, container)
             if meta.deletion_timestamp is not None:
                 self._handle_deletion(pod, runtime)
                 return
@@ -530,12 +533,19 @@ class ProcessNode:
                 restart == "Always" or (restart == "OnFailure" and container.exit_code != 0)
             ):
                 self._schedule_restart(pod, runtime, container)
+        self._report_exit(runtime, container)
+        if runtime.deleting and container.reported:
+            self._finish_deletion(runtime)
+
+    def _report_exit(self, runtime: PodRuntime, container: Container) -> None:
+        """Write the exit to the pod's status; after an API error the resync tries again, as the kubelet's
+        status manager does (a pod whose exit is never reported looks alive forever)."""
         try:
             self._write_status_by_name(runtime)
-        finally:
-            container.reported = True
-        if runtime.deleting:
-            self._finish_deletion(runtime)
+        except Exception as error:
+            log.warning("%s/%s: could not report the exit (%s); retrying", runtime.key, container.name, error)
+            return
+        container.reported = True
 
     def _schedule_restart(self, pod: dict[str, Any], runtime: PodRuntime, container: Container) -> None:
         container.last_terminated = container.terminated()
