@@ -51,8 +51,16 @@ _ACCESS = {
 }
 
 
+class StoreUnsupportedError(errors.StoreError, errors.ConfigError):
+    """The server does not implement what the store asks of it (501): configuration, never transient."""
+
+
 def _code(e: botocore.exceptions.ClientError) -> str:
     return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _message(e: botocore.exceptions.ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Message", ""))
 
 
 def _status(e: botocore.exceptions.ClientError) -> int:
@@ -133,6 +141,13 @@ class S3Backend(base.Backend):
                         bucket=self.bucket,
                         key=key,
                         op=what,
+                    ) from e
+                if status == 501 or code == "NotImplemented":
+                    raise StoreUnsupportedError(
+                        f"the S3 server does not implement this request ({code}: {_message(e)}): "
+                        "checkpoint.serverSideEncryption needs a KMS on the server; conditional writes "
+                        "(If-None-Match, If-Match) need S3 or a recent S3-compatible server",
+                        bucket=self.bucket, key=key, op=what,
                     ) from e
                 if (status >= 500 or code in _CONFLICT) and attempt < self.options.unreachable_retries:
                     attempt += 1
