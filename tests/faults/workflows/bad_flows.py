@@ -44,3 +44,17 @@ async def approval(ctx: DurableContext, input: dict[str, Any]) -> Any:
     out.append(await ctx.wait_for_event("go"))
     out.extend([await ctx.step(f"s{i}", work, ledger, f"s{i}", 0.05) for i in range(3, 5)])
     return out
+
+
+def big(ledger: str, name: str) -> str:
+    work(ledger, name, 0)
+    return "y" * 300_000  # over EngineConfig.inline_result_max: stored as its own object (a blob)
+
+
+async def big_then_wait(ctx: DurableContext, input: dict[str, Any]) -> Any:
+    """A result stored as a blob, a wait for event "go", a step."""
+    ledger = str(input["ledger"])
+    value = await ctx.step("big", big, ledger, "big")
+    decision = await ctx.wait_for_event("go")
+    await ctx.step("after", work, ledger, "after", 0.05)
+    return {"size": len(value), "decision": decision}
