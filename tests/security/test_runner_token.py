@@ -1,0 +1,71 @@
+"""A running runner's own token can touch its own DurableRun and nothing else.
+
+tests/install/test_rbac.py proves the chart's ServiceAccounts and the shape of
+the per-run Role with tokens from the TokenRequest API. This proves the
+running system: the ServiceAccount, Role and RoleBinding the operator created
+at run time, and the very token the runner's pod has mounted (its projected
+ServiceAccount token, bound to the pod), used while the runner works.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from durablerun_testbed import binaries, procs
+from tests.faults.helpers import Ledger, manifest, process_of, torture_input
+from tests.operator.conftest import Operator, RunEnv
+
+pytestmark = pytest.mark.testbed
+
+
+def test_the_runner_pods_token_reaches_its_own_run_only(operator: Operator, runs: RunEnv, tmp_path: Path) -> None:
+    ns = runs.namespace
+    runs.apply(manifest(runs, "theirs", "bad_flows:approval", input=torture_input("theirs", pace=0.05)))
+    runs.apply(manifest(runs, "mine", "bad_flows:approval", input=torture_input("mine", slow=60)))
+    procs.wait_for(lambda: Ledger.read(runs, "mine").starts("s2"), timeout=90, what="mine's long step")
+    runs.wait_phase("theirs", "Waiting", timeout=60)
+    pod = runs.get("mine")["status"]["pod"]
+    entry = process_of(runs.testbed, ns, pod)
+    assert entry
+    assert entry["running"]
+    tokens = list(Path(entry["log"]).parent.glob("volumes/kube-api-access-*/token"))
+    assert len(tokens) == 1, tokens
+    assert runs.testbed.controlplane
+    user = f"system:serviceaccount:{ns}:durablerun-mine"
+    config = tmp_path / "runner.kubeconfig"
+    config.write_text(yaml.safe_dump(runs.testbed.controlplane.kubeconfig_dict(user, tokens[0].read_text())))
+
+    def as_runner(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(binaries.kubectl()), "--kubeconfig", str(config), *args, "-n", ns],
+                              input=input, capture_output=True, text=True, timeout=60)
+
+    # What the runner does: read its run, and patch its status (a JSON patch with only a test op changes nothing).
+    assert as_runner("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout == user
+    assert as_runner("get", "dr", "mine", "-o", "name").returncode == 0
+    noop = json.dumps([{"op": "test", "path": "/metadata/name", "value": "mine"}])
+    allowed = as_runner("patch", "dr", "mine", "--subresource=status", "--type=json", "-p", noop)
+    assert allowed.returncode == 0, allowed.stderr
+    # And nothing else.
+    refused = {
+        "patch another run's status": ["patch", "dr", "theirs", "--subresource=status", "--type=json",
+                                       "-p", noop.replace("mine", "theirs")],
+        "read another run": ["get", "dr", "theirs"],
+        "list runs": ["get", "dr"],
+        "change its own spec": ["patch", "dr", "mine", "--type=merge", "-p", '{"spec": {"suspend": true}}'],
+        "delete its own run": ["delete", "dr", "mine", "--wait=false"],
+        "read Secrets": ["get", "secret", "s3-credentials"],
+        "list pods": ["get", "pods"],
+        "delete its pod": ["delete", "pod", pod, "--wait=false"],
+        "read Events": ["get", "events"],
+    }
+    for what, args in refused.items():
+        result = as_runner(*args)
+        assert result.returncode != 0, f"the runner's token may {what}"
+        assert "forbidden" in result.stderr.lower(), (what, result.stderr)
+    assert runs.get("theirs")["status"]["phase"] == "Waiting"
+    assert runs.get("mine")["spec"]["suspend"] is False
