@@ -104,3 +104,49 @@ def test_objects_are_written_whole_or_not_at_all(tmp_path: Path) -> None:
     store.backend.put("a/c.json", b"two")
     leftovers = [p.name for p in (tmp_path / "a").iterdir() if p.name.startswith(".tmp")]
     assert leftovers == []
+
+
+def test_the_writer_zero_fills_ahead_and_trims_on_close(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    store = open_store(uri)
+    rs = store.run_store(REF)
+    rs.load(for_writing=True)
+    for seq in range(3):
+        rs.append(_rec(seq))
+    seg = fs_segment(store, REF)
+    records = b"".join(codec.seal(_rec(seq).raw()) + b"\n" for seq in range(3))
+    data = seg.read_bytes()
+    assert data.startswith(records)
+    assert len(data) > len(records)  # zeros ahead: a record's sync flushes data, not the file's size
+    assert not data[len(records):].strip(b"\0")
+    assert [r.seq for r in open_store(uri).run_store(REF).load().records] == [0, 1, 2]  # readers stop at NUL
+    rs.close()
+    assert seg.read_bytes() == records
+
+
+def test_a_crash_inside_the_zeros_is_discarded_before_the_next_append(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    store = open_store(uri)
+    rs = store.run_store(REF)
+    rs.load(for_writing=True)
+    for seq in range(3):
+        rs.append(_rec(seq))
+    seg = fs_segment(store, REF)
+    good = len(b"".join(codec.seal(_rec(seq).raw()) + b"\n" for seq in range(3)))
+    # SIGKILL mid-write, and the disk kept only the second half of record 3 (pages land in any order).
+    torn = codec.seal(_rec(3).raw()) + b"\n"
+    with open(seg, "r+b") as f:
+        f.seek(good + len(torn) // 2)
+        f.write(torn[len(torn) // 2 :])
+    assert [r.seq for r in open_store(uri).run_store(REF).load().records] == [0, 1, 2]
+    again = open_store(uri).run_store(REF)
+    assert again.load(for_writing=True).next_seq == 3
+    assert not seg.read_bytes()[good:].strip(b"\0")  # the torn bytes are gone
+    again.append(_rec(3))
+    again.append(_rec(4))
+    again.close()
+    assert [r.seq for r in open_store(uri).run_store(REF).load().records] == [0, 1, 2, 3, 4]
+    with pytest.raises(errors.FencedError):  # the crashed writer's view is stale: it cannot write again
+        rs.append(_rec(3))
+    rs.close()  # nor trim the newer writer's records away
+    assert [r.seq for r in open_store(uri).run_store(REF).load().records] == [0, 1, 2, 3, 4]
