@@ -224,7 +224,8 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
          f"{_f(d['p50'], 1)} / {_f(d['p99'], 1)} / {_f(d['max'], 1)} s (n={d['n']})"],
         ["… time from last renewal to restart p50 / p99",
          f"{_f(since['p50'], 1)} / {_f(since['p99'], 1)} s (target ≤ {sc['detection_target_s']} s)"],
-        ["missed restarts", str(sc["missed_restarts"])],
+        ["missed restarts (a stopped run not restarted before the window closed: its last stop + 2 leases + 30 s)",
+         str(sc["missed_restarts"])],
         ["duplicated restarts (restarts > 1, a third attempt, or a renewing run restarted)",
          str(sc["duplicated_restarts"])],
     ]
