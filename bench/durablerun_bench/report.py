@@ -88,6 +88,10 @@ def _steps(s: dict[str, Any], targets: list[list[str]]) -> list[str]:
                       ", ".join(_f(x, 0) for x in row.get("runs_ops_per_s", []))])
     out += [*_table(header, table), ""]
     dr_fs, dr_s3 = rows.get("dr-fs"), rows.get("dr-s3")
+    if dr_fs and dr_fs.get("ratio_overwrite"):
+        out += [f"The filesystem store writes each record into zeros it laid down ahead, so its own floor is "
+                f"*overwrite zeros + fdatasync*: {_f(dr_fs['ratio_overwrite'])}× that (separate runs in the same "
+                "repeat, median).", ""]
     others = [k for k in ("dbos-pg", "dbos-sqlite", "lg-sqlite", "lg-pg") if k in rows]
     if dr_fs:
         out += ["Side by side (how many times faster per step durable-run is; every system here makes each "

@@ -39,7 +39,8 @@ class Env:
     dbos_sqlite_url: str
 
 
-FS_DURABILITY = "the record is appended to the journal segment and fdatasync'd before the next step starts"
+FS_DURABILITY = ("the record is written into the journal segment's zero-filled space and fdatasync'd before the "
+                 "next step starts")
 S3_DURABILITY = ("one conditional PutObject (If-None-Match: *) per step, acknowledged by MinIO before the "
                  "next step starts")
 PG_DURABILITY = "each step's row committed with synchronous_commit=on (WAL flushed to disk) before the next step"
@@ -51,6 +52,8 @@ def rows(env: Env, record_bytes: int) -> list[Row]:
         Row("floor-fdatasync", "floor: append + fdatasync", "floor-append-fdatasync", size,
             "write(2) to one open file, then fdatasync"),
         Row("floor-fsync", "floor: append + fsync", "floor-append-fsync", size, "write(2), then fsync"),
+        Row("floor-overwrite", "floor: overwrite zeros + fdatasync", "floor-overwrite-fdatasync", size,
+            "pwrite(2) into a zero-filled, already synced file, then fdatasync: no metadata to commit"),
         Row("floor-create", "floor: new file + fsync + dir fsync", "floor-create-fsync", size,
             "a file per write: create, write, fsync, close, fsync the directory"),
         Row("floor-s3", "floor: S3 conditional PutObject (MinIO)", "floor-s3-put", {**size, **env.s3},
@@ -129,8 +132,10 @@ def run(env: Env, *, steps: int, repeats: int, log: Any = print) -> dict[str, An
             ratios = [r["mean_ms"] / _floor(r, "mean_ms") for r in runs]
             p50 = [r["p50_ms"] / _floor(r, "p50_ms") for r in runs]
             fd = [r["mean_ms"] / f["mean_ms"] for r, f in zip(runs, measured["floor-fdatasync"], strict=True)]
+            ow = [r["mean_ms"] / f["mean_ms"] for r, f in zip(runs, measured["floor-overwrite"], strict=True)]
             entry.update(ratio_floor=statistics.median(ratios), ratio_floor_all=ratios,
                          ratio_floor_p50=statistics.median(p50), ratio_fdatasync=statistics.median(fd),
+                         ratio_overwrite=statistics.median(ow),
                          floor_ms=statistics.median(_floor(r, "mean_ms") for r in runs))
         out_rows.append(entry)
     return {"steps": steps, "repeats": repeats, "record_bytes": size, "rows": out_rows,

@@ -71,6 +71,30 @@ def floor_append(p: dict[str, Any], *, sync: Callable[[int], None]) -> Series:
         path.unlink()
 
 
+def floor_overwrite(p: dict[str, Any]) -> Series:
+    """pwrite into zeros already on disk (written and synced beforehand), then fdatasync.
+
+    The file's size and blocks do not change, so the sync flushes data only:
+    what a database does with its preallocated log, and what durable-run's
+    filesystem journal does since it zero-fills its segments ahead.
+    """
+    path = Path(p["dir"]) / f"floor-{uuid.uuid4().hex}.log"
+    size, n = int(p["size"]), int(p["steps"])
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, bytes(size * n + 4096))
+    os.fsync(fd)
+
+    def op(i: int) -> None:
+        os.pwrite(fd, _blob(size - 1, i) + b"\n", i * size)
+        os.fdatasync(fd)
+
+    try:
+        return _time_ops("floor", n, op, {"bytes": size})
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 def floor_create_fsync(p: dict[str, Any]) -> Series:
     """A file per write: create, write, fsync, close, fsync the directory."""
     directory = Path(p["dir"]) / f"floor-{uuid.uuid4().hex}"
@@ -320,6 +344,7 @@ def langgraph(p: dict[str, Any]) -> Series:
 SYSTEMS: dict[str, Callable[[dict[str, Any]], Series]] = {
     "floor-append-fdatasync": lambda p: floor_append(p, sync=os.fdatasync),
     "floor-append-fsync": lambda p: floor_append(p, sync=os.fsync),
+    "floor-overwrite-fdatasync": floor_overwrite,
     "floor-create-fsync": floor_create_fsync,
     "floor-s3-put": floor_s3_put,
     "floor-pg-insert": floor_pg_insert,
