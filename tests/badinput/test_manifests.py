@@ -19,7 +19,7 @@ pytestmark = pytest.mark.testbed
 
 VALID: dict[str, Any] = {
     "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
-    "metadata": {"name": "bad"},
+    "metadata": {"name": "bad", "namespace": "default"},
     "spec": {"workflow": "agents.research:run", "input": {"topic": "x"},
              "checkpoint": {"uri": "s3://runs/prefix", "endpoint": "http://minio:9000"}},
 }
@@ -100,11 +100,15 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
 }
 
 
-def test_the_valid_manifest_is_accepted(testbed: TestBed, namespace: str) -> None:
+def apply(testbed: TestBed, body: dict[str, Any]) -> Any:
+    """`kubectl apply` validated by the API server without storing anything (the operator never sees it)."""
+    return testbed.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body), check=False)
+
+
+def test_the_valid_manifest_is_accepted(testbed: TestBed) -> None:
     """So each refusal below is caused by its one change."""
-    accepted = testbed.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(VALID), check=False)
+    accepted = apply(testbed, VALID)
     assert accepted.returncode == 0, accepted.stderr
-    testbed.kubectl("delete", "dr", "bad", "-n", namespace, "--wait=false")
 
 
 def test_at_least_twenty_cases() -> None:
@@ -112,11 +116,19 @@ def test_at_least_twenty_cases() -> None:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_invalid_manifest_is_refused_naming_the_field(testbed: TestBed, namespace: str, case: str) -> None:
+def test_invalid_manifest_is_refused_naming_the_field(testbed: TestBed, case: str) -> None:
     body, field, reason = CASES[case]
-    refused = testbed.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body), check=False)
+    refused = apply(testbed, body)
     assert refused.returncode != 0, f"{case} was accepted"
     assert field in refused.stderr, refused.stderr
     assert reason in refused.stderr, refused.stderr
-    # Nothing was created: the operator never sees it.
+
+
+def test_a_refused_manifest_creates_nothing(testbed: TestBed, namespace: str) -> None:
+    """Without --dry-run too: the API server refuses, nothing is stored, the operator never sees it."""
+    body = copy.deepcopy(CASES["lease-zero"][0])
+    body["metadata"]["namespace"] = namespace
+    refused = testbed.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    assert refused.returncode != 0
+    assert "spec.policy.leaseDuration" in refused.stderr
     assert testbed.kubectl("get", "dr", "bad", "-n", namespace, check=False).returncode != 0

@@ -1,10 +1,15 @@
 """Bad input that only shows at run time: each ends in a clear message and condition, no restart loop,
-and nothing already journaled is lost or overwritten (docs/bad-input.md has the table)."""
+and nothing already journaled is lost or overwritten (docs/bad-input.md has the table).
+
+Cases run side by side in one namespace (one operator), then are watched
+together for a restart that must not come; a failure names its case.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,11 +21,11 @@ from tests.operator.conftest import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 
-SETTLE = 3.0  # seconds a finished run is watched for a restart that must not come (6 operator resyncs)
+SETTLE = 2.0  # seconds finished runs are watched for a restart that must not come (4 operator resyncs)
 
 
-def failed_once(runs: RunEnv, name: str, *, restarts: int = 0, timeout: float = 90) -> dict[str, Any]:
-    """The run ends Failed with a Failed condition, and stays so: no new attempt, no restart."""
+def failed(runs: RunEnv, name: str, *, restarts: int = 0, timeout: float = 120) -> dict[str, Any]:
+    """The run ends Failed, with the Failed condition carrying its message, after ``restarts`` restarts."""
     status = runs.wait_phase(name, "Failed", "Aborted", "Succeeded", timeout=timeout)["status"]
     assert status["phase"] == "Failed", status
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -28,13 +33,25 @@ def failed_once(runs: RunEnv, name: str, *, restarts: int = 0, timeout: float = 
     assert conditions["Failed"]["message"] == status["message"][:1024]
     assert conditions["Progressing"]["status"] == "False"
     assert status["restarts"] == restarts
-    deadline = time.monotonic() + SETTLE
-    while time.monotonic() < deadline:  # an observation window: the run must not move again
-        again = runs.get(name)["status"]
-        assert (again["phase"], again["attempt"], again["restarts"]) == ("Failed", status["attempt"], restarts)
-        time.sleep(0.25)
     assert events(runs, name)["Failed"] == 1
     return dict(status)
+
+
+def stay_failed(runs: RunEnv, statuses: dict[str, dict[str, Any]]) -> None:
+    """An observation window: no finished run moves again (no new attempt, no restart)."""
+    deadline = time.monotonic() + SETTLE
+    while time.monotonic() < deadline:
+        for name, status in statuses.items():
+            again = runs.get(name)["status"]
+            assert (again["phase"], again["attempt"], again["restarts"]) == \
+                   ("Failed", status["attempt"], status["restarts"]), f"{name} moved on after failing: {again}"
+        time.sleep(0.25)
+
+
+def failed_once(runs: RunEnv, name: str, *, restarts: int = 0, timeout: float = 120) -> dict[str, Any]:
+    status = failed(runs, name, restarts=restarts, timeout=timeout)
+    stay_failed(runs, {name: status})
+    return status
 
 
 def root_of(runs: RunEnv, name: str) -> str:
@@ -46,68 +63,75 @@ def objects(runs: RunEnv, name: str) -> dict[str, str]:
     return list_objects(runs.testbed.s3.client(), runs.bucket, root_of(runs, name))
 
 
-def test_unknown_module(operator: Operator, runs: RunEnv) -> None:
-    runs.apply(manifest(runs, "nomod", "no_such_module:run"))
-    status = failed_once(runs, "nomod")
-    assert status["attempt"] == 1
-    assert "no module named 'no_such_module'" in status["message"]
-    assert "PYTHONPATH" in status["message"]
+def check_all(cases: dict[str, Callable[[], None]]) -> None:
+    """Run every case's checks; fail once, naming every case that failed."""
+    failures = []
+    for case, check in cases.items():
+        try:
+            check()
+        except AssertionError as error:
+            failures.append(f"{case}: {error}")
+    assert not failures, "\n".join(failures)
 
 
-def test_unknown_function(operator: Operator, runs: RunEnv) -> None:
-    runs.apply(manifest(runs, "nofn", "torture_flows:no_such_function"))
-    status = failed_once(runs, "nofn")
-    assert "module 'torture_flows' has no attribute 'no_such_function'" in status["message"]
-
-
-def test_workflow_raising_at_import(operator: Operator, runs: RunEnv) -> None:
-    runs.apply(manifest(runs, "broken", "broken_at_import:run"))
-    status = failed_once(runs, "broken")
-    assert "raised while being imported" in status["message"]
-    assert "config.yaml not found" in status["message"]
-
-
-@pytest.mark.parametrize(("workflow", "says"), [
-    ("bad_flows:unserializable", "not JSON-serializable: builtins.object at result"),
-    ("bad_flows:oversized", "over the hard limit of 67,108,864 bytes"),
-])
-def test_bad_step_results_fail_the_run_and_keep_what_was_journaled(operator: Operator, runs: RunEnv,
-                                                                  workflow: str, says: str) -> None:
-    runs.apply(manifest(runs, "result", workflow, input=torture_input("result")))
-    status = failed_once(runs, "result", timeout=120)
-    assert says in status["message"]
-    assert "Return JSON types" in status["message"] or "Store large data elsewhere" in status["message"]
-    # The step before is journaled and was not run again; the bad step ran once (no retries: non-retryable).
-    ledger = Ledger.read(runs, "result")
-    assert len(ledger.starts("first")) == 1
-    assert len([line for line in ledger.lines if line[0] == "start"]) == 2
-    assert "journal/000000000000.json" in objects(runs, "result")
-
-
-def test_missing_bucket(operator: Operator, runs: RunEnv) -> None:
-    body = manifest(runs, "nobucket", input=torture_input("nobucket"))
-    body["spec"]["checkpoint"]["uri"] = "s3://no-such-bucket-for-durable-run/runs"
-    runs.apply(body)
-    status = failed_once(runs, "nobucket")
-    assert "the bucket does not exist: create it or fix checkpoint.uri" in status["message"]
-    assert "no-such-bucket-for-durable-run" in status["message"]
-    assert Ledger.read(runs, "nobucket").lines == []
-
-
-def test_wrong_credentials(operator: Operator, runs: RunEnv) -> None:
+def test_runs_that_cannot_start_or_finish_fail_once(operator: Operator, runs: RunEnv) -> None:
     assert runs.testbed.s3
     wrong = "wrong-" + runs.testbed.s3.secret_key[::-1]
     runs.testbed.kubectl("create", "secret", "generic", "wrong-credentials", "-n", runs.namespace,
                          f"--from-literal=AWS_ACCESS_KEY_ID={runs.testbed.s3.access_key}",
                          f"--from-literal=AWS_SECRET_ACCESS_KEY={wrong}")
-    body = manifest(runs, "badcreds", input=torture_input("badcreds"))
-    body["spec"]["checkpoint"]["credentialsSecret"] = "wrong-credentials"
-    runs.apply(body)
-    status = failed_once(runs, "badcreds")
-    assert "access denied" in status["message"]
-    assert "check the credentials (checkpoint.credentialsSecret" in status["message"]
-    assert wrong not in json.dumps(runs.get("badcreds"))
-    assert Ledger.read(runs, "badcreds").lines == []
+    nobucket = manifest(runs, "nobucket", input=torture_input("nobucket"))
+    nobucket["spec"]["checkpoint"]["uri"] = "s3://no-such-bucket-for-durable-run/runs"
+    badcreds = manifest(runs, "badcreds", input=torture_input("badcreds"))
+    badcreds["spec"]["checkpoint"]["credentialsSecret"] = "wrong-credentials"
+    for body in (manifest(runs, "nomod", "no_such_module:run"),
+                 manifest(runs, "nofn", "torture_flows:no_such_function"),
+                 manifest(runs, "broken", "broken_at_import:run"),
+                 manifest(runs, "opaque", "bad_flows:unserializable", input=torture_input("opaque")),
+                 manifest(runs, "huge", "bad_flows:oversized", input=torture_input("huge")),
+                 nobucket, badcreds):
+        runs.apply(body)
+    statuses: dict[str, dict[str, Any]] = {}
+
+    def ends(name: str, *says: str) -> Callable[[], None]:
+        def check() -> None:
+            statuses[name] = status = failed(runs, name)
+            assert status["attempt"] == 1
+            for phrase in says:
+                assert phrase in status["message"], status["message"]
+        return check
+
+    def kept_what_was_journaled(name: str) -> None:
+        # The step before is journaled and was not run again; the bad step ran once (non-retryable).
+        ledger = Ledger.read(runs, name)
+        assert len(ledger.starts("first")) == 1
+        assert len([line for line in ledger.lines if line[0] == "start"]) == 2
+        assert "journal/000000000000.json" in objects(runs, name)
+
+    def wrong_secret_not_shown() -> None:
+        assert wrong not in json.dumps(runs.get("badcreds"))
+
+    def nothing_ran_without_a_store() -> None:
+        assert not Ledger.read(runs, "nobucket").lines
+        assert not Ledger.read(runs, "badcreds").lines
+
+    check_all({
+        "unknown module": ends("nomod", "no module named 'no_such_module'", "PYTHONPATH"),
+        "unknown function": ends("nofn", "module 'torture_flows' has no attribute 'no_such_function'"),
+        "raising at import": ends("broken", "raised while being imported", "config.yaml not found"),
+        "non-serializable result": ends("opaque", "not JSON-serializable: builtins.object at result",
+                                        "Return JSON types"),
+        "non-serializable result keeps the journal": lambda: kept_what_was_journaled("opaque"),
+        "oversized result": ends("huge", "over the hard limit of 67,108,864 bytes", "Store large data elsewhere"),
+        "oversized result keeps the journal": lambda: kept_what_was_journaled("huge"),
+        "missing bucket": ends("nobucket", "the bucket does not exist: create it or fix checkpoint.uri",
+                               "no-such-bucket-for-durable-run"),
+        "wrong credentials": ends("badcreds", "access denied",
+                                  "check the credentials (checkpoint.credentialsSecret"),
+        "wrong credentials are not shown": wrong_secret_not_shown,
+        "nothing ran without a store": nothing_ran_without_a_store,
+    })
+    stay_failed(runs, statuses)
 
 
 def test_missing_secret_waits_with_a_clear_message_then_runs(operator: Operator, runs: RunEnv,
@@ -165,46 +189,59 @@ def flip(runs: RunEnv, key: str, how: str) -> bytes:
     return bytes(data)
 
 
-@pytest.mark.parametrize(("target", "how"), [
-    ("record", "flipped"), ("record", "truncated"), ("chunk", "flipped"), ("snapshot", "truncated"),
-    ("manifest", "flipped"),
-])
-def test_damaged_journal_objects_fail_loudly_and_nothing_is_overwritten(
-        operator: Operator, runs: RunEnv, target: str, how: str) -> None:
+DAMAGE = [("record", "flipped"), ("record", "truncated"), ("chunk", "flipped"), ("snapshot", "truncated"),
+          ("manifest", "flipped")]
+
+
+def test_damaged_journal_objects_fail_loudly_and_nothing_is_overwritten(operator: Operator, runs: RunEnv) -> None:
     """A damaged object is a loud error naming the object, never a fresh start; every object stays as it is."""
     assert runs.testbed.s3
     node = runs.testbed.node
     assert node
-    name = f"{target}-{how}"
-    body = manifest(runs, name, "bad_flows:approval", input=torture_input(name, slow=20 if target == "record" else 0.3),
-                    policy={"backoff": {"initial": "4s", "max": "4s"}})
-    runs.apply(body)
-    root = root_of(runs, name)
-    if target == "record":
-        # A record after the last snapshot: crash the runner mid-run (no final snapshot), damage it in Backoff.
-        procs.wait_for(lambda: Ledger.read(runs, name).starts("s2"), timeout=60, what="step s2 to start")
-        node.kill(runs.namespace, runs.get(name)["status"]["pod"])
-        runs.wait_phase(name, "Backoff", timeout=30)
-        assert "snapshot.json" not in objects(runs, name), "the record to damage is covered by a snapshot"
-        key, restarts = root + "journal/000000000001.json", 1
-    else:
-        # At the wait the attempt ends cleanly with a snapshot: damage it, or the manifest, then send the event.
-        runs.wait_phase(name, "Waiting", timeout=60)
-        key, restarts = root + {"chunk": "", "snapshot": "snapshot.json", "manifest": "manifest.json"}[target], 0
-        if target == "chunk":
-            key = root + next(k for k in objects(runs, name) if k.startswith("chunks/"))
-    damaged = flip(runs, key, how)
-    before = objects(runs, name)
-    if target != "record":
-        send_event(runs, name, "go", {"ok": True})
-    status = failed_once(runs, name, restarts=restarts)
-    reason = "checksum mismatch" if how == "flipped" else "not a sealed durable-run envelope"
-    assert reason in status["message"], status["message"]
-    assert key in status["message"] or key.rsplit("/", 1)[1] in status["message"], status["message"]
-    # Only the event we sent may be new (the runner stores spec.events before it loads the journal).
-    after = objects(runs, name)
-    assert {k: v for k, v in after.items() if k not in ("status.json", "events/go.json")} == \
-           {k: v for k, v in before.items() if k != "status.json"}, "an object was written, replaced or removed"
-    s3 = runs.testbed.s3.client()
-    assert s3.get_object(Bucket=runs.bucket, Key=key)["Body"].read() == damaged
-    assert len(Ledger.read(runs, name).starts("s0")) == 1, "the run started over"
+    for target, how in DAMAGE:
+        name = f"{target}-{how}"
+        runs.apply(manifest(runs, name, "bad_flows:approval",
+                            input=torture_input(name, slow=30 if target == "record" else 0.3),
+                            policy={"backoff": {"initial": "4s", "max": "4s"}}))
+    damaged: dict[str, tuple[str, bytes, dict[str, str], int]] = {}
+    for target, how in DAMAGE:
+        name = f"{target}-{how}"
+        root = root_of(runs, name)
+        if target == "record":
+            # A record after the last snapshot: crash the runner mid-run (no final snapshot), damage it in Backoff.
+            procs.wait_for(lambda name=name: Ledger.read(runs, name).starts("s2"), timeout=60, what="step s2")
+            node.kill(runs.namespace, runs.get(name)["status"]["pod"])
+            runs.wait_phase(name, "Backoff", timeout=30)
+            assert "snapshot.json" not in objects(runs, name), "the record to damage is covered by a snapshot"
+            key, restarts = root + "journal/000000000001.json", 1
+        else:
+            # At the wait the attempt ends cleanly with a snapshot: damage it, or the manifest.
+            runs.wait_phase(name, "Waiting", timeout=60)
+            rel = {"chunk": "", "snapshot": "snapshot.json", "manifest": "manifest.json"}[target]
+            key = root + (rel or next(k for k in objects(runs, name) if k.startswith("chunks/")))
+            restarts = 0
+        damaged[name] = (key, flip(runs, key, how), objects(runs, name), restarts)
+    for name in damaged:
+        if not name.startswith("record"):
+            send_event(runs, name, "go", {"ok": True})
+    statuses: dict[str, dict[str, Any]] = {}
+
+    def loud(name: str, how: str) -> Callable[[], None]:
+        def check() -> None:
+            key, data, before, restarts = damaged[name]
+            statuses[name] = status = failed(runs, name, restarts=restarts)
+            reason = "checksum mismatch" if how == "flipped" else "not a sealed durable-run envelope"
+            assert reason in status["message"], status["message"]
+            assert key.rsplit("/", 1)[1] in status["message"], status["message"]
+            # Only the event we sent may be new (the runner stores spec.events before it loads the journal).
+            after = objects(runs, name)
+            assert {k: v for k, v in after.items() if k not in ("status.json", "events/go.json")} == \
+                   {k: v for k, v in before.items() if k != "status.json"}, "an object was written or removed"
+            assert runs.testbed.s3
+            stored = runs.testbed.s3.client().get_object(Bucket=runs.bucket, Key=key)["Body"].read()
+            assert stored == data, "the damaged object was replaced"
+            assert len(Ledger.read(runs, name).starts("s0")) == 1, "the run started over"
+        return check
+
+    check_all({f"{target} {how}": loud(f"{target}-{how}", how) for target, how in DAMAGE})
+    stay_failed(runs, statuses)

@@ -32,7 +32,7 @@ from tests.operator.conftest import RunEnv
 
 pytestmark = pytest.mark.testbed
 
-RESTARTS = max(1, int(os.environ.get("FAULT_TRIALS", "10")) // 40)
+RESTARTS = max(1, int(os.environ.get("FAULT_TRIALS", "8")) // 40)
 RUNS = 3
 POLICY = {"maxRestarts": 5, "leaseDuration": "30s", "backoff": {"initial": "1s", "max": "1s"}}
 

@@ -57,8 +57,9 @@ from tests.operator.conftest import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-TRIALS = max(4, int(os.environ.get("FAULT_TRIALS", "10")) // 2)
+TRIALS = max(3, int(os.environ.get("FAULT_TRIALS", "8")) // 3)
 RUNS_AT_ONCE = 3
+MOMENTS = ["attempt-creation", "lease-expiry", "anywhere"]
 POLICY = {"maxRestarts": 30, "leaseDuration": "6s", "backoff": {"initial": "1s", "max": "1s"}}
 
 
@@ -73,6 +74,7 @@ class Chaos:
     kills: dict[str, int] = field(default_factory=dict)  # moment -> operator kills
     crashed: set[str] = field(default_factory=set)  # runner pods SIGKILLed
     paused: set[str] = field(default_factory=set)  # runner pods SIGSTOPped for good
+    moments: list[str] = field(default_factory=list)
 
     def restart_operator(self) -> None:
         self.operator = self.start_operator(f"operator-{uuid.uuid4().hex[:4]}")
@@ -101,7 +103,10 @@ class Chaos:
         if target is True:
             return False
         _, pod = target
-        moment = self.rng.choice(["attempt-creation", "lease-expiry", "anywhere"])
+        # Every moment in turn (in a random order each round), so even three kills aim at each.
+        if not self.moments:
+            self.moments = self.rng.sample(MOMENTS, len(MOMENTS))
+        moment = self.moments.pop()
         if moment == "attempt-creation":
             try:
                 node.kill(self.runs.namespace, pod)

@@ -43,7 +43,7 @@ from tests.operator.conftest import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-TRIALS = max(2, int(os.environ.get("FAULT_TRIALS", "10")) // 3)
+TRIALS = max(2, int(os.environ.get("FAULT_TRIALS", "8")) // 3)
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))
 POLICY = {"maxRestarts": 20, "leaseDuration": "6s", "backoff": {"initial": "1s", "max": "1s"}}
 
@@ -149,7 +149,7 @@ def test_paused_runner_wakes_fenced_and_writes_nothing(start_operator: StartOper
         batch += 1
         paused = [Paused(f"p{batch}-{i}", ("during-next-attempt", "after-finish")[i % 2],
                          torture_input(f"p{batch}-{i}", rounds=4))
-                  for i in range(min(PARALLEL, TRIALS - trials + 1))]
+                  for i in range(min(PARALLEL, TRIALS - trials))]
         roots, threads = {}, []
         for trial in paused:
             runs.apply(manifest(runs, trial.name, input=trial.input, policy=POLICY))

@@ -50,7 +50,7 @@ from tests.operator.conftest import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-TRIALS = int(os.environ.get("FAULT_TRIALS", "10"))
+TRIALS = int(os.environ.get("FAULT_TRIALS", "8"))
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))
 KILLS_PER_RUN = 3
 SPREAD = 5.0  # seconds after a runner's process starts within which its kill falls
@@ -164,7 +164,7 @@ def test_runner_sigkill_at_random_moments(start_operator: StartOperator, runs: R
                 shape["waitRound"] = 1
             if i % 3 == 2:
                 shape["sleepRound"] = 2
-            tortured.append(Tortured(name, torture_input(name, **shape)))
+            tortured.append(Tortured(name, torture_input(name, rounds=4, **shape)))
         expected = {t.name: reference(t.input, tmp_path) for t in tortured}
         roots: dict[str, str] = {}
         threads = []

@@ -27,7 +27,7 @@ from tests.operator.conftest import Operator, RunEnv
 pytestmark = pytest.mark.testbed
 
 OUTAGE = float(os.environ.get("FAULT_S3_OUTAGE_SECONDS", "30"))
-OUTAGES = max(1, int(os.environ.get("FAULT_TRIALS", "10")) // 40)
+OUTAGES = max(1, int(os.environ.get("FAULT_TRIALS", "8")) // 40)
 RUNS = 3
 POLICY = {"maxRestarts": 10, "leaseDuration": "20s", "backoff": {"initial": "2s", "max": "5s"}}
 

@@ -7,46 +7,59 @@ resume reads: a step result stored as its own object (a blob) and an event.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from durablerun.stores import RunRef, open_store
-from tests.badinput.test_runtime import failed_once, flip, objects, root_of
+from tests.badinput.test_runtime import check_all, failed, flip, objects, root_of, stay_failed
 from tests.faults.helpers import Ledger, manifest, send_event, torture_input
 from tests.operator.conftest import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 
+TARGETS = ("blob", "event")
 
-@pytest.mark.parametrize("target", ["blob", "event"])
-def test_a_flipped_byte_is_a_loud_error(operator: Operator, runs: RunEnv, target: str) -> None:
+
+def test_a_flipped_byte_in_a_blob_or_an_event_is_a_loud_error(operator: Operator, runs: RunEnv) -> None:
     assert runs.testbed.s3
-    name = f"flipped-{target}"
-    runs.apply(manifest(runs, name, "bad_flows:big_then_wait", input=torture_input(name)))
-    runs.wait_phase(name, "Waiting", timeout=90)
-    root = root_of(runs, name)
-    if target == "blob":
-        key = root + next(k for k in objects(runs, name) if k.startswith("blobs/"))
-    else:
-        # The event is in the store (as `durablerun send-event` or a runner puts it) before any runner reads it.
-        run = runs.get(name)
-        store = open_store(f"s3://{runs.bucket}/runs", endpoint_url=runs.testbed.s3.endpoint_url,
-                           region=runs.testbed.s3.region, access_key=runs.testbed.s3.access_key,
-                           secret_key=runs.testbed.s3.secret_key)
-        ref = RunRef.kubernetes(runs.namespace, name, run["metadata"]["uid"])
-        assert store.put_event(run=ref, name="go", payload={"by": "someone"})
-        key = root + "events/go.json"
-    damaged = flip(runs, key, "flipped")
-    before = objects(runs, name)
-    send_event(runs, name, "go", {"by": "someone"})
-    status = failed_once(runs, name)
-    assert "checksum mismatch" in status["message"], status["message"]
-    assert key.rsplit("/", 1)[1] in status["message"], status["message"]
-    after = objects(runs, name)
-    # Only the event we sent may be new (unless it was there already, damaged: it is never replaced).
-    kept = ("status.json", "events/go.json")
-    assert {k: v for k, v in after.items() if k not in kept} == {k: v for k, v in before.items() if k not in kept}, \
-        "an object was written, replaced or removed"
-    s3 = runs.testbed.s3.client()
-    assert s3.get_object(Bucket=runs.bucket, Key=key)["Body"].read() == damaged, "the damaged object was replaced"
-    assert len(Ledger.read(runs, name).starts("big")) == 1, "the run started over"
-    assert not Ledger.read(runs, name).starts("after")
+    s3 = runs.testbed.s3
+    for target in TARGETS:
+        runs.apply(manifest(runs, target, "bad_flows:big_then_wait", input=torture_input(target)))
+    damaged: dict[str, tuple[str, bytes, dict[str, str]]] = {}
+    for target in TARGETS:
+        runs.wait_phase(target, "Waiting", timeout=90)
+        root = root_of(runs, target)
+        if target == "blob":
+            key = root + next(k for k in objects(runs, target) if k.startswith("blobs/"))
+        else:
+            # The event is in the store (as `durablerun send-event` or a runner puts it) before a runner reads it.
+            store = open_store(f"s3://{runs.bucket}/runs", endpoint_url=s3.endpoint_url, region=s3.region,
+                               access_key=s3.access_key, secret_key=s3.secret_key)
+            ref = RunRef.kubernetes(runs.namespace, target, runs.get(target)["metadata"]["uid"])
+            assert store.put_event(run=ref, name="go", payload={"by": "someone"})
+            key = root + "events/go.json"
+        damaged[target] = (key, flip(runs, key, "flipped"), objects(runs, target))
+        send_event(runs, target, "go", {"by": "someone"})
+    statuses: dict[str, dict[str, Any]] = {}
+
+    def loud(target: str) -> Callable[[], None]:
+        def check() -> None:
+            key, data, before = damaged[target]
+            statuses[target] = status = failed(runs, target)
+            assert "checksum mismatch" in status["message"], status["message"]
+            assert key.rsplit("/", 1)[1] in status["message"], status["message"]
+            # Only the event we sent may be new (unless it was there already, damaged: it is never replaced).
+            kept = ("status.json", "events/go.json")
+            after = objects(runs, target)
+            assert {k: v for k, v in after.items() if k not in kept} == \
+                   {k: v for k, v in before.items() if k not in kept}, "an object was written, replaced or removed"
+            stored = s3.client().get_object(Bucket=runs.bucket, Key=key)["Body"].read()
+            assert stored == data, "the damaged object was replaced"
+            assert len(Ledger.read(runs, target).starts("big")) == 1, "the run started over"
+            assert not Ledger.read(runs, target).starts("after")
+        return check
+
+    check_all({f"a flipped byte in the {t}": loud(t) for t in TARGETS})
+    stay_failed(runs, statuses)
