@@ -268,10 +268,16 @@ class Checkpoint(_Model):
         description="What happens to the journal when the DurableRun is deleted: Retain or Delete.",
     )
     serverSideEncryption: Literal["AES256", "aws:kms"] | None = Field(
-        default=None, description="S3 server-side encryption for every object the runner writes."
+        default=None,
+        description=(
+            "S3 server-side encryption of every object the runner writes: AES256 (SSE-S3) or aws:kms "
+            "(SSE-KMS, with kmsKeyId or the account's default key). The server must support it: MinIO "
+            "needs a KMS. Omit it for the bucket's default encryption."
+        ),
     )
     kmsKeyId: str | None = Field(
-        default=None, description="KMS key for serverSideEncryption aws:kms."
+        default=None,
+        description="KMS key id or ARN for serverSideEncryption aws:kms (and only with it).",
     )
 
 
