@@ -37,9 +37,11 @@ def seeded(name: str) -> random.Random:
 
 
 def manifest(runs: RunEnv, name: str, workflow: str = "torture_flows:torture", input: dict[str, Any] | None = None,
-             policy: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    """``runs.manifest`` with the fault suite's workflows importable too."""
+             policy: dict[str, Any] | None = None, snapshot_every: int | None = None, **spec: Any) -> dict[str, Any]:
+    """``runs.manifest`` with the fault suite's workflows importable too (and ``checkpoint.snapshotEvery``)."""
     body = runs.manifest(name, workflow, input, policy=policy, **spec)
+    if snapshot_every is not None:
+        body["spec"]["checkpoint"]["snapshotEvery"] = snapshot_every
     env = body["spec"]["template"]["spec"]["containers"][0]["env"]
     for var in env:
         if var["name"] == "PYTHONPATH":
@@ -127,14 +129,16 @@ class PodRecorder:
         self._thread = threading.Thread(target=self._loop, name=f"pods-{namespace}", daemon=True)
         self._thread.start()
 
-    def _record(self, pod: Any) -> None:
+    def _record(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
         with self._lock:
-            self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
-            for status in (pod.status.container_statuses or []) if pod.status else []:
-                if status.state and status.state.terminated:
-                    t = status.state.terminated
-                    self.endings[pod.metadata.name] = {"exitCode": t.exit_code, "reason": t.reason,
-                                                       "message": t.message}
+            self.uids.setdefault(meta["name"], set()).add(meta["uid"])
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                terminated = (status.get("state") or {}).get("terminated")
+                if terminated:
+                    self.endings[meta["name"]] = {"exitCode": terminated.get("exitCode"),
+                                                  "reason": terminated.get("reason"),
+                                                  "message": terminated.get("message")}
 
     def _loop(self) -> None:
         from kubernetes import watch
@@ -145,19 +149,19 @@ class PodRecorder:
                 if version is None:
                     listed = self.core.list_namespaced_pod(self.namespace)
                     for pod in listed.items:
-                        self._record(pod)
+                        self._record(self.core.api_client.sanitize_for_serialization(pod))
                     version = listed.metadata.resource_version
                 # Resume from the last version seen, so no update between two watches is missed.
                 for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace,
                                                   resource_version=version, timeout_seconds=5,
                                                   allow_watch_bookmarks=True):
-                    obj = event["object"]
+                    raw = event["raw_object"]  # a BOOKMARK's object is not a whole pod: use the raw dicts
                     if event["type"] == "ERROR":
-                        raise RuntimeError(f"watch error: {event['raw_object']}")
+                        raise RuntimeError(f"watch error: {raw}")
                     if event["type"] != "BOOKMARK":
-                        self._record(obj)
+                        self._record(raw)
                         self.seen += 1
-                    version = obj.metadata.resource_version
+                    version = raw["metadata"]["resourceVersion"]
                     if self._stop.is_set():
                         break
             except Exception as error:  # expired version (410) or the API server restarting: list again

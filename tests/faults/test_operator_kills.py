@@ -147,7 +147,7 @@ def test_operator_killed_at_random_moments(start_operator: StartOperator, runs: 
                   for i, n in enumerate(names)}
         expected = {n: reference(inputs[n], tmp_path) for n in names}
         for name in names:
-            runs.apply(manifest(runs, name, input=inputs[name], policy=POLICY))
+            runs.apply(manifest(runs, name, input=inputs[name], policy=POLICY, snapshot_every=5))
         timers = [threading.Timer(chaos.rng.uniform(0, 15), send_event, (runs, names[0], "go", GO))]
         timers[0].start()
         while sum(chaos.kills.values()) < TRIALS and chaos.cycle(names):

@@ -152,7 +152,8 @@ def test_paused_runner_wakes_fenced_and_writes_nothing(start_operator: StartOper
                   for i in range(min(PARALLEL, TRIALS - trials))]
         roots, threads = {}, []
         for trial in paused:
-            runs.apply(manifest(runs, trial.name, input=trial.input, policy=POLICY))
+            runs.apply(manifest(runs, trial.name, input=trial.input, policy=POLICY,
+                                snapshot_every=3 if len(roots) % 2 else None))
             roots[trial.name] = run_root("runs", runs.namespace, trial.name, runs.get(trial.name)["metadata"]["uid"])
             threads.append(threading.Thread(target=drive, args=(runs, pods, trial, rng, roots[trial.name])))
         for thread in threads:

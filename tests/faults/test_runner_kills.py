@@ -169,7 +169,9 @@ def test_runner_sigkill_at_random_moments(start_operator: StartOperator, runs: R
         roots: dict[str, str] = {}
         threads = []
         for t in tortured:
-            runs.apply(manifest(runs, t.name, input=t.input, policy=POLICY))
+            # Half the runs snapshot every 4 records: kills also hit snapshot writes and chunk merges.
+            runs.apply(manifest(runs, t.name, input=t.input, policy=POLICY,
+                                snapshot_every=4 if int(t.name.rsplit("-", 1)[1]) % 2 else None))
             roots[t.name] = run_root("runs", runs.namespace, t.name, runs.get(t.name)["metadata"]["uid"])
             threads.append(threading.Thread(target=drive, args=(runs, pods, t, rng, roots[t.name])))
             if t.input.get("waitRound") is not None:

@@ -43,7 +43,7 @@ def test_s3_stopped_mid_run_then_started(operator: Operator, runs: RunEnv, pods:
         inputs = {n: torture_input(n, rounds=4, pace=0.4) for n in names}
         expected = {n: reference(inputs[n], tmp_path) for n in names}
         for name in names:
-            runs.apply(store.use(manifest(runs, name, input=inputs[name], policy=POLICY)))
+            runs.apply(store.use(manifest(runs, name, input=inputs[name], policy=POLICY, snapshot_every=4)))
         roots = {n: run_root("runs", runs.namespace, n, runs.get(n)["metadata"]["uid"]) for n in names}
         # Mid-run: every run has journaled something, then a random moment later the server goes away.
         procs.wait_for(lambda names=names: all(Ledger.read(runs, n).starts("r0-plan") for n in names), timeout=90,
