@@ -35,16 +35,21 @@ def test_metrics_alerts_and_dashboard_from_the_real_operator(
 ) -> None:
     started = time.time()
     prometheus = start_prometheus([f"127.0.0.1:{operator.metrics_port}"], rule_files=[rules_for_test(tmp_path)])
-    runs.apply(runs.manifest("resumed", "optest_flows:steps", {"steps": 5, "sleep": 0.3, "usd": "0.05"}))
+    runs.apply(runs.manifest("resumed", "optest_flows:steps", {"steps": 10, "sleep": 0.6, "usd": "0.05"}))
     runs.apply(runs.manifest("capped", "optest_flows:steps", {"steps": 5, "sleep": 0.05, "usd": "0.10"},
                              policy={"costCeilingUSD": "0.15"}))
     runs.apply(runs.manifest("ongoing", "optest_flows:steps", {"steps": 400, "sleep": 0.5, "usd": "0.01"}))
-    procs.wait_for(lambda: runs.ledger().count("done s1") >= 2, timeout=60, what="two runs past step s1")
+    procs.wait_for(lambda: (runs.get("resumed").get("status", {}).get("progress") or {}).get("completedSteps", 0) >= 2,
+                   timeout=90, what="the run to be killed to journal two steps")
     # Rates need a sample from before the crash: wait for Prometheus to have scraped the operator.
-    procs.wait_for(lambda: prometheus.query("durablerun_resume_latency_seconds_count == 0"), timeout=30,
+    procs.wait_for(lambda: prometheus.query("durablerun_resume_latency_seconds_count == 0"), timeout=90,
                    what="a scrape of the operator before the crash")
     assert runs.testbed.node
-    runs.testbed.node.kill(runs.namespace, runs.get("resumed")["status"]["pod"])
+    node = runs.testbed.node
+    pod = runs.get("resumed")["status"]["pod"]
+    procs.wait_for(lambda: any(p["pod"] == f"{runs.namespace}/{pod}" and p["running"] for p in node.processes()),
+                   timeout=60, what=f"pod {pod}'s runner process")
+    node.kill(runs.namespace, pod)
     # A disruption too: someone deletes the pod of the long run; it resumes without consuming maxRestarts.
     runs.testbed.kubectl("delete", "pod", runs.get("ongoing")["status"]["pod"], "-n", runs.namespace, "--wait=false")
     runs.wait_phase("resumed", "Succeeded", timeout=90)
@@ -53,7 +58,7 @@ def test_metrics_alerts_and_dashboard_from_the_real_operator(
 
     # DurableRunAborted fires for the aborted run, with its labels.
     alerts = procs.wait_for(lambda: firing(prometheus).get(("DurableRunAborted", runs.namespace, "capped")),
-                            timeout=30, what="DurableRunAborted to fire")
+                            timeout=90, what="DurableRunAborted to fire")
     assert alerts["reason"] == "BudgetExhausted"
     assert alerts["severity"] == "critical"
 
@@ -68,11 +73,11 @@ def test_metrics_alerts_and_dashboard_from_the_real_operator(
                 and scalar(prometheus, f"durablerun_run_cost_usd{{{selector}}}") == float(resumed["cost"]["usd"])
                 and scalar(prometheus, f'durablerun_run_phase{{{selector}, phase="Succeeded"}}') == 1)
 
-    procs.wait_for(matches, timeout=30, what="the metrics of the resumed run to match its status")
+    procs.wait_for(matches, timeout=90, what="the metrics of the resumed run to match its status")
     assert resumed["restarts"] == 1
     crash = prometheus.query(f'durablerun_run_restarts_total{{{selector}, reason="Crash"}}')
     assert float(crash[0]["value"][1]) == 1
-    procs.wait_for(lambda: prometheus.query("durablerun_resume_latency_seconds_count > 0"), timeout=30,
+    procs.wait_for(lambda: prometheus.query("durablerun_resume_latency_seconds_count > 0"), timeout=90,
                    what="a resume latency observation")
 
     # Every panel's query returns data from this Prometheus.
