@@ -261,12 +261,8 @@ class AttemptCore:
         thread for remote ones; either way one record at a time, in order.
         """
         with self._tlock:
-            guard = self.config.write_guard
-            reason = guard() if guard is not None and not self.fenced else None
-            if reason:
-                self.fenced = reason
-            if self.fenced:
-                raise Halt(HaltKind.FENCE, self.fenced)
+            if self.refuse_writes():
+                raise Halt(HaltKind.FENCE, str(self.fenced))
             if self.closed:
                 raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
             live = self.live
@@ -304,9 +300,17 @@ class AttemptCore:
                 self._snap_pool.submit(self._snapshot_job, seq, totals)
             return record, key, None, None
 
+    def refuse_writes(self) -> bool:
+        """True once this attempt may write nothing more: fenced, or its write guard says so."""
+        guard = self.config.write_guard
+        reason = guard() if guard is not None and not self.fenced else None
+        if reason:
+            self.fenced = reason
+        return bool(self.fenced)
+
     def _snapshot_job(self, upto: int | None, totals: Totals) -> tuple[str | None, str | None]:
         """Runs on the snapshot thread (one at a time, in order)."""
-        if self.fenced:
+        if self.refuse_writes():
             return None, None
         key: str | None = None
         warning: str | None = None

@@ -611,7 +611,7 @@ class Run:
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
-        if result.outcome == Outcome.FENCED:
+        if result.outcome == Outcome.FENCED or c.refuse_writes():
             return  # a fenced attempt writes nothing more
         with contextlib.suppress(Halt):
             await c.final_snapshot()
