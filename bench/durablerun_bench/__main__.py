@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section (repeatable)")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "RESULTS.md")
     parser.add_argument("--json", type=Path, default=BENCH_DIR / "out" / "results.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other sections of the last run (--json) and replace only these")
     args = parser.parse_args(argv)
     # SIGTERM (a stopped make, a session ending) unwinds like Ctrl-C, so every server is stopped.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -96,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                                "machine": machine.info(str(tmp)), "load_before": machine.load(),
                                "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     started = time.monotonic()
+    previous: dict[str, Any] = {}
+    if args.merge and args.json.exists():
+        previous = json.loads(args.json.read_text())
     log(f"{'quick' if quick() else 'full'} run of {', '.join(sections)} in {root}")
     s3 = S3Server(root / "s3", run_id).start()
     try:
@@ -145,10 +150,17 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     results["load_after"] = machine.load()
     results["seconds"] = time.monotonic() - started
+    if previous:
+        # This run's sections replace the last run's; the header keeps describing the last full run.
+        rerun = {s: {"started": results["started"], "load_before": results["load_before"],
+                     "load_after": results["load_after"], "commit": results["machine"].get("commit")}
+                 for s in sections}
+        results = {**previous, **{s: results[s] for s in sections if s in results},
+                   "reruns": {**previous.get("reruns", {}), **rerun}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1, default=str))
     args.out.write_text(report.render(results))
-    log(f"done in {results['seconds'] / 60:.1f} min: {args.out}")
+    log(f"done in {(time.monotonic() - started) / 60:.1f} min: {args.out}")
     return 0
 
 

@@ -46,6 +46,7 @@ class Renewer:
         self.held: dict[str, tuple[int, str]] = {}  # name -> (epoch, pod) this stand-in holds
         self.stopped: set[tuple[str, int]] = set()
         self.heap: list[tuple[float, str]] = []
+        self.last_ok: dict[str, float] = {}  # name -> when its last successful renewal (or acquire) was sent
         self.counts = {"acquired": 0, "renewed": 0, "fenced": 0, "errors": 0, "lists": 0}
         self.local = threading.local()
         self.done = threading.Event()
@@ -81,6 +82,7 @@ class Renewer:
                              {"op": "add", "path": "/status/lease", "value": lease}]):
             with self.lock:
                 self.held[name] = (epoch, pod)
+                self.last_ok[name] = sent
                 self.counts["acquired"] += 1
                 heapq.heappush(self.heap, (time.time() + self.lease / 3, name))
             self.write(event="acquired", name=name, epoch=epoch, pod=pod, sent=sent, at=time.time())
@@ -95,12 +97,18 @@ class Renewer:
         if stop is not None and epoch == 1 and time.time() >= stop:
             return  # this attempt hangs: no more renewals (the last one was logged)
         sent = time.time()
+        gap = sent - self.last_ok.get(name, sent)
+        if gap > self.lease:
+            # This stand-in fell behind (an overloaded machine): the lease really lapsed, and a
+            # restart of this run is the operator doing its job, not a duplicate.
+            self.write(event="lapsed", name=name, epoch=epoch, gap=gap, at=sent)
         ok = self.patch(name, [{"op": "test", "path": "/status/epoch", "value": epoch},
                                {"op": "test", "path": "/status/lease/holder", "value": pod},
                                {"op": "add", "path": "/status/lease/renewTime", "value": _now()}])
         with self.lock:
             if ok:
                 self.counts["renewed"] += 1
+                self.last_ok[name] = sent
                 heapq.heappush(self.heap, (sent + self.lease / 3, name))
             else:
                 self.held.pop(name, None)  # fenced: a newer attempt owns it; acquire that one when it runs

@@ -46,6 +46,10 @@ def render(r: dict[str, Any]) -> str:
         + f"; {r.get('postgres') or ''}; MinIO {r.get('minio') or ''}; Kubernetes {r.get('kubernetes') or ''}.",
         "",
     ]
+    for section, again in (r.get("reruns") or {}).items():
+        lines += [f"Section *{section}* was run again on its own at {again['started']} (durable-run "
+                  f"{again.get('commit')}; load average {again['load_before']} before, {again['load_after']} "
+                  "after); the rest is from the run above.", ""]
     targets: list[list[str]] = []
     if "steps" in r:
         lines += _steps(r["steps"], targets)
@@ -232,6 +236,8 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
          str(sc["missed_restarts"])],
         ["duplicated restarts (restarts > 1, a third attempt, or a renewing run restarted)",
          str(sc["duplicated_restarts"])],
+        ["leases the stand-in itself let lapse (machine overloaded; those restarts are correct, not counted above)",
+         f"{sc.get('standin_lapses', 0)} ({sc.get('lapsed_runs_restarted', 0)} of those runs restarted)"],
     ]
     out += [*_table(["", "measured"], rows), ""]
     n = sc["runs"]

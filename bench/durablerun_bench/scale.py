@@ -232,14 +232,20 @@ def _restart_checks(watcher: resume.Watcher, names: list[str], victims: list[str
     delays = [detected[n] - (last_sent[n] + lease_seconds) for n in victims if n in detected and n in last_sent]
     since_renewal = [detected[n] - last_sent[n] for n in victims if n in detected and n in last_sent]
     victim_set = set(victims)
+    lapses: dict[str, int] = defaultdict(int)  # the stand-in itself failed to renew in time
+    for e in renewals:
+        if e.get("event") == "lapsed":
+            lapses[e["name"]] += 1
     missed = [n for n in victims if n not in detected]
-    duplicated = [n for n in names if restarts[n] > (1 if n in victim_set else 0) or len(pods[n]) > (
-        2 if n in victim_set else 1)]
+    allowed = {n: (1 if n in victim_set else 0) + lapses[n] for n in names}
+    duplicated = [n for n in names if restarts[n] > allowed[n] or len(pods[n]) > 1 + allowed[n]]
     return {
         "detection_delay": _summary(delays),
         "since_last_renewal": _summary(since_renewal),
         "detection_target_s": lease_seconds + 5,
         "missed_restarts": len(missed), "missed": missed[:20],
+        "standin_lapses": sum(lapses.values()), "lapsed_runs_restarted": sum(
+            1 for n in names if n not in victim_set and lapses[n] and restarts[n]),
         "duplicated_restarts": len(duplicated), "duplicated": duplicated[:20],
         "max_epoch": max(epochs.values()) if epochs else 0,
         "stops_logged": len(last_sent),
