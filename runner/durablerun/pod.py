@@ -90,10 +90,17 @@ class StatusClient:
         self.custom = client.CustomObjectsApi()
 
     def get(self) -> dict[str, Any]:
-        i = self.identity
-        return dict(self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, i.namespace, api.PLURAL, i.name))
+        from kubernetes.client.rest import ApiException
 
-    def patch(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        i = self.identity
+        try:
+            return dict(self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, i.namespace, api.PLURAL, i.name))
+        except ApiException as error:
+            _fenced_if_gone(error, i, before_lease=True)
+            raise
+
+    def patch(self, ops: list[dict[str, Any]], *, before_lease: bool = False) -> dict[str, Any]:
         """A JSON patch of the status guarded by this pod's epoch; Fenced when the guard fails."""
         from kubernetes.client.rest import ApiException
 
@@ -105,9 +112,20 @@ class StatusClient:
         except ApiException as error:
             if error.status in (409, 422):
                 raise Fenced(f"status.epoch is no longer {i.epoch}: a newer attempt owns the run") from None
-            if error.status == 404:
-                raise Fenced(f"DurableRun {i.namespace}/{i.name} is gone") from None
+            _fenced_if_gone(error, i, before_lease=before_lease)
             raise
+
+
+def _fenced_if_gone(error: Any, identity: Identity, *, before_lease: bool) -> None:
+    """The run or this pod no longer exists for the API server: a newer attempt (or nobody) owns the run."""
+    if error.status == 404:
+        raise Fenced(f"DurableRun {identity.namespace}/{identity.name} is gone") from None
+    if error.status == 401 and before_lease:
+        # A pod-bound token is refused once its pod has been deleted (a runner paused past its lease and woken
+        # before it got this far). Holding a lease, a 401 is retried like an unreachable server until the lease
+        # would lapse: an API server that is restarting may refuse tokens for a moment.
+        raise Fenced("the API server does not accept this pod's token: its pod was deleted, a newer attempt "
+                     "owns the run") from None
 
 
 class StatusSink(ProgressSink):
@@ -186,11 +204,12 @@ class Lease:
         now = _now()
         lease = {"holder": i.pod, "epoch": i.epoch, "acquireTime": now, "renewTime": now,
                  "durationSeconds": max(1, int(self.duration.total_seconds()))}
+        sent = time.monotonic()
         self.body = self.status.patch([
             {"op": "test", "path": "/status/pod", "value": i.pod},
             {"op": "add", "path": "/status/lease", "value": lease},
-        ])
-        self.last_success = time.monotonic()
+        ], before_lease=True)
+        self.last_success = sent
         return self.body
 
     def start(self, run: Run) -> None:
@@ -240,6 +259,9 @@ class Lease:
         ops = [{"op": "test", "path": "/status/lease/holder", "value": self.identity.pod},
                {"op": "add", "path": "/status/lease/renewTime", "value": _now()},
                *_status_ops(fields, self.body.get("status") or {}), *(extra or [])]
+        # The lease runs from when the renewal was sent, not from when its reply came
+        # back: a process paused in between must not count the pause as time held.
+        sent = time.monotonic()
         try:
             self.body = self.status.patch(ops)
         except Fenced as fenced:
@@ -251,7 +273,7 @@ class Lease:
                     self.sink.fields.setdefault(key, value)
             log.warning("lease renewal failed (retrying until the lease would lapse): %s", error)
             return False
-        self.last_success = time.monotonic()
+        self.last_success = sent
         for callback in self.on_spec:
             callback(self.body)
         return True
