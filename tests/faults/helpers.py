@@ -231,6 +231,16 @@ def send_event(runs: RunEnv, name: str, event: str, payload: Any) -> None:
                          "-p", json.dumps({"spec": {"events": {event: payload}}}))
 
 
+def check_woken_fenced(ending: dict[str, Any], log: Path) -> None:
+    """A runner woken after its lease lapsed exits Fenced (5). Only one frozen before any of its own code ran
+    (the interpreter still starting) may instead die of its pod's SIGTERM (143), having done nothing at all."""
+    output = log.read_text(errors="replace") if log.exists() else ""
+    if ending["exitCode"] == 143 and not output.strip():
+        return
+    assert ending["exitCode"] == 5, f"the woken runner did not exit Fenced: {ending}\n{output[-3000:]}"
+    assert json.loads(ending["message"])["outcome"] == "Fenced", ending
+
+
 def wait_pod_exit(runs: RunEnv, pods: PodRecorder, pod: str, timeout: float = 60) -> dict[str, Any]:
     """How the pod's runner ended, from the pod's status (as the recorder saw it, or read now) or, once
     the pod is gone, from the process node, which keeps each process's exit code and termination message."""

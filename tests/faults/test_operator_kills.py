@@ -39,9 +39,11 @@ from tests.faults.helpers import (
     Ledger,
     PodRecorder,
     check_executions,
+    check_woken_fenced,
     events,
     finished,
     manifest,
+    process_of,
     run_metric,
     running_pod,
     scrape,
@@ -162,10 +164,13 @@ def test_operator_killed_at_random_moments(start_operator: StartOperator, runs: 
                 failed.append(f"{name}: {error}")
     # Wake the runners paused for good: each must find itself fenced.
     for pod in sorted(chaos.paused):
+        entry = process_of(runs.testbed, runs.namespace, pod)
         node.cont(runs.namespace, pod)
-        ending = wait_pod_exit(runs, pods, pod, timeout=90)
-        if ending["exitCode"] != 5:
-            failed.append(f"paused runner {pod} did not exit Fenced after waking: {ending}")
+        try:
+            assert entry, f"the process node forgot the paused runner {pod}"
+            check_woken_fenced(wait_pod_exit(runs, pods, pod, timeout=90), Path(entry["log"]))
+        except AssertionError as error:
+            failed.append(f"paused runner {pod}: {error}")
     trials = sum(chaos.kills.values())
     tally.add("operator SIGKILL and restart", trials, len(failed))
     print(f"operator SIGKILL: {trials} trials {chaos.kills} over {len(done_runs) + len(failed)} runs, "
