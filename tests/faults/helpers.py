@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -231,11 +232,20 @@ def send_event(runs: RunEnv, name: str, event: str, payload: Any) -> None:
                          "-p", json.dumps({"spec": {"events": {event: payload}}}))
 
 
-def check_woken_fenced(ending: dict[str, Any], log: Path) -> None:
-    """A runner woken after its lease lapsed exits Fenced (5). Only one frozen before any of its own code ran
-    (the interpreter still starting) may instead die of its pod's SIGTERM (143), having done nothing at all."""
+def check_woken_fenced(ending: dict[str, Any], log: Path, paused_at: float) -> None:
+    """A runner woken after its lease lapsed exits Fenced (5). Two exceptions, both having done nothing since
+    the pause: one frozen before any of its own code ran (the interpreter still starting) dies of its pod's
+    SIGTERM (143); one frozen after its attempt had ended (the outcome written, the process exiting) exits
+    with that outcome."""
     output = log.read_text(errors="replace") if log.exists() else ""
     if ending["exitCode"] == 143 and not output.strip():
+        return
+    finished = [json.loads(line) for line in output.splitlines() if line.startswith('{"time"') and
+                '"run_finished"' in line]
+    if finished and ending["exitCode"] != 5:
+        at = datetime.fromisoformat(finished[-1]["time"].replace("Z", "+00:00")).timestamp()
+        assert at < paused_at, f"the woken runner finished its attempt after the pause: {ending}"
+        assert json.loads(ending["message"])["outcome"] == finished[-1]["outcome"], ending
         return
     assert ending["exitCode"] == 5, f"the woken runner did not exit Fenced: {ending}\n{output[-3000:]}"
     assert json.loads(ending["message"])["outcome"] == "Fenced", ending

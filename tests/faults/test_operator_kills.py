@@ -75,7 +75,7 @@ class Chaos:
     operator: Operator | None = None
     kills: dict[str, int] = field(default_factory=dict)  # moment -> operator kills
     crashed: set[str] = field(default_factory=set)  # runner pods SIGKILLed
-    paused: set[str] = field(default_factory=set)  # runner pods SIGSTOPped for good
+    paused: dict[str, float] = field(default_factory=dict)  # runner pods SIGSTOPped for good, and when
     moments: list[str] = field(default_factory=list)
 
     def restart_operator(self) -> None:
@@ -123,7 +123,7 @@ class Chaos:
                 node.pause(self.runs.namespace, pod)
             except urllib.error.HTTPError:
                 return True
-            self.paused.add(pod)
+            self.paused[pod] = time.time()
             # The lease (6s) was renewed at most 2s before the pause; the operator checks every 0.5s.
             time.sleep(max(0.0, renewed + self.rng.uniform(4.0, 8.0) - time.monotonic()))
         else:
@@ -168,7 +168,7 @@ def test_operator_killed_at_random_moments(start_operator: StartOperator, runs: 
         node.cont(runs.namespace, pod)
         try:
             assert entry, f"the process node forgot the paused runner {pod}"
-            check_woken_fenced(wait_pod_exit(runs, pods, pod, timeout=90), Path(entry["log"]))
+            check_woken_fenced(wait_pod_exit(runs, pods, pod, timeout=90), Path(entry["log"]), chaos.paused[pod])
         except AssertionError as error:
             failed.append(f"paused runner {pod}: {error}")
     trials = sum(chaos.kills.values())
@@ -188,14 +188,14 @@ def check_run(runs: RunEnv, pods: PodRecorder, chaos: Chaos, name: str, input: d
                            run_root("runs", runs.namespace, name, run["metadata"]["uid"]))
     check_journal(journal)
     steps = torture_flows.step_names(input)
-    check_executions(Ledger.read(runs, name), steps, chaos.crashed | chaos.paused)
+    check_executions(Ledger.read(runs, name), steps, chaos.crashed | set(chaos.paused))
     result, totals = expected
     assert journal.last
     assert journal.last["value"] == result
     assert journal.last["totals"]["usd"] == str(totals.usd)
     # One pod per epoch, one restart per interrupted attempt: no attempt lost or doubled by a dying operator.
     pods.check_one_pod_per_epoch(name, status["attempt"])
-    interrupted = [p for p in pods.pods_of(name) if p in chaos.crashed | chaos.paused]
+    interrupted = [p for p in pods.pods_of(name) if p in chaos.crashed | set(chaos.paused)]
     assert status["restarts"] == len(interrupted), (status["restarts"], interrupted)
     assert status["disruptions"] == 0
     seen = events(runs, name)
