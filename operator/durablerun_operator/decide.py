@@ -392,9 +392,10 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     elif _user_abort(t) or _limits_exceeded(t):
         pass
     elif spec.suspend:
-        t.new.phase = api.Phase.SUSPENDED
-        t.new.message = "suspended: spec.suspend is true"
-        t.event("Suspended", "spec.suspend is true: no pod runs until it is false")
+        if phase != api.Phase.SUSPENDED:
+            t.new.phase = api.Phase.SUSPENDED
+            t.new.message = "suspended: spec.suspend is true"
+            t.event("Suspended", "spec.suspend is true: no pod runs until it is false")
     elif phase == api.Phase.PENDING:
         _start(t, older, stuck_seconds)
     elif phase == api.Phase.BACKOFF:
@@ -410,6 +411,56 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         t.new.message = "resumed: spec.suspend is false"
         t.event("Resumed", "spec.suspend is false: resuming from the latest checkpoint")
     return t.done()
+
+
+NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+def quiet_until(run: RunView) -> datetime | None:
+    """Before when ``decide`` has nothing to do for this run, if its pods stay as they are; None: decide now.
+
+    The clock is the only thing that changes a run's decision without a new
+    version of the run or of one of its pods: a lease, a progress timeout, a
+    maxDuration, a backoff, a wake time or a TTL running out. The reconciler
+    uses this to leave steady runs alone (every lease renewal is a new version
+    of the run) and to come back exactly when the earliest of them passes.
+    """
+    status, spec, policy = run.status, run.spec, run.spec.policy
+    phase = status.phase
+    if (run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers
+            or builders.ANNOTATION_ABORT in run.annotations):
+        return None
+    started = parse_time(status.startTime)
+    max_duration = started + api.parse_duration(policy.maxDuration) if started else NEVER
+    if phase.finished:
+        if (status.observedGeneration or 0) < run.generation:
+            return None  # the user changed the spec: an aborted run may resume
+        completed = parse_time(status.completionTime)
+        if spec.ttlSecondsAfterFinished is None or completed is None:
+            return NEVER
+        return completed + timedelta(seconds=spec.ttlSecondsAfterFinished)
+    if phase == api.Phase.RUNNING:
+        renewed = parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
+        if renewed is None:
+            return None  # the lease is not held yet: its deadline counts from the pod's start
+        acquired = parse_time(status.lease.acquireTime)
+        progress = max((m for m in (parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
+        return min(renewed + api.parse_duration(policy.leaseDuration),
+                   progress + api.parse_duration(policy.progressTimeout), max_duration)
+    if spec.suspend != (phase == api.Phase.SUSPENDED):
+        return None
+    if phase == api.Phase.SUSPENDED:
+        return max_duration
+    if phase == api.Phase.BACKOFF:
+        next_time = parse_time(status.nextAttemptTime)
+        return min(next_time, max_duration) if next_time else None
+    if phase == api.Phase.WAITING:
+        waiting = status.waitingFor or api.WaitingFor()
+        if waiting.event and waiting.event in spec.events:
+            return None
+        moments = [m for m in (parse_time(waiting.wakeTime), parse_time(waiting.deadline)) if m]
+        return min(moments, default=NEVER)
+    return None  # Pending: start the next attempt
 
 
 def _admit(t: _Transition) -> None:

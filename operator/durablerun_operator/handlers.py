@@ -62,17 +62,16 @@ async def cleanup(**_: Any) -> None:
         task.cancel()
 
 
-def _enqueue(namespace: str | None, name: str | None) -> None:
-    rec: reconciler.Reconciler | None = _state.get("reconciler")
-    if rec is not None and namespace and name:
-        rec.queue.add((namespace, name))
-
-
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def run_changed(namespace: str | None, name: str | None, **_: Any) -> None:
-    _enqueue(namespace, name)
+async def run_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+    rec: reconciler.Reconciler | None = _state.get("reconciler")
+    if rec is not None:
+        rec.run_changed(dict(body), deleted=type == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL_RUN: kopf.PRESENT})
 async def pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-    _enqueue(namespace, labels.get(api.LABEL_RUN))
+    rec: reconciler.Reconciler | None = _state.get("reconciler")
+    run = labels.get(api.LABEL_RUN)
+    if rec is not None and namespace and run:
+        rec.pod_changed(namespace, run)

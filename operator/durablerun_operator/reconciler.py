@@ -12,10 +12,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from durablerun import api
 from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Conflict, Kube
@@ -62,6 +61,10 @@ class Reconciler:
         self.kube, self.settings, self.metrics = kube, settings, metrics
         self.queue = WorkQueue()
         self._resumes_seen: set[tuple[str, int]] = set()
+        # Runs whose last reconcile found nothing to do and whose pods have not changed since; for them a new
+        # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
+        self._settled: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -82,25 +85,72 @@ class Reconciler:
                 self.queue.done(key)
 
     async def resync_forever(self) -> None:
-        """The level-based safety net: every interval, every run that may need a transition."""
+        """The level-based safety net: every interval, look at every run as if it had just changed."""
         while True:
             try:
-                runs = await self._io(self.kube.list_runs, self.settings.namespaces)
-                for run in runs:
-                    if needs_attention(run):
-                        self.queue.add((run["metadata"]["namespace"], run["metadata"]["name"]))
+                for run in await self._io(self.kube.list_runs, self.settings.namespaces):
+                    self.run_changed(run)
             except Exception:
                 log.exception("resync failed")
             await asyncio.sleep(self.settings.resync_seconds)
+
+    # --- what to reconcile, and when -------------------------------------------------
+
+    def run_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
+        """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self.queue.add(key)
+            return
+        try:
+            run = decide.RunView.from_body(body)
+        except Exception:  # the API server validated it; a reconcile reports whatever is wrong
+            self.queue.add(key)
+            return
+        now = decide.now_utc()
+        self._observe(run, now)
+        if key in self._settled and self._wake_at(key, decide.quiet_until(run), now):
+            return
+        self.queue.add(key)
+
+    def pod_changed(self, namespace: str, run_name: str) -> None:
+        self._settled.discard((namespace, run_name))
+        self.queue.add((namespace, run_name))
+
+    def _wake_at(self, key: Key, until: Any, now: Any) -> bool:
+        """Reconcile ``key`` once ``until`` has passed; False if it has (or is None): reconcile it now."""
+        if until is None or until <= now:
+            return False
+        self._cancel_timer(key)
+        if until != decide.NEVER:
+            delay = (until - now).total_seconds() + 0.05  # decide's deadlines are strict: be just past them
+            self._timers[key] = asyncio.get_running_loop().call_later(delay, self._wake, key)
+        return True
+
+    def _wake(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.queue.add(key)
+
+    def _cancel_timer(self, key: Key) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _forget(self, key: Key) -> None:
+        self._settled.discard(key)
+        self._cancel_timer(key)
 
     # --- one run ---------------------------------------------------------------------
 
     async def reconcile(self, namespace: str, name: str) -> None:
         started = time.perf_counter()
+        key = (namespace, name)
+        self._settled.discard(key)
         try:
             for _ in range(MAX_TRANSITIONS):
                 body = await self._io(self.kube.get_run, namespace, name)
                 if body is None:
+                    self._forget(key)
                     if self.metrics:
                         self.metrics.forget_run(namespace, name)
                     return
@@ -111,6 +161,10 @@ class Reconciler:
                 self._observe(run, now)
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds)
                 if plan.empty:
+                    # Settled, unless a pod is terminating: when one counts as lost is a matter of the clock.
+                    if not any(p.deleting for p in views):
+                        self._settled.add(key)
+                        self._wake_at(key, decide.quiet_until(run), now)
                     return
                 try:
                     await self._apply(run, plan)
@@ -176,28 +230,3 @@ class Reconciler:
                 acquired, ended = decide.parse_time(lease.acquireTime), decide.parse_time(status.lastPodEndTime)
                 if acquired and ended and acquired >= ended:
                     self.metrics.observe_resume_latency((acquired - ended).total_seconds())
-
-
-def needs_attention(run: dict[str, Any]) -> bool:
-    """Whether the periodic check should look at this run (finished runs rarely need to)."""
-    meta, status = run["metadata"], run.get("status") or {}
-    phase = status.get("phase")
-    if meta.get("deletionTimestamp") or phase is None:
-        return True
-    if phase in (api.Phase.SUCCEEDED, api.Phase.FAILED, api.Phase.ABORTED):
-        return bool((run.get("spec") or {}).get("ttlSecondsAfterFinished") is not None
-                    or (status.get("observedGeneration") or 0) < (meta.get("generation") or 0))
-    return True
-
-
-async def run_in_background(coroutine: Awaitable[None], name: str) -> asyncio.Task[None]:
-    async def guarded() -> None:
-        try:
-            await coroutine
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("background task %s died", name)
-            raise
-
-    return asyncio.create_task(guarded(), name=name)
