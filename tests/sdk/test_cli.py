@@ -141,3 +141,40 @@ def test_sigterm_suspends_at_a_step_boundary_and_rerun_resumes(tmp_path: Path) -
     assert json.loads(again.stdout) == sum(range(30))
     executed = marker.read_text().split()
     assert sorted(map(int, executed)) == list(range(30))  # each step exactly once
+
+
+def test_run_and_inspect_a_run_that_continues_as_new(durable_store_spec: StoreSpec) -> None:
+    spec = durable_store_spec
+    base = ["--run-id", "loop", "--store", spec.uri, *spec.cli_args]
+    first = cli(["run", "continuing:loop", *base, "--input",
+                 '{"total": 7, "every": 3, "wait": true}'], env=spec.env)
+    assert first.returncode == Outcome.WAITING.exit_code, first.stderr
+    # The plain display says where each generation starts.
+    assert "continued as new: generation 1 starts after journal record 3" in first.stderr
+    assert "continued as new: generation 2 starts after journal record 7" in first.stderr
+    assert "step 2/0 'turn-6' done" in first.stderr
+
+    table = cli(["inspect", *base], env=spec.env)
+    assert table.returncode == 0, table.stderr
+    assert "$0.70" in table.stdout
+    assert "7 steps" in table.stdout
+    assert ("generation 2 (ctx.continue_as_new 2 time(s)); it starts at record 7: records 7.. "
+            "below; --all shows the earlier ones") in table.stdout
+    assert "turn-6" in table.stdout
+    assert "turn-0" not in table.stdout  # an earlier generation's: only with --all
+    every = cli(["inspect", *base, "--all"], env=spec.env)
+    assert "turn-0" in every.stdout
+    assert "continue_as_new -> generation 1" in every.stdout
+    as_json = json.loads(cli(["inspect", *base, "--json"], env=spec.env).stdout)
+    assert as_json["generation"] == 2
+    assert as_json["generationStart"] == 7
+    assert as_json["totals"] == {"usd": "0.70", "tokens": 35, "steps": 7}
+    assert [(r["position"], r["kind"]) for r in as_json["records"]] == [
+        ("1/3", "continue"), ("2/0", "step"), ("2/1", "wait")]
+
+    assert cli(["send-event", *base, "done"], env=spec.env).returncode == 0
+    done = cli(["run", "continuing:loop", *base], env=spec.env)
+    assert done.returncode == 0, done.stderr
+    assert "resuming _local/loop: 10 journal records, generation 2 (read from record 7)" \
+        in done.stderr
+    assert json.loads(done.stdout) == {"i": 7, "acc": 21}

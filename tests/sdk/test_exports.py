@@ -34,7 +34,7 @@ PUBLIC = {
 }
 
 CONTEXT_METHODS = [
-    "add_cost", "gather", "idempotency_key", "now", "patched", "run_id", "sleep", "step",
+    "add_cost", "continue_as_new", "gather", "idempotency_key", "now", "patched", "run_id", "sleep", "step",
     "uuid", "wait_for_event",
 ]
 

@@ -4,7 +4,7 @@
 
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
-    durablerun inspect --run-id ID [--store URI] [--json]
+    durablerun inspect --run-id ID [--store URI] [--json] [--all]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show a run's journal, cost and state")
     _store_args(inspect)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.add_argument("--all", action="store_true",
+                         help="every generation's records, not only the current one's (reads "
+                              "the whole journal: one object per record on S3)")
 
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
     return parser
@@ -263,10 +266,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rs = store.run_store(ref)
     try:
         loaded = rs.load()
+        records = rs.read_all() if args.all else loaded.records
     finally:
         rs.close()
+    cont = loaded.continuation
+    generation = int(cont.data.get("gen", 0)) if cont is not None else 0
     rows = []
-    for r in loaded.records:
+    for r in records:
         d = r.data
         cost = d.get("cost") or {}
         row: dict[str, Any] = {"seq": r.seq, "position": d.get("pos"), "kind": d.get("kind"),
@@ -274,6 +280,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                "duration": d.get("dur"), "at": d.get("at"), "usd": cost.get("usd"),
                "tokens": cost.get("tokens"), "ref": d.get("ref"),
                "error": (d.get("error") or {}).get("message")}
+        if r.kind == "continue":
+            row["generation"] = d.get("gen")
         rows.append(row)
     status = info.status or {}
     if args.json:
@@ -281,6 +289,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "run": info.run, "store": store.describe(), "manifest": info.manifest,
             "totals": info.totals.to_json(), "journalRecords": info.journal_records,
             "snapshotSeq": info.snapshot_seq, "completed": info.completed,
+            "generation": generation, "generationStart": loaded.base,
             "status": status, "events": info.events, "records": rows,
         }, indent=2, default=str))
         return 0
@@ -300,12 +309,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"totals    ${t.usd}   {t.tokens} tokens   {t.steps} steps   "
           f"{info.journal_records} journal records   snapshot at "
           f"{info.snapshot_seq if info.snapshot_seq is not None else '-'}")
+    if generation:
+        shown = ("all records below" if args.all else
+                 f"records {loaded.base}.. below; --all shows the earlier ones")
+        print(f"generation {generation} (ctx.continue_as_new {generation} time(s)); it starts "
+              f"at record {loaded.base}: {shown}")
     if info.events:
         print(f"events    {', '.join(info.events)}")
     print()
     names = []
     for row in rows:
         name = str(row["name"] or "")
+        if row.get("generation"):
+            name += f" -> generation {row['generation']}"
         if row["ref"]:
             name += f" [ref {row['ref']['size']:,}B]"
         names.append(name if len(name) <= 60 else name[:57] + "...")

@@ -132,12 +132,14 @@ def _default(value: Any) -> Any:
     raise TypeError(type(value).__qualname__)
 
 
-def encode_value(value: Any, *, what: str) -> tuple[bytes, str | None]:
+def encode_value(value: Any, *, what: str, verb: str = "returned",
+                 root: str = "result") -> tuple[bytes, str | None]:
     """Encode a step result (or event payload) as JSON bytes.
 
     Returns the bytes and, when the value is a pydantic model, its class as
     ``module:QualName`` so :func:`decode_value` can rebuild it. Raises
-    ResultNotSerializableError naming ``what``, the offending type and where it is.
+    ResultNotSerializableError naming ``what``, the offending type and where it is
+    (``"<what> <verb> a value that ...: <type> at <root>['key']"``).
     """
     model = None
     if isinstance(value, BaseModel):
@@ -152,15 +154,15 @@ def encode_value(value: Any, *, what: str) -> tuple[bytes, str | None]:
     except (TypeError, ValueError) as first:
         # Slow path only to say exactly what and where.
         try:
-            _plain(value, "result")
+            _plain(value, root)
         except _Unserializable as e:
             raise errors.ResultNotSerializableError(
-                f"{what} returned a value that is not JSON-serializable: {e.type_name} at "
+                f"{what} {verb} a value that is not JSON-serializable: {e.type_name} at "
                 f"{e.path}. Return JSON types (dict, list, str, int, float, bool, None) or a "
                 "pydantic model."
             ) from None
         raise errors.ResultNotSerializableError(
-            f"{what} returned a value that cannot be encoded as JSON: {first}"
+            f"{what} {verb} a value that cannot be encoded as JSON: {first}"
         ) from None
 
 

@@ -6,7 +6,7 @@ import uuid as uuid_mod
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar, overload
+from typing import Any, NoReturn, TypeVar, overload
 
 from durablerun import errors
 from durablerun._private import core
@@ -89,8 +89,9 @@ class DurableContext:
             raise errors.WorkflowError(f"step {name!r}: fn must be callable, got {fn!r}")
         if retries is not None and (not isinstance(retries, int) or retries < 0):
             raise errors.WorkflowError(f"step {name!r}: retries must be an int >= 0")
-        pos = self._core.allocate(f"ctx.step({name!r})")
-        return self._core.step(pos, name, fn, args, kwargs, retries)
+        c = self._core
+        pos = c.pstr(c.allocate(f"ctx.step({name!r})"))
+        return c.step(pos, c.gen, name, fn, args, kwargs, retries)
 
     async def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
         """Run awaitables concurrently with deterministic journal positions.
@@ -102,6 +103,27 @@ class DurableContext:
         others journaled.
         """
         return await self._core.gather(aws, return_exceptions)
+
+    async def continue_as_new(self, input: Any) -> NoReturn:
+        """End this generation of the workflow and start it again with ``input``.
+
+        Journals a record holding ``input`` (JSON-serializable or a pydantic
+        model, checked like a step result), then unwinds the workflow
+        function: this call never returns. The engine calls the workflow
+        function again, in the same attempt, with ``input`` as its input (as
+        a replay would decode it). The journal goes on: totals, budgets and
+        events carry over, and positions of the new generation are prefixed
+        with its number (``"3/0"``), so idempotency keys never repeat.
+
+        A resume starts from the last continuation: it reads and replays only
+        the current generation, however long the run has been going. Use it
+        in long loops (an agent's turns, a poller) every few hundred or
+        thousand steps, carrying the state the loop needs in ``input``.
+
+        Call it from the workflow function itself, with no step still
+        running: not inside a step or a ``ctx.gather`` branch.
+        """
+        await self._core.continue_as_new(input)
 
     # --- waiting ------------------------------------------------------------------------
     async def wait_for_event(

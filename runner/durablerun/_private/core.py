@@ -11,6 +11,13 @@ operation of branch 2 of a ``ctx.gather`` at position 7 (each gather branch
 counts in its own scope, so the timing of concurrent branches never changes
 a position). Journal *sequence numbers* are separate: the order records were
 written in, which is what writers race for.
+
+``ctx.continue_as_new(input)`` ends a *generation* of the workflow: the
+engine calls the workflow function again with the new input, in the same
+attempt, and the journal goes on. Generation ``g > 0`` prefixes its
+positions with ``"g/"`` (``"3/7.2.0"``), so positions (and the idempotency
+keys built from them) never repeat across generations, and each generation's
+replay matches only its own records.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from durablerun import errors
 from durablerun._private import codec
@@ -48,7 +55,20 @@ _OP_KINDS = {
     "value": frozenset({"value"}),
     "sleep": frozenset({"sleep"}),
     "wait": frozenset({"wait", "event"}),
+    "continue": frozenset({"continue"}),
 }
+
+
+def gen_prefix(gen: int) -> str:
+    """The position prefix of generation ``gen`` (none for the first)."""
+    return f"{gen}/" if gen else ""
+
+
+class ContinueAsNew(BaseException):
+    """Unwinds the workflow function after its continue_as_new record is durable.
+
+    A BaseException, so ``except Exception`` in workflow code does not stop it.
+    """
 
 
 @dataclass
@@ -127,14 +147,36 @@ class Live:
     inflight_steps: int = 0
     last_progress: float = field(default_factory=time.monotonic)
     sleeping: int = 0
+    #: Steps between their start and their journal record (continue_as_new waits for none).
+    open_steps: int = 0
+    #: Position prefix of the current generation ("" for the first, "3/" for the fourth).
+    prefix: str = ""
+
+    def reset(self, prefix: str) -> None:
+        """A new generation: nothing journaled before it is looked up again."""
+        self.prefix = prefix
+        self.index = {}
+        self.scope_max = {}
 
     def add(self, record: Record) -> None:
         kind = record.kind
+        if kind == "continue":
+            return  # it ended the previous generation; nothing looks it up
+        pos = record.pos
+        if kind != "complete":
+            if self.prefix:
+                if not pos.startswith(self.prefix):
+                    return  # another generation's record
+                local = pos[len(self.prefix):]
+            elif "/" in pos:
+                return
+            else:
+                local = pos
         key = f"patch:{record.name}" if kind == "patch" else kind
-        self.index.setdefault(record.pos, {})[key] = record
+        self.index.setdefault(pos, {})[key] = record
         if kind in ("patch", "complete"):
             return
-        t = pos_tuple(record.pos)
+        t = pos_tuple(local)
         for j in range(0, len(t), 2):
             prefix = t[:j]
             if self.scope_max.get(prefix, -1) < t[j]:
@@ -190,6 +232,11 @@ class AttemptCore:
         self.stop_event = asyncio.Event()
         self.max_cost = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
         self.max_duration = parse_duration(policy.maxDuration)
+        #: The generation being run, and the continue_as_new record that started it.
+        self.continuation: Record | None = live.loaded.continuation
+        self.gen = int(self.continuation.data.get("gen", 1)) if self.continuation else 0
+        #: Set once this generation's continue_as_new record is durable.
+        self.continued: Record | None = None
 
     # --- plumbing -----------------------------------------------------------------
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -208,7 +255,21 @@ class AttemptCore:
     def new_pass(self) -> None:
         self.reached = set()
 
+    def start_generation(self, record: Record) -> None:
+        """Run generation ``record["gen"]`` next, from continuation ``record``."""
+        self.gen = int(record.data.get("gen", self.gen + 1))
+        self.continuation = record
+        self.continued = None
+        self.live.reset(gen_prefix(self.gen))
+        self.reached = set()
+
+    def pstr(self, pos: tuple[int, ...]) -> str:
+        """A position of the current generation as the journal writes it."""
+        return self.live.prefix + pos_str(pos)
+
     def allocate(self, what: str) -> tuple[int, ...]:
+        if self.continued is not None:
+            raise ContinueAsNew()  # the generation is over: keep unwinding
         scope = SCOPE.get()
         if STEP.get() is not None:
             raise Halt(HaltKind.FAIL, f"{what} was called inside a step; steps cannot nest: "
@@ -223,7 +284,7 @@ class AttemptCore:
             )
         pos = (*scope.prefix, scope.counter)
         scope.counter += 1
-        self.reached.add(pos_str(pos))
+        self.reached.add(self.pstr(pos))
         return pos
 
     def peek(self) -> tuple[int, ...] | None:
@@ -290,7 +351,12 @@ class AttemptCore:
                 raise Halt(HaltKind.FENCE, str(e), error=e) from None
             except errors.StoreError as e:
                 raise Halt(HaltKind.CRASH, str(e), error=e) from None
-            live.loaded.records.append(record)
+            if record.kind == "continue":
+                # The new generation starts here: earlier records are not kept in memory
+                # (a snapshot still being written holds its own reference to them).
+                live.loaded.rebase(record)
+            else:
+                live.loaded.records.append(record)
             live.add(record)
             live.totals = totals
             live.pending_usd, live.pending_tokens = Decimal(0), 0
@@ -426,13 +492,14 @@ class AttemptCore:
         self.check_before_new_op(step=False)
 
     # --- results --------------------------------------------------------------------------
-    async def encode_result(self, value: Any, what: str) -> tuple[dict[str, Any], Any]:
+    async def encode_result(self, value: Any, what: str, verb: str = "returned",
+                            root: str = "result") -> tuple[dict[str, Any], Any]:
         """Record fields for a result, and the value the workflow gets back."""
-        body, model = codec.encode_value(value, what=what)
+        body, model = codec.encode_value(value, what=what, verb=verb, root=root)
         size = len(body)
         if size > self.config.result_hard_limit:
             raise errors.ResultTooLargeError(
-                f"{what} returned {size:,} bytes of JSON, over the hard limit of "
+                f"{what} {verb} {size:,} bytes of JSON, over the hard limit of "
                 f"{self.config.result_hard_limit:,} bytes (EngineConfig.result_hard_limit, "
                 "--max-result-bytes). Store large data elsewhere and return a reference."
             )
@@ -474,9 +541,21 @@ class AttemptCore:
             raise Halt(HaltKind.FAIL, str(e), error=e) from None
 
     # --- operations ----------------------------------------------------------------------
-    async def step(self, pos_t: tuple[int, ...], name: str, fn: Callable[..., Any],
+    async def step(self, pos: str, gen: int, name: str, fn: Callable[..., Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any], retries: int | None) -> Any:
-        pos = pos_str(pos_t)
+        if self.continued is not None:
+            raise ContinueAsNew()  # called before continue_as_new, awaited after it
+        if gen != self.gen:
+            raise _misuse(f"step {name!r} was called in workflow generation {gen} and awaited "
+                          f"in generation {self.gen}: await steps before ctx.continue_as_new()")
+        self.live.open_steps += 1
+        try:
+            return await self._step(pos, name, fn, args, kwargs, retries)
+        finally:
+            self.live.open_steps -= 1
+
+    async def _step(self, pos: str, name: str, fn: Callable[..., Any],
+                    args: tuple[Any, ...], kwargs: dict[str, Any], retries: int | None) -> Any:
         what = f"step {name!r} (position {pos})"
         recs = self.lookup(pos, "step", name)
         if recs:
@@ -560,7 +639,7 @@ class AttemptCore:
         return capped * random.uniform(0.5, 1.0)
 
     def value(self, kind: str, make: Callable[[], str]) -> str:
-        pos = pos_str(self.allocate(f"ctx.{kind}()"))
+        pos = self.pstr(self.allocate(f"ctx.{kind}()"))
         recs = self.lookup(pos, "value", kind)
         if recs:
             return str(recs["value"].data["value"])
@@ -569,7 +648,7 @@ class AttemptCore:
         return value
 
     async def sleep(self, duration: timedelta) -> None:
-        pos = pos_str(self.allocate("ctx.sleep()"))
+        pos = self.pstr(self.allocate("ctx.sleep()"))
         recs = self.lookup(pos, "sleep", "sleep")
         if recs:
             wake = parse_iso(recs["sleep"].data["wake_at"])
@@ -591,7 +670,7 @@ class AttemptCore:
         name: str,
         timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
     ) -> Any:
-        pos = pos_str(self.allocate("ctx.wait_for_event()"))
+        pos = self.pstr(self.allocate("ctx.wait_for_event()"))
         recs = self.lookup(pos, "wait", name)
         end = recs.get("event")
         if end is not None:
@@ -630,11 +709,13 @@ class AttemptCore:
         raise errors.EventTimeout(record.name, str(deadline))
 
     def patched(self, change_id: str) -> bool:
+        if self.continued is not None:
+            raise ContinueAsNew()
         cur = self.peek()
         if cur is None or STEP.get() is not None:
             raise errors.WorkflowError("ctx.patched() belongs in the workflow function, "
                                        "not in a step or another thread")
-        pos = pos_str(cur)
+        pos = self.pstr(cur)
         if f"patch:{change_id}" in self.live.index.get(pos, {}):
             return True
         if self.live.replaying_at(cur):
@@ -648,12 +729,42 @@ class AttemptCore:
             frame.usd += usd
             frame.tokens += tokens
             return
+        if self.continued is not None:
+            raise ContinueAsNew()  # the generation is over: nothing after it counts
         cur = self.peek()
         if cur is not None and self.live.replaying_at(cur):
             return  # already counted in the journal record that followed it
         with self._tlock:
             self.live.pending_usd += usd
             self.live.pending_tokens += tokens
+
+    async def continue_as_new(self, new_input: Any) -> NoReturn:
+        what = "ctx.continue_as_new()"
+        if STEP.get() is not None:
+            raise _misuse(f"{what} was called inside a step: it ends the workflow function's "
+                          "current generation, so call it from the workflow function itself")
+        scope = SCOPE.get(None)
+        if scope is not None and scope.prefix:
+            raise _misuse(f"{what} was called inside a ctx.gather branch (position "
+                          f"{self.pstr(scope.prefix)}): it ends the whole workflow function, not "
+                          "one branch; call it from the workflow function after the gather")
+        pos = self.pstr(self.allocate(what))
+        if self.live.open_steps:
+            raise _misuse(f"{what} was called while {self.live.open_steps} step(s) were still "
+                          "running: await every step (and gather) before continuing")
+        recs = self.lookup(pos, "continue", "continue_as_new")
+        if recs:
+            self.continued = recs["continue"]
+            raise ContinueAsNew()
+        self.check_unreached()
+        self.check_before_new_op(step=False)
+        self.check_duration()
+        fields, _ = await self.encode_result(new_input, f"the input given to {what}",
+                                             verb="is", root="input")
+        record = await self.commit({"pos": pos, "kind": "continue", "name": "continue_as_new",
+                                    "gen": self.gen + 1, **fields})
+        self.continued = record
+        raise ContinueAsNew()
 
     async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:
         g = self.allocate("ctx.gather()")
@@ -691,6 +802,10 @@ class AttemptCore:
                     "journaled was changed."
                 )
                 raise Halt(HaltKind.FAIL, str(err), error=err)
+
+
+def _misuse(message: str) -> Halt:
+    return Halt(HaltKind.FAIL, message, error=errors.WorkflowError(message))
 
 
 class _Raw:

@@ -28,7 +28,9 @@ class PlainProgress(ProgressSink):
 
     def run_started(self, *, info: RunStarted) -> None:
         if info.resumed:
-            self._line(f"resuming {info.run}: {info.journal_records} journal records "
+            gen = (f", generation {info.generation} (read from record {info.first_loaded})"
+                   if info.generation else "")
+            self._line(f"resuming {info.run}: {info.journal_records} journal records{gen} "
                        f"({info.objects_read} objects read)")
         else:
             self._line(f"starting {info.run}")
@@ -38,6 +40,9 @@ class PlainProgress(ProgressSink):
     ) -> None:
         state = "done" if ok else "FAILED"
         self._line(f"step {position} {name!r} {state} in {duration:.3f}s")
+
+    def continued_as_new(self, *, generation: int, seq: int) -> None:
+        self._line(f"continued as new: generation {generation} starts after journal record {seq}")
 
     def warning(self, message: str) -> None:
         self._line(f"warning: {message}")
@@ -52,6 +57,7 @@ class TtyProgress(ProgressSink):
         self.current = ""
         self.usd = Decimal(0)
         self.tokens = 0
+        self.generation = 0
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._last_draw = 0.0
@@ -62,7 +68,8 @@ class TtyProgress(ProgressSink):
             return
         self._last_draw = now
         width = shutil.get_terminal_size((80, 20)).columns
-        text = (f"⏵ {self.done} steps · now: {self.current or '-'} · ${self.usd} · "
+        gen = f"gen {self.generation} · " if self.generation else ""
+        text = (f"⏵ {self.done} steps · {gen}now: {self.current or '-'} · ${self.usd} · "
                 f"{self.tokens} tokens · {now - self.started:.0f}s")
         with self._lock:
             self.stream.write("\r\x1b[2K" + text[: max(10, width - 1)])
@@ -70,7 +77,9 @@ class TtyProgress(ProgressSink):
 
     def run_started(self, *, info: RunStarted) -> None:
         verb = "resuming" if info.resumed else "starting"
-        self.stream.write(f"{verb} {info.run} ({info.journal_records} journal records)\n")
+        self.generation = info.generation
+        gen = f", generation {info.generation}" if info.generation else ""
+        self.stream.write(f"{verb} {info.run} ({info.journal_records} journal records{gen})\n")
 
     def step_started(self, *, position: str, name: str, attempt: int) -> None:
         self.current = name if attempt == 1 else f"{name} (try {attempt})"
@@ -86,6 +95,10 @@ class TtyProgress(ProgressSink):
 
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         self.usd, self.tokens = usd, tokens
+        self._draw()
+
+    def continued_as_new(self, *, generation: int, seq: int) -> None:
+        self.generation = generation
         self._draw()
 
     def warning(self, message: str) -> None:

@@ -24,7 +24,7 @@ from durablerun import errors
 from durablerun._private import codec, core, layout
 from durablerun._private.context import DurableContext
 from durablerun._private.halts import Halt, HaltKind
-from durablerun._private.journal import Loaded, RunStore, Totals, iso, parse_iso
+from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun.api import AbortReason, Outcome, Policy, parse_duration
@@ -144,6 +144,10 @@ class RunStarted:
     resumed: bool
     objects_read: int
     code_version: str
+    #: The workflow generation the attempt resumes (0 until ctx.continue_as_new is called).
+    generation: int = 0
+    #: Sequence number of the record the loaded journal starts at (its last continuation).
+    first_loaded: int = 0
 
 
 # --- loading workflows -------------------------------------------------------------
@@ -235,6 +239,7 @@ class Run:
         self._stop_at: float | None = None
         self._abort: tuple[AbortReason, str] | None = None
         self._fence: str | None = None
+        self._next_hb = 0.0
         self.attempt_id = uuid.uuid4().hex[:16]
 
     # --- control from other threads --------------------------------------------------------
@@ -380,12 +385,18 @@ class Run:
         for w in loaded.warnings:
             self.sinks.warning(w)
         live = core.Live(loaded=loaded, totals=loaded.totals)
+        cont = loaded.continuation
+        generation = 0
+        if cont is not None:
+            # Resume in the generation the last ctx.continue_as_new started.
+            generation = _generation_of(cont, self.ref)
+            live.prefix = core.gen_prefix(generation)
         for record in loaded.records:
             live.add(record)
         self.sinks.run_started(info=RunStarted(
             run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
             resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
-            code_version=code_version))
+            code_version=code_version, generation=generation, first_loaded=loaded.base))
 
         if loaded.records and loaded.records[-1].kind == "complete":
             done = loaded.records[-1]
@@ -430,9 +441,22 @@ class Run:
 
     async def _passes(self, fn: Workflow, c: core.AttemptCore, rs: RunStore,
                       code_version: str) -> AttemptResult:
-        """Run the workflow; re-run it in process while a wait is already satisfied."""
-        for _ in range(10_000):
+        """Run the workflow; re-run it in process while a wait is already satisfied, and
+        run the next generation after each ctx.continue_as_new."""
+        self._next_hb = time.monotonic() + self.config.heartbeat_interval.total_seconds()
+        waits = 0
+        while True:
             outcome = await self._one_pass(fn, c)
+            if isinstance(outcome, Record):
+                # continue_as_new: its record is durable; the next generation starts now.
+                c.start_generation(outcome)
+                self.sinks.continued_as_new(generation=c.gen, seq=outcome.seq)
+                waits = 0
+                stalled = self._stalled(c)
+                if stalled is not None:
+                    outcome = self._halt_result(stalled, c.live)
+                else:
+                    continue
             if isinstance(outcome, AttemptResult):
                 await self._finish(c, rs, outcome, code_version)
                 return outcome
@@ -449,10 +473,13 @@ class Run:
                 return AttemptResult(Outcome.FENCED, c.fenced, totals=c.live.totals,
                                      journal_records=c.live.loaded.next_seq)
             if not still:
+                waits += 1
+                if waits >= 10_000:
+                    raise errors.WorkflowError(
+                        "the workflow kept waiting for things already available")
                 c.new_pass()
                 continue
             return result
-        raise errors.WorkflowError("the workflow kept waiting for things already available")
 
     async def _still_waiting(self, c: core.AttemptCore, rs: RunStore, w: WaitingFor) -> bool:
         now = datetime.now(UTC)
@@ -485,7 +512,20 @@ class Run:
                 return False
         return True
 
-    async def _one_pass(self, fn: Workflow, c: core.AttemptCore) -> AttemptResult | WaitingFor:
+    async def _one_pass(self, fn: Workflow,
+                        c: core.AttemptCore) -> AttemptResult | WaitingFor | Record:
+        """One pass of the current generation. Returns how it ended, or the
+        continue_as_new record that ended the generation."""
+        live = c.live
+        if c.continuation is None:
+            wf_input = self.input
+        else:
+            try:
+                # Decoded afresh for every pass, exactly as a resume decodes it.
+                wf_input = await c.recorded_value(
+                    c.continuation, f"the input of workflow generation {c.gen}")
+            except Halt as h:
+                return self._halt_result(h, live)
         ctx = DurableContext(c)
         loop = asyncio.get_running_loop()
         scope = core.Scope((), None)
@@ -495,18 +535,17 @@ class Run:
 
         async def main() -> Any:
             scope.owner = asyncio.current_task()
-            return await fn(ctx, self.input)
+            return await fn(ctx, wf_input)
 
         task = loop.create_task(main(), context=cv)
         cancelled_for: Halt | None = None
         hb = self.config.heartbeat_interval.total_seconds()
-        next_hb = time.monotonic() + hb
         progress_timeout = _duration(self.policy.progressTimeout)
         assert self._wake is not None
         while not task.done():
             wake_task = loop.create_task(self._wake.wait())
             now = time.monotonic()
-            timeout = min(next_hb - now, 1.0)
+            timeout = min(self._next_hb - now, 1.0)
             if self._stop_at is not None:
                 timeout = min(timeout, self._stop_at - now)
             timeout = max(0.0, timeout)
@@ -525,12 +564,8 @@ class Run:
                 cancelled_for = Halt(HaltKind.SUSPEND,
                                      "stopped as requested; steps still running after the "
                                      "grace period were cancelled and will run again")
-            elif c.live.sleeping == 0 and now - c.live.last_progress > progress_timeout:
-                cancelled_for = Halt(
-                    HaltKind.ABORT,
-                    f"no step completed for {self.policy.progressTimeout} "
-                    "(policy.progressTimeout): raise it or fix the hanging step, then run again",
-                    reason=AbortReason.PROGRESS_TIMEOUT)
+            elif (stalled := self._stalled(c, progress_timeout)) is not None:
+                cancelled_for = stalled
             else:
                 try:
                     c.check_duration()
@@ -541,13 +576,18 @@ class Run:
                 with contextlib.suppress(BaseException):
                     await task
                 break
-            if now >= next_hb:
+            if now >= self._next_hb:
                 self.sinks.heartbeat(time=datetime.now(UTC))
-                next_hb = now + hb
+                self._next_hb = now + hb
 
-        live = c.live
         if cancelled_for is not None:
             return self._halt_result(cancelled_for, live)
+        if c.continued is not None:
+            # The continuation is journaled: the generation is over, however the function
+            # unwound (a resume would start the next generation too).
+            if not task.cancelled():
+                task.exception()  # retrieved: normally the ContinueAsNew signal itself
+            return c.continued
         exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
         if exc is None:
             return await self._complete(c, task.result())
@@ -581,6 +621,17 @@ class Run:
                                  journal_records=live.loaded.next_seq)
         return AttemptResult(Outcome.COMPLETED, "the workflow completed", result=result,
                              totals=live.totals, journal_records=live.loaded.next_seq)
+
+    def _stalled(self, c: core.AttemptCore, progress_timeout: float | None = None) -> Halt | None:
+        """The progress timeout, if no step completed for that long while running."""
+        if progress_timeout is None:
+            progress_timeout = _duration(self.policy.progressTimeout)
+        if c.live.sleeping == 0 and time.monotonic() - c.live.last_progress > progress_timeout:
+            return Halt(HaltKind.ABORT,
+                        f"no step completed for {self.policy.progressTimeout} "
+                        "(policy.progressTimeout): raise it or fix the hanging step, then run again",
+                        reason=AbortReason.PROGRESS_TIMEOUT)
+        return None
 
     def _halt_result(self, h: Halt, live: core.Live) -> AttemptResult:
         kind_outcome = {
@@ -625,6 +676,14 @@ class Run:
         doc.update({"attempt": self.attempt_id, "time": iso(time.time()),
                     "codeVersion": code_version, "sdk": SDK_VERSION})
         return doc
+
+
+def _generation_of(record: Record, ref: layout.RunRef) -> int:
+    gen = record.data.get("gen")
+    if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
+        raise errors.CorruptionError(
+            f"continuation record {record.seq} has no valid generation number", run=str(ref))
+    return gen
 
 
 def _waiting_message(w: WaitingFor) -> str:

@@ -27,13 +27,23 @@ Record format (layout v1), one JSON object per journal position::
 
 ``kind`` is one of ``step``, ``value`` (ctx.now / ctx.uuid), ``sleep``,
 ``wait`` (the deadline of a wait_for_event), ``event`` (its resolution),
-``patch`` (a ctx.patched marker) and ``complete`` (the workflow's result).
+``patch`` (a ctx.patched marker), ``continue`` (ctx.continue_as_new: ``gen``,
+the generation it starts, and its input as ``value``/``ref``/``model``) and
+``complete`` (the workflow's result).
+
+Continuations bound what a resume reads. A resume starts at the run's last
+``continue`` record: the snapshot pointer records where its chunks start
+(``base``: the last continuation when it was saved, 0 without), so a
+snapshot never covers an earlier generation, and a continuation in the
+journal tail after the snapshot makes its chunks unnecessary (not read).
+Nothing is deleted: earlier generations' records and chunks stay in the
+store (``RunStore.read_all`` and ``durablerun inspect --all`` read them).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -114,20 +124,52 @@ class Chunk:
         return {"key": self.key, "first": self.first, "last": self.last}
 
 
-@dataclass
 class Loaded:
-    """A run's journal as read at the start of an attempt."""
+    """A run's journal as read at the start of an attempt.
 
-    records: list[Record]
-    chunks: list[Chunk]
-    snapshot_seq: int  # last seq covered by the snapshot, -1 if none
-    snapshot_etag: str | None
-    objects_read: int
-    warnings: list[str] = field(default_factory=list)
+    ``records`` starts at sequence number ``base``: 0, or the run's last
+    ``ctx.continue_as_new`` record (what came before it is never read again).
+    An attempt appends to ``records``; a continuation starts them again (:meth:`rebase`).
+    """
+
+    def __init__(self, records: list[Record], chunks: list[Chunk], snapshot_seq: int,
+                 snapshot_etag: str | None, objects_read: int,
+                 warnings: list[str] | None = None, base: int = 0) -> None:
+        self._view: tuple[int, list[Record]] = (base, records)
+        self.chunks = chunks
+        #: Last seq covered by the snapshot pointer, -1 if none.
+        self.snapshot_seq = snapshot_seq
+        self.snapshot_etag = snapshot_etag
+        self.objects_read = objects_read
+        self.warnings = warnings if warnings is not None else []
+
+    @property
+    def records(self) -> list[Record]:
+        return self._view[1]
+
+    @property
+    def base(self) -> int:
+        """The sequence number of ``records[0]``."""
+        return self._view[0]
+
+    def view(self) -> tuple[int, list[Record]]:
+        """``(base, records)`` as one consistent pair (for the snapshot thread)."""
+        return self._view
+
+    def rebase(self, record: Record) -> None:
+        """Forget everything before continuation ``record``; it becomes ``records[0]``."""
+        self._view = (record.seq, [record])
+
+    @property
+    def continuation(self) -> Record | None:
+        """The ``continue`` record the current generation started from, if any."""
+        records = self.records
+        return records[0] if records and records[0].kind == "continue" else None
 
     @property
     def next_seq(self) -> int:
-        return len(self.records)
+        base, records = self._view
+        return base + len(records)
 
     @property
     def totals(self) -> Totals:
@@ -142,6 +184,14 @@ def _chunk_lines(body: bytes, where: str) -> list[bytes]:
     if not inner:
         return []
     return inner.split(b",\n")
+
+
+def _last_continuation(records: list[Record]) -> int | None:
+    """Index of the last ``continue`` record in ``records``, if any."""
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].kind == "continue":
+            return i
+    return None
 
 
 def iso(t: datetime | float) -> str:
@@ -205,66 +255,130 @@ class RunStore:
             )
         return Record(seq, data, body)
 
-    def load(self, *, for_writing: bool = False) -> Loaded:
-        """Read the snapshot (if any) and the journal records after it."""
-        objects = 0
-        warnings: list[str] = []
-        records: list[Record] = []
-        chunks: list[Chunk] = []
-        snap_seq, snap_etag = -1, None
-        for _ in range(3):
-            pointer = self.backend.get_versioned(self.key(layout.SNAPSHOT))
-            objects += 1
-            if pointer is None:
-                break
-            where = self.key(layout.SNAPSHOT)
-            meta = codec.loads(codec.unseal(pointer[0], what=where), what=where)
-            chunks = [Chunk(c["key"], int(c["first"]), int(c["last"])) for c in meta["chunks"]]
-            bodies = self.backend.get_many([self.key(c.key) for c in chunks])
-            objects += len(chunks)
-            if any(b is None for b in bodies):
-                continue  # the pointer moved on under us (or a chunk is lost): try again
-            records = []
-            for chunk, sealed in zip(chunks, bodies, strict=True):
-                assert sealed is not None
-                ck = self.key(chunk.key)
-                body = codec.unseal(sealed, what=ck)
-                if not chunk.key.endswith(f"{codec.sha256_hex(body)}.json"):
-                    raise errors.CorruptionError("chunk content does not match its name", key=ck)
-                lines = _chunk_lines(body, ck)
-                items = codec.loads(body, what=ck)  # one parse of the whole array
-                if not isinstance(items, list) or len(items) != len(lines):
-                    raise errors.CorruptionError("snapshot chunk does not parse", key=ck)
-                for line, item in zip(lines, items, strict=True):
-                    if not isinstance(item, dict) or item.get("seq") != len(records):
-                        raise errors.CorruptionError(
-                            f"snapshot chunk holds seq {item.get('seq') if isinstance(item, dict) else '?'}"
-                            f" where {len(records)} belongs", key=ck)
-                    records.append(Record(len(records), item, line))
-            snap_seq, snap_etag = int(meta["seq"]), pointer[1]
-            if len(records) != snap_seq + 1:
+    def _read_tail(self, from_seq: int, for_writing: bool) -> tuple[list[Record], int]:
+        """Decoded journal records from ``from_seq`` on, and how many objects that read."""
+        raw = self.journal().read(from_seq, repair=for_writing)
+        out: list[Record] = []
+        for seq, sealed in raw:
+            if seq != from_seq + len(out):
                 raise errors.CorruptionError(
-                    f"snapshot covers {len(records)} records but claims seq {snap_seq}",
-                    key=where)
-            break
-        else:
-            warnings.append(
-                "the snapshot pointer names a chunk that does not exist; read the whole "
-                "journal instead (slower, same result)"
-            )
-            records, chunks, snap_seq, snap_etag = [], [], -1, None
-            current = self.backend.get_versioned(self.key(layout.SNAPSHOT))
-            snap_etag = None if current is None else current[1]
-        tail = self.journal().read(snap_seq + 1, repair=for_writing)
-        objects += max(1, len(tail)) if not self.backend.io_inline else 1
-        for seq, sealed in tail:
-            if seq != len(records):
-                raise errors.CorruptionError(
-                    f"journal has a gap: expected position {len(records)}, found {seq}",
+                    f"journal has a gap: expected position {from_seq + len(out)}, found {seq}",
                     key=self.key(layout.journal_key(seq)),
                 )
-            records.append(self._decode_record(seq, sealed, self.key(layout.journal_key(seq))))
-        return Loaded(records, chunks, snap_seq, snap_etag, objects, warnings)
+            out.append(self._decode_record(seq, sealed, self.key(layout.journal_key(seq))))
+        return out, (max(1, len(raw)) if not self.backend.io_inline else 1)
+
+    def _read_chunks(self, chunks: list[Chunk], base: int) -> list[Record] | None:
+        """The records of a snapshot's chunks (from ``base``), or None if a chunk is missing."""
+        bodies = self.backend.get_many([self.key(c.key) for c in chunks])
+        if any(b is None for b in bodies):
+            return None
+        records: list[Record] = []
+        for chunk, sealed in zip(chunks, bodies, strict=True):
+            assert sealed is not None
+            ck = self.key(chunk.key)
+            body = codec.unseal(sealed, what=ck)
+            if not chunk.key.endswith(f"{codec.sha256_hex(body)}.json"):
+                raise errors.CorruptionError("chunk content does not match its name", key=ck)
+            lines = _chunk_lines(body, ck)
+            items = codec.loads(body, what=ck)  # one parse of the whole array
+            if not isinstance(items, list) or len(items) != len(lines):
+                raise errors.CorruptionError("snapshot chunk does not parse", key=ck)
+            for line, item in zip(lines, items, strict=True):
+                seq = base + len(records)
+                if not isinstance(item, dict) or item.get("seq") != seq:
+                    raise errors.CorruptionError(
+                        f"snapshot chunk holds seq {item.get('seq') if isinstance(item, dict) else '?'}"
+                        f" where {seq} belongs", key=ck)
+                if item.get("kind") == "continue" and records:
+                    # A snapshot always starts at the last continuation before it; should one
+                    # ever hold a later one, what came before that is not needed either.
+                    base, records = seq, []
+                records.append(Record(seq, item, line))
+        return records
+
+    def load(self, *, for_writing: bool = False) -> Loaded:
+        """Read the run's current generation: the snapshot (if any) and the journal after it.
+
+        A run that called ``ctx.continue_as_new`` is read from its last
+        continuation record on: the snapshot pointer names the continuation its
+        chunks start at (``base``), and a continuation in the journal tail
+        after the snapshot makes the chunks unnecessary (they are not read).
+        Records before the last continuation are never read or decoded.
+        """
+        objects = 0
+        warnings: list[str] = []
+        where = self.key(layout.SNAPSHOT)
+        for _ in range(3):
+            pointer = self.backend.get_versioned(where)
+            objects += 1
+            chunks: list[Chunk] = []
+            snap_seq, snap_etag, base = -1, None, 0
+            if pointer is not None:
+                meta = codec.loads(codec.unseal(pointer[0], what=where), what=where)
+                chunks = [Chunk(c["key"], int(c["first"]), int(c["last"])) for c in meta["chunks"]]
+                snap_seq, snap_etag = int(meta["seq"]), pointer[1]
+                base = int(meta.get("base", 0))
+            tail, read = self._read_tail(snap_seq + 1, for_writing)
+            objects += read
+            last_cont = _last_continuation(tail)
+            if last_cont is not None:
+                # The generation started after the snapshot: its chunks are not needed.
+                records = tail[last_cont:]
+                return Loaded(records, [], snap_seq, snap_etag, objects, warnings,
+                              base=records[0].seq)
+            if pointer is None:
+                return Loaded(tail, [], -1, None, objects, warnings)
+            objects += len(chunks)
+            if not chunks or chunks[0].first != base:
+                raise errors.CorruptionError(
+                    f"snapshot pointer's chunks do not start at its base {base}", key=where)
+            records_or_none = self._read_chunks(chunks, base)
+            if records_or_none is None:
+                continue  # the pointer moved on under us (or a chunk is lost): try again
+            records = records_or_none
+            base = records[0].seq if records else base
+            if base + len(records) != snap_seq + 1:
+                raise errors.CorruptionError(
+                    f"snapshot covers records {base}..{base + len(records) - 1} but claims seq "
+                    f"{snap_seq}", key=where)
+            if base and records[0].kind != "continue":
+                raise errors.CorruptionError(
+                    f"snapshot starts at record {base}, which is not a continuation", key=where)
+            if len(chunks) and chunks[0].first != base:
+                chunks = []  # they start before the continuation found inside them
+            records.extend(tail)
+            return Loaded(records, chunks, snap_seq, snap_etag, objects, warnings, base=base)
+        warnings.append(
+            "the snapshot pointer names a chunk that does not exist; read the whole journal "
+            "(of the current generation) instead: slower, same result"
+        )
+        current = self.backend.get_versioned(where)
+        snap_etag = None if current is None else current[1]
+        base = 0
+        if current is not None:
+            meta = codec.loads(codec.unseal(current[0], what=where), what=where)
+            base = int(meta.get("base", 0))
+        # The journal from the pointer's base on (the last continuation it knows of).
+        records, read = self._read_tail(base, for_writing)
+        objects += read
+        if base and (not records or records[0].kind != "continue"):
+            raise errors.CorruptionError(
+                f"the snapshot pointer names record {base} as a continuation, the journal "
+                "does not", key=where)
+        last_cont = _last_continuation(records)
+        if last_cont is not None:
+            records = records[last_cont:]
+            base = records[0].seq
+        return Loaded(records, [], -1, snap_etag, objects, warnings, base=base)
+
+    def read_all(self) -> list[Record]:
+        """Every record of the journal from seq 0, every generation (for ``inspect --all``).
+
+        One object per record on S3: slow for long journals; an attempt never does this.
+        """
+        records, _ = self._read_tail(0, False)
+        return records
 
     def append(self, record: Record) -> str:
         """Seal and append one record at ``record.seq``; durable on return."""
@@ -279,13 +393,19 @@ class RunStore:
         or None when there was nothing new or a newer snapshot already exists.
         Safe to run on another thread while records are appended: it reads only
         records up to ``upto``, which never change.
+
+        A snapshot covers the current generation only: its chunks start at the
+        last continuation (``loaded.base``, written to the pointer as ``base``);
+        chunks of earlier generations drop out of the pointer (they stay in the
+        store). A snapshot up to a record before the last continuation is
+        skipped: the continuation superseded it.
         """
-        records = loaded.records
-        last = len(records) - 1 if upto is None else upto
-        if last <= loaded.snapshot_seq:
+        base, records = loaded.view()
+        last = base + len(records) - 1 if upto is None else upto
+        if last <= loaded.snapshot_seq or last < base:
             return None
-        chunks = list(loaded.chunks)
-        chunks.append(Chunk("", loaded.snapshot_seq + 1, last))
+        chunks = [c for c in loaded.chunks if c.first >= base]
+        chunks.append(Chunk("", loaded.snapshot_seq + 1 if chunks else base, last))
         while len(chunks) >= 2 and chunks[-2].count <= chunks[-1].count:
             b = chunks.pop()
             a = chunks.pop()
@@ -295,16 +415,17 @@ class RunStore:
                 continue
             # One record per line: still a JSON array, and a reader can keep each
             # record's exact bytes without re-encoding anything.
-            body = (b"[\n" + b",\n".join(r.raw() for r in records[chunk.first : chunk.last + 1])
-                    + b"\n]")
+            body = (b"[\n" + b",\n".join(
+                r.raw() for r in records[chunk.first - base : chunk.last - base + 1]) + b"\n]")
             chunk.key = layout.chunk_key(codec.sha256_hex(body))
             self.backend.create(self.key(chunk.key), codec.seal(body))
         pointer = codec.seal(codec.dumps({
             "layout": layout.LAYOUT_VERSION,
             "seq": last,
+            "base": base,
             "chunks": [c.to_json() for c in chunks],
             "totals": totals.to_json(),
-            "complete": records[last].kind == "complete",
+            "complete": records[last - base].kind == "complete",
             "time": iso(time.time()),
         }))
         etag = loaded.snapshot_etag

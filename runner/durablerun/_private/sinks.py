@@ -43,6 +43,9 @@ class ProgressSink:
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         """The run's journaled totals changed."""
 
+    def continued_as_new(self, *, generation: int, seq: int) -> None:
+        """``ctx.continue_as_new`` journaled its record at ``seq``; ``generation`` starts."""
+
     def heartbeat(self, *, time: datetime) -> None:
         """The attempt is alive (every ``EngineConfig.heartbeat_interval``)."""
 
@@ -86,6 +89,9 @@ class SinkSet(ProgressSink):
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         self._each("cost_updated", usd=usd, tokens=tokens, steps=steps)
 
+    def continued_as_new(self, *, generation: int, seq: int) -> None:
+        self._each("continued_as_new", generation=generation, seq=seq)
+
     def heartbeat(self, *, time: datetime) -> None:
         self._each("heartbeat", time=time)
 
@@ -125,7 +131,8 @@ class JsonLinesSink(ProgressSink):
 
     def run_started(self, *, info: RunStarted) -> None:
         self._emit("run_started", run=info.run, attempt=info.attempt_id,
-                   replayed=info.journal_records, resumed=info.resumed)
+                   replayed=info.journal_records, resumed=info.resumed,
+                   generation=info.generation)
 
     def step_started(self, *, position: str, name: str, attempt: int) -> None:
         self._emit("step_started", position=position, name=name, attempt=attempt)
@@ -142,6 +149,9 @@ class JsonLinesSink(ProgressSink):
 
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         self._emit("cost_updated", usd=str(usd), tokens=tokens, steps=steps)
+
+    def continued_as_new(self, *, generation: int, seq: int) -> None:
+        self._emit("continued_as_new", generation=generation, seq=seq)
 
     def heartbeat(self, *, time: datetime) -> None:
         self._emit("heartbeat")

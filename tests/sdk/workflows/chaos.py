@@ -3,6 +3,13 @@
 Every step execution appends ``start <name> <pid>`` and ``end <name> <pid>``
 to a ledger file *outside* the run (O_APPEND writes survive SIGKILL), so a
 test can prove which steps executed how often.
+
+A ``continue`` segment calls ``ctx.continue_as_new`` with the state the rest
+of the shape needs (where to go on, what came out so far). ``input.die``
+names points where the process SIGKILLs itself, once each (a file next to
+the ledger remembers): ``before-continue-<i>`` right before segment ``i``'s
+continuation is journaled, ``after-continue-<i>`` as the generation it
+started begins (the continuation is durable, nothing of the new generation is).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -50,10 +58,27 @@ async def _async_step(ctx: DurableContext, ledger: str, name: str) -> dict[str, 
     return result_of(name)
 
 
+def _die_once(input: dict[str, Any], point: str) -> None:
+    if point not in input.get("die", ()):
+        return
+    marker = f"{input['ledger']}.died-{point}"
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return
+    _ledger(input["ledger"], f"die {point} {os.getpid()}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 async def shape(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     ledger = input["ledger"]
-    out: list[Any] = []
-    for i, seg in enumerate(input["segments"]):
+    start = int(input.get("start", 0))
+    out: list[Any] = list(input.get("out", []))
+    if start:
+        _die_once(input, f"after-continue-{start - 1}")
+    segments = input["segments"]
+    for i in range(start, len(segments)):
+        seg = segments[i]
         kind, n = seg["kind"], seg.get("n", 1)
         if kind == "steps":
             for j in range(n):
@@ -71,6 +96,10 @@ async def shape(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
         elif kind == "uuid":
             # Recorded once: the same on every replay, so the final result is stable.
             out.append(len(str(ctx.uuid())))
+        elif kind == "continue":
+            out.append("continued")
+            _die_once(input, f"before-continue-{i}")
+            await ctx.continue_as_new({**input, "start": i + 1, "out": out})
     return {"out": out}
 
 
@@ -86,6 +115,8 @@ def expected(segments: list[dict[str, Any]]) -> dict[str, Any]:
             out.append("slept")
         elif kind == "uuid":
             out.append(36)
+        elif kind == "continue":
+            out.append("continued")
     return {"out": out}
 
 

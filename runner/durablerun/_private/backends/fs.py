@@ -25,7 +25,9 @@ Durability, object by object:
 * A crash can cut the last line short (a torn tail), or, within the zeros,
   leave parts of it. Its checksum (or its missing newline) gives it away; the
   next writer discards everything after the last good record under the lock
-  before appending. A bad record anywhere else is a loud CorruptionError.
+  before appending. A bad record anywhere else in what is read is a loud
+  CorruptionError (a read from ``seq`` on counts the records before it
+  without checking them: a snapshot holds their verified copies).
 
 The lock is ``flock``: every attempt of a run must see the same filesystem
 with working ``flock`` (a local disk, or a shared volume that supports it).
@@ -166,7 +168,9 @@ class FsJournal(base.JournalBackend):
                     )
                 break
             line = data[pos:nl]
-            if not codec.is_sealed_ok(line):
+            # Records before ``from_seq`` (a snapshot holds their verified copies, or a
+            # later continuation made them history) are only counted, not checked again.
+            if start + count >= from_seq and not codec.is_sealed_ok(line):
                 if last and data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip(b"\0"):
                     # The final complete line is bad and nothing follows it:
                     # a torn write whose newline happened to land.
