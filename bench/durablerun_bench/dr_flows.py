@@ -1,7 +1,9 @@
 """durable-run workflows the replay and resume benchmarks run, in processes and in runner pods.
 
 ``steps``: ``input.n`` steps returning 1 KB each (optionally sleeping
-``input.sleep`` seconds in each), then a ``marker`` step. Timestamps go to the
+``input.sleep`` seconds in each), then a ``marker`` step. ``continuing``: the
+same steps, but the workflow calls ``ctx.continue_as_new`` every
+``input.every`` steps (a resume replays only the last generation). Timestamps go to the
 file named by ``$DURABLERUN_BENCH_MARK`` (one ``<what> <pid> <unix time>`` line
 each), so a benchmark can tell when a process started, entered the workflow
 and ran its first new step, even inside a runner pod. ``$DURABLERUN_BENCH_CRASH``
@@ -75,5 +77,19 @@ async def steps(ctx: Any, input: dict[str, Any]) -> int:
     n, sleep = int(input["n"]), float(input.get("sleep", 0))
     for i in range(n):
         await ctx.step("work", work, i, sleep)
+    await ctx.step("marker", marker)
+    return n
+
+
+async def continuing(ctx: Any, input: dict[str, Any]) -> int:
+    """``steps`` as a long-lived loop: a new generation every ``input.every`` steps."""
+    mark("entry")
+    n, sleep, every = int(input["n"]), float(input.get("sleep", 0)), int(input["every"])
+    done = int(input.get("done", 0))
+    end = min(n, done + every)
+    for i in range(done, end):
+        await ctx.step("work", work, i, sleep)
+    if end < n:
+        await ctx.continue_as_new({**input, "done": end})
     await ctx.step("marker", marker)
     return n

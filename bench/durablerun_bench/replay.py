@@ -4,7 +4,9 @@ Subcommands, each in a fresh interpreter (``python -m durablerun_bench.replay CM
 
 * ``build``: run ``dr_flows:steps`` for N steps on a store; its marker step
   SIGKILLs the process, leaving a journal of exactly N steps (plus snapshots
-  every 100 records, the default) and no outcome, as a crash would.
+  every 100 records, the default) and no outcome, as a crash would. With
+  ``flow: continuing`` it runs ``dr_flows:continuing`` instead, the same steps
+  with a ``ctx.continue_as_new`` every ``every`` (1,000) steps.
 * ``resume``: a new process resumes it; prints when the process started, when
   the journal was loaded, when the workflow had replayed the N steps and ran
   its first new step, and when it had the result.
@@ -25,6 +27,19 @@ from typing import Any
 T_MAIN = time.time()  # set before the heavy imports below
 
 WORKFLOW = "durablerun_bench.dr_flows:steps"
+#: The long-lived loop: ctx.continue_as_new every CONTINUE_EVERY steps.
+CONTINUING = "durablerun_bench.dr_flows:continuing"
+CONTINUE_EVERY = 1_000
+#: The workflows measured: key -> (workflow, how it is described in the report).
+FLOWS = {"steps": WORKFLOW, "continuing": CONTINUING}
+
+
+def _workflow(p: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The workflow reference and input of a benchmark run's parameters."""
+    flow = p.get("flow", "steps")
+    if flow == "continuing":
+        return CONTINUING, {"n": int(p["n"]), "every": int(p.get("every", CONTINUE_EVERY))}
+    return WORKFLOW, {"n": int(p["n"])}
 
 
 def _store(p: dict[str, Any]) -> Any:
@@ -40,7 +55,8 @@ def _run(p: dict[str, Any], sinks: list[Any] | None = None) -> Any:
     from durablerun.engine import EngineConfig, Run
     from durablerun.stores import RunRef
 
-    return Run(store=_store(p), run=RunRef.local(p["run_id"]), workflow=WORKFLOW, input={"n": int(p["n"])},
+    workflow, input_value = _workflow(p)
+    return Run(store=_store(p), run=RunRef.local(p["run_id"]), workflow=workflow, input=input_value,
                sinks=sinks or [], config=EngineConfig(snapshot_every=int(p.get("snapshot_every", 100))))
 
 
@@ -62,24 +78,32 @@ def resume(p: dict[str, Any]) -> dict[str, Any]:
     class Sink(ProgressSink):
         def run_started(self, *, info: Any) -> None:
             dr_flows.mark("loaded")
-            seen.update(objects_read=info.objects_read, records=info.journal_records)
+            seen.update(objects_read=info.objects_read, records=info.journal_records,
+                        loaded_from=info.first_loaded, generation=info.generation)
             dr_flows.mark(f"objects_read={info.objects_read}")
+            dr_flows.mark(f"loaded_from={info.first_loaded}")
 
     dr_flows.mark("run")
     result = _run(p, [Sink()]).run_attempt()
     dr_flows.mark("result")
     if result.outcome.value != "Completed" or result.result != int(p["n"]):
         raise RuntimeError(f"resume ended {result.outcome.value}: {result.message}")
-    return {"records": seen.get("records"), "objects_read": seen.get("objects_read")}
+    return {"records": seen.get("records"), "objects_read": seen.get("objects_read"),
+            "loaded_from": seen.get("loaded_from"), "generation": seen.get("generation")}
+
+
+_COUNTS = ("objects_read", "loaded_from")
 
 
 def read_marks(path: Path) -> dict[str, float]:
-    """``what -> unix time`` of the marks file's lines (the first of each), plus ``objects_read``."""
+    """``what -> unix time`` of the marks file's lines (the first of each), plus the counts
+    (``objects_read``, ``loaded_from``: the record the loaded journal starts at)."""
     out: dict[str, float] = {}
     for line in path.read_text().splitlines():
         what, _pid, when = line.split()
-        if what.startswith("objects_read="):
-            out["objects_read"] = float(what.split("=", 1)[1])
+        name, eq, value = what.partition("=")
+        if eq and name in _COUNTS:
+            out[name] = float(value)
         else:
             out.setdefault(what, float(when))
     return out
@@ -104,7 +128,7 @@ def measure(command: str, params: dict[str, Any], *, crash: bool, marks: Path) -
     if proc.returncode != (-9 if crash else 0):
         raise RuntimeError(f"replay {command} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     got = read_marks(marks)
-    return {k: (v if k == "objects_read" else v - spawned) for k, v in got.items()}
+    return {k: (v if k in _COUNTS else v - spawned) for k, v in got.items()}
 
 
 def build_exported(p: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +183,8 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
     os.environ["DURABLERUN_BENCH_CRASH"] = "settle"
     from durablerun.engine import EngineConfig, Run
 
-    Run(store=store, run=ref, workflow=WORKFLOW, input={"n": int(p["n"])},
+    workflow, input_value = _workflow(p)
+    Run(store=store, run=ref, workflow=workflow, input=input_value,
         config=EngineConfig(snapshot_every=int(p.get("snapshot_every", 100)))).run_attempt()
     raise RuntimeError("the marker step should have killed this process")
 
@@ -237,8 +262,9 @@ def phases(m: dict[str, float]) -> dict[str, float]:
     }
     if "result" in m:
         out["to_result_s"] = m["result"]
-    if "objects_read" in m:
-        out["objects_read"] = m["objects_read"]
+    for count in _COUNTS:
+        if count in m:
+            out[count] = m[count]
     return out
 
 
@@ -255,42 +281,51 @@ def _median_phases(samples: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos_steps: int, repeats: int,
-          export_from: int, log: Any = print) -> dict[str, Any]:
-    """Replay of journals of each size on both stores, and DBOS recovering ``dbos_steps`` steps."""
+          export_from: int, log: Any = print, flows: tuple[str, ...] = ("steps", "continuing"),
+          dbos: bool = True) -> dict[str, Any]:
+    """Replay of journals of each size on both stores, for the plain loop (``steps``: keys ``fs``
+    and ``s3``) and the loop that continues as new every CONTINUE_EVERY steps (``continuing``:
+    keys ``fs-continuing`` and ``s3-continuing``), and DBOS recovering ``dbos_steps`` steps."""
     import uuid
 
     marks = Path(tmp) / "marks.txt"
     fs_root = str(Path(tmp) / "replay-fs")
-    results: dict[str, Any] = {"fs": {}, "s3": {}, "dbos": {}, "built": {}}
-    for n in sizes:
-        built: dict[str, dict[str, Any]] = {}
-        run_id = f"replay-{n}-{uuid.uuid4().hex[:6]}"
-        if n >= export_from:
-            started = time.monotonic()
-            _spawn("build-exported", {"run_id": run_id, "n": n, "fs_root": fs_root, "prefix": "replay", **s3}, -9)
-            for store in ("fs", "s3"):
-                built[store] = {"store": store, "root": fs_root, "run_id": run_id, "n": n, "prefix": "replay", **s3}
-                results["built"][f"{store}-{n}"] = {
-                    "run_id": run_id, "seconds": time.monotonic() - started,
-                    "how": "built in memory by the engine, written out in this store's layout"}
-        else:
-            for store in ("fs", "s3"):
-                p: dict[str, Any] = {"store": store, "root": fs_root, "run_id": f"{run_id}-{store}", "n": n,
-                                     "prefix": "replay", **s3}
+    results: dict[str, Any] = {"fs": {}, "s3": {}, "dbos": {}, "built": {}, "continue_every": CONTINUE_EVERY}
+    for flow in flows:
+        suffix = "" if flow == "steps" else f"-{flow}"
+        for n in sizes:
+            built: dict[str, dict[str, Any]] = {}
+            run_id = f"replay{suffix}-{n}-{uuid.uuid4().hex[:6]}"
+            common = {"n": n, "flow": flow, "every": CONTINUE_EVERY, "prefix": "replay", **s3}
+            if n >= export_from:
                 started = time.monotonic()
-                _spawn("build", p, -9)
-                built[store] = p
-                seconds = time.monotonic() - started
-                rate = f" ({n / seconds:,.0f} steps/s, process start included)" if n >= 10_000 else ""
-                results["built"][f"{store}-{n}"] = {"run_id": p["run_id"], "seconds": seconds,
-                                                     "how": f"built by the SDK{rate}"}
-        for store, p in built.items():
-            samples = [phases(measure("resume", p, crash=True, marks=marks)) for _ in range(repeats)]
-            samples.append(phases(measure("resume", p, crash=False, marks=marks)))
-            results[store][n] = _median_phases(samples)
-            r = results[store][n]
-            log(f"  {store} {n:>7,} steps: first new step {r['to_first_new_step_s']:.3f}s after spawn "
-                f"(load {r['load_s']:.3f}s, replay {r['replay_s']:.3f}s, objects read {r.get('objects_read')})")
+                _spawn("build-exported", {"run_id": run_id, "fs_root": fs_root, **common}, -9)
+                for store in ("fs", "s3"):
+                    built[store] = {"store": store, "root": fs_root, "run_id": run_id, **common}
+                    results["built"][f"{store}{suffix}-{n}"] = {
+                        "run_id": run_id, "seconds": time.monotonic() - started,
+                        "how": "built in memory by the engine, written out in this store's layout"}
+            else:
+                for store in ("fs", "s3"):
+                    p: dict[str, Any] = {"store": store, "root": fs_root, "run_id": f"{run_id}-{store}", **common}
+                    started = time.monotonic()
+                    _spawn("build", p, -9)
+                    built[store] = p
+                    seconds = time.monotonic() - started
+                    rate = f" ({n / seconds:,.0f} steps/s, process start included)" if n >= 10_000 else ""
+                    results["built"][f"{store}{suffix}-{n}"] = {"run_id": p["run_id"], "seconds": seconds,
+                                                                "how": f"built by the SDK{rate}"}
+            for store, p in built.items():
+                samples = [phases(measure("resume", p, crash=True, marks=marks)) for _ in range(repeats)]
+                samples.append(phases(measure("resume", p, crash=False, marks=marks)))
+                key = f"{store}{suffix}"
+                results.setdefault(key, {})[n] = r = _median_phases(samples)
+                r["replayed_steps"] = _replayed(flow, n)
+                log(f"  {key} {n:>7,} steps: first new step {r['to_first_new_step_s']:.3f}s after spawn "
+                    f"(load {r['load_s']:.3f}s, replay {r['replay_s']:.3f}s, objects read {r.get('objects_read')}, "
+                    f"journal read from record {r.get('loaded_from')})")
+    if not dbos:
+        return results
     p = {"url": dbos_url, "n": dbos_steps}
     started = time.monotonic()
     _spawn("dbos-build", p, -9)
@@ -302,6 +337,13 @@ def bench(*, tmp: str, s3: dict[str, Any], dbos_url: str, sizes: list[int], dbos
     log(f"  DBOS {dbos_steps:,} steps: first new step {r['to_first_new_step_s']:.3f}s after spawn, "
         f"result {r.get('to_result_s', float('nan')):.3f}s")
     return results
+
+
+def _replayed(flow: str, n: int) -> int:
+    """How many journaled steps a resume replays: all of them, or the last generation's."""
+    if flow != "continuing" or n <= CONTINUE_EVERY:
+        return n
+    return n - (n - 1) // CONTINUE_EVERY * CONTINUE_EVERY
 
 
 COMMANDS = {"build": build, "resume": resume, "build-exported": build_exported, "dbos-build": dbos_build,
