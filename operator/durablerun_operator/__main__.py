@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env(tuple(args.namespace))
     level = os.environ.get("DURABLERUN_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kopf.configure(verbose=level == "DEBUG", log_prefix=True)
+    if level != "DEBUG":
+        # kopf logs every handled watch event at INFO ("Handler 'run_changed' succeeded."): with lease
+        # renewals that is tens of lines a second saying nothing. Its warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     handlers.configure(settings)
     asyncio.run(kopf.operator(
         standalone=True,  # one replica by design; correctness does not rest on kopf's peering

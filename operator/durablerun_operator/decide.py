@@ -252,6 +252,11 @@ class Plan:
     completion: str | None = None
 
     @property
+    def touches_pods(self) -> bool:
+        return bool(self.create_pod_epoch is not None or self.create_purge_pod or self.delete_pods
+                    or self.release_pods)
+
+    @property
     def empty(self) -> bool:
         return not (self.patch or self.create_pod_epoch is not None or self.create_purge_pod
                     or self.delete_pods or self.release_pods

@@ -27,11 +27,15 @@ class Conflict(Exception):
     """A guarded write was refused: the object changed since it was read."""
 
 
-def load_config() -> None:
+def load_config(connections: int = 16) -> None:
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    # One connection per reconcile worker at least (the default is cpu_count * 5: 5 in a one-CPU pod).
+    settings = client.Configuration.get_default_copy()
+    settings.connection_pool_maxsize = connections
+    client.Configuration.set_default(settings)
 
 
 class Kube:
@@ -71,23 +75,25 @@ class Kube:
                 raise Conflict(f"status of {namespace}/{name} changed: {error.reason}") from None
             raise
 
-    def set_run_finalizer(self, run: dict[str, Any], present: bool) -> None:
+    def set_run_finalizer(self, run: dict[str, Any], present: bool) -> dict[str, Any] | None:
+        """Add or remove the operator's finalizer; the run as written (None if it is gone)."""
         meta = run["metadata"]
         finalizers = list(meta.get("finalizers") or [])
         if present == (api.RUN_FINALIZER in finalizers):
-            return
+            return run
         updated = [*finalizers, api.RUN_FINALIZER] if present else [f for f in finalizers if f != api.RUN_FINALIZER]
         ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                       "value": meta["resourceVersion"]},
                                      {"op": "add", "path": "/metadata/finalizers", "value": updated}]
         try:
-            self.custom.patch_namespaced_custom_object(
-                api.GROUP, api.VERSION, meta["namespace"], api.PLURAL, meta["name"], ops, _content_type=JSON_PATCH)
+            return dict(self.custom.patch_namespaced_custom_object(
+                api.GROUP, api.VERSION, meta["namespace"], api.PLURAL, meta["name"], ops, _content_type=JSON_PATCH))
         except ApiException as error:
             if error.status in (409, 422):
                 raise Conflict(f"{meta['namespace']}/{meta['name']} changed") from None
             if error.status != 404:
                 raise
+            return None
 
     def delete_run(self, namespace: str, name: str, uid: str) -> None:
         try:

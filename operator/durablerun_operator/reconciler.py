@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durablerun_operator import builders, decide
@@ -27,6 +28,10 @@ log = logging.getLogger("durablerun.operator")
 Key = tuple[str, str]  # (namespace, name)
 T = TypeVar("T")
 MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
+# Runs reconciled at once. Each reconcile mostly waits on the API server, and a burst of expiring leases (a
+# lost node) must not queue one run's detection behind another's restart (kube.load_config keeps enough
+# connections).
+WORKERS = 8
 
 
 class WorkQueue:
@@ -65,14 +70,18 @@ class Reconciler:
         # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
         self._settled: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._rbac_ready: set[str] = set()  # uids of runs whose ServiceAccount, Role and RoleBinding exist
+        # API calls block: they run on threads of our own, as many as the workers (the default pool has
+        # cpu+4 threads, shared with everything else in the process).
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # --- workers ---------------------------------------------------------------------
 
-    async def run_workers(self, count: int = 4) -> None:
-        await asyncio.gather(*(self._worker() for _ in range(count)))
+    async def run_workers(self) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(WORKERS)))
 
     async def _worker(self) -> None:
         while True:
@@ -147,14 +156,18 @@ class Reconciler:
         key = (namespace, name)
         self._settled.discard(key)
         try:
+            body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
+            pods: list[dict[str, Any]] | None = None  # None: read them (again)
             for _ in range(MAX_TRANSITIONS):
-                body = await self._io(self.kube.get_run, namespace, name)
+                if body is None:
+                    body = await self._io(self.kube.get_run, namespace, name)
                 if body is None:
                     self._forget(key)
                     if self.metrics:
                         self.metrics.forget_run(namespace, name)
                     return
-                pods = await self._io(self.kube.list_pods, namespace, name)
+                if pods is None:
+                    pods = await self._io(self.kube.list_pods, namespace, name)
                 now = decide.now_utc()
                 views = [decide.PodView.from_pod(p, now, self.settings.stuck_terminating_seconds) for p in pods]
                 run = decide.RunView.from_body(body)
@@ -166,20 +179,23 @@ class Reconciler:
                         self._settled.add(key)
                         self._wake_at(key, decide.quiet_until(run), now)
                     return
+                if plan.touches_pods:
+                    pods = None
                 try:
-                    await self._apply(run, plan)
+                    body = await self._apply(run, plan)
                 except Conflict as conflict:
                     log.info("%s/%s: %s; deciding again", namespace, name, conflict)
+                    body = pods = None
             log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
         finally:
             if self.metrics:
                 self.metrics.observe_reconcile(time.perf_counter() - started)
 
-    async def _apply(self, run: decide.RunView, plan: decide.Plan) -> None:
+    async def _apply(self, run: decide.RunView, plan: decide.Plan) -> dict[str, Any] | None:
+        """Carry out ``plan``; the run as written by it, or None if it must be read again."""
         ns, name = run.namespace, run.name
         if plan.add_run_finalizer:
-            await self._io(self.kube.set_run_finalizer, run.body, True)
-            return  # the resourceVersion moved: decide again
+            return await self._io(self.kube.set_run_finalizer, run.body, True)
         updated = run.body
         if plan.patch:
             # First the guarded status write: the epoch is bumped before any pod is
@@ -206,14 +222,24 @@ class Reconciler:
                 self.metrics.record_completion(ns, name, plan.completion)
         if plan.remove_run_finalizer:
             await self._io(self.kube.set_run_finalizer, updated, False)
+            return None
         if plan.delete_run:
             await self._io(self.kube.delete_run, ns, name, run.uid)
+            return None
+        return updated
 
     async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
-        for obj in builders.runner_rbac(run):
-            await self._io(self.kube.ensure, obj)
+        uid = run["metadata"]["uid"]
+        if uid not in self._rbac_ready:  # created with the first attempt: later ones need no API calls for it
+            for obj in builders.runner_rbac(run):
+                await self._io(self.kube.ensure, obj)
+            self._rbac_ready.add(uid)
         pod = builders.runner_pod(run, epoch, self.settings)
-        created = await self._io(self.kube.create_pod, pod)
+        try:
+            created = await self._io(self.kube.create_pod, pod)
+        except Exception:
+            self._rbac_ready.discard(uid)  # perhaps someone deleted the ServiceAccount: make sure next time
+            raise
         if not created:
             log.info("pod %s already exists: attempt %d was started before", pod["metadata"]["name"], epoch)
 
