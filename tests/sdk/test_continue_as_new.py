@@ -736,3 +736,30 @@ def test_a_stop_request_before_the_continuation_suspends_and_the_resume_continue
     assert [rec.kind for rec in all_records(mem)] == ["step"]
     run_box.clear()
     assert attempt(mem, wf).result == 1
+
+
+def test_a_snapshot_is_taken_at_each_continuation_and_then_every_snapshot_every_records(
+    mem: Store, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from durablerun._private import core
+
+    asked: list[int | None] = []
+    real_job = core.AttemptCore._snapshot_job
+
+    def job(self: core.AttemptCore, upto: int | None, totals: Any) -> Any:
+        asked.append(upto)
+        return real_job(self, upto, totals)
+
+    monkeypatch.setattr(core.AttemptCore, "_snapshot_job", job)
+    ledger = Ledger()
+    r = attempt(mem, looping(ledger, every=7, total=21, wait=False, history=False))
+    assert r.outcome == Outcome.COMPLETED, r.message
+    conts = [rec.seq for rec in all_records(mem) if rec.kind == "continue"]
+    assert conts == [8, 17, 26]  # a uuid, 7 steps and the continuation per generation
+    # Generation 0 as always (every 4th record); then each continuation itself and every
+    # 4th record after it; the final snapshot at the end. (A snapshot of records a later
+    # continuation superseded before it ran is skipped: the continuation's is taken.)
+    assert asked == [3, 7, 8, 12, 16, 17, 21, 25, 26, 28], asked
+    pointer = _pointer(mem, REF)
+    assert pointer["base"] == 26
+    assert pointer["seq"] == 28  # the completion

@@ -360,7 +360,11 @@ class AttemptCore:
             live.add(record)
             live.totals = totals
             live.pending_usd, live.pending_tokens = Decimal(0), 0
-            if (seq + 1) % self.config.snapshot_every == 0:
+            # Every snapshot_every records of a generation; a generation after the first
+            # also saves one right at its continuation, so a resume from here on reads
+            # nothing of the generation before (not even its journal tail).
+            gen_offset = 0 if live.loaded.continuation is not None else 1
+            if (seq - live.loaded.base + gen_offset) % self.config.snapshot_every == 0:
                 # Off the step's critical path: the record is already durable, and a
                 # snapshot only makes the next resume cheaper.
                 self._snap_pool.submit(self._snapshot_job, seq, totals)

@@ -36,6 +36,8 @@ Continuations bound what a resume reads. A resume starts at the run's last
 (``base``: the last continuation when it was saved, 0 without), so a
 snapshot never covers an earlier generation, and a continuation in the
 journal tail after the snapshot makes its chunks unnecessary (not read).
+The engine saves a snapshot right at each continuation, so from then on
+not even the earlier generation's journal tail is read.
 Nothing is deleted: earlier generations' records and chunks stay in the
 store (``RunStore.read_all`` and ``durablerun inspect --all`` read them).
 """
