@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import DurableContext, EventTimeout
+from durablerun import DurableContext, EventTimeout, StepError
 from durablerun._private.backends import memory
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.stores import Store
@@ -434,3 +434,156 @@ def test_control_requests_are_safe_from_a_signal_handler_holding_the_lock(mem: S
     t = threading.Thread(target=handler_while_locked, daemon=True)
     t.start()
     assert done.wait(5), "deadlock"
+
+
+# --- sync step functions: threads -----------------------------------------------------------------
+
+
+def test_sync_steps_in_a_gather_run_in_parallel(mem: Store) -> None:
+    """Four sync steps that can only finish together (a barrier of four): they must run at
+    the same time, each on its own thread."""
+    barrier = threading.Barrier(4, timeout=10)
+    threads: set[str] = set()
+
+    def meet(i: int) -> int:
+        threads.add(threading.current_thread().name)
+        barrier.wait()
+        return i
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.gather(*[ctx.step(f"m{i}", meet, i) for i in range(4)])
+
+    r = attempt(mem, wf)
+    assert r.outcome == Outcome.COMPLETED, r.message
+    assert r.result == [0, 1, 2, 3]
+    assert len(threads) == 4
+    assert threading.current_thread().name not in threads
+
+
+def test_a_stuck_sync_step_is_abandoned_after_the_grace_period(mem: Store) -> None:
+    started = threading.Event()
+    release = threading.Event()
+    finished = threading.Event()
+
+    def stuck() -> str:
+        started.set()
+        release.wait(30)
+        finished.set()
+        return "late"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("first", lambda: 1)
+        return await ctx.step("stuck", stuck)
+
+    run = Run(store=mem, run=REF, workflow=wf, config=FAST)
+    t, out = _start(run)
+    try:
+        assert started.wait(10)
+        run.request_stop(grace=timedelta(milliseconds=100))
+        t.join(10)
+        assert not t.is_alive()
+        assert out[0].outcome == Outcome.SUSPENDED
+        assert out[0].totals.steps == 1
+    finally:
+        release.set()
+    # The abandoned step finishing later writes nothing (its attempt, and loop, are gone).
+    assert finished.wait(10)
+    assert mem.read_run(run=REF).journal_records == 1
+
+
+def test_a_fence_ends_the_attempt_while_a_sync_step_runs(mem: Store) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        release.wait(30)
+        return "late"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("slow", slow)
+
+    run = Run(store=mem, run=REF, workflow=wf, config=FAST)
+    t, out = _start(run)
+    try:
+        assert started.wait(10)
+        run.fence("lease lost")
+        t.join(10)
+        assert not t.is_alive()
+        assert out[0].outcome == Outcome.FENCED
+    finally:
+        release.set()
+    assert mem.read_run(run=REF).journal_records == 0
+
+
+def test_progress_timeout_aborts_a_hanging_sync_step(mem: Store) -> None:
+    release = threading.Event()
+
+    def hang() -> None:
+        release.wait(30)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("ok", lambda: 1)
+        return await ctx.step("hang", hang)
+
+    try:
+        r = attempt(mem, wf, policy=Policy(progressTimeout="300ms"))
+    finally:
+        release.set()
+    assert r.outcome == Outcome.ABORTED
+    assert r.abort_reason == AbortReason.PROGRESS_TIMEOUT
+    assert r.totals.steps == 1
+
+
+def test_sync_steps_see_the_step_context_and_raise_through(mem: Store) -> None:
+    seen: list[str] = []
+
+    def charged(ctx: DurableContext) -> int:
+        seen.append(ctx.idempotency_key())
+        ctx.add_cost(usd=Decimal("0.5"), tokens=7)
+        return 1
+
+    def broken() -> None:
+        raise ValueError("bad value")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("charged", charged, ctx)
+        try:
+            await ctx.step("broken", broken, retries=0)
+        except StepError as e:
+            return e.type_name
+        return None
+
+    r = attempt(mem, wf)
+    assert r.result == "ValueError"
+    assert seen == ["_local/t:0:charged"]
+    assert r.totals.usd == Decimal("0.5")
+    assert r.totals.tokens == 7
+
+
+def test_more_sync_steps_than_threads_queue_up_and_all_complete(mem: Store) -> None:
+    threads: set[str] = set()
+    lock = threading.Lock()
+    running = {"now": 0, "max": 0}
+
+    def work(i: int) -> int:
+        with lock:
+            threads.add(threading.current_thread().name)
+            running["now"] += 1
+            running["max"] = max(running["max"], running["now"])
+        time.sleep(0.002)
+        with lock:
+            running["now"] -= 1
+        return i * i
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        first = await ctx.gather(*[ctx.step(f"w{i}", work, i) for i in range(10)])
+        then = [await ctx.step(f"s{i}", work, i) for i in range(5)]
+        return [first, then]
+
+    cfg = EngineConfig(max_sync_threads=2, snapshot_every=4)
+    r = attempt(mem, wf, config=cfg)
+    assert r.outcome == Outcome.COMPLETED, r.message
+    assert r.result == [[i * i for i in range(10)], [i * i for i in range(5)]]
+    assert len(threads) == 2
+    assert running["max"] == 2

@@ -27,12 +27,13 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import queue
 import random
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -101,37 +102,86 @@ def pos_tuple(pos: str) -> tuple[int, ...]:
     return tuple(int(p) for p in pos.split("."))
 
 
-class _DaemonPool(ThreadPoolExecutor):
-    """Runs sync steps. Its threads must never keep a finished process alive."""
+class _StepThreads:
+    """Runs sync step functions on daemon threads and hands each outcome straight to the loop.
 
-    def _adjust_thread_count(self) -> None:  # pragma: no cover - CPython internals
+    One ``SimpleQueue`` in, one ``call_soon_threadsafe`` out. Compared with a
+    ThreadPoolExecutor behind ``asyncio.wrap_future`` a step skips the
+    concurrent Future (a Condition per call, its callbacks, the executor's
+    idle semaphore), and the worker goes straight back to blocking after it
+    posts the outcome, so the loop thread it woke rarely has to wait for the
+    GIL. A worker is started when none is idle (up to ``max_threads``), so
+    steps started together (``ctx.gather``) run in parallel. A step whose
+    awaiting task was cancelled (a stop's grace period ran out) is abandoned:
+    its thread finishes on its own and its outcome is dropped. The threads are
+    daemons: they never keep a finished process alive.
+    """
+
+    def __init__(self, max_threads: int) -> None:
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._max = max(1, max_threads)
+        self._started = 0
+        #: One token per idle worker (list append/pop are atomic under the GIL).
+        self._idle: list[None] = []
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Start ``fn(*args, **kwargs)`` on a worker thread; call on the loop's thread."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if self._closed:
+            fut.cancel()
+            return fut
         try:
-            self._adjust_daemon()
-        except (AttributeError, TypeError):
-            super()._adjust_thread_count()  # another CPython: plain (non-daemon) threads
+            self._idle.pop()  # an idle worker takes it
+        except IndexError:
+            if self._started < self._max:
+                self._started += 1
+                threading.Thread(target=self._work, name=f"durablerun-step-{self._started - 1}",
+                                 daemon=True).start()
+        self._queue.put((loop, fut, contextvars.copy_context(), fn, args, kwargs))
+        return fut
 
-    def _adjust_daemon(self) -> None:
-        import threading
-        import weakref
-        from concurrent.futures import thread as cf_thread
+    def _work(self) -> None:
+        get, idle = self._queue.get, self._idle
+        while True:
+            job = get()
+            if job is None or self._closed:
+                return
+            _run_job(job, idle)
+            job = None  # nothing of a finished step stays alive while this thread idles
 
-        if self._idle_semaphore.acquire(timeout=0):
-            return
+    def close(self) -> None:
+        """Stop the idle workers; steps still running finish on their own, unheard."""
+        self._closed = True
+        for _ in range(self._started):
+            self._queue.put(None)
 
-        def weakref_cb(_: Any, q: Any = self._work_queue) -> None:
-            q.put(None)
 
-        num_threads = len(self._threads)
-        if num_threads < self._max_workers:
-            t = threading.Thread(
-                name=f"durablerun-step-{num_threads}",
-                target=cf_thread._worker,
-                args=(weakref.ref(self, weakref_cb), self._work_queue, self._initializer,
-                      self._initargs),
-                daemon=True,
-            )
-            t.start()
-            self._threads.add(t)  # type: ignore[attr-defined]
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context,
+             Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def _run_job(job: _Job, idle: list[None]) -> None:
+    loop, fut, ctx, fn, args, kwargs = job
+    try:
+        outcome: tuple[Any, BaseException | None] = (ctx.run(fn, *args, **kwargs), None)
+    except BaseException as e:  # handed to the awaiting step, as a Future would
+        outcome = (None, e)
+    idle.append(None)  # free again before the loop wakes up and submits the next step
+    with contextlib.suppress(RuntimeError):  # a closed loop: its attempt is over
+        loop.call_soon_threadsafe(_deliver, fut, outcome)
+
+
+def _deliver(fut: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
+    if fut.done():
+        return  # cancelled: the step was abandoned
+    value, error = outcome
+    if error is None:
+        fut.set_result(value)
+    else:
+        fut.set_exception(error)
 
 
 @dataclass
@@ -219,7 +269,7 @@ class AttemptCore:
         self.attempt_id = attempt_id
         self.first_start = first_start
         self._io_pool = io_pool
-        self._step_pool = _DaemonPool(max_workers=config.max_sync_threads)
+        self._step_threads = _StepThreads(config.max_sync_threads)
         self._tlock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
@@ -249,7 +299,7 @@ class AttemptCore:
         with self._tlock:
             self.closed = True
         self._snap_pool.shutdown(wait=not self.fenced, cancel_futures=bool(self.fenced))
-        self._step_pool.shutdown(wait=False, cancel_futures=True)
+        self._step_threads.close()
         self._write_pool.shutdown(wait=False)
 
     def new_pass(self) -> None:
@@ -627,10 +677,7 @@ class AttemptCore:
         if _is_async(fn):
             return await fn(*args, **kwargs)
         if self.config.sync_steps_in_threads:
-            loop = asyncio.get_running_loop()
-            ctx = contextvars.copy_context()
-            fut: Future[Any] = self._step_pool.submit(ctx.run, fn, *args, **kwargs)
-            result = await asyncio.wrap_future(fut, loop=loop)
+            result = await self._step_threads.submit(fn, args, kwargs)
         else:
             result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
