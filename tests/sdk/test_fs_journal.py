@@ -150,3 +150,23 @@ def test_a_crash_inside_the_zeros_is_discarded_before_the_next_append(tmp_path: 
         rs.append(_rec(3))
     rs.close()  # nor trim the newer writer's records away
     assert [r.seq for r in open_store(uri).run_store(REF).load().records] == [0, 1, 2, 3, 4]
+
+
+def test_a_read_from_a_later_record_does_not_check_the_ones_before_it(tmp_path: Path) -> None:
+    """A resume reads from after its snapshot (or its last continuation): the records
+    before that are counted, not checked again; damage from there on is still loud."""
+    uri = f"file://{tmp_path}"
+    _write(uri, 6)
+    store = open_store(uri)
+    seg = fs_segment(store, REF)
+    lines = seg.read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b'"s1"', b'"s9"')
+    seg.write_bytes(b"\n".join(lines))
+    journal = store.backend.journal(REF.path + "/")
+    assert [seq for seq, _ in journal.read(3)] == [3, 4, 5]
+    writer = store.backend.journal(REF.path + "/")
+    assert [seq for seq, _ in writer.read(3, repair=True)] == [3, 4, 5]
+    writer.append(6, codec.seal(_rec(6).raw()))  # the writer's position is right
+    writer.close()
+    with pytest.raises(errors.CorruptionError):
+        journal.read(1)
