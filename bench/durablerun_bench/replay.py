@@ -139,7 +139,7 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
     the same engine (same records, same snapshot chunks and pointer), the run
     is then written to the filesystem layout (segments of
     ``layout.SEGMENT_RECORDS`` records, one per line) and to the S3 layout (an
-    object per record, 32 PUTs at a time), with the manifest, the snapshot
+    object per record, 16 PUTs at a time), with the manifest, the snapshot
     pointer and the chunks it names. The resume benchmark checks each copy
     replays to the same result.
     """
@@ -155,13 +155,24 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
     def export() -> None:
         backend: Any = store.backend
         records: list[bytes] = list(backend.raw_journal(root))
-        objects = {k: backend.get(k) for k in backend.list_keys(root) if layout.seq_of_journal_key(k[len(root):])
-                   is None}
-        # Only the chunks the snapshot pointer names: superseded ones (the SDK leaves them behind)
-        # are never read by a resume, and copying them would multiply the bytes written.
-        pointer = codec.loads(codec.unseal(objects[root + layout.SNAPSHOT], what="snapshot"), what="snapshot")
-        live = {root + c["key"] for c in pointer["chunks"]}
-        objects = {k: v for k, v in objects.items() if not k.startswith(root + layout.CHUNKS_DIR) or k in live}
+        # The snapshot thread may still be behind (a busy machine): wait, within reason, for the last
+        # snapshot the engine takes before this record, so every build leaves the same state; then copy
+        # the pointer as read and exactly the chunks it names (superseded ones, which the SDK leaves
+        # behind, are never read by a resume), fetched by key: a chunk listed before the pointer moved
+        # would not be enough.
+        due = _last_snapshot_due(records, int(p.get("snapshot_every", 100)))
+        deadline = time.monotonic() + 120
+        while True:
+            pointer_bytes = backend.get(root + layout.SNAPSHOT)
+            pointer = codec.loads(codec.unseal(pointer_bytes, what="snapshot"), what="snapshot")
+            if int(pointer["seq"]) >= due or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        objects = {k: backend.get(k) for k in backend.list_keys(root)
+                   if layout.seq_of_journal_key(k[len(root):]) is None and not k.startswith(root + layout.CHUNKS_DIR)}
+        objects[root + layout.SNAPSHOT] = pointer_bytes
+        for c in pointer["chunks"]:
+            objects[root + c["key"]] = backend.get(root + c["key"])
         fs_root = Path(p["fs_root"]) / ref.path
         for key, data in objects.items():
             target = fs_root / key[len(root):]
@@ -176,8 +187,19 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
         prefix = f"{p['prefix']}/"
         puts = [(prefix + k, v) for k, v in objects.items()]
         puts += [(prefix + root + layout.journal_key(seq), r) for seq, r in enumerate(records)]
-        with ThreadPoolExecutor(max_workers=32) as pool:
-            list(pool.map(lambda kv: client.put_object(Bucket=p["bucket"], Key=kv[0], Body=kv[1]), puts))
+
+        def put(kv: tuple[str, bytes]) -> None:
+            for attempt in range(8):
+                try:
+                    client.put_object(Bucket=p["bucket"], Key=kv[0], Body=kv[1])
+                    return
+                except Exception as e:  # MinIO's SlowDownWrite when its drive falls behind: back off
+                    if "SlowDown" not in str(e) or attempt == 7:
+                        raise
+                    time.sleep(0.2 * 2 ** attempt)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(put, puts))
 
     dr_flows.BEFORE_CRASH.append(export)
     os.environ["DURABLERUN_BENCH_CRASH"] = "settle"
@@ -187,6 +209,19 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
     Run(store=store, run=ref, workflow=workflow, input=input_value,
         config=EngineConfig(snapshot_every=int(p.get("snapshot_every", 100)))).run_attempt()
     raise RuntimeError("the marker step should have killed this process")
+
+
+def _last_snapshot_due(records: list[bytes], every: int) -> int:
+    """The last record the engine snapshots at, of journal ``records`` (sealed): every ``every``
+    records of the first generation, then at each continuation and every ``every`` records after it."""
+    from durablerun._private import codec
+
+    last = len(records) - 1
+    for seq in range(last, -1, -1):
+        body = codec.loads(codec.unseal(records[seq], what=f"record {seq}"), what=f"record {seq}")
+        if body.get("kind") == "continue":
+            return seq + (last - seq) // every * every
+    return (last + 1) // every * every - 1
 
 
 # --- DBOS ---------------------------------------------------------------------------------

@@ -139,6 +139,19 @@ def test_replay_target_is_judged_on_the_continuing_workflow_with_the_plain_loop_
     assert s3_target.endswith("| **missed** |")
 
 
+def test_the_export_waits_for_the_snapshot_the_engine_takes_last() -> None:
+    from durablerun_bench import replay
+
+    from durablerun._private import codec
+
+    def recs(kinds: list[str]) -> list[bytes]:
+        return [codec.seal(codec.dumps({"seq": i, "kind": k})) for i, k in enumerate(kinds)]
+
+    assert replay._last_snapshot_due(recs(["step"] * 250), 100) == 199
+    assert replay._last_snapshot_due(recs(["step"] * 100 + ["continue"] + ["step"] * 150), 100) == 200
+    assert replay._last_snapshot_due(recs(["step"] * 100 + ["continue"] + ["step"] * 99), 100) == 100
+
+
 def test_replay_counts_how_many_steps_a_resume_replays() -> None:
     from durablerun_bench import replay
 
@@ -168,3 +181,29 @@ def test_replay_harness_builds_and_resumes_a_continuing_journal(tmp_path: Path,
     assert crashed["loaded_from"] == done["loaded_from"] == 21
     assert done["objects_read"] >= 2
     assert done["to_result_s"] >= done["to_first_new_step_s"] > done["interpreter_s"]
+
+
+def test_replay_harness_exports_a_built_journal_to_both_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               s3_server: Any, s3_bucket: str) -> None:
+    """The 100,000-step path, small: built in memory, written out in the filesystem and the S3
+    layouts with the snapshot that covers the last record, and resumed from each."""
+    import os
+
+    from durablerun_bench import replay
+
+    bench_dir = Path(replay.__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(bench_dir), str(bench_dir.parent / "runner"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    s3 = {"endpoint": s3_server.endpoint_url, "access_key": s3_server.access_key,
+          "secret_key": s3_server.secret_key, "bucket": s3_bucket}
+    common = {"run_id": "exp", "n": 250, "flow": "continuing", "every": 100, "prefix": "replay", "snapshot_every": 20,
+              **s3}
+    replay._spawn("build-exported", {**common, "fs_root": str(tmp_path / "fs")}, -9)
+    for store in ("fs", "s3"):
+        done = replay.phases(replay.measure("resume", {**common, "store": store, "root": str(tmp_path / "fs")},
+                                            crash=False, marks=tmp_path / f"marks-{store}"))
+        # Generations of 100 steps: the last continuation is record 201; snapshots at it and every 20
+        # records after it cover the journal up to 241, so the pointer, its chunks and a tail of at
+        # most the last 10 records (one object each on S3) are read.
+        assert done["loaded_from"] == 201
+        assert done["objects_read"] <= (5 if store == "fs" else 14), done
