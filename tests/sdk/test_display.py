@@ -78,3 +78,24 @@ def test_the_cli_picks_the_display_by_whether_stderr_is_a_terminal(tmp_path: Pat
     assert "\x1b[2K" in screen
     assert "2 steps" in screen
     assert "$0.80" in screen
+
+
+def test_both_displays_say_which_generation_a_continuing_run_is_in() -> None:
+    resumed = RunStarted(run="_local/x", attempt_id="a", journal_records=3010, resumed=True,
+                         objects_read=4, code_version="c", generation=3, first_loaded=3002)
+    out = io.StringIO()
+    tty = TtyProgress(out)
+    tty.run_started(info=resumed)
+    tty._last_draw = 0
+    tty.continued_as_new(generation=4, seq=3050)
+    text = out.getvalue()
+    assert "resuming _local/x (3010 journal records, generation 3)" in text
+    assert "gen 4" in text.rsplit("\r\x1b[2K", 1)[1]
+    out = io.StringIO()
+    plain = PlainProgress(out)
+    plain.run_started(info=resumed)
+    plain.continued_as_new(generation=4, seq=3050)
+    assert out.getvalue().splitlines() == [
+        "durablerun: resuming _local/x: 3010 journal records, generation 3 (read from record 3002) "
+        "(4 objects read)",
+        "durablerun: continued as new: generation 4 starts after journal record 3050"]
