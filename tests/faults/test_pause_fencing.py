@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -134,9 +135,11 @@ def check_trial(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str) -> No
     late = [seq for seq, r in journal.records.items()
             if trial.attempt_id and r["w"] == trial.attempt_id and r["at"] >= trial.paused_at]
     assert not late, f"the paused runner journaled {late} after it was paused"
-    status_doc = s3.get_object(Bucket=runs.bucket, Key=root + "status.json")["Body"].read()
-    assert trial.attempt_id is None or trial.attempt_id.encode() not in status_doc, \
-        "the fenced runner recorded an outcome"
+    # The outcome record may be the paused runner's only if it wrote it before the pause (it had finished).
+    outcome = json.loads(s3.get_object(Bucket=runs.bucket, Key=root + "status.json")["Body"].read())["body"]
+    if trial.attempt_id is not None and outcome["attempt"] == trial.attempt_id:
+        written = datetime.fromisoformat(outcome["time"].replace("Z", "+00:00")).timestamp()
+        assert written < trial.paused_at, f"the fenced runner recorded an outcome after the pause: {outcome}"
     check_executions(Ledger.read(runs, trial.name), torture_flows.step_names(trial.input), {trial.pod or ""})
     # The expired lease is counted once, as LeaseExpired; no other restart, no pod twice per epoch.
     pods.check_one_pod_per_epoch(trial.name, status["attempt"])
