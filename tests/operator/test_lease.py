@@ -8,12 +8,21 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
+from tests.faults.helpers import PodRecorder, process_of, wait_pod_exit
 from tests.operator.conftest import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 
 
 def test_paused_runner_is_replaced_and_then_fenced(operator: Operator, runs: RunEnv) -> None:
+    pods = PodRecorder(runs.testbed, runs.namespace)
+    try:
+        check_paused_runner_is_replaced_and_then_fenced(runs, pods)
+    finally:
+        pods.stop()
+
+
+def check_paused_runner_is_replaced_and_then_fenced(runs: RunEnv, pods: PodRecorder) -> None:
     runs.apply(runs.manifest("hung", "optest_flows:steps", {"steps": 8, "sleep": 0.3},
                              policy={"leaseDuration": "4s"}))
     procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=60, what="step s1 to finish")
@@ -30,16 +39,15 @@ def test_paused_runner_is_replaced_and_then_fenced(operator: Operator, runs: Run
     objects_before_wakeup = runs.store_objects()
     ledger_before_wakeup = runs.ledger()
 
-    # The old runner wakes up: it must notice it was superseded and exit Fenced.
+    # The old runner wakes up: it must notice it was superseded and exit Fenced. Its pod was deleted with the
+    # lease, so the node forgets the process as soon as it has reported the exit: the ending is read from the
+    # pod's status as a watch saw it.
+    entry = process_of(runs.testbed, runs.namespace, old_pod)
+    assert entry, f"the process node forgot the paused runner {old_pod}"
     node.cont(runs.namespace, old_pod)
-    entry = procs.wait_for(
-        lambda: next((p for p in node.processes() if p["pod"] == f"{runs.namespace}/{old_pod}"
-                      and p["exitCode"] is not None), None),
-        timeout=60, what="the old runner to exit",
-    )
-    assert entry["exitCode"] == 5, Path(entry["log"]).read_text()[-2000:]
-    report = json.loads(Path(entry["log"]).with_suffix(".termination-log").read_text())
-    assert report["outcome"] == "Fenced"
+    ending = wait_pod_exit(runs, pods, old_pod, timeout=60)
+    assert ending["exitCode"] == 5, Path(entry["log"]).read_text()[-2000:]
+    assert json.loads(ending["message"])["outcome"] == "Fenced"
     # It wrote nothing after waking: not one object in the store, no new step, no status change.
     assert runs.store_objects() == objects_before_wakeup
     assert not [line for line in runs.ledger()[len(ledger_before_wakeup):] if line.startswith("start")]
