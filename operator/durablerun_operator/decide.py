@@ -258,9 +258,8 @@ class Plan:
 
     @property
     def empty(self) -> bool:
-        return not (self.patch or self.create_pod_epoch is not None or self.create_purge_pod
-                    or self.delete_pods or self.release_pods
-                    or self.add_run_finalizer or self.remove_run_finalizer or self.delete_run)
+        return not (self.patch or self.touches_pods or self.add_run_finalizer or self.remove_run_finalizer
+                    or self.delete_run)
 
 
 def status_patch(

@@ -70,7 +70,7 @@ class Reconciler:
         # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
         self._settled: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
-        self._rbac_ready: set[str] = set()  # uids of runs whose ServiceAccount, Role and RoleBinding exist
+        self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # API calls block: they run on threads of our own, as many as the workers (the default pool has
         # cpu+4 threads, shared with everything else in the process).
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
@@ -147,6 +147,7 @@ class Reconciler:
 
     def _forget(self, key: Key) -> None:
         self._settled.discard(key)
+        self._rbac_ready.pop(key, None)
         self._cancel_timer(key)
 
     # --- one run ---------------------------------------------------------------------
@@ -229,16 +230,17 @@ class Reconciler:
         return updated
 
     async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
-        uid = run["metadata"]["uid"]
-        if uid not in self._rbac_ready:  # created with the first attempt: later ones need no API calls for it
+        meta = run["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if self._rbac_ready.get(key) != meta["uid"]:  # made with the first attempt: later ones need no API calls
             for obj in builders.runner_rbac(run):
                 await self._io(self.kube.ensure, obj)
-            self._rbac_ready.add(uid)
+            self._rbac_ready[key] = meta["uid"]
         pod = builders.runner_pod(run, epoch, self.settings)
         try:
             created = await self._io(self.kube.create_pod, pod)
         except Exception:
-            self._rbac_ready.discard(uid)  # perhaps someone deleted the ServiceAccount: make sure next time
+            self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time
             raise
         if not created:
             log.info("pod %s already exists: attempt %d was started before", pod["metadata"]["name"], epoch)
