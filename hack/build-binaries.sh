@@ -2,11 +2,12 @@
 # Builds the test bed's Go binaries once from their published Go modules and
 # caches them outside the repo, keyed by version:
 #   $DURABLERUN_CACHE/bin/<name>-<version>
-# A binary already in the cache is not rebuilt. Users with envtest binaries
+# A binary already in the cache is not rebuilt. The kubelet and kube-scheduler
+# are the real node's (hack/durablerun_testbed/realnode.py). Users with envtest binaries
 # (KUBEBUILDER_ASSETS or TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD) skip the
 # control-plane build.
 #
-# Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|etcd|minio|helm ...]
+# Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|etcd|minio|helm ...]
 # (default: all)
 set -euo pipefail
 
@@ -29,7 +30,7 @@ wrapper_module() {
   echo "$dir"
 }
 
-# build_kubernetes <component>: kube-apiserver or kube-controller-manager.
+# build_kubernetes <component>: kube-apiserver, kube-controller-manager, kube-scheduler or kubelet.
 build_kubernetes() {
   local component="$1"
   local out="$BIN/$component-$KUBERNETES_VERSION"
@@ -104,17 +105,20 @@ build_helm() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager etcd minio helm)
+[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd minio helm)
 for t in "${targets[@]}"; do
   case "$t" in
     kube-apiserver)
       if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_APISERVER:-}" ]]; then log "kube-apiserver from envtest assets"; else (build_kubernetes kube-apiserver); fi ;;
     kube-controller-manager)
       if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_CONTROLLER_MANAGER:-}" ]]; then log "kube-controller-manager from envtest assets"; else (build_kubernetes kube-controller-manager); fi ;;
+    kube-scheduler)
+      if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_KUBE_SCHEDULER:-}" ]]; then log "kube-scheduler from envtest assets"; else (build_kubernetes kube-scheduler); fi ;;
+    kubelet) (build_kubernetes kubelet) ;;
     etcd)
       if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_ETCD:-}" ]]; then log "etcd from envtest assets"; else (build_etcd); fi ;;
     minio) (build_minio) ;;
     helm) (build_helm) ;;
-    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, etcd, minio or helm)"; exit 2 ;;
+    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio or helm)"; exit 2 ;;
   esac
 done

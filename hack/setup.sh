@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything this repo needs on a machine, idempotently:
-#   - Debian packages: prometheus (brings promtool), util-linux (unshare)
-#   - Go-built binaries: kube-apiserver, etcd, MinIO, helm (hack/build-binaries.sh)
+#   - Debian packages: prometheus (brings promtool), util-linux (unshare), and
+#     for the real node containerd, runc, the CNI plugins, buildah, mmdebstrap
+#   - Go-built binaries: kube-apiserver, kube-controller-manager,
+#     kube-scheduler, kubelet, etcd, MinIO, helm (hack/build-binaries.sh)
 #   - a Python venv in .venv with the project installed editable, pinned by
 #     hack/constraints.txt, and the test bed package (hack/) on its path
+#   - the images the real node runs, built from deploy/images/ without a Docker
+#     engine (hack/build-images.sh)
 # A second run finds everything in place and takes seconds.
 set -euo pipefail
 
@@ -14,7 +18,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 started=$SECONDS
 
 # --- Debian packages -----------------------------------------------------------
-apt_packages=(prometheus util-linux)
+apt_packages=(prometheus util-linux containerd runc containernetworking-plugins buildah mmdebstrap)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -23,8 +27,8 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   log "installing Debian packages: ${missing[*]}"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update -qq
-  # The prometheus package starts a system service; the test bed runs its own
-  # Prometheus on a free port, so keep the packaged one from starting.
+  # The prometheus and containerd packages start system services; the test
+  # bed runs its own on free ports, so keep the packaged ones from starting.
   echo exit 101 | $SUDO tee /usr/sbin/policy-rc.d >/dev/null && $SUDO chmod +x /usr/sbin/policy-rc.d
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   $SUDO rm -f /usr/sbin/policy-rc.d
@@ -50,5 +54,8 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   echo "$ROOT/hack" >"$site/durablerun-testbed.pth"
   echo "$want" >"$stamp"
 fi
+
+# --- Images for the real node ---------------------------------------------------
+"$ROOT/hack/build-images.sh"
 
 log "ready in $((SECONDS - started))s"

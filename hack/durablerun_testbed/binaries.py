@@ -30,6 +30,8 @@ def cache_dir() -> Path:
 _GO_BINARIES = {
     "kube-apiserver": ("TEST_ASSET_KUBE_APISERVER", "KUBERNETES_VERSION"),
     "kube-controller-manager": ("TEST_ASSET_KUBE_CONTROLLER_MANAGER", "KUBERNETES_VERSION"),
+    "kube-scheduler": ("TEST_ASSET_KUBE_SCHEDULER", "KUBERNETES_VERSION"),
+    "kubelet": (None, "KUBERNETES_VERSION"),
     "etcd": ("TEST_ASSET_ETCD", "ETCD_VERSION"),
     "minio": (None, "MINIO_VERSION"),
     "helm": (None, "HELM_VERSION"),

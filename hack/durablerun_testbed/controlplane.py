@@ -3,7 +3,10 @@
 Started the way controller-runtime's envtest starts it, plus the
 controller-manager so that Deployments, garbage collection of owned objects,
 namespace deletion and ServiceAccounts behave as in a cluster. There is no
-scheduler and no kubelet: the process node (``processnode``) plays both.
+scheduler and no kubelet: the process node (``processnode``) plays both. For
+the real node (``realnode``) the control plane listens on the node's pod
+network instead of loopback, runs kube-scheduler, and gives the kubelet an
+identity and the API server a client certificate the kubelet trusts.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -33,10 +36,20 @@ class ControlPlane:
     controller_manager: procs.ManagedProcess | None = None
     port: int = 0
     admin_token: str = ""
+    #: Where kube-apiserver listens. A real node's pods reach it here, so it is
+    #: the first address of the service range too: the ``kubernetes`` Service's
+    #: ClusterIP, which the kubelet hands to pods, is then the server itself
+    #: (there is no kube-proxy).
+    address: str = "127.0.0.1"
+    service_cidr: str = "10.0.0.0/24"
+    #: Node names that get a kubelet identity (user system:node:NAME).
+    nodes: tuple[str, ...] = ()
+    node_tokens: dict[str, str] = field(default_factory=dict)
+    scheduler: procs.ManagedProcess | None = None
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -46,7 +59,7 @@ class ControlPlane:
     def ca_file(self) -> Path:
         return self.workdir / "certs" / "apiserver.crt"
 
-    def start(self, *, controller_manager: bool = True) -> ControlPlane:
+    def start(self, *, controller_manager: bool = True, scheduler: bool = False) -> ControlPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
         logs = self.workdir / "logs"
         self._start_etcd(logs)
@@ -54,6 +67,8 @@ class ControlPlane:
         self._write_kubeconfig()
         if controller_manager:
             self._start_controller_manager(logs)
+        if scheduler:
+            self._start_scheduler(logs)
         return self
 
     def _start_etcd(self, logs: Path) -> None:
@@ -95,10 +110,21 @@ class ControlPlane:
                 check=True, capture_output=True,
             )
         self.admin_token = secrets.token_hex(16)
+        lines = [f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"']
+        for node in self.nodes:
+            self.node_tokens[node] = secrets.token_hex(16)
+            lines.append(f'{self.node_tokens[node]},system:node:{node},node-{node},"system:nodes"')
         tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n')
+        tokens.write_text("\n".join(lines) + "\n")
         tokens.chmod(0o600)
-        self.port = procs.free_port()
+        self.port = self.port or procs.free_port()
+        kubelet_flags: list[str] = []
+        if self.nodes:
+            kubelet_flags = [
+                "--kubelet-client-certificate", str(self._kubelet_client_cert(certs)),
+                "--kubelet-client-key", str(certs / "kubelet-client.key"),
+                "--kubelet-preferred-address-types", "InternalIP",
+            ]
         self.apiserver = procs.ManagedProcess(
             "kube-apiserver",
             [
@@ -106,21 +132,65 @@ class ControlPlane:
                 "--etcd-servers", self.etcd_url,
                 "--cert-dir", str(certs),
                 "--secure-port", str(self.port),
-                "--bind-address", "127.0.0.1",
-                "--advertise-address", "127.0.0.1",
-                "--service-cluster-ip-range", "10.0.0.0/24",
+                "--bind-address", self.address,
+                "--advertise-address", self.address,
+                "--service-cluster-ip-range", self.service_cidr,
                 "--service-account-issuer", self.url,
                 "--service-account-key-file", str(sa_key),
                 "--service-account-signing-key-file", str(sa_key),
-                "--authorization-mode", "RBAC",
+                # Node: a kubelet may read only what its own pods need.
+                "--authorization-mode", "Node,RBAC" if self.nodes else "RBAC",
                 "--token-auth-file", str(tokens),
                 "--allow-privileged=true",
+                *kubelet_flags,
                 "--v=1",
             ],
             log_path=logs / "kube-apiserver.log",
             testbed_id=self.testbed_id,
         )
         procs.wait_for(self._apiserver_ready, timeout=60, what=f"kube-apiserver at {self.url}")
+
+    @property
+    def kubelet_client_ca(self) -> Path:
+        """The CA a kubelet trusts for the API server's calls (logs, exec)."""
+        return self.workdir / "certs" / "kubelet-client-ca.crt"
+
+    def _kubelet_client_cert(self, certs: Path) -> Path:
+        """A CA of the test bed's own and, signed by it, the API server's client certificate for kubelets."""
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+        ca_key, ca, key, csr, cert = (certs / name for name in (
+            "kubelet-client-ca.key", "kubelet-client-ca.crt", "kubelet-client.key", "kubelet-client.csr",
+            "kubelet-client.crt"))
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+                "-days", "30", "-subj", "/CN=durablerun-testbed-kubelet-client-ca")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+                "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                "-out", str(cert), "-days", "30")
+        return cert
+
+    def node_kubeconfig(self, node: str) -> Path:
+        """A kubeconfig for the kubelet of ``node``."""
+        path = self.workdir / f"kubelet-{node}.kubeconfig"
+        path.write_text(yaml.safe_dump(self.kubeconfig_dict(f"system:node:{node}", self.node_tokens[node])))
+        path.chmod(0o600)
+        return path
+
+    def _start_scheduler(self, logs: Path) -> None:
+        self.scheduler = procs.ManagedProcess(
+            "kube-scheduler",
+            [
+                str(binaries.find("kube-scheduler")),
+                "--kubeconfig", str(self.kubeconfig),
+                "--leader-elect=false",
+                "--secure-port", "0",
+                "--v=1",
+            ],
+            log_path=logs / "kube-scheduler.log",
+            testbed_id=self.testbed_id,
+        )
 
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver and start it again on the same port, certificates, keys and tokens."""
@@ -169,9 +239,11 @@ class ControlPlane:
                 str(binaries.find("kube-controller-manager")),
                 "--kubeconfig", str(self.kubeconfig),
                 "--leader-elect=false",
-                # The process node keeps no node heartbeats; node loss is
-                # simulated by the node itself.
-                "--controllers", "*,-nodelifecycle,-cloud-node-lifecycle",
+                # The process node keeps no node heartbeats (node loss is
+                # simulated by the node itself); a kubelet does, and its Node
+                # is tainted not-ready until the node lifecycle controller
+                # sees it Ready.
+                "--controllers", "*,-cloud-node-lifecycle" if self.nodes else "*,-nodelifecycle,-cloud-node-lifecycle",
                 "--secure-port", "0",
                 "--service-account-private-key-file", str(self.workdir / "sa.key"),
                 "--root-ca-file", str(self.ca_file),
@@ -184,11 +256,11 @@ class ControlPlane:
         )
 
     def check_alive(self) -> None:
-        for part in (self.etcd, self.apiserver, self.controller_manager):
+        for part in (self.etcd, self.apiserver, self.controller_manager, self.scheduler):
             if part is not None:
                 part.check_alive()
 
     def stop(self) -> None:
-        for part in (self.controller_manager, self.apiserver, self.etcd):
+        for part in (self.scheduler, self.controller_manager, self.apiserver, self.etcd):
             if part is not None:
                 part.stop()

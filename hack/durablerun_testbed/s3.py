@@ -26,12 +26,14 @@ class S3Server:
     access_key: str = ""
     secret_key: str = ""
     region: str = REGION
+    #: Where MinIO listens: loopback, or a real node's pod network (``realnode``).
+    address: str = "127.0.0.1"
     #: More environment for MinIO, e.g. MINIO_KMS_SECRET_KEY for server-side encryption.
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def start(self) -> S3Server:
         self.port = procs.free_port()
@@ -63,7 +65,7 @@ class S3Server:
             "minio",
             [
                 str(binaries.find("minio")), "server", "--quiet",
-                "--address", f"127.0.0.1:{self.port}",
+                "--address", f"{self.address}:{self.port}",
                 "--console-address", f"127.0.0.1:{procs.free_port()}",
                 str(data),
             ],

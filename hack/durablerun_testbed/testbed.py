@@ -1,7 +1,8 @@
-"""The whole test bed in one object: control plane, MinIO, process node."""
+"""The whole test bed in one object: control plane, MinIO, and a node (the process node or the real node)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.controlplane import ControlPlane
+from durablerun_testbed.realnode import NODE_NAME, PodNetwork, RealNode
 from durablerun_testbed.s3 import S3Server
 
 VENV_BIN = Path(sys.executable).parent
@@ -71,6 +73,8 @@ class TestBed:
     s3: S3Server | None = None
     node_process: procs.ManagedProcess | None = None
     node: NodeClient | None = None
+    real_node: RealNode | None = None
+    network: PodNetwork | None = None
     owns_s3: bool = True
 
     __test__ = False  # not a pytest test class
@@ -86,16 +90,35 @@ class TestBed:
         s3: S3Server | bool = True,
         node: bool = True,
         base_env: dict[str, str] | None = None,
+        real_node: bool = False,
     ) -> TestBed:
-        """Start the parts; ``s3`` may be a running server to share instead of a new one."""
+        """Start the parts; ``s3`` may be a running server to share instead of a new one.
+
+        ``real_node``: a kubelet and containerd (``realnode``) instead of the
+        process node, with kube-scheduler, and the control plane and MinIO on
+        the node's pod network so its pods reach them.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            self.controlplane = ControlPlane(self.root / "controlplane", self.id).start()
+            if real_node:
+                self.network = PodNetwork.create(self.id)
+                self.controlplane = ControlPlane(
+                    self.root / "controlplane", self.id, address=self.network.gateway, port=443,
+                    service_cidr=self.network.service_cidr, nodes=(NODE_NAME,),
+                ).start(scheduler=True)
+            else:
+                self.controlplane = ControlPlane(self.root / "controlplane", self.id).start()
             if isinstance(s3, S3Server):
                 self.s3, self.owns_s3 = s3, False
             elif s3:
-                self.s3 = S3Server(self.root / "s3", self.id).start()
-            if node:
+                address = self.network.gateway if self.network else "127.0.0.1"
+                self.s3 = S3Server(self.root / "s3", self.id, address=address).start()
+            if real_node:
+                assert self.network
+                real = self.real_node = RealNode(self.root / "node", self.id, self.network)
+                real.start(self.controlplane)
+                procs.wait_for(lambda: real.ready(self.kubectl), timeout=120, what="the real node to be Ready")
+            elif node:
                 self.start_node(base_env)
         except BaseException:
             self.stop()
@@ -154,17 +177,39 @@ class TestBed:
         return env
 
     def check_alive(self) -> None:
-        for part in (self.controlplane, self.s3, self.node_process):
+        for part in (self.controlplane, self.s3, self.node_process, self.real_node):
             if part is not None:
                 part.check_alive()
 
     def stop(self) -> None:
         if self.node_process:
             self.node_process.stop()
+        if self.real_node:
+            self._drain_real_node()
+            self.real_node.stop()
+        elif self.network:
+            self.network.delete()
         if self.s3 and self.owns_s3:
             self.s3.stop()
         if self.controlplane:
             self.controlplane.stop()
+
+    def _drain_real_node(self) -> None:
+        """Delete every pod while the kubelet runs, so that it stops their containers and tears their
+        sandboxes' networks down (nothing recreates them: the controller-manager stops first)."""
+        node, controlplane = self.real_node, self.controlplane
+        assert node
+        if not (controlplane and controlplane.apiserver and controlplane.apiserver.alive()):
+            return
+        if controlplane.controller_manager:
+            controlplane.controller_manager.stop()
+        self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false",
+                     check=False, timeout=30)
+        if not (node.kubelet and node.kubelet.alive()):
+            return
+        with contextlib.suppress(procs.Timeout):
+            procs.wait_for(lambda: not node.ctr("tasks", "list", "--quiet").split(), timeout=60,
+                           what="every container on the real node to stop", interval=0.5)
 
     def leftovers(self) -> list[tuple[int, str]]:
         """Processes started by this test bed that are still alive."""

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 
 import kopf
 
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     handlers.configure(settings)
     asyncio.run(kopf.operator(
         standalone=True,  # one replica by design; correctness does not rest on kopf's peering
+        # kopf would name itself after the OS user, but the image runs as uid 65532 with no
+        # passwd entry (as official python images do), and getpass fails there. (kopf types it as
+        # a NewType of str it does not export.)
+        identity=f"durablerun-operator@{socket.gethostname()}",  # type: ignore[arg-type]
         clusterwide=not settings.namespaces,
         namespaces=list(settings.namespaces),
         liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,

@@ -1,0 +1,348 @@
+"""A real node: the kubelet and containerd (with runc) running the images built here.
+
+What the process node stands in for, done for real: images pulled from nowhere
+(imported from the OCI archives ``hack/build-images.sh`` built), pod sandboxes,
+cgroup memory limits (a real OOM kill), probes, ``kubectl logs``, restricted Pod
+Security enforced on real containers, evictions and drains.
+
+Network, kept on this machine: the pods live on a bridge of the test bed's own
+(``PodNetwork``) in 198.18.0.0/15, the range set aside for test networks. The
+bridge carries the only route a pod has (no default route, no masquerading, IP
+forwarding untouched), so a pod can reach the bridge's address and nothing else.
+The control plane, the kubelet and MinIO listen on that address; the API
+server's service range starts there, so the ``kubernetes`` Service the kubelet
+hands to pods points at the API server itself (there is no kube-proxy).
+
+Needs root, cgroups and Debian's containerd, runc and containernetworking-plugins
+(``hack/setup.sh`` installs them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from durablerun_testbed import binaries, procs
+from durablerun_testbed.controlplane import ControlPlane
+
+NODE_NAME = "realnode"
+CNI_BIN_DIR = Path("/usr/lib/cni")
+# The images the node needs before any pod starts (hack/build-images.sh).
+IMAGES = ("pause", "runner", "operator", "examples")
+TEST_NETWORKS = ipaddress.ip_network("198.18.0.0/15")
+
+
+class RealNodeUnavailable(RuntimeError):
+    """The machine cannot run the real node; the message says what is missing."""
+
+
+def check_machine() -> None:
+    """Raise RealNodeUnavailable naming what this machine lacks for a real node."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("it needs root (containerd, runc, the pod bridge)")
+    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "buildah"):
+        if not shutil.which(tool):
+            problems.append(f"{tool} is not installed (hack/setup.sh installs it)")
+    for plugin in ("bridge", "host-local", "loopback"):
+        if not (CNI_BIN_DIR / plugin).exists():
+            problems.append(f"CNI plugin {CNI_BIN_DIR / plugin} is missing (containernetworking-plugins)")
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        problems.append("no memory cgroup at /sys/fs/cgroup")
+    if problems:
+        raise RealNodeUnavailable("the real node cannot start here: " + "; ".join(problems))
+
+
+def image_archives() -> dict[str, tuple[Path, str]]:
+    """name -> (OCI archive, image reference) for the images the node imports."""
+    found = {}
+    for name in IMAGES:
+        current = binaries.cache_dir() / "images" / f"{name}.current"
+        try:
+            archive, ref = current.read_text().split()
+        except FileNotFoundError:
+            raise RealNodeUnavailable(f"image {name} is not built: run hack/build-images.sh") from None
+        found[name] = (Path(archive), ref)
+    return found
+
+
+@dataclass
+class PodNetwork:
+    """A /24 of 198.18.0.0/15 on a bridge of the test bed's own: the pods' only network."""
+
+    subnet: ipaddress.IPv4Network
+    bridge: str
+
+    @classmethod
+    def create(cls, testbed_id: str) -> PodNetwork:
+        taken = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, check=True).stdout
+        subnets = list(TEST_NETWORKS.subnets(new_prefix=24))
+        random.shuffle(subnets)
+        for subnet in subnets:
+            if str(subnet) not in taken:
+                network = cls(subnet, "drbr" + testbed_id.replace("-", "")[-8:])
+                network._up()
+                return network
+        raise RealNodeUnavailable("every /24 of 198.18.0.0/15 is in use")
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's own address: where the pods reach the control plane and MinIO."""
+        return str(self.subnet.network_address + 1)
+
+    @property
+    def service_cidr(self) -> str:
+        """The API server's service range: its first address is the gateway (the API server)."""
+        return str(ipaddress.ip_network(f"{self.subnet.network_address}/25"))
+
+    def _up(self) -> None:
+        self.delete()
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge],
+                       check=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+
+    def cni_config(self, state: Path) -> dict[str, Any]:
+        pods = list(self.subnet.hosts())
+        return {
+            "cniVersion": "1.0.0",
+            "name": "durablerun-testbed",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": self.bridge,
+                # No gateway, default route or masquerading: the subnet is all a pod can reach.
+                "isGateway": False,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": str(self.subnet), "rangeStart": str(pods[127]),
+                                 "rangeEnd": str(pods[-1])}]],
+                    "dataDir": str(state),
+                },
+            }],
+        }
+
+    def delete(self) -> None:
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+@dataclass
+class RealNode:
+    workdir: Path
+    testbed_id: str
+    network: PodNetwork
+    containerd: procs.ManagedProcess | None = None
+    kubelet: procs.ManagedProcess | None = None
+    images: dict[str, str] = field(default_factory=dict)
+    name: str = NODE_NAME
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "containerd" / "containerd.sock"
+
+    def start(self, controlplane: ControlPlane) -> RealNode:
+        check_machine()
+        archives = image_archives()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._start_containerd(archives["pause"][1])
+        started = time.monotonic()
+        for name, (archive, ref) in archives.items():
+            self.import_image(archive)
+            self.images[name] = ref
+        self.import_seconds = time.monotonic() - started
+        self._start_kubelet(controlplane)
+        return self
+
+    def ctr(self, *args: str, timeout: float = 300) -> str:
+        """containerd's own CLI, in the namespace the CRI (and so the kubelet) uses."""
+        result = subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+                                capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", str(archive))
+
+    def _start_containerd(self, pause_image: str) -> None:
+        base = self.workdir / "containerd"
+        cni_conf = base / "net.d"
+        cni_conf.mkdir(parents=True, exist_ok=True)
+        (cni_conf / "10-durablerun.conflist").write_text(json.dumps(self.network.cni_config(base / "ipam")))
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        config = "\n".join([
+            "version = 2",
+            f'root = "{base / "root"}"',
+            f'state = "{base / "state"}"',
+            "[grpc]",
+            f'  address = "{self.socket}"',
+            "[ttrpc]",
+            f'  address = "{self.socket}.ttrpc"',
+            f'[plugins."io.containerd.internal.v1.opt"]',
+            f'  path = "{base / "opt"}"',
+            f"[{cri}]",
+            f'  sandbox_image = "{pause_image}"',
+            '  stream_server_address = "127.0.0.1"',
+            '  stream_server_port = "0"',
+            # Machines that withhold CAP_SYS_RESOURCE (this kind does) refuse a
+            # lower oom_score_adj than containerd's own, as rootless ones do.
+            "  restrict_oom_score_adj = true",
+            f"[{cri}.containerd]",
+            '  snapshotter = "overlayfs"',
+            '  default_runtime_name = "runc"',
+            f"[{cri}.containerd.runtimes.runc]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"[{cri}.containerd.runtimes.runc.options]",
+            "  SystemdCgroup = false",
+            f"[{cri}.cni]",
+            f'  bin_dir = "{CNI_BIN_DIR}"',
+            f'  conf_dir = "{cni_conf}"',
+            "",
+        ])
+        (base / "config.toml").write_text(config)
+        self.containerd = procs.ManagedProcess(
+            "containerd", ["containerd", "--config", str(base / "config.toml")],
+            log_path=self.workdir / "logs" / "containerd.log", testbed_id=self.testbed_id,
+        )
+
+        def ready() -> bool:
+            assert self.containerd
+            self.containerd.check_alive()
+            if not self.socket.exists():
+                return False
+            return any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
+                       for line in self.ctr("plugins", "ls").splitlines())
+
+        procs.wait_for(ready, timeout=30, what="containerd's CRI plugin")
+
+    def _start_kubelet(self, controlplane: ControlPlane) -> None:
+        base = self.workdir / "kubelet"
+        base.mkdir(parents=True, exist_ok=True)
+        resolv = base / "resolv.conf"
+        resolv.write_text("")  # pods have no DNS server to reach: the bed gives them none
+        self.healthz_port = procs.free_port()
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": self.network.gateway,
+            "port": 10250,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.healthz_port,
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            # cgroup v1 here; the cgroupfs driver (no systemd in the machine).
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            # Only the API server (holding a certificate from the bed's own CA) may call the kubelet.
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(controlplane.kubelet_client_ca)}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "resolvConf": str(resolv),
+            "podLogsDir": str(self.workdir / "pods"),
+            # Built images cannot be pulled again: never collect them; evict only when truly short.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                             "nodefs.inodesFree": "1%"},
+            "serializeImagePulls": False,
+            "nodeStatusUpdateFrequency": "5s",
+            "syncFrequency": "10s",
+            "maxPods": 50,
+        }
+        (base / "config.yaml").write_text(yaml.safe_dump(config))
+        self.kubelet = procs.ManagedProcess(
+            "kubelet",
+            [
+                str(binaries.find("kubelet")),
+                "--config", str(base / "config.yaml"),
+                "--kubeconfig", str(controlplane.node_kubeconfig(self.name)),
+                "--root-dir", str(base / "root"),
+                "--cert-dir", str(base / "pki"),
+                "--hostname-override", self.name,
+                "--node-ip", self.network.gateway,
+                "--v=1",
+            ],
+            log_path=self.workdir / "logs" / "kubelet.log", testbed_id=self.testbed_id,
+        )
+
+    def ready(self, kubectl: Any) -> bool:
+        """The Node is registered and Ready (``kubectl`` runs the real kubectl against the bed)."""
+        self.check_alive()
+        result = kubectl("get", "node", self.name, "-o",
+                         "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+        return bool(result.returncode == 0 and result.stdout.strip() == "True")
+
+    def check_alive(self) -> None:
+        for part in (self.containerd, self.kubelet):
+            if part is not None:
+                part.check_alive()
+
+    def kill_container(self, container_id: str) -> None:
+        """SIGKILL a container's process (its task), as a crash or the kernel would."""
+        self.ctr("tasks", "kill", "--signal", "SIGKILL", container_id.removeprefix("containerd://"))
+
+    def stop(self) -> None:
+        """Stop the kubelet, every container and containerd; leave no mount, process or link behind."""
+        if self.kubelet:
+            self.kubelet.stop()
+        if self.containerd and self.containerd.alive():
+            with contextlib.suppress(Exception):
+                for task in self.ctr("tasks", "list", "--quiet").split():
+                    with contextlib.suppress(Exception):
+                        self.ctr("tasks", "kill", "--signal", "SIGKILL", task, timeout=10)
+        if self.containerd:
+            self.containerd.stop()
+        # The shims (and through them the containers) carry the bed's marker.
+        for pid, _ in procs.processes_with_marker(self.testbed_id):
+            with contextlib.suppress(ProcessLookupError):
+                if _is_shim(pid):
+                    os.kill(pid, 9)
+        _unmount_under(self.workdir)
+        _remove_netns_of(self.network)
+        self.network.delete()
+
+
+def _is_shim(pid: int) -> bool:
+    try:
+        return b"containerd-shim" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+def _unmount_under(directory: Path) -> None:
+    """Lazily unmount what containerd and the kubelet mounted under ``directory``, deepest first."""
+    prefix = str(directory.resolve()) + "/"
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point.startswith(prefix):
+            mounts.append(point)
+    for point in sorted(set(mounts), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def _remove_netns_of(network: PodNetwork) -> None:
+    """Pod network namespaces left by a sandbox that was never stopped: those on our bridge."""
+    netns_dir = Path("/run/netns")
+    if not netns_dir.is_dir():
+        return
+    for entry in netns_dir.iterdir():
+        if not entry.name.startswith("cni-"):
+            continue
+        addresses = subprocess.run(["ip", "-n", entry.name, "-4", "addr"], capture_output=True, text=True).stdout
+        if any(ipaddress.ip_address(word.split("/")[0]) in network.subnet
+               for word in addresses.split() if word.count(".") == 3 and "/" in word):
+            subprocess.run(["ip", "netns", "delete", entry.name], capture_output=True)

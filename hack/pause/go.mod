@@ -1,0 +1,3 @@
+module durablerun.local/pause
+
+go 1.22

@@ -1,0 +1,193 @@
+"""The real-node tier: a kubelet and containerd run the images built from deploy/images/.
+
+One test bed for the session (``real_bed``): the control plane, kube-scheduler,
+MinIO, containerd and the kubelet (hack/durablerun_testbed/realnode.py); the
+chart installed with `helm install` as docs/install.md tells users, its
+operator pod running the operator image; and a workflow image of this folder's
+workflows built FROM the runner image with the one command users run for their
+own (``hack/build-images.sh workflow DIR``).
+
+If the machine cannot run the real node, the tier fails and says why. Set
+DURABLERUN_SKIP_REAL_NODE=1 to skip it on purpose (the skip names itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from durablerun_testbed import binaries, procs
+from durablerun_testbed.realnode import RealNodeUnavailable, check_machine
+from durablerun_testbed.testbed import TestBed
+from tests.conftest import SESSION_ID
+from tests.install.helpers import Helm
+
+WORKFLOWS = Path(__file__).resolve().parent / "workflows"
+OPERATOR_NAMESPACE = "durable-run-system"
+RELEASE = "durable-run"
+
+
+@pytest.fixture(scope="session")
+def real_bed(testbed_root: Path) -> Iterator[TestBed]:
+    if os.environ.get("DURABLERUN_SKIP_REAL_NODE") == "1":
+        pytest.skip("the real-node tier is skipped: DURABLERUN_SKIP_REAL_NODE=1")
+    try:
+        check_machine()
+    except RealNodeUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    bed = TestBed(testbed_root / "realnode", id=SESSION_ID).start(real_node=True)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture(scope="session")
+def workflow_image(real_bed: TestBed) -> str:
+    """This folder's workflows in an image FROM the runner image, built and put on the node."""
+    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(WORKFLOWS)],
+                           capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    ref = built.stdout.strip().splitlines()[-1]
+    assert real_bed.real_node
+    name = "workflow-" + WORKFLOWS.name
+    archive = Path((binaries.cache_dir() / "images" / f"{name}.current").read_text().split()[0])
+    real_bed.real_node.import_image(archive)
+    return ref
+
+
+@pytest.fixture(scope="session")
+def real_helm(real_bed: TestBed, testbed_root: Path) -> Helm:
+    home = testbed_root / "realnode-helm"
+    home.mkdir(exist_ok=True)
+    return Helm(home, real_bed.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def chart_operator(real_bed: TestBed, real_helm: Helm) -> dict[str, Any]:
+    """The chart installed as docs/install.md says, into a namespace enforcing `restricted`; its operator pod."""
+    real_bed.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+    real_bed.kubectl("label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+    installed = real_helm("install", RELEASE, str(binaries.REPO_ROOT / "charts" / "durable-run"),
+                          "--namespace", OPERATOR_NAMESPACE, "--set", "resyncSeconds=1", "--wait", "--timeout=180s",
+                          timeout=240, check=False)
+    if installed.returncode != 0:
+        pods = real_bed.kubectl("describe", "pods", "-n", OPERATOR_NAMESPACE, check=False).stdout
+        logs = real_bed.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/component=operator",
+                                "--tail=40", check=False)
+        pytest.fail(f"helm install failed: {installed.stderr}\n{pods}\n{logs.stdout}{logs.stderr}", pytrace=False)
+    pods = json.loads(real_bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                                       "app.kubernetes.io/component=operator", "-o", "json").stdout)["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return dict(pods[0])
+
+
+@dataclass
+class RealRuns:
+    """A namespace enforcing `restricted` with a bucket and its credentials, for runs on the real node."""
+
+    bed: TestBed
+    namespace: str
+    bucket: str
+    image: str
+
+    def manifest(self, name: str, workflow: str, input: dict[str, Any] | None = None,
+                 resources: dict[str, Any] | None = None, policy: dict[str, Any] | None = None) -> dict[str, Any]:
+        assert self.bed.s3
+        runner: dict[str, Any] = {"name": "runner", "image": self.image}
+        if resources:
+            runner["resources"] = resources
+        return {
+            "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "workflow": workflow,
+                "input": {"bucket": self.bucket, "endpoint": self.bed.s3.endpoint_url, **(input or {})},
+                "checkpoint": {"uri": f"s3://{self.bucket}/runs", "endpoint": self.bed.s3.endpoint_url,
+                               "region": "us-east-1", "credentialsSecret": "s3-credentials"},
+                "policy": {"leaseDuration": "10s", "backoff": {"initial": "1s", "max": "2s"}, **(policy or {})},
+                "template": {"spec": {"containers": [runner], "terminationGracePeriodSeconds": 5}},
+            },
+        }
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.bed.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def kubectl(self, *args: str, check: bool = True) -> str:
+        return self.bed.kubectl(*args, "-n", self.namespace, check=check).stdout
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.kubectl("get", "dr", name, "-o", "json")))
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 120) -> dict[str, Any]:
+        return procs.wait_for(
+            lambda: (status := self.status(name)).get("phase") in phases and status,
+            timeout=timeout, interval=0.5, what=f"DurableRun {self.namespace}/{name} to reach {'/'.join(phases)}",
+        )
+
+    def wait_steps(self, name: str, steps: int, timeout: float = 120) -> dict[str, Any]:
+        return procs.wait_for(
+            lambda: (s := self.status(name)).get("phase") == "Running"
+            and (s.get("progress") or {}).get("completedSteps", 0) >= steps and s,
+            timeout=timeout, interval=0.2, what=f"{name} to journal {steps} steps in a running pod",
+        )
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        return list(json.loads(self.kubectl("get", "pods", "-l", f"durablerun.dev/run={name}", "-o",
+                                            "json"))["items"])
+
+    def pod(self, pod: str) -> dict[str, Any]:
+        return dict(json.loads(self.kubectl("get", "pod", pod, "-o", "json")))
+
+    def running_container_id(self, pod: str) -> str:
+        """The runner container's id once it runs (the runtime's, as `containerd://<id>`)."""
+        def running() -> str | None:
+            for status in self.pod(pod).get("status", {}).get("containerStatuses", []):
+                if status["name"] == "runner" and "running" in status.get("state", {}):
+                    return str(status["containerID"])
+            return None
+
+        return procs.wait_for(running, timeout=60, what=f"the runner container of {pod} to run")
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return list(json.loads(self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}",
+                                            "-o", "json"))["items"])
+
+    def executions(self) -> Counter[str]:
+        """How often each step ran, across every attempt, from the markers its executions left in S3."""
+        assert self.bed.s3
+        s3 = boto3.client("s3", endpoint_url=self.bed.s3.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id=self.bed.s3.access_key, aws_secret_access_key=self.bed.s3.secret_key)
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix="executions/")
+        return Counter(o["Key"].split("/")[1] for page in pages for o in page.get("Contents", []))
+
+
+@pytest.fixture
+def real_runs(real_bed: TestBed, chart_operator: dict[str, Any], workflow_image: str) -> Iterator[RealRuns]:
+    assert real_bed.s3
+    namespace = "t-" + uuid.uuid4().hex[:10]
+    real_bed.kubectl("create", "namespace", namespace)
+    real_bed.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    procs.wait_for(
+        lambda: real_bed.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
+        timeout=30, what=f"the default ServiceAccount in {namespace}",
+    )
+    bucket = real_bed.s3.create_bucket("t-" + uuid.uuid4().hex[:16])
+    real_bed.kubectl("create", "secret", "generic", "s3-credentials", "-n", namespace,
+                     f"--from-literal=AWS_ACCESS_KEY_ID={real_bed.s3.access_key}",
+                     f"--from-literal=AWS_SECRET_ACCESS_KEY={real_bed.s3.secret_key}")
+    yield RealRuns(real_bed, namespace, bucket, workflow_image)
+    real_bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -1,0 +1,124 @@
+"""What a platform engineer's first cluster does, on a real kubelet and containerd with the built images.
+
+The process node proves the operator's logic quickly; these prove what only a
+real node can: the images' layout and user, a read-only root, restricted Pod
+Security on real containers, probes, `kubectl logs`, a real OOM kill from a
+cgroup memory limit, evictions and drains, SIGKILL of a real container.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from durablerun_testbed import procs
+from durablerun_testbed.testbed import TestBed
+
+from .conftest import OPERATOR_NAMESPACE, RealRuns
+
+STEPS = 5
+
+
+def test_chart_operator_is_ready_non_root_and_read_only(real_bed: TestBed, chart_operator: dict[str, Any]) -> None:
+    name = chart_operator["metadata"]["name"]
+
+    def kubectl(*args: str, check: bool = True) -> Any:
+        return real_bed.kubectl(*args, "-n", OPERATOR_NAMESPACE, check=check)
+
+    # Ready means the kubelet ran the chart's readiness probe against the operator and it passed.
+    kubectl("wait", f"pod/{name}", "--for=condition=Ready", "--timeout=60s")
+    pod = json.loads(kubectl("get", "pod", name, "-o", "json").stdout)
+    assert pod["spec"]["nodeName"] == "realnode"
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    # The image's user, enforced: runAsNonRoot lets the kubelet start it only as non-root.
+    assert kubectl("exec", name, "--", "id", "-u").stdout.strip() == "65532"
+    denied = kubectl("exec", name, "--", "touch", "/opt/durable-run/x", check=False)
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+    assert kubectl("exec", name, "--", "touch", "/tmp/ok").returncode == 0  # the chart's /tmp emptyDir
+    # `kubectl logs` reaches the kubelet and reads the container's log.
+    assert "durablerun operator started" in kubectl("logs", name).stdout
+
+
+def test_run_succeeds_in_the_workflow_image(real_runs: RealRuns) -> None:
+    real_runs.apply(real_runs.manifest("plain", "realnode_flows:steps", {"steps": 3, "sleep": 0.2}))
+    status = real_runs.wait_phase("plain", "Succeeded", "Failed", "Aborted")
+    assert status["phase"] == "Succeeded", status
+    assert status["attempt"] == 1 and status["restarts"] == 0
+    assert real_runs.executions() == {"s0": 1, "s1": 1, "s2": 1}
+    pod = status["pod"]
+    assert real_runs.pod(pod)["spec"]["nodeName"] == "realnode"
+    logs = real_runs.kubectl("logs", pod)
+    assert "executing s2" in logs, logs
+    described = real_runs.kubectl("describe", "dr", "plain")
+    assert "AttemptStarted" in described and "Succeeded" in described, described
+
+
+def test_sigkill_of_the_runner_container_resumes_without_redoing_steps(real_bed: TestBed, real_runs: RealRuns) -> None:
+    assert real_bed.real_node
+    real_runs.apply(real_runs.manifest("killed", "realnode_flows:steps", {"steps": STEPS, "sleep": 1.0}))
+    first = real_runs.wait_steps("killed", 2)
+    real_bed.real_node.kill_container(real_runs.running_container_id(first["pod"]))
+    status = real_runs.wait_phase("killed", "Succeeded", "Failed", "Aborted")
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 1 and status["attempt"] == 2, status
+    first_pod = real_runs.pod(first["pod"])["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert first_pod["exitCode"] == 137, first_pod
+    runs = real_runs.executions()
+    assert runs["s0"] == runs["s1"] == 1, runs
+    assert all(runs[f"s{i}"] >= 1 for i in range(STEPS)), runs
+    assert sum(runs.values()) <= STEPS + 1, f"more than the step in flight ran twice: {runs}"
+    assert any(e["reason"] == "Restarting" and "Crash" in e["message"] for e in real_runs.events("killed")), \
+        [(e["reason"], e["message"]) for e in real_runs.events("killed")]
+
+
+def test_real_oom_kill_restarts_the_run_naming_the_limit(real_runs: RealRuns) -> None:
+    limits = {"limits": {"memory": "160Mi"}, "requests": {"memory": "160Mi"}}
+    real_runs.apply(real_runs.manifest("hungry", "realnode_flows:oom", {"mb": 400, "sleep": 0.2}, resources=limits))
+    status = real_runs.wait_phase("hungry", "Succeeded", "Failed", "Aborted", timeout=180)
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 1, status
+    killed = real_runs.pod("hungry-a1")["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert killed["reason"] == "OOMKilled", killed  # the kubelet's word, from the kernel's cgroup OOM kill
+    messages = [e["message"] for e in real_runs.events("hungry") if e["reason"] == "Restarting"]
+    assert any("OOMKilled" in m and "resources.limits.memory" in m for m in messages), messages
+    runs = real_runs.executions()
+    assert runs["before"] == 1 and runs["after"] == 1 and runs["hungry"] == 2, runs
+
+
+def test_eviction_and_drain_are_disruptions_not_restarts(real_bed: TestBed, real_runs: RealRuns) -> None:
+    real_runs.apply(real_runs.manifest("moved", "realnode_flows:steps", {"steps": 8, "sleep": 1.0}))
+    first = real_runs.wait_steps("moved", 1)
+    real_runs.running_container_id(first["pod"])
+    # The Eviction API, as a cluster autoscaler or `kubectl drain` calls it.
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": first["pod"], "namespace": real_runs.namespace}}
+    real_bed.kubectl("create", "--raw", f"/api/v1/namespaces/{real_runs.namespace}/pods/{first['pod']}/eviction",
+                     "-f", "-", input=json.dumps(eviction))
+    second = procs.wait_for(
+        lambda: (s := real_runs.status("moved")).get("pod") not in (None, first["pod"])
+        and s.get("phase") == "Running" and (s.get("progress") or {}).get("completedSteps", 0) >= 3 and s,
+        timeout=120, interval=0.5, what="a second attempt after the eviction to journal more steps")
+    real_runs.running_container_id(second["pod"])
+    # A drain of the node for maintenance (only this run's pod: the operator stays), then the node comes back.
+    real_bed.kubectl("drain", "realnode", "--pod-selector", "durablerun.dev/run=moved", "--timeout=60s",
+                     timeout=90)
+    real_bed.kubectl("uncordon", "realnode")
+    status = real_runs.wait_phase("moved", "Succeeded", "Failed", "Aborted", timeout=180)
+    assert status["phase"] == "Succeeded", status
+    assert status["restarts"] == 0, status
+    assert status["disruptions"] == 2, status
+    runs = real_runs.executions()
+    assert sum(runs.values()) <= 8 + 2, f"more than the steps in flight ran twice: {runs}"
+
+
+def test_waiting_run_holds_no_pod_and_an_event_resumes_it(real_runs: RealRuns) -> None:
+    real_runs.apply(real_runs.manifest("approve", "realnode_flows:approval"))
+    real_runs.wait_phase("approve", "Waiting")
+    procs.wait_for(lambda: all(p["status"].get("phase") in ("Succeeded", "Failed") or
+                               p["metadata"].get("deletionTimestamp") for p in real_runs.pods("approve")) or None,
+                   timeout=60, what="no runner container to run while the run waits")
+    real_runs.kubectl("patch", "dr", "approve", "--type", "merge", "-p",
+                      json.dumps({"spec": {"events": {"go": {"by": "dana"}}}}))
+    status = real_runs.wait_phase("approve", "Succeeded", "Failed", "Aborted")
+    assert status["phase"] == "Succeeded", status
+    assert real_runs.executions() == {"draft": 1, "publish": 1}
