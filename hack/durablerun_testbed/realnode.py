@@ -87,7 +87,7 @@ class PodNetwork:
     @classmethod
     def create(cls, testbed_id: str) -> PodNetwork:
         taken = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, check=True).stdout
-        subnets = list(TEST_NETWORKS.subnets(new_prefix=24))
+        subnets: list[ipaddress.IPv4Network] = list(TEST_NETWORKS.subnets(new_prefix=24))  # type: ignore[arg-type]
         random.shuffle(subnets)
         for subnet in subnets:
             if str(subnet) not in taken:
@@ -190,7 +190,7 @@ class RealNode:
             f'  address = "{self.socket}"',
             "[ttrpc]",
             f'  address = "{self.socket}.ttrpc"',
-            f'[plugins."io.containerd.internal.v1.opt"]',
+            '[plugins."io.containerd.internal.v1.opt"]',
             f'  path = "{base / "opt"}"',
             f"[{cri}]",
             f'  sandbox_image = "{pause_image}"',
