@@ -124,7 +124,7 @@ class RealRuns:
         self.bed.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
     def kubectl(self, *args: str, check: bool = True) -> str:
-        return self.bed.kubectl(*args, "-n", self.namespace, check=check).stdout
+        return self.bed.kubectl("-n", self.namespace, *args, check=check).stdout
 
     def get(self, name: str) -> dict[str, Any]:
         return dict(json.loads(self.kubectl("get", "dr", name, "-o", "json")))

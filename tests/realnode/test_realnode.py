@@ -23,7 +23,7 @@ def test_chart_operator_is_ready_non_root_and_read_only(real_bed: TestBed, chart
     name = chart_operator["metadata"]["name"]
 
     def kubectl(*args: str, check: bool = True) -> Any:
-        return real_bed.kubectl(*args, "-n", OPERATOR_NAMESPACE, check=check)
+        return real_bed.kubectl("-n", OPERATOR_NAMESPACE, *args, check=check)
 
     # Ready means the kubelet ran the chart's readiness probe against the operator and it passed.
     kubectl("wait", f"pod/{name}", "--for=condition=Ready", "--timeout=60s")
@@ -33,7 +33,8 @@ def test_chart_operator_is_ready_non_root_and_read_only(real_bed: TestBed, chart
     # The image's user, enforced: runAsNonRoot lets the kubelet start it only as non-root.
     assert kubectl("exec", name, "--", "id", "-u").stdout.strip() == "65532"
     denied = kubectl("exec", name, "--", "touch", "/opt/durable-run/x", check=False)
-    assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+    assert denied.returncode != 0
+    assert "Read-only file system" in denied.stderr
     assert kubectl("exec", name, "--", "touch", "/tmp/ok").returncode == 0  # the chart's /tmp emptyDir
     # `kubectl logs` reaches the kubelet and reads the container's log.
     assert "durablerun operator started" in kubectl("logs", name).stdout
@@ -43,14 +44,15 @@ def test_run_succeeds_in_the_workflow_image(real_runs: RealRuns) -> None:
     real_runs.apply(real_runs.manifest("plain", "realnode_flows:steps", {"steps": 3, "sleep": 0.2}))
     status = real_runs.wait_phase("plain", "Succeeded", "Failed", "Aborted")
     assert status["phase"] == "Succeeded", status
-    assert status["attempt"] == 1 and status["restarts"] == 0
+    assert (status["attempt"], status["restarts"]) == (1, 0)
     assert real_runs.executions() == {"s0": 1, "s1": 1, "s2": 1}
     pod = status["pod"]
     assert real_runs.pod(pod)["spec"]["nodeName"] == "realnode"
     logs = real_runs.kubectl("logs", pod)
     assert "executing s2" in logs, logs
     described = real_runs.kubectl("describe", "dr", "plain")
-    assert "AttemptStarted" in described and "Succeeded" in described, described
+    assert "AttemptStarted" in described, described
+    assert "Succeeded" in described, described
 
 
 def test_sigkill_of_the_runner_container_resumes_without_redoing_steps(real_bed: TestBed, real_runs: RealRuns) -> None:
@@ -60,15 +62,14 @@ def test_sigkill_of_the_runner_container_resumes_without_redoing_steps(real_bed:
     real_bed.real_node.kill_container(real_runs.running_container_id(first["pod"]))
     status = real_runs.wait_phase("killed", "Succeeded", "Failed", "Aborted")
     assert status["phase"] == "Succeeded", status
-    assert status["restarts"] == 1 and status["attempt"] == 2, status
-    first_pod = real_runs.pod(first["pod"])["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert first_pod["exitCode"] == 137, first_pod
+    assert (status["restarts"], status["attempt"]) == (1, 2), status
     runs = real_runs.executions()
-    assert runs["s0"] == runs["s1"] == 1, runs
+    assert (runs["s0"], runs["s1"]) == (1, 1), runs
     assert all(runs[f"s{i}"] >= 1 for i in range(STEPS)), runs
     assert sum(runs.values()) <= STEPS + 1, f"more than the step in flight ran twice: {runs}"
-    assert any(e["reason"] == "Restarting" and "Crash" in e["message"] for e in real_runs.events("killed")), \
-        [(e["reason"], e["message"]) for e in real_runs.events("killed")]
+    # The kubelet reported the container's exit: 137, killed by SIGKILL.
+    restarts = [e["message"] for e in real_runs.events("killed") if e["reason"] == "Restarting"]
+    assert any("Crash" in m and "exit code 137" in m for m in restarts), restarts
 
 
 def test_real_oom_kill_restarts_the_run_naming_the_limit(real_runs: RealRuns) -> None:
@@ -77,12 +78,12 @@ def test_real_oom_kill_restarts_the_run_naming_the_limit(real_runs: RealRuns) ->
     status = real_runs.wait_phase("hungry", "Succeeded", "Failed", "Aborted", timeout=180)
     assert status["phase"] == "Succeeded", status
     assert status["restarts"] == 1, status
-    killed = real_runs.pod("hungry-a1")["status"]["containerStatuses"][0]["state"]["terminated"]
-    assert killed["reason"] == "OOMKilled", killed  # the kubelet's word, from the kernel's cgroup OOM kill
+    # The kubelet's word (reason OOMKilled, from the kernel's cgroup OOM kill), passed on naming the limit.
     messages = [e["message"] for e in real_runs.events("hungry") if e["reason"] == "Restarting"]
-    assert any("OOMKilled" in m and "resources.limits.memory" in m for m in messages), messages
+    assert any(m.startswith("OOMKilled") and "memory limit 160Mi" in m and "resources.limits.memory" in m
+               for m in messages), messages
     runs = real_runs.executions()
-    assert runs["before"] == 1 and runs["after"] == 1 and runs["hungry"] == 2, runs
+    assert (runs["before"], runs["hungry"], runs["after"]) == (1, 2, 1), runs
 
 
 def test_eviction_and_drain_are_disruptions_not_restarts(real_bed: TestBed, real_runs: RealRuns) -> None:
@@ -100,8 +101,11 @@ def test_eviction_and_drain_are_disruptions_not_restarts(real_bed: TestBed, real
         timeout=120, interval=0.5, what="a second attempt after the eviction to journal more steps")
     real_runs.running_container_id(second["pod"])
     # A drain of the node for maintenance (only this run's pod: the operator stays), then the node comes back.
-    real_bed.kubectl("drain", "realnode", "--pod-selector", "durablerun.dev/run=moved", "--timeout=60s",
-                     timeout=90)
+    # The runner pod's /tmp is an emptyDir, so the drain says --delete-emptydir-data, as drains usually do.
+    drained = real_bed.kubectl("drain", "realnode", "--pod-selector", "durablerun.dev/run=moved",
+                               "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s", timeout=90,
+                               check=False)
+    assert drained.returncode == 0, drained.stderr
     real_bed.kubectl("uncordon", "realnode")
     status = real_runs.wait_phase("moved", "Succeeded", "Failed", "Aborted", timeout=180)
     assert status["phase"] == "Succeeded", status
