@@ -310,6 +310,19 @@ def _engine_config(spec: api.DurableRunSpec) -> EngineConfig:
     return config
 
 
+_STORE_CONFIG_ERRORS = (errors.StoreAccessError, errors.StoreNotFoundError)
+
+
+def _name_the_credentials(message: str, spec: api.DurableRunSpec, identity: Identity) -> str:
+    """A store usage error, with where this pod's credentials came from: the user fixes that Secret."""
+    secret = spec.checkpoint.credentialsSecret
+    if secret:
+        return (f"{message}; the runner's credentials come from Secret {identity.namespace}/{secret} "
+                "(spec.checkpoint.credentialsSecret)")
+    return (f"{message}; spec.checkpoint.credentialsSecret is not set: the runner uses the pod's own "
+            "credentials (workload identity or AWS_* env in spec.template)")
+
+
 def _deliver_events(store: Store, ref: RunRef, events: dict[str, Any], delivered: set[str]) -> None:
     """spec.events -> the store, first write wins: a later edit of an event is ignored."""
     for name, payload in events.items():
@@ -390,7 +403,10 @@ def _attempt(identity: Identity) -> int:
     store = _store(spec)
     ref = RunRef.kubernetes(identity.namespace, identity.name, identity.uid)
     delivered: set[str] = set()
-    _deliver_events(store, ref, spec.events, delivered)
+    try:
+        _deliver_events(store, ref, spec.events, delivered)
+    except _STORE_CONFIG_ERRORS as error:
+        raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
@@ -416,6 +432,9 @@ def _attempt(identity: Identity) -> int:
         result = run.run_attempt()
     finally:
         lease.stop()
+    if result.outcome == api.Outcome.USAGE_ERROR and result.error_type in {
+            f"{e.__module__}.{e.__qualname__}" for e in _STORE_CONFIG_ERRORS}:
+        result = dataclasses.replace(result, message=_name_the_credentials(result.message, spec, identity))
     return _finish(identity, lease, result)
 
 
