@@ -1,20 +1,26 @@
-"""Store errors a user can fix: missing or wrong credentials, a missing bucket.
+"""Store errors a user can fix: missing or wrong credentials, a missing bucket, a damaged journal.
 
 Credential and bucket errors are usage errors (exit 2, one clear line, no
-traceback). Against the real MinIO.
+traceback); a damaged journal record stops the run loudly and nothing is
+replaced. All against the real MinIO and the real filesystem.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from durablerun import errors
+from durablerun._private import layout
 from durablerun.api import Outcome
 from durablerun.engine import Run
 from durablerun.stores import RunRef, open_store
 
-from .conftest import StoreSpec, sub_env
+from .conftest import StoreSpec, cli, sub_env, wait_until
+from .helpers import fs_segment
 
 
 def _cli_env(spec: StoreSpec, **overrides: str) -> dict[str, str]:
@@ -81,3 +87,57 @@ def test_an_attempt_with_wrong_keys_ends_as_a_usage_error_naming_the_store(s3_sp
     assert "no-such-bucket-here" in result.message
     assert issubclass(errors.StoreAccessError, errors.ConfigError)
 
+
+def test_a_damaged_last_record_stops_the_run_loudly_and_nothing_is_replaced(
+        durable_store_spec: StoreSpec, tmp_path: Path) -> None:
+    """Filesystem and S3: a run is killed, one digit of its last journal record is changed; the
+    resume must not run that step again over it (a torn write is only an incomplete record)."""
+    spec = durable_store_spec
+    base = ["--run-id", "dmg", "--store", spec.uri, *spec.cli_args]
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durablerun", "run", "racing:slow_steps", *base, "--quiet",
+         "--input", json.dumps({"marker": str(marker), "steps": 200})],
+        env=sub_env(spec.env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: marker.exists() and len(marker.read_text().split()) >= 4, timeout=60,
+               what="a few steps")
+    proc.kill()
+    proc.wait(timeout=30)
+    store = spec.open()
+    ref = RunRef.local("dmg")
+    last = store.read_run(run=ref).journal_records - 1
+    assert last >= 2
+    key = ref.path + "/" + (layout.segment_name(0) if spec.kind == "fs" else layout.journal_key(last))
+    increment = (re.compile(rb'"value":(\d+)'),
+                 lambda m: b'"value":' + str(int(m[1]) + 1).encode())
+
+    def raw() -> object:
+        if spec.kind == "fs":
+            return fs_segment(store, ref).read_bytes()
+        return [(k, store.backend.get(k)) for k in store.backend.list_keys(ref.path + "/")]
+
+    before = raw()
+    if spec.kind == "fs":
+        lines = fs_segment(store, ref).read_bytes().rstrip(b"\0").split(b"\n")
+        assert lines[-1] == b""
+        lines[last] = increment[0].sub(increment[1], lines[last])
+        fs_segment(store, ref).write_bytes(b"\n".join(lines))
+    else:
+        data = store.backend.get(key)
+        assert data is not None
+        store.backend.put(key, increment[0].sub(increment[1], data))
+    damaged = raw()
+    assert damaged != before
+    ran = marker.read_text().split()
+    again = cli(["run", "racing:slow_steps", *base, "--quiet"], env=spec.env)
+    assert again.returncode == Outcome.FAILED.exit_code, again.stderr
+    assert "Traceback" not in again.stderr
+    message = again.stderr
+    assert "is damaged" in message, message
+    assert "nothing was replaced" in message
+    assert spec.uri in message
+    assert key.split("/")[-1] in message, message
+    if spec.kind == "fs":
+        assert f"seq={last}" in message
+    assert marker.read_text().split() == ran  # no step ran again
+    assert raw() == damaged  # nothing rewritten, nothing appended

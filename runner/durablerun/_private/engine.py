@@ -324,6 +324,8 @@ class Run:
             result = AttemptResult(Outcome.USAGE_ERROR, str(e), error_type=_qual(e))
         except errors.FencedError as e:
             result = AttemptResult(Outcome.FENCED, str(e), error_type=_qual(e))
+        except errors.CorruptionError as e:
+            result = AttemptResult(Outcome.FAILED, self._damaged(e), error_type=_qual(e))
         except (errors.WorkflowError, errors.StoreError) as e:
             result = AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e))
         finally:
@@ -331,6 +333,11 @@ class Run:
             run_store.close()
         self.sinks.run_finished(result=result)
         return result
+
+    def _damaged(self, e: errors.CorruptionError) -> str:
+        return (f"the run's journal in {self.store.uri} is damaged: {e}. The run stops here and "
+                "nothing was replaced or repaired: restore the object from a backup, or start a new "
+                "run")
 
     async def _io(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
         if self.store.backend.io_inline:
@@ -641,6 +648,9 @@ class Run:
             HaltKind.FENCE: Outcome.FENCED,
             HaltKind.WAIT: Outcome.WAITING,
         }
+        if isinstance(h.error, errors.CorruptionError):
+            return AttemptResult(Outcome.FAILED, self._damaged(h.error), error_type=_qual(h.error),
+                                 totals=live.totals, journal_records=live.loaded.next_seq)
         if h.kind == HaltKind.CRASH:
             err = h.error if isinstance(h.error, errors.StoreError) else None
             if isinstance(err, errors.StoreUnavailableError) or err is None:
