@@ -1,14 +1,18 @@
-"""The ``durablerun`` command: argument parsing and the three local subcommands.
+"""The ``durablerun`` command: argument parsing and the local subcommands.
 
 ::
 
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
+    durablerun resume [MODULE:FUNC] --run-id ID [--store URI] [--max-cost USD] ...
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
     durablerun inspect --run-id ID [--store URI] [--json] [--all]
+    durablerun list [--store URI] [--json]
+    durablerun delete --run-id ID [--store URI]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
-has to wait; re-running the same command resumes it. Exit codes follow
+has to wait; re-running the same command resumes it. ``resume`` does the
+same for a run that exists and refuses an unknown run id. Exit codes follow
 DESIGN.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
 Suspended, 5 Fenced; 75 when the store could not be reached (try again).
 The default store is ``file://./.durablerun``; a ``--run-id`` run lives
@@ -23,6 +27,7 @@ import json
 import os
 import signal
 import sys
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
 
@@ -30,11 +35,13 @@ from durablerun import errors
 from durablerun._private import layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
+from durablerun._private.journal import parse_iso
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
-from durablerun._private.stores import Store, open_store
+from durablerun._private.stores import RunInfo, Store, open_store
 from durablerun.api import Outcome, Policy, parse_duration
 
 EXIT_STORE_UNAVAILABLE = 75
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
 DEFAULT_STORE = "file://./.durablerun"
 
 
@@ -48,9 +55,10 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-id", required=True,
-                   help="the run's id; the run lives under <store>/_local/<run-id>/")
+def _store_args(p: argparse.ArgumentParser, *, run_id: bool = True) -> None:
+    if run_id:
+        p.add_argument("--run-id", required=True,
+                       help="the run's id; the run lives under <store>/_local/<run-id>/")
     p.add_argument("--store", default=os.environ.get("DURABLERUN_STORE", DEFAULT_STORE),
                    help="s3://bucket/prefix, file:///path or memory://name "
                         f"(default $DURABLERUN_STORE or {DEFAULT_STORE})")
@@ -58,33 +66,43 @@ def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", help="S3 region")
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
+                                   "of an existing run, else {})")
+    p.add_argument("--max-cost", metavar="USD", help="cost ceiling in US dollars, e.g. 5.00")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="token budget")
+    p.add_argument("--max-steps", type=int, metavar="N", help="step budget")
+    p.add_argument("--max-duration", metavar="DURATION",
+                   help="wall time since the first start, e.g. 8h (default 8h)")
+    p.add_argument("--max-retries", type=int, metavar="N",
+                   help="default retries of a failing step (default 3)")
+    p.add_argument("--progress-timeout", metavar="DURATION",
+                   help="abort when no step completes for this long (default 10m)")
+    p.add_argument("--snapshot-every", type=int, metavar="N", default=100,
+                   help="snapshot every N journal records (default 100)")
+    p.add_argument("--max-result-bytes", type=int, metavar="N",
+                   help="hard limit of a step result (default 64 MiB)")
+    p.add_argument("--retry-initial", metavar="DURATION",
+                   help="first delay between step retries (default 1s)")
+    p.add_argument("--json-log", metavar="FILE",
+                   help="also write progress events as JSON lines to FILE ('-' = stderr)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="durablerun", description="Run durable workflows locally.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run (or resume) a workflow")
+    run = sub.add_parser("run", help="run a workflow: start the run, or resume it if it exists")
     run.add_argument("workflow", metavar="MODULE:FUNC", help="the async workflow function")
     _store_args(run)
-    run.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
-                                     "of an existing run, else {})")
-    run.add_argument("--max-cost", metavar="USD", help="cost ceiling in US dollars, e.g. 5.00")
-    run.add_argument("--max-tokens", type=int, metavar="N", help="token budget")
-    run.add_argument("--max-steps", type=int, metavar="N", help="step budget")
-    run.add_argument("--max-duration", metavar="DURATION",
-                     help="wall time since the first start, e.g. 8h (default 8h)")
-    run.add_argument("--max-retries", type=int, metavar="N",
-                     help="default retries of a failing step (default 3)")
-    run.add_argument("--progress-timeout", metavar="DURATION",
-                     help="abort when no step completes for this long (default 10m)")
-    run.add_argument("--snapshot-every", type=int, metavar="N", default=100,
-                     help="snapshot every N journal records (default 100)")
-    run.add_argument("--max-result-bytes", type=int, metavar="N",
-                     help="hard limit of a step result (default 64 MiB)")
-    run.add_argument("--retry-initial", metavar="DURATION",
-                     help="first delay between step retries (default 1s)")
-    run.add_argument("--json-log", metavar="FILE",
-                     help="also write progress events as JSON lines to FILE ('-' = stderr)")
-    run.add_argument("--quiet", action="store_true", help="no progress display")
+    _run_args(run)
+
+    resume = sub.add_parser("resume", help="resume an existing run (an unknown run id is an error)")
+    resume.add_argument("workflow", metavar="MODULE:FUNC", nargs="?",
+                        help="the async workflow function (default: the one the run started with)")
+    _store_args(resume)
+    _run_args(resume)
 
     send = sub.add_parser("send-event", help="send an event to a run (first write wins)")
     _store_args(send)
@@ -97,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--all", action="store_true",
                          help="every generation's records, not only the current one's (reads "
                               "the whole journal: one object per record on S3)")
+
+    runs = sub.add_parser("list", help="list the local runs in a store")
+    _store_args(runs, run_id=False)
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+
+    delete = sub.add_parser("delete", help="delete a local run and everything it stored")
+    _store_args(delete)
 
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
     return parser
@@ -171,24 +196,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.retry_initial is not None:
         config_fields["retry_initial"] = parse_duration(
             _duration_arg("--retry-initial", args.retry_initial) or "1s")
+    input_value = _json_arg("--input", args.input) if args.input is not None else {}
     store = _open(args)
-    if args.input is not None:
-        input_value = _json_arg("--input", args.input)
-    else:
-        rs = store.run_store(ref)
-        try:
-            store.check()
-            manifest = rs.read_manifest()
-        finally:
-            rs.close()
-        input_value = manifest.get("input", {}) if manifest else {}
+    rs = store.run_store(ref)
+    try:
+        store.check()
+        manifest = rs.read_manifest()
+    finally:
+        rs.close()
+    if manifest is None and args.command == "resume":
+        raise _UsageError(
+            f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
+            f"(`durablerun list --store {args.store}` shows the runs there), or start a new run "
+            f"with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
+    workflow = args.workflow or str((manifest or {}).get("workflow"))
+    if args.input is None and manifest:
+        input_value = manifest.get("input", {})
     sinks: list[ProgressSink] = []
     if not args.quiet:
         sinks.append(TtyProgress() if sys.stderr.isatty() else PlainProgress())
     if args.json_log:
         sinks.append(JsonLinesSink(None if args.json_log == "-" else args.json_log))
     sys.path.insert(0, os.getcwd())
-    run = Run(store=store, run=ref, workflow=args.workflow, input=input_value, policy=policy,
+    run = Run(store=store, run=ref, workflow=workflow, input=input_value, policy=policy,
               sinks=sinks, config=EngineConfig(**config_fields))
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -210,20 +240,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.abort_reason is not None:
         label += f" ({result.abort_reason.value})"
     print(f"durablerun: {label}: {result.message}", file=sys.stderr)
+    resume = _resume_command(args)
     if result.outcome == Outcome.COMPLETED:
         print(json.dumps(result.result, indent=2, default=str))
     elif result.outcome == Outcome.WAITING:
         w = result.waiting
         if w and w.event:
             print(f"durablerun: send it with: durablerun send-event --run-id {args.run_id} "
-                  f"--store {args.store} {w.event} '<json>'  and run this command again",
-                  file=sys.stderr)
+                  f"--store {args.store} {w.event} '<json>'  then: {resume}", file=sys.stderr)
         elif w and w.wake_time:
-            print(f"durablerun: run this command again after {w.wake_time.isoformat()}",
+            print(f"durablerun: resume it after {w.wake_time.isoformat()}: {resume}",
                   file=sys.stderr)
     elif result.outcome in (Outcome.ABORTED, Outcome.SUSPENDED):
-        print("durablerun: run this command again to resume", file=sys.stderr)
+        print(f"durablerun: to resume: {resume}", file=sys.stderr)
     return result.exit_code
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    return f"durablerun resume --run-id {args.run_id} --store {args.store}"
 
 
 def cmd_send_event(args: argparse.Namespace) -> int:
@@ -239,19 +273,79 @@ def cmd_send_event(args: argparse.Namespace) -> int:
     else:
         print(f"event {args.name!r} was already sent to run {ref}; this payload was ignored "
               "(first write wins)")
-    waiting = (info.status or {}).get("waitingFor") or {}
-    if (info.status or {}).get("outcome") == "Waiting" and waiting.get("event") == args.name:
-        print(f"run {ref} is waiting for it: run it again to deliver it")
-    elif not info.exists:
+    status = info.status or {}
+    waiting = status.get("waitingFor") or {}
+    if not info.exists:
         print(f"no run {ref} has started yet; it will get the event when it waits for it")
+    elif status.get("outcome") == "Waiting" and waiting.get("event") == args.name:
+        until = status.get("pollingUntil")
+        if until and parse_iso(str(until)) > datetime.now(UTC):
+            print(f"run {ref} is waiting for it and its attempt is still polling for it (until "
+                  f"{until}): it picks the event up by itself")
+        else:
+            print(f"run {ref} is waiting for it and its last attempt has ended: deliver it with "
+                  f"{_resume_command(args)}")
+    else:
+        print(f"run {ref} gets it when it waits for it: an attempt that is running picks it up "
+              f"by itself; a stopped run gets it on its next attempt ({_resume_command(args)})")
+    return 0
+
+
+def _last_outcome(info: RunInfo) -> tuple[str, str]:
+    """The run's last recorded outcome: a short label and a sentence."""
+    status = info.status or {}
+    outcome = status.get("outcome")
+    if not outcome:
+        return ("-", "none recorded: an attempt is running now, or was killed before it ended "
+                     "(resume it to carry on)")
+    label = str(outcome)
+    if status.get("abortReason"):
+        label += f" ({status['abortReason']})"
+    text = f"{label}: {status.get('message', '')}"
+    recorded = status.get("journalRecords")
+    if isinstance(recorded, int) and recorded < info.journal_records:
+        return ("-", f"none recorded for the latest attempt (it journaled records {recorded}.."
+                     f"{info.journal_records - 1}, so it is running now or was killed); the "
+                     f"attempt before it ended {text}")
+    return label, text
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    store.check()
+    infos = [store.read_run(run=layout.RunRef.local(run_id)) for run_id in store.list_local_runs()]
+    if args.json:
+        print(json.dumps([{"run": i.run, "workflow": i.workflow, "outcome": (i.status or {}).get(
+            "outcome"), "totals": i.totals.to_json(), "journalRecords": i.journal_records,
+            "created": i.manifest.get("created")} for i in infos], indent=2))
+        return 0
+    if not infos:
+        print(f"no runs in {store.uri}", file=sys.stderr)
+        return 0
+    rows = [(i.run.split("/", 1)[1], _last_outcome(i)[0], str(i.totals.steps), f"${i.totals.usd}",
+             str(i.workflow), str(i.manifest.get("created", "-"))) for i in infos]
+    header = ("RUN ID", "OUTCOME", "STEPS", "COST", "WORKFLOW", "STARTED")
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    ref = layout.RunRef.local(args.run_id)
+    store = _open(args)
+    store.check()
+    deleted = store.delete_run(run=ref)
+    if not deleted:
+        print(f"no run {ref} in {store.uri}", file=sys.stderr)
+        return 1
+    print(f"deleted run {ref} from {store.uri}: {deleted} objects")
     return 0
 
 
 def _fmt_time(at: Any) -> str:
     if not at:
         return "-"
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(float(at), UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
@@ -297,7 +391,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"run       {info.run}   ({store.uri})")
     print(f"workflow  {m.get('workflow')}   code {m.get('code_version')}   "
           f"started {m.get('created')}")
-    print(f"outcome   {status.get('outcome', '-')}: {status.get('message', '')}")
+    print(f"outcome   {_last_outcome(info)[1]}")
     w = status.get("waitingFor")
     if status.get("outcome") == "Waiting" and w:
         if w.get("event"):
@@ -339,7 +433,43 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"{row['usd'] or '':>9} {_fmt_time(row['at']):<12}")
         if row["error"]:
             print(f"{'':>15}error: {row['error'][:100]}")
+    gaps, gathers = _unrecorded_positions(rows)
+    if gathers:
+        print(f"\npositions {', '.join(gathers)}: ctx.gather of coroutines, which journals no "
+              "record of its own; branch b's operations are numbered <gather>.b.n")
+    if gaps:
+        print(f"\npositions {', '.join(gaps)}: no record. A ctx.gather takes a position and "
+              "journals nothing itself (the steps it gathers are numbered where they were "
+              "called); an operation still running when the attempt ended has no record yet")
     return 0
+
+
+def _unrecorded_positions(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Positions that hold no record: gaps, and gathers whose branches hold records."""
+    taken: dict[tuple[str, tuple[int, ...]], set[int]] = {}
+    gathers: list[str] = []
+    for row in rows:
+        pos = str(row["position"])
+        if row["kind"] in ("patch", "continue", "complete") or pos == "end":
+            continue
+        gen, _, local = pos.rpartition("/")
+        try:
+            t = tuple(int(p) for p in local.split("."))
+        except ValueError:
+            continue
+        head = f"{gen}/" if gen else ""
+        for j in range(0, len(t), 2):
+            taken.setdefault((head, t[:j]), set()).add(t[j])
+            if j + 1 < len(t):
+                gather = head + ".".join(map(str, t[: j + 1]))
+                if gather not in gathers:
+                    gathers.append(gather)
+    gaps = []
+    for (head, scope), indices in taken.items():
+        for i in range(max(indices) + 1):
+            if i not in indices:
+                gaps.append(head + ".".join(map(str, (*scope, i))))
+    return gaps, gathers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,9 +485,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"run": cmd_run, "send-event": cmd_send_event,
-                   "inspect": cmd_inspect}[args.command]
+        handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
+                   "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete}[args.command]
         return handler(args)
+    except BrokenPipeError:
+        # The reader went away (`durablerun inspect ... | head`): stop quietly, as a
+        # command killed by SIGPIPE does, and keep Python from complaining at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except _UsageError as e:
         print(f"durablerun: error: {e}", file=sys.stderr)
         return Outcome.USAGE_ERROR.exit_code

@@ -474,7 +474,12 @@ class Run:
                 Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
                 totals=c.live.totals, journal_records=c.live.loaded.next_seq)
             await c.final_snapshot()
-            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
+            doc = self._status_doc(result, code_version)
+            polling_until = self._polls_until(waiting)
+            if polling_until is not None:
+                # A sender can tell that this attempt picks the event up by itself.
+                doc["pollingUntil"] = iso(polling_until)
+            await self._io(c._io_pool, rs.write_status, doc)
             still = await self._still_waiting(c, rs, waiting)
             if c.fenced:
                 return AttemptResult(Outcome.FENCED, c.fenced, totals=c.live.totals,
@@ -487,6 +492,13 @@ class Run:
                 c.new_pass()
                 continue
             return result
+
+    def _polls_until(self, w: WaitingFor) -> datetime | None:
+        """The deadline until which this attempt polls for the event in process, if it does."""
+        if not w.event or w.deadline is None:
+            return None
+        remaining = (w.deadline - datetime.now(UTC)).total_seconds()
+        return w.deadline if 0 < remaining <= self.config.inline_sleep_max.total_seconds() else None
 
     async def _still_waiting(self, c: core.AttemptCore, rs: RunStore, w: WaitingFor) -> bool:
         now = datetime.now(UTC)
