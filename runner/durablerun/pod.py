@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -310,6 +311,19 @@ def _engine_config(spec: api.DurableRunSpec) -> EngineConfig:
     return config
 
 
+_POLICY_EXAMPLES = {"costCeilingUSD": '"<higher>"', "maxTokens": "<higher>", "maxSteps": "<higher>",
+                    "maxDuration": '"<longer>"', "progressTimeout": '"<longer>"'}
+
+
+def kubectl_advice(namespace: str, name: str) -> Callable[[str], str]:
+    """Abort messages on Kubernetes: the kubectl patch that raises the limit (an Aborted run then resumes)."""
+    def advice(field: str) -> str:
+        value = _POLICY_EXAMPLES.get(field, "<value>")
+        patch = f'{{"spec":{{"policy":{{"{field}":{value}}}}}}}'
+        return f"raise it and the run resumes: kubectl patch dr {name} -n {namespace} --type merge -p '{patch}'"
+    return advice
+
+
 _STORE_CONFIG_ERRORS = (errors.StoreAccessError, errors.StoreNotFoundError)
 
 
@@ -410,7 +424,8 @@ def _attempt(identity: Identity) -> int:
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard),
+        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard,
+                                   policy_advice=kubectl_advice(identity.namespace, identity.name)),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:

@@ -65,6 +65,41 @@ def test_budget_abort_then_raise_the_limit(tmp_path: Path) -> None:
     assert info["totals"] == {"usd": "2.00", "tokens": 250, "steps": 5}
 
 
+def test_a_runs_budgets_are_recorded_and_kept_on_every_resume(tmp_path: Path) -> None:
+    store = f"file://{tmp_path}/s"
+    base = ["--run-id", "b", "--store", store, "--quiet"]
+    wf = ["racing:many_steps", "--input", '{"steps": 6}']
+    first = cli(["run", *wf, *base, "--max-steps", "2"])
+    assert first.returncode == Outcome.ABORTED.exit_code, first.stderr
+    assert "2 steps journaled, limit 2 (policy.maxSteps, checked before each step starts)" \
+        in first.stderr
+    assert f"raise it and resume: durablerun resume --run-id b --store {store} --max-steps " \
+        "<higher>" in first.stderr
+    assert "run this command again" not in first.stderr
+    assert "to resume:" not in first.stderr  # one piece of advice, not two that contradict
+
+    def steps() -> int:
+        info = json.loads(cli(["inspect", "--run-id", "b", "--store", store, "--json"]).stdout)
+        return int(info["totals"]["steps"])
+
+    # The same command without the flag, and a plain resume: the run keeps its budget.
+    for again in (["run", *wf, *base], ["resume", *base]):
+        r = cli(again)
+        assert r.returncode == Outcome.ABORTED.exit_code, (again, r.stderr)
+        assert "limit 2" in r.stderr
+        assert steps() == 2
+    raised = cli(["resume", *base, "--max-steps", "4"])
+    assert raised.returncode == Outcome.ABORTED.exit_code, raised.stderr
+    assert "changing the policy of run _local/b: --max-steps 2 -> 4 (recorded: later resumes " \
+        "keep it)" in raised.stderr
+    assert steps() == 4
+    assert cli(["resume", *base]).returncode == Outcome.ABORTED.exit_code
+    lifted = cli(["resume", *base, "--max-steps", "none"])
+    assert lifted.returncode == 0, lifted.stderr
+    assert "--max-steps 4 -> none" in lifted.stderr
+    assert json.loads(lifted.stdout) == sum(range(6))
+
+
 def test_usage_errors_exit_2_and_name_the_flag(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     store = ["--store", f"file://{tmp_path}/s"]

@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
@@ -35,10 +36,10 @@ from durablerun import errors
 from durablerun._private import layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
-from durablerun._private.journal import parse_iso
+from durablerun._private.journal import RunStore, parse_iso
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import RunInfo, Store, open_store
-from durablerun.api import Outcome, Policy, parse_duration
+from durablerun.api import AbortReason, Outcome, Policy, parse_duration
 
 EXIT_STORE_UNAVAILABLE = 75
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
@@ -69,12 +70,13 @@ def _store_args(p: argparse.ArgumentParser, *, run_id: bool = True) -> None:
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
                                    "of an existing run, else {})")
-    p.add_argument("--max-cost", metavar="USD", help="cost ceiling in US dollars, e.g. 5.00")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="token budget")
-    p.add_argument("--max-steps", type=int, metavar="N", help="step budget")
+    p.add_argument("--max-cost", metavar="USD",
+                   help="cost ceiling in US dollars, e.g. 5.00 ('none': no ceiling)")
+    p.add_argument("--max-tokens", metavar="N", help="token budget ('none': no limit)")
+    p.add_argument("--max-steps", metavar="N", help="step budget ('none': no limit)")
     p.add_argument("--max-duration", metavar="DURATION",
                    help="wall time since the first start, e.g. 8h (default 8h)")
-    p.add_argument("--max-retries", type=int, metavar="N",
+    p.add_argument("--max-retries", metavar="N",
                    help="default retries of a failing step (default 3)")
     p.add_argument("--progress-timeout", metavar="DURATION",
                    help="abort when no step completes for this long (default 10m)")
@@ -158,36 +160,89 @@ def _open(args: argparse.Namespace) -> Store:
     return store
 
 
-def _policy(args: argparse.Namespace) -> Policy:
+#: The flag that sets each policy field.
+_POLICY_FLAGS = {"costCeilingUSD": "--max-cost", "maxTokens": "--max-tokens",
+                 "maxSteps": "--max-steps", "maxDuration": "--max-duration",
+                 "progressTimeout": "--progress-timeout", "maxRetries": "--max-retries"}
+_NO_LIMIT = "none"
+
+
+def _policy_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy fields the command line sets (``none`` lifts a budget)."""
     fields: dict[str, Any] = {}
     if args.max_cost is not None:
-        try:
-            if Decimal(args.max_cost) < 0:
-                raise InvalidOperation
-        except InvalidOperation:
-            raise _UsageError(f"--max-cost: {args.max_cost!r} is not an amount in USD, "
-                              "e.g. --max-cost 5.00") from None
-        fields["costCeilingUSD"] = str(Decimal(args.max_cost))
+        if args.max_cost == _NO_LIMIT:
+            fields["costCeilingUSD"] = None
+        else:
+            try:
+                if Decimal(args.max_cost) < 0:
+                    raise InvalidOperation
+            except InvalidOperation:
+                raise _UsageError(f"--max-cost: {args.max_cost!r} is not an amount in USD, "
+                                  "e.g. --max-cost 5.00 (or 'none': no ceiling)") from None
+            fields["costCeilingUSD"] = str(Decimal(args.max_cost))
     for flag, name, value, low in (("--max-tokens", "maxTokens", args.max_tokens, 0),
                                    ("--max-steps", "maxSteps", args.max_steps, 1),
                                    ("--max-retries", "maxRetries", args.max_retries, 0)):
-        if value is not None:
-            if value < low:
-                raise _UsageError(f"{flag}: must be >= {low}, got {value}")
-            fields[name] = value
+        if value is None:
+            continue
+        if value == _NO_LIMIT and name != "maxRetries":
+            fields[name] = None
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise _UsageError(f"{flag}: {value!r} is not a whole number"
+                              + (" (or 'none': no limit)" if name != "maxRetries" else "")) from None
+        if number < low:
+            raise _UsageError(f"{flag}: must be >= {low}, got {number}")
+        fields[name] = number
     for flag, name, value in (("--max-duration", "maxDuration", args.max_duration),
                               ("--progress-timeout", "progressTimeout", args.progress_timeout)):
         if _duration_arg(flag, value) is not None:
             fields[name] = value
-    return Policy(**fields)
+    return fields
+
+
+def _run_policy(args: argparse.Namespace, rs: RunStore) -> Policy:
+    """The run's policy: recorded at its first attempt, kept on every resume, changed only by
+    a flag given on purpose (which says so and is recorded for the resumes after it)."""
+    flags = _policy_flags(args)
+    stored = rs.read_policy()
+    if stored is None:
+        policy = Policy(**flags)
+    else:
+        policy = Policy.model_validate(stored)
+        changes = {k: v for k, v in flags.items() if getattr(policy, k) != v}
+        if changes:
+            def shown(value: Any) -> str:
+                return _NO_LIMIT if value is None else str(value)
+
+            said = ", ".join(f"{_POLICY_FLAGS[k]} {shown(getattr(policy, k))} -> {shown(v)}"
+                             for k, v in changes.items())
+            print(f"durablerun: changing the policy of run {rs.ref}: {said} (recorded: later "
+                  "resumes keep it)", file=sys.stderr)
+            policy = policy.model_copy(update=changes)
+    if stored != policy.model_dump(mode="json"):
+        rs.write_policy(policy.model_dump(mode="json"))
+    return policy
+
+
+def _cli_advice(args: argparse.Namespace) -> Callable[[str], str]:
+    def advice(field: str) -> str:
+        flag = _POLICY_FLAGS.get(field, f"policy.{field}")
+        return (f"raise it and resume: {_resume_command(args)} {flag} <higher> (the run keeps "
+                "its limits: resuming without the flag stops here again)")
+    return advice
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     ref = layout.RunRef.local(args.run_id)
-    policy = _policy(args)
+    _policy_flags(args)  # flag errors before anything is touched
     if args.snapshot_every < 1:
         raise _UsageError("--snapshot-every: must be >= 1")
-    config_fields: dict[str, Any] = {"snapshot_every": args.snapshot_every}
+    config_fields: dict[str, Any] = {"snapshot_every": args.snapshot_every,
+                                     "policy_advice": _cli_advice(args)}
     if args.max_result_bytes is not None:
         if args.max_result_bytes < 1:
             raise _UsageError("--max-result-bytes: must be >= 1")
@@ -202,13 +257,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         store.check()
         manifest = rs.read_manifest()
+        if manifest is None and args.command == "resume":
+            raise _UsageError(
+                f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
+                f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
+                f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
+        policy = _run_policy(args, rs)
     finally:
         rs.close()
-    if manifest is None and args.command == "resume":
-        raise _UsageError(
-            f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
-            f"(`durablerun list --store {args.store}` shows the runs there), or start a new run "
-            f"with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
     workflow = args.workflow or str((manifest or {}).get("workflow"))
     if args.input is None and manifest:
         input_value = manifest.get("input", {})
@@ -251,7 +307,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif w and w.wake_time:
             print(f"durablerun: resume it after {w.wake_time.isoformat()}: {resume}",
                   file=sys.stderr)
-    elif result.outcome in (Outcome.ABORTED, Outcome.SUSPENDED):
+    elif result.outcome == Outcome.SUSPENDED or result.abort_reason == AbortReason.USER_REQUESTED:
         print(f"durablerun: to resume: {resume}", file=sys.stderr)
     return result.exit_code
 

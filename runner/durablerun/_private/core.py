@@ -505,20 +505,25 @@ class AttemptCore:
         live, p = self.live, self.policy
         usd = live.totals.usd + live.pending_usd
         tokens = live.totals.tokens + live.pending_tokens
+        # Budgets are checked here, before a new step starts: a step already running
+        # finishes and is journaled, so its cost can end past the ceiling (an overshoot).
         if self.max_cost is not None and usd >= self.max_cost:
             raise Halt(HaltKind.ABORT,
-                       f"cost ${usd} reached the ceiling ${self.max_cost}: raise "
-                       "policy.costCeilingUSD (--max-cost) and run again to continue",
+                       f"cost ${usd} reached the ceiling ${self.max_cost} (policy.costCeilingUSD, "
+                       f"checked before each step starts): {self.advice('costCeilingUSD')}",
                        reason=AbortReason.BUDGET_EXHAUSTED)
         if p.maxTokens is not None and tokens >= p.maxTokens:
             raise Halt(HaltKind.ABORT,
-                       f"{tokens} tokens used, limit {p.maxTokens}: raise policy.maxTokens "
-                       "(--max-tokens) and run again to continue",
+                       f"{tokens} tokens used, limit {p.maxTokens} (policy.maxTokens, checked "
+                       f"before each step starts): {self.advice('maxTokens')}",
                        reason=AbortReason.BUDGET_EXHAUSTED)
-        if p.maxSteps is not None and live.totals.steps + live.inflight_steps >= p.maxSteps:
+        used = live.totals.steps + live.inflight_steps
+        if p.maxSteps is not None and used >= p.maxSteps:
+            running = f" and {live.inflight_steps} running" if live.inflight_steps else ""
             raise Halt(HaltKind.ABORT,
-                       f"{live.totals.steps} steps executed, limit {p.maxSteps}: raise "
-                       "policy.maxSteps (--max-steps) and run again to continue",
+                       f"{_count(live.totals.steps, 'step')} journaled{running}, limit {p.maxSteps} "
+                       f"(policy.maxSteps, checked before each step starts): "
+                       f"{self.advice('maxSteps')}",
                        reason=AbortReason.BUDGET_EXHAUSTED)
         self.check_duration()
 
@@ -527,9 +532,16 @@ class AttemptCore:
         if elapsed >= self.max_duration:
             raise Halt(HaltKind.ABORT,
                        f"the run has been going for {elapsed} since its first start, past "
-                       f"policy.maxDuration {self.policy.maxDuration}: raise it "
-                       "(--max-duration) and run again to continue",
+                       f"policy.maxDuration {self.policy.maxDuration}: {self.advice('maxDuration')}",
                        reason=AbortReason.MAX_DURATION_EXCEEDED)
+
+    def advice(self, field: str) -> str:
+        """How the user raises policy ``field`` where this run runs (CLI flags, kubectl)."""
+        advise = self.config.policy_advice
+        return advise(field) if advise is not None else f"raise policy.{field} and run again to continue"
+
+    def overshoot(self) -> str | None:
+        return budget_overshoot(self.live.totals, self.policy)
 
     async def pause(self, seconds: float) -> None:
         """Sleep in process; a stop request ends it early with Halt(SUSPEND)."""
@@ -853,6 +865,25 @@ class AttemptCore:
                     "journaled was changed."
                 )
                 raise Halt(HaltKind.FAIL, str(err), error=err)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def budget_overshoot(t: Totals, p: Policy) -> str | None:
+    """A budget the journaled totals went past (a running step charged it after the check)."""
+    over = []
+    if p.costCeilingUSD is not None and t.usd > Decimal(p.costCeilingUSD):
+        over.append(f"cost ${t.usd} is past policy.costCeilingUSD ${p.costCeilingUSD}")
+    if p.maxTokens is not None and t.tokens > p.maxTokens:
+        over.append(f"{t.tokens} tokens are past policy.maxTokens {p.maxTokens}")
+    if p.maxSteps is not None and t.steps > p.maxSteps:
+        over.append(f"{t.steps} steps are past policy.maxSteps {p.maxSteps}")
+    if not over:
+        return None
+    return ("budget overshoot: " + "; ".join(over) + " (budgets are checked before each step "
+            "starts; steps already running charged it)")
 
 
 def _misuse(message: str) -> Halt:

@@ -63,6 +63,9 @@ class EngineConfig:
     #: write (e.g. its lease lapsed while it was paused), None when it may. A
     #: reason fences the attempt before anything is written.
     write_guard: Callable[[], str | None] | None = None
+    #: How a user raises policy field ``f`` where the run runs, for abort messages
+    #: (the CLI names its flags, the runner pod a kubectl patch); None: generic advice.
+    policy_advice: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class AttemptResult:
     journal_records: int = 0
     #: Qualified name of the error behind a Failed / UsageError outcome.
     error_type: str | None = None
+    #: A budget the totals went past (a step charged it after the check before it), else None.
+    overshoot: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -124,6 +129,7 @@ class AttemptResult:
             "steps": self.totals.steps,
             "journalRecords": self.journal_records,
             "errorType": self.error_type,
+            "overshoot": self.overshoot,
         }
 
     def termination_message(self) -> str:
@@ -638,8 +644,10 @@ class Run:
         except errors.DurableRunError as e:
             return AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e), totals=live.totals,
                                  journal_records=live.loaded.next_seq)
-        return AttemptResult(Outcome.COMPLETED, "the workflow completed", result=result,
-                             totals=live.totals, journal_records=live.loaded.next_seq)
+        overshoot = c.overshoot()
+        message = "the workflow completed" + (f"; {overshoot}" if overshoot else "")
+        return AttemptResult(Outcome.COMPLETED, message, result=result, totals=live.totals,
+                             journal_records=live.loaded.next_seq, overshoot=overshoot)
 
     def _stalled(self, c: core.AttemptCore, progress_timeout: float | None = None) -> Halt | None:
         """The progress timeout, if no step completed for that long while running."""
@@ -648,7 +656,8 @@ class Run:
         if c.live.sleeping == 0 and time.monotonic() - c.live.last_progress > progress_timeout:
             return Halt(HaltKind.ABORT,
                         f"no step completed for {self.policy.progressTimeout} "
-                        "(policy.progressTimeout): raise it or fix the hanging step, then run again",
+                        f"(policy.progressTimeout): fix the hanging step, or "
+                        f"{c.advice('progressTimeout')}",
                         reason=AbortReason.PROGRESS_TIMEOUT)
         return None
 
@@ -680,7 +689,8 @@ class Run:
         return AttemptResult(
             kind_outcome[h.kind], h.message, abort_reason=h.reason,
             error_type=_qual(h.error) if h.error else None,
-            totals=totals, journal_records=live.loaded.next_seq)
+            totals=totals, journal_records=live.loaded.next_seq,
+            overshoot=core.budget_overshoot(totals, self.policy))
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
