@@ -137,6 +137,8 @@ class StatusSink(ProgressSink):
         self.fields: dict[str, Any] = {}
         self.dirty = threading.Event()
         self.completed = 0
+        self.steps = 0
+        self.total: int | None = None
 
     def update(self, **fields: Any) -> None:
         with self.lock:
@@ -166,8 +168,17 @@ class StatusSink(ProgressSink):
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         with self.lock:
             self.fields["cost"] = {"usd": str(usd), "tokens": tokens}
+            self.steps = steps
             progress = dict(self.fields.get("progress") or {})
-            progress.update(completedSteps=steps, summary=f"{steps} steps")
+            progress.update(progress_of(steps, self.total))
+            self.fields["progress"] = progress
+        self.dirty.set()
+
+    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
+        with self.lock:
+            self.total, self.steps = total, steps
+            progress = dict(self.fields.get("progress") or {})
+            progress.update(progress_of(steps, total))
             self.fields["progress"] = progress
         self.dirty.set()
 
@@ -176,6 +187,14 @@ class StatusSink(ProgressSink):
             fields, self.fields = self.fields, {}
         self.dirty.clear()
         return fields
+
+
+def progress_of(steps: int, total: int | None) -> dict[str, Any]:
+    """status.progress for ``steps`` done of ``total`` expected: "12/40" and 0.3, or "12 steps"."""
+    if not total:
+        return {"completedSteps": steps, "summary": f"{steps} steps"}
+    fraction = min(Decimal(steps) / Decimal(total), Decimal(1)).quantize(Decimal("0.0001")).normalize()
+    return {"completedSteps": steps, "totalSteps": total, "fraction": f"{fraction:f}", "summary": f"{steps}/{total}"}
 
 
 def _status_ops(fields: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
@@ -458,9 +477,11 @@ def _finish(identity: Identity, lease: Lease, result: AttemptResult) -> int:
         why = lease.lost or result.message
         return _terminate(identity, _report(api.Outcome.FENCED, why), api.Outcome.FENCED.exit_code)
     final = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
-    progress: dict[str, Any] = {"completedSteps": result.totals.steps, "summary": f"{result.totals.steps} steps"}
+    steps = result.totals.steps
+    # A completed run took exactly the steps it took, whatever it expected.
+    progress = progress_of(steps, steps if result.outcome == api.Outcome.COMPLETED else lease.sink.total)
     if result.outcome == api.Outcome.COMPLETED:
-        progress.update(fraction="1", summary=f"{result.totals.steps}/{result.totals.steps}")
+        progress.update(fraction="1", summary=f"{steps}/{steps}")
     lease.sink.update(progress=progress, cost={"usd": str(result.totals.usd), "tokens": result.totals.tokens})
     if not lease.renew(final):
         if lease.lost:

@@ -117,6 +117,8 @@ def test_the_review_agent_waits_for_its_review_and_every_example_is_listed(tmp_p
                  "--input", '{"parts": 2, "step_seconds": 0.01}'], env=env)
     assert first.returncode == Outcome.WAITING.exit_code, first.stderr
     assert "waiting for event 'review'" in first.stderr
+    shown = cli(["inspect", "--run-id", "demo", *store], env=env).stdout
+    assert "3/4 steps" in shown  # plan and 2 research steps of the 4 it declared
     cli(["send-event", "--run-id", "demo", *store, "review", '{"approved": true, "by": "dana"}'],
         env=env)
     done = cli(["resume", "--run-id", "demo", *store], env=env)

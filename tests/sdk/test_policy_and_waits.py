@@ -128,6 +128,53 @@ def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
     assert "run again" not in r.message
 
 
+def test_a_declared_total_is_the_progress_denominator_while_running_and_on_replay(
+        mem: Store) -> None:
+    from durablerun.pod import StatusSink
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        ctx.set_total_steps(input["n"])
+        await ctx.step("a", lambda: 1)
+        await ctx.step("b", lambda: 2)
+        await ctx.wait_for_event("go")
+        ctx.set_total_steps(input["n"] + 1)  # the estimate grew
+        await ctx.step("c", lambda: 3)
+        return await ctx.step("d", lambda: 4)
+
+    sink, log = StatusSink(), io.StringIO()
+    first = Run(store=mem, run=REF, workflow=wf, input={"n": 3}, sinks=[sink, JsonLinesSink(log)],
+                config=FAST).run_attempt()
+    assert first.outcome == Outcome.WAITING
+    # What the runner pod puts in status.progress (the Progress column, the ratio metric).
+    assert sink.take()["progress"] == {"completedSteps": 2, "totalSteps": 3, "fraction": "0.6667",
+                                       "summary": "2/3", "step": 1, "stepName": "b",
+                                       "lastProgressTime": ANY_TIME}
+    assert '"event":"total_steps","total":3,"steps":0' in log.getvalue()
+    assert (mem.read_run(run=REF).status or {})["totalSteps"] == 3
+    mem.put_event(run=REF, name="go", payload=None)
+    again = StatusSink()
+    done = Run(store=mem, run=REF, workflow=wf, input={"n": 3}, sinks=[again],
+               config=FAST).run_attempt()
+    assert done.outcome == Outcome.COMPLETED
+    progress = again.take()["progress"]
+    assert (progress["totalSteps"], progress["summary"], progress["fraction"]) == (4, "4/4", "1")
+
+    async def in_a_step(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("s", lambda: ctx.set_total_steps(3))
+
+    r = attempt(mem, in_a_step, ref=RunRef.local("in-step"))
+    assert r.outcome == Outcome.FAILED
+    assert "ctx.set_total_steps() was called inside a step" in r.message
+
+
+class _AnyTime:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and other.endswith("Z")
+
+
+ANY_TIME = _AnyTime()
+
+
 def test_max_duration_counts_from_the_first_start(mem: Store) -> None:
     async def wf(ctx: DurableContext, input: Any) -> Any:
         await ctx.step("a", lambda: 1)

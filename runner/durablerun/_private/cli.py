@@ -456,7 +456,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         else:
             print(f"waiting   until {w.get('wakeTime')}")
     t = info.totals
-    print(f"totals    ${t.usd}   {t.tokens} tokens   {t.steps} steps   "
+    total = status.get("totalSteps")
+    steps = f"{t.steps}/{total}" if total else str(t.steps)
+    print(f"totals    ${t.usd}   {t.tokens} tokens   {steps} steps   "
           f"{info.journal_records} journal records   snapshot at "
           f"{info.snapshot_seq if info.snapshot_seq is not None else '-'}")
     if generation:

@@ -201,6 +201,8 @@ class Live:
     open_steps: int = 0
     #: Position prefix of the current generation ("" for the first, "3/" for the fourth).
     prefix: str = ""
+    #: The steps the workflow expects in all (ctx.set_total_steps), if it said.
+    total_steps: int | None = None
 
     def reset(self, prefix: str) -> None:
         """A new generation: nothing journaled before it is looked up again."""
@@ -785,6 +787,15 @@ class AttemptCore:
             return False
         self.commit_now({"pos": pos, "kind": "patch", "name": change_id})
         return True
+
+    def set_total_steps(self, total: int | None) -> None:
+        if STEP.get() is not None:
+            # A step does not run again on a resume: the total would be lost there.
+            raise errors.NonRetryableError(
+                "ctx.set_total_steps() was called inside a step: call it from the workflow "
+                "function, which runs again on every resume")
+        self.live.total_steps = total
+        self.sinks.total_steps_updated(total=total, steps=self.live.totals.steps)
 
     def add_cost(self, usd: Decimal, tokens: int) -> None:
         frame = STEP.get()

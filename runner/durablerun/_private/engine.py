@@ -480,7 +480,7 @@ class Run:
                 Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
                 totals=c.live.totals, journal_records=c.live.loaded.next_seq)
             await c.final_snapshot()
-            doc = self._status_doc(result, code_version)
+            doc = self._status_doc(result, code_version, c.live.total_steps)
             polling_until = self._polls_until(waiting)
             if polling_until is not None:
                 # A sender can tell that this attempt picks the event up by itself.
@@ -699,14 +699,15 @@ class Run:
         with contextlib.suppress(Halt):
             await c.final_snapshot()
         try:
-            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
+            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version, c.live.total_steps))
         except errors.StoreError as e:
             self.sinks.warning(f"could not record the attempt's outcome: {e}")
 
-    def _status_doc(self, result: AttemptResult, code_version: str) -> dict[str, Any]:
+    def _status_doc(self, result: AttemptResult, code_version: str,
+                    total_steps: int | None) -> dict[str, Any]:
         doc = result.to_json()
         doc.update({"attempt": self.attempt_id, "time": iso(time.time()),
-                    "codeVersion": code_version, "sdk": SDK_VERSION})
+                    "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
         return doc
 
 
