@@ -476,7 +476,9 @@ def _finish(identity: Identity, lease: Lease, result: AttemptResult) -> int:
     if result.outcome == api.Outcome.FENCED or lease.lost:
         why = lease.lost or result.message
         return _terminate(identity, _report(api.Outcome.FENCED, why), api.Outcome.FENCED.exit_code)
-    final = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
+    final: list[dict[str, Any]] = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
+    if result.result_info is not None:
+        final.append({"op": "add", "path": "/status/result", "value": result.result_info})
     steps = result.totals.steps
     # A completed run took exactly the steps it took, whatever it expected.
     progress = progress_of(steps, steps if result.outcome == api.Outcome.COMPLETED else lease.sink.total)

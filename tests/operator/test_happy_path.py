@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.operator.conftest import Operator, RunEnv
@@ -20,6 +25,19 @@ def test_run_succeeds_and_kubectl_shows_it(operator: Operator, runs: RunEnv) -> 
     assert status["cost"]["usd"] == "0.03"
     assert status["restarts"] == 0
     assert [runs.executions(f"s{i}") for i in range(3)] == [1, 1, 1]
+    # The result: small, so in status, and always where it lives in the store.
+    result = status["result"]
+    assert json.loads(result["inline"]) == {"results": ["S0", "S1", "S2"]}
+    uid = run["metadata"]["uid"]
+    assert result["ref"] == f"s3://{runs.bucket}/runs/{runs.namespace}/happy/{uid}/journal/000000000003.json"
+    assert runs.testbed.s3
+    shown = subprocess.run(
+        [sys.executable, "-m", "durablerun", "inspect", "--kubernetes", f"{runs.namespace}/happy", "--result"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "KUBECONFIG": str(runs.testbed.kubeconfig), "AWS_ACCESS_KEY_ID": runs.testbed.s3.access_key,
+             "AWS_SECRET_ACCESS_KEY": runs.testbed.s3.secret_key})
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == json.loads(result["inline"])
     table = runs.testbed.kubectl("get", "dr", "-n", runs.namespace).stdout.splitlines()
     assert table[1].split()[:2] == ["happy", "Succeeded"]
     reasons = [e["reason"] for e in runs.events("happy")]

@@ -5,7 +5,7 @@
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
     durablerun resume [MODULE:FUNC] --run-id ID [--store URI] [--max-cost USD] ...
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
-    durablerun inspect --run-id ID [--store URI] [--json] [--all]
+    durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
@@ -32,16 +32,17 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
 
-from durablerun import errors
-from durablerun._private import layout
+from durablerun import api, errors
+from durablerun._private import codec, layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore, parse_iso
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
-from durablerun._private.stores import RunInfo, Store, open_store
+from durablerun._private.stores import RunInfo, Store, open_store, store_from_checkpoint
 from durablerun.api import AbortReason, Outcome, Policy, parse_duration
 
 EXIT_STORE_UNAVAILABLE = 75
+_FROM_RUN = "<from the run>"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
 DEFAULT_STORE = "file://./.durablerun"
 
@@ -56,11 +57,12 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _store_args(p: argparse.ArgumentParser, *, run_id: bool = True) -> None:
+def _store_args(p: argparse.ArgumentParser, *, run_id: bool = True,
+                default_store: str | None = None) -> None:
     if run_id:
         p.add_argument("--run-id", required=True,
                        help="the run's id; the run lives under <store>/_local/<run-id>/")
-    p.add_argument("--store", default=os.environ.get("DURABLERUN_STORE", DEFAULT_STORE),
+    p.add_argument("--store", default=default_store or os.environ.get("DURABLERUN_STORE", DEFAULT_STORE),
                    help="s3://bucket/prefix, file:///path or memory://name "
                         f"(default $DURABLERUN_STORE or {DEFAULT_STORE})")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
@@ -111,8 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("name", help="event name")
     send.add_argument("payload", nargs="?", default="null", help="JSON payload or @file")
 
-    inspect = sub.add_parser("inspect", help="show a run's journal, cost and state")
-    _store_args(inspect)
+    inspect = sub.add_parser("inspect", help="show a run's journal, cost, state and result")
+    which = inspect.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", help="a local run: <store>/_local/<run-id>/")
+    which.add_argument("--kubernetes", metavar="NAMESPACE/NAME",
+                       help="a DurableRun: its store and uid are read through your kubeconfig; the "
+                            "store is read with your own credentials (AWS_* or --store/--endpoint-url)")
+    # No default: a DurableRun's store is its spec.checkpoint.uri unless --store overrides it.
+    _store_args(inspect, run_id=False, default_store=_FROM_RUN)
+    inspect.add_argument("--context", help="kubeconfig context (with --kubernetes)")
+    inspect.add_argument("--result", action="store_true",
+                         help="print the completed run's result (its full JSON) and nothing else")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.add_argument("--all", action="store_true",
                          help="every generation's records, not only the current one's (reads "
@@ -405,14 +416,81 @@ def _fmt_time(at: Any) -> str:
     return datetime.fromtimestamp(float(at), UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | None:
+    """The store and identity of DurableRun NAMESPACE/NAME, read through the user's kubeconfig.
+
+    Read-only: one GET of the DurableRun. The store is opened with the user's own
+    credentials (never the run's Secret); --store, --endpoint-url and --region
+    override spec.checkpoint (e.g. an endpoint only reachable inside the cluster).
+    """
+    namespace, sep, name = str(args.kubernetes).partition("/")
+    if not sep or not namespace or not name:
+        raise _UsageError(f"--kubernetes {args.kubernetes!r}: use NAMESPACE/NAME, e.g. "
+                          "--kubernetes team-a/review-agent")
+    import urllib3
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    try:
+        config.load_kube_config(context=args.context)
+    except (config.ConfigException, OSError) as e:
+        raise _UsageError(f"--kubernetes: cannot load a kubeconfig ({e}): set KUBECONFIG or "
+                          "--context") from None
+    try:
+        body = client.CustomObjectsApi().get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+    except ApiException as e:
+        if e.status == 404:
+            print(f"no DurableRun {namespace}/{name} (kubectl get dr -n {namespace})",
+                  file=sys.stderr)
+            return None
+        raise _UsageError(f"--kubernetes: reading DurableRun {namespace}/{name} failed: "
+                          f"{e.status} {e.reason}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as e:  # the API server cannot be reached
+        raise _UsageError(f"--kubernetes: cannot reach the API server of your kubeconfig: "
+                          f"{type(e).__name__}: {e}") from None
+    checkpoint = api.DurableRunSpec.model_validate(body["spec"]).checkpoint
+    overrides = {k: v for k, v in (("uri", None if args.store == _FROM_RUN else args.store),
+                                   ("endpoint", args.endpoint_url), ("region", args.region)) if v}
+    checkpoint = checkpoint.model_copy(update=overrides)
+    args.store = checkpoint.uri
+    ref = layout.RunRef.kubernetes(namespace, name, str(body["metadata"]["uid"]))
+    return store_from_checkpoint(checkpoint), ref
+
+
+def _print_result(store: Store, ref: layout.RunRef) -> int:
+    rs = store.run_store(ref)
+    try:
+        records = rs.load().records
+        done = records[-1] if records and records[-1].kind == "complete" else None
+        if done is None:
+            print(f"run {ref} has no result: it has not completed", file=sys.stderr)
+            return 1
+        body = rs.get_blob(done.data["ref"]) if "ref" in done.data else codec.dumps(done.value())
+    finally:
+        rs.close()
+    print(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    ref = layout.RunRef.local(args.run_id)
-    store = _open(args)
+    if args.kubernetes:
+        found = _kubernetes_run(args)
+        if found is None:
+            return 1
+        store, ref = found
+    else:
+        ref = layout.RunRef.local(args.run_id)
+        if args.store == _FROM_RUN:
+            args.store = os.environ.get("DURABLERUN_STORE", DEFAULT_STORE)
+        store = _open(args)
     store.check()
     info = store.read_run(run=ref)
     if not info.exists:
         print(f"no run {ref} in {store.uri}", file=sys.stderr)
         return 1
+    if args.result:
+        return _print_result(store, ref)
     rs = store.run_store(ref)
     try:
         loaded = rs.load()

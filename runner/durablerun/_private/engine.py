@@ -27,7 +27,7 @@ from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
-from durablerun.api import AbortReason, Outcome, Policy, parse_duration
+from durablerun.api import RESULT_INLINE_MAX, AbortReason, Outcome, Policy, parse_duration
 
 SDK_VERSION = "0.1.0"
 Workflow = Callable[[DurableContext, Any], Any]
@@ -114,6 +114,9 @@ class AttemptResult:
     error_type: str | None = None
     #: A budget the totals went past (a step charged it after the check before it), else None.
     overshoot: str | None = None
+    #: Completed: where the result is stored (api.RunResult's fields: ref, size, sha256, and
+    #: inline, its JSON text, when at most api.RESULT_INLINE_MAX bytes).
+    result_info: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -130,6 +133,7 @@ class AttemptResult:
             "journalRecords": self.journal_records,
             "errorType": self.error_type,
             "overshoot": self.overshoot,
+            "resultRef": self.result_info["ref"] if self.result_info else None,
         }
 
     def termination_message(self) -> str:
@@ -421,7 +425,8 @@ class Run:
             finally:
                 attempt_core.close()
             return AttemptResult(Outcome.COMPLETED, "the run had already completed", result=value,
-                                 totals=live.totals, journal_records=loaded.next_seq)
+                                 totals=live.totals, journal_records=loaded.next_seq,
+                                 result_info=await self._io(io_pool, self._result_info, rs, done))
 
         attempt_core = self._make_core(rs, live, first_start, io_pool)
         self._core = attempt_core
@@ -638,7 +643,7 @@ class Run:
         try:
             c.check_unreached()
             fields, result = await c.encode_result(value, "the workflow")
-            await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
+            done = await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
         except Halt as h:
             return self._halt_result(h, live)
         except errors.DurableRunError as e:
@@ -647,7 +652,28 @@ class Run:
         overshoot = c.overshoot()
         message = "the workflow completed" + (f"; {overshoot}" if overshoot else "")
         return AttemptResult(Outcome.COMPLETED, message, result=result, totals=live.totals,
-                             journal_records=live.loaded.next_seq, overshoot=overshoot)
+                             journal_records=live.loaded.next_seq, overshoot=overshoot,
+                             result_info=await self._io(c._io_pool, self._result_info, c.store,
+                                                        done))
+
+    def _result_info(self, rs: RunStore, done: Record) -> dict[str, Any]:
+        """Where the result of complete record ``done`` lives; its JSON too when small."""
+        ref = done.data.get("ref")
+        if ref:  # a big result (above inline_result_max): its own content-addressed object
+            where = layout.blob_key(str(ref["sha256"]))
+            info: dict[str, Any] = {"size": int(ref["size"]), "sha256": str(ref["sha256"])}
+            body: bytes | None = None
+            if info["size"] <= RESULT_INLINE_MAX:  # only with a small inline_result_max
+                with contextlib.suppress(errors.StoreError):  # the reference is enough
+                    body = rs.get_blob(ref)
+        else:
+            body = codec.dumps(done.value())
+            where = rs.journal().location(done.seq)
+            info = {"size": len(body), "sha256": codec.sha256_hex(body)}
+        if body is not None and info["size"] <= RESULT_INLINE_MAX:
+            info["inline"] = body.decode()
+        info["ref"] = f"{self.store.uri.rstrip('/')}/{self.ref.path}/{where}"
+        return info
 
     def _stalled(self, c: core.AttemptCore, progress_timeout: float | None = None) -> Halt | None:
         """The progress timeout, if no step completed for that long while running."""

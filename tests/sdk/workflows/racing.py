@@ -88,3 +88,13 @@ async def fan_out(ctx: DurableContext, input: dict[str, Any]) -> list[Any]:
     both = await ctx.gather(ctx.step("left", _echo, 1), ctx.step("right", _echo, 2))
     more = await ctx.gather(_branch(ctx, 4), _branch(ctx, 5))
     return [first, *both, *more, await ctx.step("last", _echo, 6)]
+
+
+async def sized_result(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A result of about ``input.bytes`` bytes of JSON."""
+    text = await ctx.step("make", _text, int(input["bytes"]))
+    return {"text": text}
+
+
+def _text(size: int) -> str:
+    return "x" * size

@@ -337,6 +337,9 @@ class FsJournal(base.JournalBackend):
         self._next_seq = seq + 1
         return f"{path}#{seq}"
 
+    def location(self, seq: int) -> str:
+        return f"{layout.JOURNAL_DIR}{layout.segment_name(seq - seq % layout.SEGMENT_RECORDS)}#{seq}"
+
     def close(self) -> None:
         if self._seg_fd is not None and self._lock_fd is not None and self._allocated > self._expected_size:
             # Trim the spare zeros if the lock is free right now (never wait for it here).
