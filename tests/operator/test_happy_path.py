@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
+from durablerun_testbed import procs
 from tests.operator.conftest import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
@@ -43,3 +46,25 @@ def test_run_succeeds_and_kubectl_shows_it(operator: Operator, runs: RunEnv) -> 
     reasons = [e["reason"] for e in runs.events("happy")]
     assert "AttemptStarted" in reasons
     assert "Succeeded" in reasons
+
+
+def test_a_declared_total_shows_as_done_of_total_and_as_the_ratio_while_running(operator: Operator,
+                                                                                runs: RunEnv) -> None:
+    runs.apply(runs.manifest("counted", "optest_flows:steps", {"steps": 6, "sleep": 1.0, "declare_total": True}))
+
+    def midway_row() -> list[str] | None:
+        row = runs.testbed.kubectl("get", "dr", "counted", "-n", runs.namespace, "--no-headers").stdout.split()
+        return row if any(re.fullmatch(r"[1-5]/6", cell) for cell in row) else None
+
+    procs.wait_for(midway_row, timeout=60, what="the Progress column to show k/6 while the run runs")
+
+    def ratio() -> float | None:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+        match = re.search(r'^durablerun_run_progress_ratio\{[^}]*name="counted"[^}]*\} (\S+)$', text, re.M)
+        value = float(match[1]) if match else None
+        return value if value is not None and 0 < value < 1 else None
+
+    procs.wait_for(ratio, timeout=30, what="durablerun_run_progress_ratio between 0 and 1 while running")
+    status = runs.wait_phase("counted", "Succeeded", timeout=60)["status"]
+    assert status["progress"]["summary"] == "6/6"
+    assert status["progress"]["fraction"] == "1"
