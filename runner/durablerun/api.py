@@ -369,6 +369,27 @@ class WaitingFor(_Model):
     deadline: str | None = Field(default=None, description="When the wait times out.")
 
 
+#: A Succeeded run's result goes into status.result.inline up to this many bytes of JSON.
+RESULT_INLINE_MAX = 4096
+
+
+class RunResult(_Model):
+    """Where a Succeeded run's result lives, and the result itself when it is small."""
+
+    inline: str | None = Field(
+        default=None,
+        description=f"The workflow's return value as JSON text, when it is at most {RESULT_INLINE_MAX} "
+                    "bytes; absent for a bigger result (read it through ref).",
+    )
+    ref: str = Field(
+        description="Where the full result lives in the run's store: the journal record holding it (or, "
+                    "for a big result, its own object). durablerun inspect --kubernetes NAMESPACE/NAME "
+                    "--result prints it.",
+    )
+    size: int = Field(description="Bytes of the result's JSON.")
+    sha256: str = Field(description="sha256 of the result's JSON.")
+
+
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -404,6 +425,7 @@ class DurableRunStatus(_Model):
     inputHash: str | None = Field(default=None, description="sha256 of spec.input at the first attempt.")
     startTime: str | None = Field(default=None, description="When the first attempt started.")
     completionTime: str | None = Field(default=None, description="When the run finished.")
+    result: RunResult | None = Field(default=None, description=RunResult.__doc__)
     nextAttemptTime: str | None = Field(default=None, description="When a Backoff run starts its next attempt.")
     lastPodEndTime: str | None = Field(default=None, description="When the previous attempt's pod ended.")
     conditions: list[Condition] = Field(default_factory=list)

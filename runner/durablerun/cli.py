@@ -3,8 +3,11 @@
 ::
 
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
+    durablerun resume [MODULE:FUNC] --run-id ID [--store URI] [--max-cost USD] ...
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
-    durablerun inspect --run-id ID [--store URI] [--json]
+    durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
+    durablerun list [--store URI] [--json]
+    durablerun delete --run-id ID [--store URI]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
 
 Exit codes follow DESIGN.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted,

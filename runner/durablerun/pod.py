@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -136,6 +137,8 @@ class StatusSink(ProgressSink):
         self.fields: dict[str, Any] = {}
         self.dirty = threading.Event()
         self.completed = 0
+        self.steps = 0
+        self.total: int | None = None
 
     def update(self, **fields: Any) -> None:
         with self.lock:
@@ -165,8 +168,17 @@ class StatusSink(ProgressSink):
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         with self.lock:
             self.fields["cost"] = {"usd": str(usd), "tokens": tokens}
+            self.steps = steps
             progress = dict(self.fields.get("progress") or {})
-            progress.update(completedSteps=steps, summary=f"{steps} steps")
+            progress.update(progress_of(steps, self.total))
+            self.fields["progress"] = progress
+        self.dirty.set()
+
+    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
+        with self.lock:
+            self.total, self.steps = total, steps
+            progress = dict(self.fields.get("progress") or {})
+            progress.update(progress_of(steps, total))
             self.fields["progress"] = progress
         self.dirty.set()
 
@@ -175,6 +187,14 @@ class StatusSink(ProgressSink):
             fields, self.fields = self.fields, {}
         self.dirty.clear()
         return fields
+
+
+def progress_of(steps: int, total: int | None) -> dict[str, Any]:
+    """status.progress for ``steps`` done of ``total`` expected: "12/40" and 0.3, or "12 steps"."""
+    if not total:
+        return {"completedSteps": steps, "summary": f"{steps} steps"}
+    fraction = min(Decimal(steps) / Decimal(total), Decimal(1)).quantize(Decimal("0.0001")).normalize()
+    return {"completedSteps": steps, "totalSteps": total, "fraction": f"{fraction:f}", "summary": f"{steps}/{total}"}
 
 
 def _status_ops(fields: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
@@ -310,6 +330,32 @@ def _engine_config(spec: api.DurableRunSpec) -> EngineConfig:
     return config
 
 
+_POLICY_EXAMPLES = {"costCeilingUSD": '"<higher>"', "maxTokens": "<higher>", "maxSteps": "<higher>",
+                    "maxDuration": '"<longer>"', "progressTimeout": '"<longer>"'}
+
+
+def kubectl_advice(namespace: str, name: str) -> Callable[[str], str]:
+    """Abort messages on Kubernetes: the kubectl patch that raises the limit (an Aborted run then resumes)."""
+    def advice(field: str) -> str:
+        value = _POLICY_EXAMPLES.get(field, "<value>")
+        patch = f'{{"spec":{{"policy":{{"{field}":{value}}}}}}}'
+        return f"raise it and the run resumes: kubectl patch dr {name} -n {namespace} --type merge -p '{patch}'"
+    return advice
+
+
+_STORE_CONFIG_ERRORS = (errors.StoreAccessError, errors.StoreNotFoundError)
+
+
+def _name_the_credentials(message: str, spec: api.DurableRunSpec, identity: Identity) -> str:
+    """A store usage error, with where this pod's credentials came from: the user fixes that Secret."""
+    secret = spec.checkpoint.credentialsSecret
+    if secret:
+        return (f"{message}; the runner's credentials come from Secret {identity.namespace}/{secret} "
+                "(spec.checkpoint.credentialsSecret)")
+    return (f"{message}; spec.checkpoint.credentialsSecret is not set: the runner uses the pod's own "
+            "credentials (workload identity or AWS_* env in spec.template)")
+
+
 def _deliver_events(store: Store, ref: RunRef, events: dict[str, Any], delivered: set[str]) -> None:
     """spec.events -> the store, first write wins: a later edit of an event is ignored."""
     for name, payload in events.items():
@@ -390,11 +436,15 @@ def _attempt(identity: Identity) -> int:
     store = _store(spec)
     ref = RunRef.kubernetes(identity.namespace, identity.name, identity.uid)
     delivered: set[str] = set()
-    _deliver_events(store, ref, spec.events, delivered)
+    try:
+        _deliver_events(store, ref, spec.events, delivered)
+    except _STORE_CONFIG_ERRORS as error:
+        raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard),
+        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard,
+                                   policy_advice=kubectl_advice(identity.namespace, identity.name)),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:
@@ -416,6 +466,9 @@ def _attempt(identity: Identity) -> int:
         result = run.run_attempt()
     finally:
         lease.stop()
+    if result.outcome == api.Outcome.USAGE_ERROR and result.error_type in {
+            f"{e.__module__}.{e.__qualname__}" for e in _STORE_CONFIG_ERRORS}:
+        result = dataclasses.replace(result, message=_name_the_credentials(result.message, spec, identity))
     return _finish(identity, lease, result)
 
 
@@ -423,10 +476,14 @@ def _finish(identity: Identity, lease: Lease, result: AttemptResult) -> int:
     if result.outcome == api.Outcome.FENCED or lease.lost:
         why = lease.lost or result.message
         return _terminate(identity, _report(api.Outcome.FENCED, why), api.Outcome.FENCED.exit_code)
-    final = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
-    progress: dict[str, Any] = {"completedSteps": result.totals.steps, "summary": f"{result.totals.steps} steps"}
+    final: list[dict[str, Any]] = [{"op": "add", "path": "/status/outcome", "value": result.outcome.value}]
+    if result.result_info is not None:
+        final.append({"op": "add", "path": "/status/result", "value": result.result_info})
+    steps = result.totals.steps
+    # A completed run took exactly the steps it took, whatever it expected.
+    progress = progress_of(steps, steps if result.outcome == api.Outcome.COMPLETED else lease.sink.total)
     if result.outcome == api.Outcome.COMPLETED:
-        progress.update(fraction="1", summary=f"{result.totals.steps}/{result.totals.steps}")
+        progress.update(fraction="1", summary=f"{steps}/{steps}")
     lease.sink.update(progress=progress, cost={"usd": str(result.totals.usd), "tokens": result.totals.tokens})
     if not lease.renew(final):
         if lease.lost:

@@ -10,7 +10,8 @@ Subclass :class:`ProgressSink` and override what you need::
 Callbacks: ``run_started(info)``, ``step_started(position, name, attempt)``,
 ``step_completed(position, name, seq, ok, duration)``,
 ``checkpoint_saved(seq, key)``, ``cost_updated(usd, tokens, steps)``,
-``continued_as_new(generation, seq)``, ``heartbeat(time)``, ``warning(message)``, ``run_finished(result)`` (every
+``continued_as_new(generation, seq)``, ``total_steps_updated(total, steps)``,
+``heartbeat(time)``, ``warning(message)``, ``run_finished(result)`` (every
 outcome: completed, failed, aborted, waiting, suspended, fenced). They run on
 the attempt's event-loop thread and must not block; an exception in a sink is
 logged and ignored. :class:`JsonLinesSink` writes one JSON object per event.

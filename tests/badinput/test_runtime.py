@@ -84,12 +84,17 @@ def test_runs_that_cannot_start_or_finish_fail_once(operator: Operator, runs: Ru
     nobucket["spec"]["checkpoint"]["uri"] = "s3://no-such-bucket-for-durable-run/runs"
     badcreds = manifest(runs, "badcreds", input=torture_input("badcreds"))
     badcreds["spec"]["checkpoint"]["credentialsSecret"] = "wrong-credentials"
+    # No Secret and no workload identity: the runner finds no credentials at all.
+    nocreds = manifest(runs, "nocreds", input=torture_input("nocreds"))
+    del nocreds["spec"]["checkpoint"]["credentialsSecret"]
+    nocreds["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"})  # no instance metadata on loopback
     for body in (manifest(runs, "nomod", "no_such_module:run"),
                  manifest(runs, "nofn", "torture_flows:no_such_function"),
                  manifest(runs, "broken", "broken_at_import:run"),
                  manifest(runs, "opaque", "bad_flows:unserializable", input=torture_input("opaque")),
                  manifest(runs, "huge", "bad_flows:oversized", input=torture_input("huge")),
-                 nobucket, badcreds):
+                 nobucket, badcreds, nocreds):
         runs.apply(body)
     statuses: dict[str, dict[str, Any]] = {}
 
@@ -114,6 +119,7 @@ def test_runs_that_cannot_start_or_finish_fail_once(operator: Operator, runs: Ru
     def nothing_ran_without_a_store() -> None:
         assert not Ledger.read(runs, "nobucket").lines
         assert not Ledger.read(runs, "badcreds").lines
+        assert not Ledger.read(runs, "nocreds").lines
 
     check_all({
         "unknown module": ends("nomod", "no module named 'no_such_module'", "PYTHONPATH"),
@@ -127,8 +133,10 @@ def test_runs_that_cannot_start_or_finish_fail_once(operator: Operator, runs: Ru
         "missing bucket": ends("nobucket", "the bucket does not exist: create it or fix checkpoint.uri",
                                "no-such-bucket-for-durable-run"),
         "wrong credentials": ends("badcreds", "access denied",
-                                  "check the credentials (checkpoint.credentialsSecret"),
+                                  "check the credentials (checkpoint.credentialsSecret",
+                                  f"credentials come from Secret {runs.namespace}/wrong-credentials"),
         "wrong credentials are not shown": wrong_secret_not_shown,
+        "no credentials": ends("nocreds", "no usable S3 credentials", "spec.checkpoint.credentialsSecret is not set"),
         "nothing ran without a store": nothing_ran_without_a_store,
     })
     stay_failed(runs, statuses)

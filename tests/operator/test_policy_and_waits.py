@@ -24,6 +24,9 @@ def test_cost_ceiling_aborts_and_raising_it_resumes(operator: Operator, runs: Ru
     run = runs.wait_phase("budget", "Aborted", timeout=60)
     assert run["status"]["abortReason"] == "BudgetExhausted"
     assert run["status"]["cost"]["usd"] == "0.30"
+    # The advice is kubectl's, not the local CLI's flags.
+    assert f"kubectl patch dr budget -n {runs.namespace} --type merge -p" in run["status"]["message"]
+    assert "--max-cost" not in run["status"]["message"]
     done_before = [runs.executions(f"s{i}") for i in range(5)]
     assert done_before == [1, 1, 1, 0, 0]
     row = runs.testbed.kubectl("get", "dr", "budget", "-n", runs.namespace, "-o", "wide").stdout.splitlines()[1]

@@ -108,3 +108,24 @@ def test_examples_run_from_the_cli(tmp_path: Path) -> None:
     m2 = cli(["run", "code_migration:migrate", "--run-id", "m", "--store", store], env=env)
     assert m2.returncode == 0
     assert json.loads(m2.stdout)["status"] == "migrated"
+
+
+def test_the_review_agent_waits_for_its_review_and_every_example_is_listed(tmp_path: Path) -> None:
+    store = ["--store", f"file://{tmp_path}/s"]
+    env = {"PYTHONPATH": str(REPO / "examples")}
+    first = cli(["run", "review_agent:review_agent", "--run-id", "demo", *store,
+                 "--input", '{"parts": 2, "step_seconds": 0.01}'], env=env)
+    assert first.returncode == Outcome.WAITING.exit_code, first.stderr
+    assert "waiting for event 'review'" in first.stderr
+    shown = cli(["inspect", "--run-id", "demo", *store], env=env).stdout
+    assert "3/4 steps" in shown  # plan and 2 research steps of the 4 it declared
+    cli(["send-event", "--run-id", "demo", *store, "review", '{"approved": true, "by": "dana"}'],
+        env=env)
+    done = cli(["resume", "--run-id", "demo", *store], env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "published"
+    readme = (REPO / "examples" / "README.md").read_text()
+    examples = sorted(p.name for p in (REPO / "examples").iterdir() if (p / "__init__.py").exists())
+    assert examples == ["code_migration", "research_agent", "review_agent"]
+    for name in examples:
+        assert f"[`{name}`]({name}/)" in readme, name

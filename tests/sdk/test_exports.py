@@ -34,8 +34,8 @@ PUBLIC = {
 }
 
 CONTEXT_METHODS = [
-    "add_cost", "continue_as_new", "gather", "idempotency_key", "now", "patched", "run_id", "sleep", "step",
-    "uuid", "wait_for_event",
+    "add_cost", "continue_as_new", "gather", "idempotency_key", "now", "patched", "run_id",
+    "set_total_steps", "sleep", "step", "uuid", "wait_for_event",
 ]
 
 

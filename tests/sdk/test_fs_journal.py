@@ -39,7 +39,8 @@ def test_a_torn_tail_is_discarded_and_the_position_rewritten(tmp_path: Path, cut
     data = seg.read_bytes()
     # Simulate a crash in the middle of appending record 3.
     partial = codec.seal(_rec(3).raw()) + b"\n"
-    torn = partial[:cut] if cut > 0 else partial[:-5] + b"XXXX\n"  # bad checksum, newline landed
+    # cut -1: the newline landed but a page in between did not (still zeros): incomplete.
+    torn = partial[:cut] if cut > 0 else partial[:20] + bytes(len(partial) - 30) + partial[-10:]
     seg.write_bytes(data + torn)
     assert [r.seq for r in store.run_store(REF).load().records] == [0, 1, 2]  # readers stop
     rs = store.run_store(REF)
@@ -65,6 +66,28 @@ def test_damage_before_the_tail_is_a_loud_error_and_nothing_is_truncated(tmp_pat
             store.run_store(REF).load(for_writing=writing)
         assert "checksum" in str(e.value)
         assert str(seg) in str(e.value)
+    assert seg.read_bytes() == damaged
+
+
+def test_a_damaged_last_complete_record_is_corruption_not_a_torn_write(tmp_path: Path) -> None:
+    """One digit changed in the last record: complete (no zeros, newline in place), so it was
+    damaged after it was written. Readers and the writer stop loudly; nothing is cut off."""
+    uri = f"file://{tmp_path}"
+    _write(uri, 3)
+    store = open_store(uri)
+    seg = fs_segment(store, REF)
+    lines = seg.read_bytes().split(b"\n")
+    assert b'"value":2' in lines[2]
+    lines[2] = lines[2].replace(b'"value":2', b'"value":7')
+    seg.write_bytes(b"\n".join(lines))
+    damaged = seg.read_bytes()
+    for writing in (False, True):
+        with pytest.raises(errors.CorruptionError) as e:
+            store.run_store(REF).load(for_writing=writing)
+        assert "checksum" in str(e.value)
+        assert "not a torn write" in str(e.value)
+        assert str(seg) in str(e.value)
+        assert "seq=2" in str(e.value)
     assert seg.read_bytes() == damaged
 
 

@@ -54,7 +54,7 @@ def test_cost_ceiling_aborts_and_raising_it_resumes(store_spec: StoreSpec) -> No
     assert r1.exit_code == 3
     assert r1.abort_reason == AbortReason.BUDGET_EXHAUSTED
     assert "$1.00" in r1.message
-    assert "--max-cost" in r1.message
+    assert "raise policy.costCeilingUSD" in r1.message  # embedded: the CLI and the pod say how
     assert r1.totals.usd == Decimal("1.00")
     assert r1.totals.steps == 4
     info = store.read_run(run=REF)
@@ -85,6 +85,94 @@ def test_token_and_step_budgets(mem: Store) -> None:
     assert "maxSteps" in r.message
     r = attempt(mem, charging, {"steps": 8}, ref=other, policy=Policy(maxSteps=8))
     assert r.outcome == Outcome.COMPLETED
+
+
+def test_the_step_budget_counts_steps_still_running(mem: Store) -> None:
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("a", lambda: 0)
+        return await ctx.gather(ctx.step("b", lambda: 1), ctx.step("c", lambda: 2))
+
+    r = attempt(mem, wf, policy=Policy(maxSteps=2))
+    assert r.outcome == Outcome.ABORTED
+    # c was refused while b ran: the message counts b, and the journal ends with 2 steps.
+    assert "1 step journaled and 1 running, limit 2 (policy.maxSteps, checked before each step " \
+        "starts)" in r.message
+    assert r.totals.steps == 2
+
+
+def test_a_cost_charged_past_the_ceiling_by_the_last_step_is_reported(mem: Store) -> None:
+    r = attempt(mem, charging, {"steps": 3}, policy=Policy(costCeilingUSD="0.60"))
+    assert r.outcome == Outcome.COMPLETED  # each step started below the ceiling
+    assert r.totals.usd == Decimal("0.75")
+    expected = "budget overshoot: cost $0.75 is past policy.costCeilingUSD $0.60"
+    assert expected in r.message
+    assert r.overshoot is not None
+    assert r.to_json()["overshoot"] == r.overshoot
+    status = mem.read_run(run=REF).status or {}
+    assert expected in status["overshoot"]
+    assert expected in status["message"]
+    assert attempt(mem, charging, {"steps": 3}, ref=RunRef.local("under"),
+                   policy=Policy(costCeilingUSD="0.75")).overshoot is None
+
+
+def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
+    from durablerun.pod import kubectl_advice
+
+    config = EngineConfig(policy_advice=kubectl_advice("team", "agent"))
+    r = Run(store=mem, run=RunRef.kubernetes("team", "agent", "u1"), workflow=charging,
+            input={"steps": 8}, policy=Policy(costCeilingUSD="0.50"), config=config).run_attempt()
+    assert r.outcome == Outcome.ABORTED
+    assert ("raise it and the run resumes: kubectl patch dr agent -n team --type merge -p "
+            """'{"spec":{"policy":{"costCeilingUSD":"<higher>"}}}'""") in r.message
+    assert "--max" not in r.message
+    assert "run again" not in r.message
+
+
+def test_a_declared_total_is_the_progress_denominator_while_running_and_on_replay(
+        mem: Store) -> None:
+    from durablerun.pod import StatusSink
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        ctx.set_total_steps(input["n"])
+        await ctx.step("a", lambda: 1)
+        await ctx.step("b", lambda: 2)
+        await ctx.wait_for_event("go")
+        ctx.set_total_steps(input["n"] + 1)  # the estimate grew
+        await ctx.step("c", lambda: 3)
+        return await ctx.step("d", lambda: 4)
+
+    sink, log = StatusSink(), io.StringIO()
+    first = Run(store=mem, run=REF, workflow=wf, input={"n": 3}, sinks=[sink, JsonLinesSink(log)],
+                config=FAST).run_attempt()
+    assert first.outcome == Outcome.WAITING
+    # What the runner pod puts in status.progress (the Progress column, the ratio metric).
+    assert sink.take()["progress"] == {"completedSteps": 2, "totalSteps": 3, "fraction": "0.6667",
+                                       "summary": "2/3", "step": 1, "stepName": "b",
+                                       "lastProgressTime": ANY_TIME}
+    assert '"event":"total_steps","total":3,"steps":0' in log.getvalue()
+    assert (mem.read_run(run=REF).status or {})["totalSteps"] == 3
+    mem.put_event(run=REF, name="go", payload=None)
+    again = StatusSink()
+    done = Run(store=mem, run=REF, workflow=wf, input={"n": 3}, sinks=[again],
+               config=FAST).run_attempt()
+    assert done.outcome == Outcome.COMPLETED
+    progress = again.take()["progress"]
+    assert (progress["totalSteps"], progress["summary"], progress["fraction"]) == (4, "4/4", "1")
+
+    async def in_a_step(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("s", lambda: ctx.set_total_steps(3))
+
+    r = attempt(mem, in_a_step, ref=RunRef.local("in-step"))
+    assert r.outcome == Outcome.FAILED
+    assert "ctx.set_total_steps() was called inside a step" in r.message
+
+
+class _AnyTime:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and other.endswith("Z")
+
+
+ANY_TIME = _AnyTime()
 
 
 def test_max_duration_counts_from_the_first_start(mem: Store) -> None:

@@ -1,14 +1,18 @@
-"""The ``durablerun`` command: argument parsing and the three local subcommands.
+"""The ``durablerun`` command: argument parsing and the local subcommands.
 
 ::
 
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
+    durablerun resume [MODULE:FUNC] --run-id ID [--store URI] [--max-cost USD] ...
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
-    durablerun inspect --run-id ID [--store URI] [--json] [--all]
+    durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
+    durablerun list [--store URI] [--json]
+    durablerun delete --run-id ID [--store URI]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
-has to wait; re-running the same command resumes it. Exit codes follow
+has to wait; re-running the same command resumes it. ``resume`` does the
+same for a run that exists and refuses an unknown run id. Exit codes follow
 DESIGN.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
 Suspended, 5 Fenced; 75 when the store could not be reached (try again).
 The default store is ``file://./.durablerun``; a ``--run-id`` run lives
@@ -23,18 +27,23 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
 
-from durablerun import errors
-from durablerun._private import layout
+from durablerun import api, errors
+from durablerun._private import codec, layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
+from durablerun._private.journal import RunStore, parse_iso
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
-from durablerun._private.stores import Store, open_store
-from durablerun.api import Outcome, Policy, parse_duration
+from durablerun._private.stores import RunInfo, Store, open_store, store_from_checkpoint
+from durablerun.api import AbortReason, Outcome, Policy, parse_duration
 
 EXIT_STORE_UNAVAILABLE = 75
+_FROM_RUN = "<from the run>"
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
 DEFAULT_STORE = "file://./.durablerun"
 
 
@@ -48,55 +57,84 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-id", required=True,
-                   help="the run's id; the run lives under <store>/_local/<run-id>/")
-    p.add_argument("--store", default=os.environ.get("DURABLERUN_STORE", DEFAULT_STORE),
+def _store_args(p: argparse.ArgumentParser, *, run_id: bool = True,
+                default_store: str | None = None) -> None:
+    if run_id:
+        p.add_argument("--run-id", required=True,
+                       help="the run's id; the run lives under <store>/_local/<run-id>/")
+    p.add_argument("--store", default=default_store or os.environ.get("DURABLERUN_STORE", DEFAULT_STORE),
                    help="s3://bucket/prefix, file:///path or memory://name "
                         f"(default $DURABLERUN_STORE or {DEFAULT_STORE})")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
     p.add_argument("--region", help="S3 region")
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
+                                   "of an existing run, else {})")
+    p.add_argument("--max-cost", metavar="USD",
+                   help="cost ceiling in US dollars, e.g. 5.00 ('none': no ceiling)")
+    p.add_argument("--max-tokens", metavar="N", help="token budget ('none': no limit)")
+    p.add_argument("--max-steps", metavar="N", help="step budget ('none': no limit)")
+    p.add_argument("--max-duration", metavar="DURATION",
+                   help="wall time since the first start, e.g. 8h (default 8h)")
+    p.add_argument("--max-retries", metavar="N",
+                   help="default retries of a failing step (default 3)")
+    p.add_argument("--progress-timeout", metavar="DURATION",
+                   help="abort when no step completes for this long (default 10m)")
+    p.add_argument("--snapshot-every", type=int, metavar="N", default=100,
+                   help="snapshot every N journal records (default 100)")
+    p.add_argument("--max-result-bytes", type=int, metavar="N",
+                   help="hard limit of a step result (default 64 MiB)")
+    p.add_argument("--retry-initial", metavar="DURATION",
+                   help="first delay between step retries (default 1s)")
+    p.add_argument("--json-log", metavar="FILE",
+                   help="also write progress events as JSON lines to FILE ('-' = stderr)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="durablerun", description="Run durable workflows locally.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run (or resume) a workflow")
+    run = sub.add_parser("run", help="run a workflow: start the run, or resume it if it exists")
     run.add_argument("workflow", metavar="MODULE:FUNC", help="the async workflow function")
     _store_args(run)
-    run.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
-                                     "of an existing run, else {})")
-    run.add_argument("--max-cost", metavar="USD", help="cost ceiling in US dollars, e.g. 5.00")
-    run.add_argument("--max-tokens", type=int, metavar="N", help="token budget")
-    run.add_argument("--max-steps", type=int, metavar="N", help="step budget")
-    run.add_argument("--max-duration", metavar="DURATION",
-                     help="wall time since the first start, e.g. 8h (default 8h)")
-    run.add_argument("--max-retries", type=int, metavar="N",
-                     help="default retries of a failing step (default 3)")
-    run.add_argument("--progress-timeout", metavar="DURATION",
-                     help="abort when no step completes for this long (default 10m)")
-    run.add_argument("--snapshot-every", type=int, metavar="N", default=100,
-                     help="snapshot every N journal records (default 100)")
-    run.add_argument("--max-result-bytes", type=int, metavar="N",
-                     help="hard limit of a step result (default 64 MiB)")
-    run.add_argument("--retry-initial", metavar="DURATION",
-                     help="first delay between step retries (default 1s)")
-    run.add_argument("--json-log", metavar="FILE",
-                     help="also write progress events as JSON lines to FILE ('-' = stderr)")
-    run.add_argument("--quiet", action="store_true", help="no progress display")
+    _run_args(run)
+
+    resume = sub.add_parser("resume", help="resume an existing run (an unknown run id is an error)")
+    resume.add_argument("workflow", metavar="MODULE:FUNC", nargs="?",
+                        help="the async workflow function (default: the one the run started with)")
+    _store_args(resume)
+    _run_args(resume)
 
     send = sub.add_parser("send-event", help="send an event to a run (first write wins)")
     _store_args(send)
     send.add_argument("name", help="event name")
     send.add_argument("payload", nargs="?", default="null", help="JSON payload or @file")
 
-    inspect = sub.add_parser("inspect", help="show a run's journal, cost and state")
-    _store_args(inspect)
+    inspect = sub.add_parser("inspect", help="show a run's journal, cost, state and result")
+    which = inspect.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", help="a local run: <store>/_local/<run-id>/")
+    which.add_argument("--kubernetes", metavar="NAMESPACE/NAME",
+                       help="a DurableRun: its store and uid are read through your kubeconfig; the "
+                            "store is read with your own credentials (AWS_* or --store/--endpoint-url)")
+    # No default: a DurableRun's store is its spec.checkpoint.uri unless --store overrides it.
+    _store_args(inspect, run_id=False, default_store=_FROM_RUN)
+    inspect.add_argument("--context", help="kubeconfig context (with --kubernetes)")
+    inspect.add_argument("--result", action="store_true",
+                         help="print the completed run's result (its full JSON) and nothing else")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.add_argument("--all", action="store_true",
                          help="every generation's records, not only the current one's (reads "
                               "the whole journal: one object per record on S3)")
+
+    runs = sub.add_parser("list", help="list the local runs in a store")
+    _store_args(runs, run_id=False)
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+
+    delete = sub.add_parser("delete", help="delete a local run and everything it stored")
+    _store_args(delete)
 
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
     return parser
@@ -133,36 +171,89 @@ def _open(args: argparse.Namespace) -> Store:
     return store
 
 
-def _policy(args: argparse.Namespace) -> Policy:
+#: The flag that sets each policy field.
+_POLICY_FLAGS = {"costCeilingUSD": "--max-cost", "maxTokens": "--max-tokens",
+                 "maxSteps": "--max-steps", "maxDuration": "--max-duration",
+                 "progressTimeout": "--progress-timeout", "maxRetries": "--max-retries"}
+_NO_LIMIT = "none"
+
+
+def _policy_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy fields the command line sets (``none`` lifts a budget)."""
     fields: dict[str, Any] = {}
     if args.max_cost is not None:
-        try:
-            if Decimal(args.max_cost) < 0:
-                raise InvalidOperation
-        except InvalidOperation:
-            raise _UsageError(f"--max-cost: {args.max_cost!r} is not an amount in USD, "
-                              "e.g. --max-cost 5.00") from None
-        fields["costCeilingUSD"] = str(Decimal(args.max_cost))
+        if args.max_cost == _NO_LIMIT:
+            fields["costCeilingUSD"] = None
+        else:
+            try:
+                if Decimal(args.max_cost) < 0:
+                    raise InvalidOperation
+            except InvalidOperation:
+                raise _UsageError(f"--max-cost: {args.max_cost!r} is not an amount in USD, "
+                                  "e.g. --max-cost 5.00 (or 'none': no ceiling)") from None
+            fields["costCeilingUSD"] = str(Decimal(args.max_cost))
     for flag, name, value, low in (("--max-tokens", "maxTokens", args.max_tokens, 0),
                                    ("--max-steps", "maxSteps", args.max_steps, 1),
                                    ("--max-retries", "maxRetries", args.max_retries, 0)):
-        if value is not None:
-            if value < low:
-                raise _UsageError(f"{flag}: must be >= {low}, got {value}")
-            fields[name] = value
+        if value is None:
+            continue
+        if value == _NO_LIMIT and name != "maxRetries":
+            fields[name] = None
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise _UsageError(f"{flag}: {value!r} is not a whole number"
+                              + (" (or 'none': no limit)" if name != "maxRetries" else "")) from None
+        if number < low:
+            raise _UsageError(f"{flag}: must be >= {low}, got {number}")
+        fields[name] = number
     for flag, name, value in (("--max-duration", "maxDuration", args.max_duration),
                               ("--progress-timeout", "progressTimeout", args.progress_timeout)):
         if _duration_arg(flag, value) is not None:
             fields[name] = value
-    return Policy(**fields)
+    return fields
+
+
+def _run_policy(args: argparse.Namespace, rs: RunStore) -> Policy:
+    """The run's policy: recorded at its first attempt, kept on every resume, changed only by
+    a flag given on purpose (which says so and is recorded for the resumes after it)."""
+    flags = _policy_flags(args)
+    stored = rs.read_policy()
+    if stored is None:
+        policy = Policy(**flags)
+    else:
+        policy = Policy.model_validate(stored)
+        changes = {k: v for k, v in flags.items() if getattr(policy, k) != v}
+        if changes:
+            def shown(value: Any) -> str:
+                return _NO_LIMIT if value is None else str(value)
+
+            said = ", ".join(f"{_POLICY_FLAGS[k]} {shown(getattr(policy, k))} -> {shown(v)}"
+                             for k, v in changes.items())
+            print(f"durablerun: changing the policy of run {rs.ref}: {said} (recorded: later "
+                  "resumes keep it)", file=sys.stderr)
+            policy = policy.model_copy(update=changes)
+    if stored != policy.model_dump(mode="json"):
+        rs.write_policy(policy.model_dump(mode="json"))
+    return policy
+
+
+def _cli_advice(args: argparse.Namespace) -> Callable[[str], str]:
+    def advice(field: str) -> str:
+        flag = _POLICY_FLAGS.get(field, f"policy.{field}")
+        return (f"raise it and resume: {_resume_command(args)} {flag} <higher> (the run keeps "
+                "its limits: resuming without the flag stops here again)")
+    return advice
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     ref = layout.RunRef.local(args.run_id)
-    policy = _policy(args)
+    _policy_flags(args)  # flag errors before anything is touched
     if args.snapshot_every < 1:
         raise _UsageError("--snapshot-every: must be >= 1")
-    config_fields: dict[str, Any] = {"snapshot_every": args.snapshot_every}
+    config_fields: dict[str, Any] = {"snapshot_every": args.snapshot_every,
+                                     "policy_advice": _cli_advice(args)}
     if args.max_result_bytes is not None:
         if args.max_result_bytes < 1:
             raise _UsageError("--max-result-bytes: must be >= 1")
@@ -171,24 +262,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.retry_initial is not None:
         config_fields["retry_initial"] = parse_duration(
             _duration_arg("--retry-initial", args.retry_initial) or "1s")
+    input_value = _json_arg("--input", args.input) if args.input is not None else {}
     store = _open(args)
-    if args.input is not None:
-        input_value = _json_arg("--input", args.input)
-    else:
-        rs = store.run_store(ref)
-        try:
-            store.check()
-            manifest = rs.read_manifest()
-        finally:
-            rs.close()
-        input_value = manifest.get("input", {}) if manifest else {}
+    rs = store.run_store(ref)
+    try:
+        store.check()
+        manifest = rs.read_manifest()
+        if manifest is None and args.command == "resume":
+            raise _UsageError(
+                f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
+                f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
+                f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
+        policy = _run_policy(args, rs)
+    finally:
+        rs.close()
+    workflow = args.workflow or str((manifest or {}).get("workflow"))
+    if args.input is None and manifest:
+        input_value = manifest.get("input", {})
     sinks: list[ProgressSink] = []
     if not args.quiet:
         sinks.append(TtyProgress() if sys.stderr.isatty() else PlainProgress())
     if args.json_log:
         sinks.append(JsonLinesSink(None if args.json_log == "-" else args.json_log))
     sys.path.insert(0, os.getcwd())
-    run = Run(store=store, run=ref, workflow=args.workflow, input=input_value, policy=policy,
+    run = Run(store=store, run=ref, workflow=workflow, input=input_value, policy=policy,
               sinks=sinks, config=EngineConfig(**config_fields))
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -210,20 +307,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.abort_reason is not None:
         label += f" ({result.abort_reason.value})"
     print(f"durablerun: {label}: {result.message}", file=sys.stderr)
+    resume = _resume_command(args)
     if result.outcome == Outcome.COMPLETED:
         print(json.dumps(result.result, indent=2, default=str))
     elif result.outcome == Outcome.WAITING:
         w = result.waiting
         if w and w.event:
             print(f"durablerun: send it with: durablerun send-event --run-id {args.run_id} "
-                  f"--store {args.store} {w.event} '<json>'  and run this command again",
-                  file=sys.stderr)
+                  f"--store {args.store} {w.event} '<json>'  then: {resume}", file=sys.stderr)
         elif w and w.wake_time:
-            print(f"durablerun: run this command again after {w.wake_time.isoformat()}",
+            print(f"durablerun: resume it after {w.wake_time.isoformat()}: {resume}",
                   file=sys.stderr)
-    elif result.outcome in (Outcome.ABORTED, Outcome.SUSPENDED):
-        print("durablerun: run this command again to resume", file=sys.stderr)
+    elif result.outcome == Outcome.SUSPENDED or result.abort_reason == AbortReason.USER_REQUESTED:
+        print(f"durablerun: to resume: {resume}", file=sys.stderr)
     return result.exit_code
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    return f"durablerun resume --run-id {args.run_id} --store {args.store}"
 
 
 def cmd_send_event(args: argparse.Namespace) -> int:
@@ -239,30 +340,157 @@ def cmd_send_event(args: argparse.Namespace) -> int:
     else:
         print(f"event {args.name!r} was already sent to run {ref}; this payload was ignored "
               "(first write wins)")
-    waiting = (info.status or {}).get("waitingFor") or {}
-    if (info.status or {}).get("outcome") == "Waiting" and waiting.get("event") == args.name:
-        print(f"run {ref} is waiting for it: run it again to deliver it")
-    elif not info.exists:
+    status = info.status or {}
+    waiting = status.get("waitingFor") or {}
+    if not info.exists:
         print(f"no run {ref} has started yet; it will get the event when it waits for it")
+    elif status.get("outcome") == "Waiting" and waiting.get("event") == args.name:
+        until = status.get("pollingUntil")
+        if until and parse_iso(str(until)) > datetime.now(UTC):
+            print(f"run {ref} is waiting for it and its attempt is still polling for it (until "
+                  f"{until}): it picks the event up by itself")
+        else:
+            print(f"run {ref} is waiting for it and its last attempt has ended: deliver it with "
+                  f"{_resume_command(args)}")
+    else:
+        print(f"run {ref} gets it when it waits for it: an attempt that is running picks it up "
+              f"by itself; a stopped run gets it on its next attempt ({_resume_command(args)})")
+    return 0
+
+
+def _last_outcome(info: RunInfo) -> tuple[str, str]:
+    """The run's last recorded outcome: a short label and a sentence."""
+    status = info.status or {}
+    outcome = status.get("outcome")
+    if not outcome:
+        return ("-", "none recorded: an attempt is running now, or was killed before it ended "
+                     "(resume it to carry on)")
+    label = str(outcome)
+    if status.get("abortReason"):
+        label += f" ({status['abortReason']})"
+    text = f"{label}: {status.get('message', '')}"
+    recorded = status.get("journalRecords")
+    if isinstance(recorded, int) and recorded < info.journal_records:
+        return ("-", f"none recorded for the latest attempt (it journaled records {recorded}.."
+                     f"{info.journal_records - 1}, so it is running now or was killed); the "
+                     f"attempt before it ended {text}")
+    return label, text
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    store.check()
+    infos = [store.read_run(run=layout.RunRef.local(run_id)) for run_id in store.list_local_runs()]
+    if args.json:
+        print(json.dumps([{"run": i.run, "workflow": i.workflow, "outcome": (i.status or {}).get(
+            "outcome"), "totals": i.totals.to_json(), "journalRecords": i.journal_records,
+            "created": i.manifest.get("created")} for i in infos], indent=2))
+        return 0
+    if not infos:
+        print(f"no runs in {store.uri}", file=sys.stderr)
+        return 0
+    rows = [(i.run.split("/", 1)[1], _last_outcome(i)[0], str(i.totals.steps), f"${i.totals.usd}",
+             str(i.workflow), str(i.manifest.get("created", "-"))) for i in infos]
+    header = ("RUN ID", "OUTCOME", "STEPS", "COST", "WORKFLOW", "STARTED")
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    ref = layout.RunRef.local(args.run_id)
+    store = _open(args)
+    store.check()
+    deleted = store.delete_run(run=ref)
+    if not deleted:
+        print(f"no run {ref} in {store.uri}", file=sys.stderr)
+        return 1
+    print(f"deleted run {ref} from {store.uri}: {deleted} objects")
     return 0
 
 
 def _fmt_time(at: Any) -> str:
     if not at:
         return "-"
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(float(at), UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | None:
+    """The store and identity of DurableRun NAMESPACE/NAME, read through the user's kubeconfig.
+
+    Read-only: one GET of the DurableRun. The store is opened with the user's own
+    credentials (never the run's Secret); --store, --endpoint-url and --region
+    override spec.checkpoint (e.g. an endpoint only reachable inside the cluster).
+    """
+    namespace, sep, name = str(args.kubernetes).partition("/")
+    if not sep or not namespace or not name:
+        raise _UsageError(f"--kubernetes {args.kubernetes!r}: use NAMESPACE/NAME, e.g. "
+                          "--kubernetes team-a/review-agent")
+    import urllib3
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    try:
+        config.load_kube_config(context=args.context)
+    except (config.ConfigException, OSError) as e:
+        raise _UsageError(f"--kubernetes: cannot load a kubeconfig ({e}): set KUBECONFIG or "
+                          "--context") from None
+    try:
+        body = client.CustomObjectsApi().get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+    except ApiException as e:
+        if e.status == 404:
+            print(f"no DurableRun {namespace}/{name} (kubectl get dr -n {namespace})",
+                  file=sys.stderr)
+            return None
+        raise _UsageError(f"--kubernetes: reading DurableRun {namespace}/{name} failed: "
+                          f"{e.status} {e.reason}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as e:  # the API server cannot be reached
+        raise _UsageError(f"--kubernetes: cannot reach the API server of your kubeconfig: "
+                          f"{type(e).__name__}: {e}") from None
+    checkpoint = api.DurableRunSpec.model_validate(body["spec"]).checkpoint
+    overrides = {k: v for k, v in (("uri", None if args.store == _FROM_RUN else args.store),
+                                   ("endpoint", args.endpoint_url), ("region", args.region)) if v}
+    checkpoint = checkpoint.model_copy(update=overrides)
+    args.store = checkpoint.uri
+    ref = layout.RunRef.kubernetes(namespace, name, str(body["metadata"]["uid"]))
+    return store_from_checkpoint(checkpoint), ref
+
+
+def _print_result(store: Store, ref: layout.RunRef) -> int:
+    rs = store.run_store(ref)
+    try:
+        records = rs.load().records
+        done = records[-1] if records and records[-1].kind == "complete" else None
+        if done is None:
+            print(f"run {ref} has no result: it has not completed", file=sys.stderr)
+            return 1
+        body = rs.get_blob(done.data["ref"]) if "ref" in done.data else codec.dumps(done.value())
+    finally:
+        rs.close()
+    print(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    ref = layout.RunRef.local(args.run_id)
-    store = _open(args)
+    if args.kubernetes:
+        found = _kubernetes_run(args)
+        if found is None:
+            return 1
+        store, ref = found
+    else:
+        ref = layout.RunRef.local(args.run_id)
+        if args.store == _FROM_RUN:
+            args.store = os.environ.get("DURABLERUN_STORE", DEFAULT_STORE)
+        store = _open(args)
     store.check()
     info = store.read_run(run=ref)
     if not info.exists:
         print(f"no run {ref} in {store.uri}", file=sys.stderr)
         return 1
+    if args.result:
+        return _print_result(store, ref)
     rs = store.run_store(ref)
     try:
         loaded = rs.load()
@@ -297,7 +525,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"run       {info.run}   ({store.uri})")
     print(f"workflow  {m.get('workflow')}   code {m.get('code_version')}   "
           f"started {m.get('created')}")
-    print(f"outcome   {status.get('outcome', '-')}: {status.get('message', '')}")
+    print(f"outcome   {_last_outcome(info)[1]}")
     w = status.get("waitingFor")
     if status.get("outcome") == "Waiting" and w:
         if w.get("event"):
@@ -306,7 +534,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         else:
             print(f"waiting   until {w.get('wakeTime')}")
     t = info.totals
-    print(f"totals    ${t.usd}   {t.tokens} tokens   {t.steps} steps   "
+    total = status.get("totalSteps")
+    steps = f"{t.steps}/{total}" if total else str(t.steps)
+    print(f"totals    ${t.usd}   {t.tokens} tokens   {steps} steps   "
           f"{info.journal_records} journal records   snapshot at "
           f"{info.snapshot_seq if info.snapshot_seq is not None else '-'}")
     if generation:
@@ -339,7 +569,43 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"{row['usd'] or '':>9} {_fmt_time(row['at']):<12}")
         if row["error"]:
             print(f"{'':>15}error: {row['error'][:100]}")
+    gaps, gathers = _unrecorded_positions(rows)
+    if gathers:
+        print(f"\npositions {', '.join(gathers)}: ctx.gather of coroutines, which journals no "
+              "record of its own; branch b's operations are numbered <gather>.b.n")
+    if gaps:
+        print(f"\npositions {', '.join(gaps)}: no record. A ctx.gather takes a position and "
+              "journals nothing itself (the steps it gathers are numbered where they were "
+              "called); an operation still running when the attempt ended has no record yet")
     return 0
+
+
+def _unrecorded_positions(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Positions that hold no record: gaps, and gathers whose branches hold records."""
+    taken: dict[tuple[str, tuple[int, ...]], set[int]] = {}
+    gathers: list[str] = []
+    for row in rows:
+        pos = str(row["position"])
+        if row["kind"] in ("patch", "continue", "complete") or pos == "end":
+            continue
+        gen, _, local = pos.rpartition("/")
+        try:
+            t = tuple(int(p) for p in local.split("."))
+        except ValueError:
+            continue
+        head = f"{gen}/" if gen else ""
+        for j in range(0, len(t), 2):
+            taken.setdefault((head, t[:j]), set()).add(t[j])
+            if j + 1 < len(t):
+                gather = head + ".".join(map(str, t[: j + 1]))
+                if gather not in gathers:
+                    gathers.append(gather)
+    gaps = []
+    for (head, scope), indices in taken.items():
+        for i in range(max(indices) + 1):
+            if i not in indices:
+                gaps.append(head + ".".join(map(str, (*scope, i))))
+    return gaps, gathers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,9 +621,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"run": cmd_run, "send-event": cmd_send_event,
-                   "inspect": cmd_inspect}[args.command]
+        handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
+                   "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete}[args.command]
         return handler(args)
+    except BrokenPipeError:
+        # The reader went away (`durablerun inspect ... | head`): stop quietly, as a
+        # command killed by SIGPIPE does, and keep Python from complaining at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except _UsageError as e:
         print(f"durablerun: error: {e}", file=sys.stderr)
         return Outcome.USAGE_ERROR.exit_code

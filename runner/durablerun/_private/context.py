@@ -184,6 +184,22 @@ class DurableContext:
             raise errors.WorkflowError("add_cost takes non-negative amounts")
         self._core.add_cost(amount, int(tokens))
 
+    def set_total_steps(self, total: int | None) -> None:
+        """Declare how many steps the whole run is expected to take (``None``: unknown).
+
+        It is the denominator of the run's progress: ``12/40`` in the
+        DurableRun's Progress column, ``status.progress.totalSteps`` and
+        ``fraction``, and ``durablerun_run_progress_ratio`` while it runs. Call
+        it again whenever the estimate changes. It is not journaled: like all
+        code outside steps it runs again on a resume, so derive it from the
+        input or from step results. Call it from the workflow, not a step.
+        """
+        if total is not None and (not isinstance(total, int) or isinstance(total, bool)
+                                  or total < 0):
+            raise errors.WorkflowError(
+                f"ctx.set_total_steps takes a whole number >= 0 or None, got {total!r}")
+        self._core.set_total_steps(total)
+
     def idempotency_key(self) -> str:
         """Inside a step: ``<run>:<position>:<step name>``, stable across retries and resumes."""
         frame = core.STEP.get()

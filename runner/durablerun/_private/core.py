@@ -201,6 +201,8 @@ class Live:
     open_steps: int = 0
     #: Position prefix of the current generation ("" for the first, "3/" for the fourth).
     prefix: str = ""
+    #: The steps the workflow expects in all (ctx.set_total_steps), if it said.
+    total_steps: int | None = None
 
     def reset(self, prefix: str) -> None:
         """A new generation: nothing journaled before it is looked up again."""
@@ -505,20 +507,25 @@ class AttemptCore:
         live, p = self.live, self.policy
         usd = live.totals.usd + live.pending_usd
         tokens = live.totals.tokens + live.pending_tokens
+        # Budgets are checked here, before a new step starts: a step already running
+        # finishes and is journaled, so its cost can end past the ceiling (an overshoot).
         if self.max_cost is not None and usd >= self.max_cost:
             raise Halt(HaltKind.ABORT,
-                       f"cost ${usd} reached the ceiling ${self.max_cost}: raise "
-                       "policy.costCeilingUSD (--max-cost) and run again to continue",
+                       f"cost ${usd} reached the ceiling ${self.max_cost} (policy.costCeilingUSD, "
+                       f"checked before each step starts): {self.advice('costCeilingUSD')}",
                        reason=AbortReason.BUDGET_EXHAUSTED)
         if p.maxTokens is not None and tokens >= p.maxTokens:
             raise Halt(HaltKind.ABORT,
-                       f"{tokens} tokens used, limit {p.maxTokens}: raise policy.maxTokens "
-                       "(--max-tokens) and run again to continue",
+                       f"{tokens} tokens used, limit {p.maxTokens} (policy.maxTokens, checked "
+                       f"before each step starts): {self.advice('maxTokens')}",
                        reason=AbortReason.BUDGET_EXHAUSTED)
-        if p.maxSteps is not None and live.totals.steps + live.inflight_steps >= p.maxSteps:
+        used = live.totals.steps + live.inflight_steps
+        if p.maxSteps is not None and used >= p.maxSteps:
+            running = f" and {live.inflight_steps} running" if live.inflight_steps else ""
             raise Halt(HaltKind.ABORT,
-                       f"{live.totals.steps} steps executed, limit {p.maxSteps}: raise "
-                       "policy.maxSteps (--max-steps) and run again to continue",
+                       f"{_count(live.totals.steps, 'step')} journaled{running}, limit {p.maxSteps} "
+                       f"(policy.maxSteps, checked before each step starts): "
+                       f"{self.advice('maxSteps')}",
                        reason=AbortReason.BUDGET_EXHAUSTED)
         self.check_duration()
 
@@ -527,9 +534,16 @@ class AttemptCore:
         if elapsed >= self.max_duration:
             raise Halt(HaltKind.ABORT,
                        f"the run has been going for {elapsed} since its first start, past "
-                       f"policy.maxDuration {self.policy.maxDuration}: raise it "
-                       "(--max-duration) and run again to continue",
+                       f"policy.maxDuration {self.policy.maxDuration}: {self.advice('maxDuration')}",
                        reason=AbortReason.MAX_DURATION_EXCEEDED)
+
+    def advice(self, field: str) -> str:
+        """How the user raises policy ``field`` where this run runs (CLI flags, kubectl)."""
+        advise = self.config.policy_advice
+        return advise(field) if advise is not None else f"raise policy.{field} and run again to continue"
+
+    def overshoot(self) -> str | None:
+        return budget_overshoot(self.live.totals, self.policy)
 
     async def pause(self, seconds: float) -> None:
         """Sleep in process; a stop request ends it early with Halt(SUSPEND)."""
@@ -774,6 +788,15 @@ class AttemptCore:
         self.commit_now({"pos": pos, "kind": "patch", "name": change_id})
         return True
 
+    def set_total_steps(self, total: int | None) -> None:
+        if STEP.get() is not None:
+            # A step does not run again on a resume: the total would be lost there.
+            raise errors.NonRetryableError(
+                "ctx.set_total_steps() was called inside a step: call it from the workflow "
+                "function, which runs again on every resume")
+        self.live.total_steps = total
+        self.sinks.total_steps_updated(total=total, steps=self.live.totals.steps)
+
     def add_cost(self, usd: Decimal, tokens: int) -> None:
         frame = STEP.get()
         if frame is not None:
@@ -853,6 +876,25 @@ class AttemptCore:
                     "journaled was changed."
                 )
                 raise Halt(HaltKind.FAIL, str(err), error=err)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def budget_overshoot(t: Totals, p: Policy) -> str | None:
+    """A budget the journaled totals went past (a running step charged it after the check)."""
+    over = []
+    if p.costCeilingUSD is not None and t.usd > Decimal(p.costCeilingUSD):
+        over.append(f"cost ${t.usd} is past policy.costCeilingUSD ${p.costCeilingUSD}")
+    if p.maxTokens is not None and t.tokens > p.maxTokens:
+        over.append(f"{t.tokens} tokens are past policy.maxTokens {p.maxTokens}")
+    if p.maxSteps is not None and t.steps > p.maxSteps:
+        over.append(f"{t.steps} steps are past policy.maxSteps {p.maxSteps}")
+    if not over:
+        return None
+    return ("budget overshoot: " + "; ".join(over) + " (budgets are checked before each step "
+            "starts; steps already running charged it)")
 
 
 def _misuse(message: str) -> Halt:

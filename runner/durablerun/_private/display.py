@@ -58,6 +58,7 @@ class TtyProgress(ProgressSink):
         self.usd = Decimal(0)
         self.tokens = 0
         self.generation = 0
+        self.total: int | None = None
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._last_draw = 0.0
@@ -69,7 +70,8 @@ class TtyProgress(ProgressSink):
         self._last_draw = now
         width = shutil.get_terminal_size((80, 20)).columns
         gen = f"gen {self.generation} · " if self.generation else ""
-        text = (f"⏵ {self.done} steps · {gen}now: {self.current or '-'} · ${self.usd} · "
+        done = f"{self.done}/{self.total}" if self.total else str(self.done)
+        text = (f"⏵ {done} steps · {gen}now: {self.current or '-'} · ${self.usd} · "
                 f"{self.tokens} tokens · {now - self.started:.0f}s")
         with self._lock:
             self.stream.write("\r\x1b[2K" + text[: max(10, width - 1)])
@@ -88,17 +90,21 @@ class TtyProgress(ProgressSink):
     def step_completed(
         self, *, position: str, name: str, seq: int, ok: bool, duration: float
     ) -> None:
-        self.done += 1
+        # The run's step count comes with cost_updated (right before this): resumes included.
         if not ok:
             self.stream.write(f"\r\x1b[2Kstep {position} {name!r} FAILED\n")
         self._draw()
 
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
-        self.usd, self.tokens = usd, tokens
+        self.usd, self.tokens, self.done = usd, tokens, steps
         self._draw()
 
     def continued_as_new(self, *, generation: int, seq: int) -> None:
         self.generation = generation
+        self._draw()
+
+    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
+        self.total, self.done = total, steps
         self._draw()
 
     def warning(self, message: str) -> None:

@@ -27,7 +27,7 @@ from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
-from durablerun.api import AbortReason, Outcome, Policy, parse_duration
+from durablerun.api import RESULT_INLINE_MAX, AbortReason, Outcome, Policy, parse_duration
 
 SDK_VERSION = "0.1.0"
 Workflow = Callable[[DurableContext, Any], Any]
@@ -63,6 +63,9 @@ class EngineConfig:
     #: write (e.g. its lease lapsed while it was paused), None when it may. A
     #: reason fences the attempt before anything is written.
     write_guard: Callable[[], str | None] | None = None
+    #: How a user raises policy field ``f`` where the run runs, for abort messages
+    #: (the CLI names its flags, the runner pod a kubectl patch); None: generic advice.
+    policy_advice: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ class AttemptResult:
     journal_records: int = 0
     #: Qualified name of the error behind a Failed / UsageError outcome.
     error_type: str | None = None
+    #: A budget the totals went past (a step charged it after the check before it), else None.
+    overshoot: str | None = None
+    #: Completed: where the result is stored (api.RunResult's fields: ref, size, sha256, and
+    #: inline, its JSON text, when at most api.RESULT_INLINE_MAX bytes).
+    result_info: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -124,6 +132,8 @@ class AttemptResult:
             "steps": self.totals.steps,
             "journalRecords": self.journal_records,
             "errorType": self.error_type,
+            "overshoot": self.overshoot,
+            "resultRef": self.result_info["ref"] if self.result_info else None,
         }
 
     def termination_message(self) -> str:
@@ -324,6 +334,8 @@ class Run:
             result = AttemptResult(Outcome.USAGE_ERROR, str(e), error_type=_qual(e))
         except errors.FencedError as e:
             result = AttemptResult(Outcome.FENCED, str(e), error_type=_qual(e))
+        except errors.CorruptionError as e:
+            result = AttemptResult(Outcome.FAILED, self._damaged(e), error_type=_qual(e))
         except (errors.WorkflowError, errors.StoreError) as e:
             result = AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e))
         finally:
@@ -331,6 +343,11 @@ class Run:
             run_store.close()
         self.sinks.run_finished(result=result)
         return result
+
+    def _damaged(self, e: errors.CorruptionError) -> str:
+        return (f"the run's journal in {self.store.uri} is damaged: {e}. The run stops here and "
+                "nothing was replaced or repaired: restore the object from a backup, or start a new "
+                "run")
 
     async def _io(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
         if self.store.backend.io_inline:
@@ -408,7 +425,8 @@ class Run:
             finally:
                 attempt_core.close()
             return AttemptResult(Outcome.COMPLETED, "the run had already completed", result=value,
-                                 totals=live.totals, journal_records=loaded.next_seq)
+                                 totals=live.totals, journal_records=loaded.next_seq,
+                                 result_info=await self._io(io_pool, self._result_info, rs, done))
 
         attempt_core = self._make_core(rs, live, first_start, io_pool)
         self._core = attempt_core
@@ -467,7 +485,12 @@ class Run:
                 Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
                 totals=c.live.totals, journal_records=c.live.loaded.next_seq)
             await c.final_snapshot()
-            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
+            doc = self._status_doc(result, code_version, c.live.total_steps)
+            polling_until = self._polls_until(waiting)
+            if polling_until is not None:
+                # A sender can tell that this attempt picks the event up by itself.
+                doc["pollingUntil"] = iso(polling_until)
+            await self._io(c._io_pool, rs.write_status, doc)
             still = await self._still_waiting(c, rs, waiting)
             if c.fenced:
                 return AttemptResult(Outcome.FENCED, c.fenced, totals=c.live.totals,
@@ -480,6 +503,13 @@ class Run:
                 c.new_pass()
                 continue
             return result
+
+    def _polls_until(self, w: WaitingFor) -> datetime | None:
+        """The deadline until which this attempt polls for the event in process, if it does."""
+        if not w.event or w.deadline is None:
+            return None
+        remaining = (w.deadline - datetime.now(UTC)).total_seconds()
+        return w.deadline if 0 < remaining <= self.config.inline_sleep_max.total_seconds() else None
 
     async def _still_waiting(self, c: core.AttemptCore, rs: RunStore, w: WaitingFor) -> bool:
         now = datetime.now(UTC)
@@ -613,14 +643,37 @@ class Run:
         try:
             c.check_unreached()
             fields, result = await c.encode_result(value, "the workflow")
-            await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
+            done = await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
         except Halt as h:
             return self._halt_result(h, live)
         except errors.DurableRunError as e:
             return AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e), totals=live.totals,
                                  journal_records=live.loaded.next_seq)
-        return AttemptResult(Outcome.COMPLETED, "the workflow completed", result=result,
-                             totals=live.totals, journal_records=live.loaded.next_seq)
+        overshoot = c.overshoot()
+        message = "the workflow completed" + (f"; {overshoot}" if overshoot else "")
+        return AttemptResult(Outcome.COMPLETED, message, result=result, totals=live.totals,
+                             journal_records=live.loaded.next_seq, overshoot=overshoot,
+                             result_info=await self._io(c._io_pool, self._result_info, c.store,
+                                                        done))
+
+    def _result_info(self, rs: RunStore, done: Record) -> dict[str, Any]:
+        """Where the result of complete record ``done`` lives; its JSON too when small."""
+        ref = done.data.get("ref")
+        if ref:  # a big result (above inline_result_max): its own content-addressed object
+            where = layout.blob_key(str(ref["sha256"]))
+            info: dict[str, Any] = {"size": int(ref["size"]), "sha256": str(ref["sha256"])}
+            body: bytes | None = None
+            if info["size"] <= RESULT_INLINE_MAX:  # only with a small inline_result_max
+                with contextlib.suppress(errors.StoreError):  # the reference is enough
+                    body = rs.get_blob(ref)
+        else:
+            body = codec.dumps(done.value())
+            where = rs.journal().location(done.seq)
+            info = {"size": len(body), "sha256": codec.sha256_hex(body)}
+        if body is not None and info["size"] <= RESULT_INLINE_MAX:
+            info["inline"] = body.decode()
+        info["ref"] = f"{self.store.uri.rstrip('/')}/{self.ref.path}/{where}"
+        return info
 
     def _stalled(self, c: core.AttemptCore, progress_timeout: float | None = None) -> Halt | None:
         """The progress timeout, if no step completed for that long while running."""
@@ -629,7 +682,8 @@ class Run:
         if c.live.sleeping == 0 and time.monotonic() - c.live.last_progress > progress_timeout:
             return Halt(HaltKind.ABORT,
                         f"no step completed for {self.policy.progressTimeout} "
-                        "(policy.progressTimeout): raise it or fix the hanging step, then run again",
+                        f"(policy.progressTimeout): fix the hanging step, or "
+                        f"{c.advice('progressTimeout')}",
                         reason=AbortReason.PROGRESS_TIMEOUT)
         return None
 
@@ -641,6 +695,9 @@ class Run:
             HaltKind.FENCE: Outcome.FENCED,
             HaltKind.WAIT: Outcome.WAITING,
         }
+        if isinstance(h.error, errors.CorruptionError):
+            return AttemptResult(Outcome.FAILED, self._damaged(h.error), error_type=_qual(h.error),
+                                 totals=live.totals, journal_records=live.loaded.next_seq)
         if h.kind == HaltKind.CRASH:
             err = h.error if isinstance(h.error, errors.StoreError) else None
             if isinstance(err, errors.StoreUnavailableError) or err is None:
@@ -658,7 +715,8 @@ class Run:
         return AttemptResult(
             kind_outcome[h.kind], h.message, abort_reason=h.reason,
             error_type=_qual(h.error) if h.error else None,
-            totals=totals, journal_records=live.loaded.next_seq)
+            totals=totals, journal_records=live.loaded.next_seq,
+            overshoot=core.budget_overshoot(totals, self.policy))
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
@@ -667,14 +725,15 @@ class Run:
         with contextlib.suppress(Halt):
             await c.final_snapshot()
         try:
-            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version))
+            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version, c.live.total_steps))
         except errors.StoreError as e:
             self.sinks.warning(f"could not record the attempt's outcome: {e}")
 
-    def _status_doc(self, result: AttemptResult, code_version: str) -> dict[str, Any]:
+    def _status_doc(self, result: AttemptResult, code_version: str,
+                    total_steps: int | None) -> dict[str, Any]:
         doc = result.to_json()
         doc.update({"attempt": self.attempt_id, "time": iso(time.time()),
-                    "codeVersion": code_version, "sdk": SDK_VERSION})
+                    "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
         return doc
 
 

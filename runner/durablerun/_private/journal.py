@@ -496,6 +496,14 @@ class RunStore:
         value = self._get_sealed(layout.STATUS)
         return value if isinstance(value, dict) else None
 
+    # --- policy (local runs: on Kubernetes spec.policy is the run's own) -------------------
+    def write_policy(self, policy: dict[str, Any]) -> None:
+        self.backend.put(self.key(layout.POLICY), codec.seal(codec.dumps(policy)))
+
+    def read_policy(self) -> dict[str, Any] | None:
+        value = self._get_sealed(layout.POLICY)
+        return value if isinstance(value, dict) else None
+
     # --- lifecycle -------------------------------------------------------------------------
     def delete(self) -> int:
         self.close()

@@ -16,6 +16,7 @@ labels and cannot start with an underscore.) Inside a run's root::
     blobs/<sha256>.json        big step results, content-addressed, referenced from records
     events/<name>.json         events, first write wins
     status.json                the last attempt's outcome and what a Waiting run waits for
+    policy.json                a local run's policy (budgets), recorded at its first attempt
 
 Every object is sealed (see :mod:`durablerun._private.codec`).
 """
@@ -100,6 +101,7 @@ def check_event_name(name: str) -> str:
 MANIFEST = "manifest.json"
 SNAPSHOT = "snapshot.json"
 STATUS = "status.json"
+POLICY = "policy.json"
 JOURNAL_DIR = "journal/"
 CHUNKS_DIR = "chunks/"
 BLOBS_DIR = "blobs/"

@@ -46,6 +46,10 @@ class ProgressSink:
     def continued_as_new(self, *, generation: int, seq: int) -> None:
         """``ctx.continue_as_new`` journaled its record at ``seq``; ``generation`` starts."""
 
+    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
+        """The workflow declared the run's expected steps (``ctx.set_total_steps``); ``steps``
+        are journaled so far."""
+
     def heartbeat(self, *, time: datetime) -> None:
         """The attempt is alive (every ``EngineConfig.heartbeat_interval``)."""
 
@@ -91,6 +95,9 @@ class SinkSet(ProgressSink):
 
     def continued_as_new(self, *, generation: int, seq: int) -> None:
         self._each("continued_as_new", generation=generation, seq=seq)
+
+    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
+        self._each("total_steps_updated", total=total, steps=steps)
 
     def heartbeat(self, *, time: datetime) -> None:
         self._each("heartbeat", time=time)
@@ -152,6 +159,9 @@ class JsonLinesSink(ProgressSink):
 
     def continued_as_new(self, *, generation: int, seq: int) -> None:
         self._emit("continued_as_new", generation=generation, seq=seq)
+
+    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
+        self._emit("total_steps", total=total, steps=steps)
 
     def heartbeat(self, *, time: datetime) -> None:
         self._emit("heartbeat")

@@ -147,6 +147,19 @@ class Store:
         return RunInfo(run.key, True, manifest or {}, totals, records, checkpoint,
                        snap_seq if snapshot is not None else None, status, completed, events)
 
+    def list_local_runs(self) -> list[str]:
+        """The run ids of the local runs (``_local/<run-id>/``) in this store, sorted.
+
+        Lists every object under ``_local/`` (one listing request per 1,000 on S3).
+        """
+        prefix = f"{layout.LOCAL_NAMESPACE}/"
+        ids = set()
+        for key in self.backend.list_keys(prefix):
+            run_id, _, rest = key[len(prefix):].partition("/")
+            if rest == layout.MANIFEST:
+                ids.add(run_id)
+        return sorted(ids)
+
     def delete_run(self, *, run: layout.RunRef) -> int:
         """Delete every object of ``run`` (retention: Delete). Returns how many."""
         return self.run_store(run).delete()

@@ -34,8 +34,11 @@ def work(name: str, seconds: float) -> str:
 
 
 async def steps(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
-    """``input.steps`` steps of ``input.sleep`` seconds, each charging ``input.usd``."""
+    """``input.steps`` steps of ``input.sleep`` seconds, each charging ``input.usd``
+    (``input.declare_total``: the workflow declares how many steps it takes)."""
     results = []
+    if input.get("declare_total"):
+        ctx.set_total_steps(int(input.get("steps", 5)))
     for i in range(int(input.get("steps", 5))):
         results.append(await ctx.step(f"s{i}", work, f"s{i}", float(input.get("sleep", 0.2))))
         if input.get("usd"):

@@ -61,3 +61,40 @@ async def slow_steps(ctx: DurableContext, input: dict[str, Any]) -> int:
 
 def raise_on_import() -> None:  # pragma: no cover - imported by name only
     pass
+
+
+async def _echo(i: int) -> int:
+    return i
+
+
+async def many_steps(ctx: DurableContext, input: dict[str, Any]) -> int:
+    """Many quick steps: a long journal to inspect."""
+    return sum([await ctx.step(f"quick-{i}", _echo, i) for i in range(input.get("steps", 10))])
+
+
+async def short_wait(ctx: DurableContext, input: dict[str, Any]) -> Any:
+    """A wait with a deadline short enough that the attempt polls for the event in process."""
+    return await ctx.wait_for_event("go", timeout=timedelta(seconds=input.get("timeout", 30)))
+
+
+async def _branch(ctx: DurableContext, i: int) -> int:
+    return await ctx.step(f"branch-{i}", _echo, i)
+
+
+async def fan_out(ctx: DurableContext, input: dict[str, Any]) -> list[Any]:
+    """Two gathers: of called steps (positions 1, 2; the gather 3) and of coroutines (the
+    gather 4, its branches 4.0.0 and 4.1.0). Neither gather's own position holds a record."""
+    first = await ctx.step("first", _echo, 0)
+    both = await ctx.gather(ctx.step("left", _echo, 1), ctx.step("right", _echo, 2))
+    more = await ctx.gather(_branch(ctx, 4), _branch(ctx, 5))
+    return [first, *both, *more, await ctx.step("last", _echo, 6)]
+
+
+async def sized_result(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A result of about ``input.bytes`` bytes of JSON."""
+    text = await ctx.step("make", _text, int(input["bytes"]))
+    return {"text": text}
+
+
+def _text(size: int) -> str:
+    return "x" * size

@@ -23,6 +23,8 @@ import abc
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from durablerun._private import layout
+
 
 class JournalBackend(abc.ABC):
     """The append-only journal of one run: sealed records by sequence number."""
@@ -42,6 +44,10 @@ class JournalBackend(abc.ABC):
 
         Durable when it returns. Raises FencedError when ``seq`` is taken.
         """
+
+    def location(self, seq: int) -> str:
+        """Where record ``seq`` is stored, relative to the run's root (for references)."""
+        return layout.journal_key(seq)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and locks."""

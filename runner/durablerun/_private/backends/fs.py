@@ -23,11 +23,13 @@ Durability, object by object:
   end at the first NUL byte where a record would start; a writer that
   closes trims the zeros it did not use.
 * A crash can cut the last line short (a torn tail), or, within the zeros,
-  leave parts of it. Its checksum (or its missing newline) gives it away; the
-  next writer discards everything after the last good record under the lock
-  before appending. A bad record anywhere else in what is read is a loud
-  CorruptionError (a read from ``seq`` on counts the records before it
-  without checking them: a snapshot holds their verified copies).
+  leave parts of it: an *incomplete* record, with no newline or with zeros
+  inside it (a record never contains a NUL byte: JSON escapes it). The next
+  writer discards everything after the last good record under the lock
+  before appending. A *complete* record that fails its checksum, the last one
+  included, was damaged after it was written: a loud CorruptionError, nothing
+  discarded (a read from ``seq`` on counts the records before it without
+  checking them: a snapshot holds their verified copies).
 
 The lock is ``flock``: every attempt of a run must see the same filesystem
 with working ``flock`` (a local disk, or a shared volume that supports it).
@@ -171,13 +173,18 @@ class FsJournal(base.JournalBackend):
             # Records before ``from_seq`` (a snapshot holds their verified copies, or a
             # later continuation made them history) are only counted, not checked again.
             if start + count >= from_seq and not codec.is_sealed_ok(line):
-                if last and data.find(b"\n", nl + 1) < 0 and not data[nl + 1 :].strip(b"\0"):
-                    # The final complete line is bad and nothing follows it:
-                    # a torn write whose newline happened to land.
+                if (last and b"\0" in line and data.find(b"\n", nl + 1) < 0
+                        and not data[nl + 1 :].strip(b"\0")):
+                    # The final line is bad, nothing follows it and it still holds zeros
+                    # the writer set aside: an incomplete record (a torn write whose
+                    # newline landed before the rest of it).
                     break
+                # A complete record (no zeros in it) that fails its checksum was damaged
+                # after it was written, even the last one: never discard it as torn.
+                where = "the last record" if data.find(b"\n", nl + 1) < 0 else "a record"
                 raise errors.CorruptionError(
-                    "journal record failed its checksum (not at the tail, so not a torn "
-                    "write: the file was damaged or modified)",
+                    f"journal record failed its checksum ({where} of the segment, complete, so "
+                    "not a torn write: the file was damaged or modified; nothing was changed)",
                     segment=str(path),
                     seq=start + count,
                     offset=pos,
@@ -329,6 +336,9 @@ class FsJournal(base.JournalBackend):
         self._expected_size += len(line)
         self._next_seq = seq + 1
         return f"{path}#{seq}"
+
+    def location(self, seq: int) -> str:
+        return f"{layout.JOURNAL_DIR}{layout.segment_name(seq - seq % layout.SEGMENT_RECORDS)}#{seq}"
 
     def close(self) -> None:
         if self._seg_fd is not None and self._lock_fd is not None and self._allocated > self._expected_size:

@@ -136,7 +136,7 @@ class S3Backend(base.Backend):
                     ) from e
                 if code in _ACCESS or status == 403:
                     raise errors.StoreAccessError(
-                        f"access denied ({code}): check the credentials (checkpoint."
+                        f"access denied ({code or status}): check the credentials (checkpoint."
                         "credentialsSecret / AWS_ACCESS_KEY_ID) and the bucket policy",
                         bucket=self.bucket,
                         key=key,
@@ -159,6 +159,19 @@ class S3Backend(base.Backend):
                     ) from e
                 raise errors.StoreError(
                     f"S3 {what} failed: {code}: {e}", bucket=self.bucket, key=key
+                ) from e
+            except (
+                botocore.exceptions.NoCredentialsError,
+                botocore.exceptions.PartialCredentialsError,
+                botocore.exceptions.CredentialRetrievalError,
+            ) as e:
+                # Raised before any request is sent: configuration, never transient.
+                raise errors.StoreAccessError(
+                    f"no usable S3 credentials ({e}): set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY (or checkpoint.credentialsSecret on Kubernetes, or "
+                    "workload identity)",
+                    bucket=self.bucket,
+                    op=what,
                 ) from e
             except (
                 botocore.exceptions.EndpointConnectionError,
