@@ -2,7 +2,8 @@
 # Installs everything this repo needs on a machine, idempotently:
 #   - Debian packages: prometheus (brings promtool), util-linux (unshare)
 #   - Go-built binaries: kube-apiserver, etcd, MinIO, helm (hack/build-binaries.sh)
-#   - a Python venv in .venv with the project installed editable, pinned by
+#   - a Python venv in .venv with the project installed editable with every extra
+#     and the `dev` dependency group, pinned by
 #     hack/constraints.txt, and the test bed package (hack/) on its path
 # A second run finds everything in place and takes seconds.
 set -euo pipefail
@@ -43,7 +44,10 @@ fi
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   log "installing Python dependencies (pinned by hack/constraints.txt)"
   "$VENV/bin/pip" install -q --upgrade "pip==25.3"
-  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[dev]"
+  # Every extra of the package, and the repository's tools (the `dev` dependency group,
+  # which is not part of the package's metadata).
+  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[s3,pod,operator]" \
+    --group "$ROOT/pyproject.toml:dev"
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The test bed (process node, control plane, MinIO) is a dev tool, not part
   # of the wheel: put hack/ on the venv's path.

@@ -32,6 +32,7 @@ from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import Store, open_store
+from durablerun._version import __version__
 from durablerun.api import Outcome, Policy, parse_duration
 
 EXIT_STORE_UNAVAILABLE = 75
@@ -60,6 +61,7 @@ def _store_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="durablerun", description="Run durable workflows locally.")
+    parser.add_argument("--version", action="version", version=f"durablerun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run (or resume) a workflow")
