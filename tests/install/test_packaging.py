@@ -84,6 +84,7 @@ def test_the_wheel_and_sdist_carry_the_metadata_users_rely_on(dist: Path) -> Non
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "durablerun = durablerun.cli:main" in entry_points
+    assert "kubectl-durablerun = durablerun.kubectl:main" in entry_points
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "durablerun/py.typed" in names
     (sdist,) = dist.glob("durable_run-*.tar.gz")
@@ -198,7 +199,7 @@ def test_a_feature_of_a_missing_extra_names_the_extra(lean: Path, tmp_path: Path
 def test_importing_the_sdk_loads_neither_boto3_nor_the_kubernetes_client() -> None:
     """Where the extras are installed (this venv), importing the SDK's public modules still loads neither."""
     probe = subprocess.run([sys.executable, "-c", (
-        "import json, sys, durablerun, durablerun.engine, durablerun.stores, durablerun.testing\n"
+        "import json, sys, durablerun, durablerun.engine, durablerun.stores, durablerun.testing, durablerun.kubectl\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'boto3', 'botocore', 'kubernetes'})))")],
         capture_output=True, text=True, timeout=60, check=False)
     assert probe.returncode == 0, probe.stderr

@@ -258,8 +258,11 @@ def _fmt_time(at: Any) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    ref = layout.RunRef.local(args.run_id)
-    store = _open(args)
+    return inspect_run(_open(args), layout.RunRef.local(args.run_id), as_json=args.json, show_all=args.all)
+
+
+def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show_all: bool = False) -> int:
+    """Print a run's journal as `durablerun inspect` does (also `kubectl durablerun journal`)."""
     store.check()
     info = store.read_run(run=ref)
     if not info.exists:
@@ -268,7 +271,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     rs = store.run_store(ref)
     try:
         loaded = rs.load()
-        records = rs.read_all() if args.all else loaded.records
+        records = rs.read_all() if show_all else loaded.records
     finally:
         rs.close()
     cont = loaded.continuation
@@ -286,7 +289,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             row["generation"] = d.get("gen")
         rows.append(row)
     status = info.status or {}
-    if args.json:
+    if as_json:
         print(json.dumps({
             "run": info.run, "store": store.describe(), "manifest": info.manifest,
             "totals": info.totals.to_json(), "journalRecords": info.journal_records,
@@ -312,7 +315,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info.journal_records} journal records   snapshot at "
           f"{info.snapshot_seq if info.snapshot_seq is not None else '-'}")
     if generation:
-        shown = ("all records below" if args.all else
+        shown = ("all records below" if show_all else
                  f"records {loaded.base}.. below; --all shows the earlier ones")
         print(f"generation {generation} (ctx.continue_as_new {generation} time(s)); it starts "
               f"at record {loaded.base}: {shown}")
