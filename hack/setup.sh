@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything this repo needs on a machine, idempotently:
 #   - Debian packages: prometheus (brings promtool), util-linux (unshare)
-#   - Go-built binaries: kube-apiserver, etcd, MinIO, helm (hack/build-binaries.sh)
+#   - Go-built binaries: kube-apiserver, etcd, MinIO, helm, kubeconform, and the
+#     Prometheus Operator's CRDs for kubeconform (hack/build-binaries.sh)
 #   - a Python venv in .venv with the project installed editable with every extra
-#     and the `dev` dependency group, pinned by
-#     hack/constraints.txt, and the test bed package (hack/) on its path
+#     and the `dev` dependency group, pinned by hack/constraints.txt, and the
+#     test bed package (hack/) on its path
 # A second run finds everything in place and takes seconds.
 set -euo pipefail
 
