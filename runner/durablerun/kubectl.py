@@ -156,16 +156,18 @@ def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
         except ValueError:
             raise _UsageError(f"--for {args.for_phases!r}: use phases among "
                               f"{', '.join(p.value for p in api.Phase)}") from None
-    timeout = api.parse_duration(args.timeout).total_seconds()
+    try:
+        timeout = api.parse_duration(args.timeout).total_seconds()
+    except ValueError as e:
+        raise _UsageError(f"--timeout: {e}") from None
     deadline = time.monotonic() + timeout
-    phase = None
     while True:
         status = kube.run(args.run).get("status") or {}
         phase = status.get("phase")
         if phase in wanted:
-            print(f"{KIND_REF}/{args.run} {phase}" + (f": {status['message']}"
-                                                                  if status.get("message") else ""))
-            return FINISHED.get(api.Phase(phase), 0) if not args.for_phases else 0
+            message = f": {status['message']}" if status.get("message") else ""
+            print(f"{KIND_REF}/{args.run} {phase}{message}")
+            return 0 if args.for_phases else FINISHED[api.Phase(phase)]
         if time.monotonic() >= deadline:
             print(f"timed out after {args.timeout} waiting for {args.run} to be "
                   f"{' or '.join(sorted(wanted))} (it is {phase or 'not started'})", file=sys.stderr)

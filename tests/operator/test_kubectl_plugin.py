@@ -166,6 +166,9 @@ def test_tree_completion_and_errors(runs: RunEnv, plugin: Plugin) -> None:
     bad = plugin.dr("event", "parent", "go", "{not json")
     assert bad.returncode == 2
     assert "not JSON" in bad.stderr
+    bad_timeout = plugin.dr("wait", "parent", "--timeout", "10 minutes")
+    assert bad_timeout.returncode == 2
+    assert "--timeout: invalid duration '10 minutes'" in bad_timeout.stderr
     typo = plugin.dr("aprove", "parent")
     assert typo.returncode == 2
     assert "invalid choice: 'aprove'" in typo.stderr
