@@ -16,9 +16,12 @@ demo: setup
 test: setup lint
 	$(PY) -m pytest
 
+## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
+## apply: the chart rendered with its defaults and with every feature on, deploy/ and its samples.
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	$(PY) hack/lint_manifests.py
 
 generate: setup
 	$(PY) hack/generate.py

@@ -7,7 +7,8 @@
 # (KUBEBUILDER_ASSETS or TEST_ASSET_KUBE_APISERVER / TEST_ASSET_ETCD) skip the
 # control-plane build.
 #
-# Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|etcd|minio|helm ...]
+# Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|etcd|minio|helm|
+#                                kubeconform|prometheus-operator-crds ...]
 # (default: all)
 set -euo pipefail
 
@@ -104,8 +105,46 @@ build_helm() {
   mv "$gobin/helm" "$out"
 }
 
+build_kubeconform() {
+  local out="$BIN/kubeconform-$KUBECONFORM_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building kubeconform $KUBECONFORM_VERSION"
+  local gobin="$SRC/kubeconform-$KUBECONFORM_VERSION"
+  mkdir -p "$gobin"
+  GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w" \
+    "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
+  mv "$gobin/kubeconform" "$out"
+}
+
+# The Prometheus Operator's CRDs (ServiceMonitor, PrometheusRule, ...) for
+# kubeconform: controller-gen, built from its module, generates them from the
+# Go types of github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring.
+build_prometheus_operator_crds() {
+  local out="$CACHE/crds/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+  [[ -f "$out/monitoring.coreos.com_servicemonitors.yaml" ]] && return 0
+  log "generating the Prometheus Operator CRDs $PROMETHEUS_OPERATOR_VERSION (controller-gen $CONTROLLER_TOOLS_VERSION)"
+  local gen="$BIN/controller-gen-$CONTROLLER_TOOLS_VERSION"
+  if [[ ! -x "$gen" ]]; then
+    local gobin="$SRC/controller-gen-$CONTROLLER_TOOLS_VERSION"
+    mkdir -p "$gobin"
+    GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w" \
+      "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
+    mv "$gobin/controller-gen" "$gen"
+  fi
+  local dir module=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring
+  dir="$(wrapper_module "prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION")"
+  cd "$dir"
+  go mod edit -require "$module@$PROMETHEUS_OPERATOR_VERSION"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s/v1"\n' "$module" >tools.go
+  go mod tidy >/dev/null
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  "$gen" crd:crdVersions=v1,maxDescLen=0 paths="$module/v1" output:crd:dir="$out.tmp" >/dev/null
+  rm -rf "$out" && mv "$out.tmp" "$out"
+}
+
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd minio helm)
+[[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd minio helm kubeconform
+                                         prometheus-operator-crds)
 for t in "${targets[@]}"; do
   case "$t" in
     kube-apiserver)
@@ -119,6 +158,8 @@ for t in "${targets[@]}"; do
       if [[ -n "${KUBEBUILDER_ASSETS:-}${TEST_ASSET_ETCD:-}" ]]; then log "etcd from envtest assets"; else (build_etcd); fi ;;
     minio) (build_minio) ;;
     helm) (build_helm) ;;
-    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio or helm)"; exit 2 ;;
+    kubeconform) (build_kubeconform) ;;
+    prometheus-operator-crds) (build_prometheus_operator_crds) ;;
+    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio, helm, kubeconform or prometheus-operator-crds)"; exit 2 ;;
   esac
 done

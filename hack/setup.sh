@@ -3,9 +3,11 @@
 #   - Debian packages: prometheus (brings promtool), util-linux (unshare), and
 #     for the real node containerd, runc, the CNI plugins, buildah, mmdebstrap
 #   - Go-built binaries: kube-apiserver, kube-controller-manager,
-#     kube-scheduler, kubelet, etcd, MinIO, helm (hack/build-binaries.sh)
-#   - a Python venv in .venv with the project installed editable, pinned by
-#     hack/constraints.txt, and the test bed package (hack/) on its path
+#     kube-scheduler, kubelet, etcd, MinIO, helm, kubeconform, and the
+#     Prometheus Operator's CRDs for kubeconform (hack/build-binaries.sh)
+#   - a Python venv in .venv with the project installed editable with every extra
+#     and the `dev` dependency group, pinned by hack/constraints.txt, and the
+#     test bed package (hack/) on its path
 #   - the images the real node runs, built from deploy/images/ without a Docker
 #     engine (hack/build-images.sh)
 # A second run finds everything in place and takes seconds.
@@ -47,7 +49,10 @@ fi
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   log "installing Python dependencies (pinned by hack/constraints.txt)"
   "$VENV/bin/pip" install -q --upgrade "pip==25.3"
-  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[dev]"
+  # Every extra of the package, and the repository's tools (the `dev` dependency group,
+  # which is not part of the package's metadata).
+  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[s3,pod,operator]" \
+    --group "$ROOT/pyproject.toml:dev"
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The test bed (process node, control plane, MinIO) is a dev tool, not part
   # of the wheel: put hack/ on the venv's path.

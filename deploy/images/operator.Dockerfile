@@ -6,16 +6,17 @@
 #
 #   docker build -f deploy/images/operator.Dockerfile -t ghcr.io/durable-run/operator:0.1.0 .
 #
-# Installs the project with its `operator` extra (kopf, prometheus-client) at
-# the versions the test suite ran with (hack/constraints.txt). Pin the base by
-# digest when you publish: `--build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:...`.
+# Installs the project with its `operator` extra (kopf, the kubernetes client,
+# prometheus-client) at the versions the test suite ran with
+# (hack/constraints.txt). Pin the base by digest when you publish:
+# `--build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:...`.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/durable-run
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY hack/constraints.txt hack/constraints.txt
 COPY runner/ runner/
 COPY operator/ operator/

@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
-# The durable-run runner: the SDK only (boto3, pydantic, the kubernetes client;
-# no kopf), as uid 65532. It is the base for your workflow images:
+# The durable-run runner: the SDK with its `s3` and `pod` extras (pydantic,
+# boto3, the kubernetes client; no kopf), as uid 65532. It is the base for
+# your workflow images:
 #
 #   FROM ghcr.io/durable-run/runner:0.1.0
 #   COPY --chown=65532:65532 agents/ /app/agents/       # importable: /app is on PYTHONPATH
@@ -20,14 +21,14 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/durable-run
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY hack/constraints.txt hack/constraints.txt
 COPY runner/ runner/
 # pyproject.toml declares both packages, so the build needs the operator's
 # directory too; without kopf (the `operator` extra is not installed) it is inert.
 COPY operator/ operator/
-# No extras: the SDK's own dependencies only.
-RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt .
+# The S3 store and the in-pod runner (`durablerun pod`); not the operator.
+RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[s3,pod]"
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/durable-run /opt/durable-run

@@ -35,6 +35,7 @@ _GO_BINARIES = {
     "etcd": ("TEST_ASSET_ETCD", "ETCD_VERSION"),
     "minio": (None, "MINIO_VERSION"),
     "helm": (None, "HELM_VERSION"),
+    "kubeconform": (None, "KUBECONFORM_VERSION"),
 }
 
 

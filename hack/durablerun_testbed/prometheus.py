@@ -13,6 +13,47 @@ import yaml
 
 from durablerun_testbed import binaries, procs
 
+# RelabelConfig fields of the Prometheus Operator's CRDs and their names in a Prometheus config.
+_RELABEL_FIELDS = {"sourceLabels": "source_labels", "separator": "separator", "targetLabel": "target_label",
+                   "regex": "regex", "modulus": "modulus", "replacement": "replacement", "action": "action"}
+
+
+def _relabel(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{_RELABEL_FIELDS[k]: (v.lower() if k == "action" else v) for k, v in c.items()} for c in configs]
+
+
+@dataclass(frozen=True)
+class ServiceMonitorTarget:
+    """A ServiceMonitor (as rendered by the chart) and the Service and pod it finds, for a static scrape.
+
+    The Prometheus Operator turns a ServiceMonitor endpoint into a scrape job whose targets carry the
+    labels ``namespace``, ``service``, ``pod``, ``container``, ``endpoint`` and ``job`` (the Service's
+    ``jobLabel`` label, else its name); the endpoint's ``honorLabels`` decides who wins when a scraped
+    series has a label of the same name. This builds the same job with the target given statically.
+    """
+
+    monitor: dict[str, Any]
+    service: dict[str, Any]
+    pod: str
+    container: str = "operator"
+
+    def scrape_config(self, targets: list[str]) -> dict[str, Any]:
+        spec = self.monitor["spec"]
+        endpoint = spec["endpoints"][0]
+        service_meta = self.service["metadata"]
+        job = (service_meta.get("labels") or {}).get(spec.get("jobLabel", ""), service_meta["name"])
+        labels = {"namespace": self.monitor["metadata"]["namespace"], "service": service_meta["name"],
+                  "pod": self.pod, "container": self.container, "endpoint": endpoint["port"], "job": job}
+        config: dict[str, Any] = {
+            "job_name": f"serviceMonitor/{self.monitor['metadata']['namespace']}/{self.monitor['metadata']['name']}/0",
+            "honor_labels": bool(endpoint.get("honorLabels", False)),
+            "metrics_path": endpoint.get("path", "/metrics"),
+            "static_configs": [{"targets": targets, "labels": labels}],
+            "relabel_configs": _relabel(endpoint.get("relabelings") or []),
+            "metric_relabel_configs": _relabel(endpoint.get("metricRelabelings") or []),
+        }
+        return config
+
 
 @dataclass
 class Prometheus:
@@ -32,13 +73,20 @@ class Prometheus:
         rule_files: list[Path] | None = None,
         scrape_interval: str = "1s",
         evaluation_interval: str = "1s",
+        service_monitor: ServiceMonitorTarget | None = None,
     ) -> Prometheus:
-        """Scrape ``targets`` (host:port) every ``scrape_interval``, evaluating ``rule_files``."""
+        """Scrape ``targets`` (host:port) every ``scrape_interval``, evaluating ``rule_files``.
+
+        With ``service_monitor``, the targets are scraped as the Prometheus Operator scrapes that
+        ServiceMonitor's first endpoint (its target labels, honorLabels and relabelings).
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
+        scrape = (service_monitor.scrape_config(targets) if service_monitor else
+                  {"job_name": "durablerun-operator", "static_configs": [{"targets": targets}]})
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
             "rule_files": [str(p) for p in rule_files or []],
-            "scrape_configs": [{"job_name": "durablerun-operator", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [scrape],
         }
         config_path = self.workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config))

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from durablerun import __version__
+
 
 def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any:
     raw = os.environ.get(name)
@@ -21,7 +23,7 @@ def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any
 @dataclass(frozen=True)
 class Settings:
     #: Image of runner pods whose template names none (DURABLERUN_RUNNER_IMAGE).
-    runner_image: str = "ghcr.io/durable-run/runner:0.1.0"
+    runner_image: str = f"ghcr.io/durable-run/runner:{__version__}"
     #: Port of the Prometheus /metrics endpoint (DURABLERUN_METRICS_PORT; 0 disables it).
     metrics_port: int = 9090
     #: Port of the /healthz endpoint for liveness and readiness (DURABLERUN_HEALTH_PORT).

@@ -16,6 +16,7 @@ Public modules: ``durablerun`` (this: the workflow API and its errors),
 """
 
 from durablerun._private.context import DurableContext
+from durablerun._version import __version__
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.errors import (
     ConfigError,
@@ -32,8 +33,6 @@ from durablerun.errors import (
     StoreError,
     WorkflowError,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AbortReason",

@@ -30,6 +30,14 @@ LABEL_EPOCH = f"{GROUP}/epoch"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 POD_FINALIZER = f"{GROUP}/termination"
 RUN_FINALIZER = f"{GROUP}/cleanup"
+# The container of a runner pod that runs `durablerun pod`.
+RUNNER_CONTAINER = "runner"
+# Annotations users set on a DurableRun (kubectl durablerun abort / retry):
+# abort it (the value is the reason); retry it (any new value asks once more).
+ANNOTATION_ABORT = f"{GROUP}/abort"
+ANNOTATION_RETRY = f"{GROUP}/retry"
+# The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
+LABEL_PARENT = f"{GROUP}/parent"
 
 
 class Phase(enum.StrEnum):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api, errors
+from durablerun._private import extras
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import JsonLinesSink, ProgressSink
 from durablerun.stores import RunRef, Store, store_from_checkpoint
@@ -81,6 +82,7 @@ class StatusClient:
     """Guarded reads and writes of this run's DurableRun; the only Kubernetes calls the runner makes."""
 
     def __init__(self, identity: Identity) -> None:
+        extras.require("pod", "durablerun pod (the runner in a DurableRun's pod)", "kubernetes")
         from kubernetes import client, config
 
         try:

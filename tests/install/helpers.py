@@ -136,6 +136,7 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
     return {
         "nameOverride": "dr",
         "fullnameOverride": "durable-run-full",
+        "commonLabels": {"example.com/cost-center": "agents"},
         "crds": {"enabled": True, "keep": False},
         "watchNamespaces": watch_namespaces,
         "image": {"repository": "registry.example/durable-run/operator", "tag": "0.1.0-test",
@@ -173,10 +174,28 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
             "service": {"enabled": True, "type": "NodePort", "port": 8443,
                         "annotations": {"prometheus.io/scrape": "true"}},
             "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "10s",
-                               "labels": {"release": "kube-prometheus-stack"}},
+                               "labels": {"release": "kube-prometheus-stack"},
+                               "annotations": {"example.com/owner": "platform"},
+                               "honorLabels": True,
+                               "relabelings": [{"action": "replace", "targetLabel": "cluster",
+                                                "replacement": "prod-eu"}],
+                               "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"],
+                                                      "regex": "python_gc_.*"}]},
             "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
             "dashboard": {"enabled": True, "namespace": watch_namespaces[0],
                           "labels": {"grafana_dashboard": "1", "team": "agents"},
                           "annotations": {"grafana_folder": "durable-run"}},
         },
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "egress": [{"ports": [{"port": 6443, "protocol": "TCP"}]}],
+        },
+        "extraObjects": [
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "{{ .Release.Name }}-extra"},
+             "stringData": {"note": "made with {{ .Chart.Name }}"}},
+            "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: {{ .Release.Name }}-pdb\n"
+            "spec:\n  maxUnavailable: 1\n  selector:\n    matchLabels:\n"
+            "      app.kubernetes.io/instance: {{ .Release.Name }}\n",
+        ],
     }

@@ -81,7 +81,8 @@ def test_full_values_render_is_accepted_by_the_api_server(
     objects = helm.template("full", namespace, full_values([namespace]))
     kinds = {obj["kind"] for obj in objects}
     assert kinds == {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
-                     "ServiceMonitor", "PrometheusRule", "ConfigMap"}, kinds
+                     "ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy", "Secret",
+                     "PodDisruptionBudget"}, kinds
     served = [obj for obj in objects if obj["kind"] not in PROMETHEUS_OPERATOR_KINDS]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(served))
     assert result.stdout.count("(server dry run)") == len(served), result.stdout
@@ -115,6 +116,24 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["honorLabels"] is True
+    assert endpoint["relabelings"][0]["targetLabel"] == "cluster"
+    assert endpoint["metricRelabelings"][0]["action"] == "drop"
+    assert monitor["metadata"]["annotations"] == {"example.com/owner": "platform"}
+    assert all(obj["metadata"]["labels"]["example.com/cost-center"] == "agents"
+               for obj in objects if obj["kind"] not in ("Secret", "PodDisruptionBudget"))
+
+    # The NetworkPolicy selects the operator's pod and lets scrapers reach only the metrics port.
+    policy = one(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}],
+                                          "from": full_values([namespace])["networkPolicy"]["metricsFrom"]}]
+    assert policy["spec"]["egress"] == [{"ports": [{"port": 6443, "protocol": "TCP"}]}]
+    # extraObjects go through tpl, maps and strings alike.
+    assert one(objects, "Secret")["metadata"]["name"] == "full-extra"
+    assert one(objects, "Secret")["stringData"] == {"note": "made with durable-run"}
+    assert one(objects, "PodDisruptionBudget")["metadata"]["name"] == "full-pdb"
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
     # The PrometheusRule's spec is a valid Prometheus rule file (the real promtool says so).
@@ -130,6 +149,11 @@ def test_full_values_render_is_accepted_by_the_api_server(
         (CHART / "files" / "durablerun-dashboard.json").read_text())
 
 
+def pod_labels(deployment: dict[str, object]) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]  # type: ignore[index]
+    return labels
+
+
 @pytest.mark.parametrize(
     ("setting", "complaint"),
     [
@@ -139,8 +163,11 @@ def test_full_values_render_is_accepted_by_the_api_server(
         (["--set", "replicas=2"], "additional properties 'replicas' not allowed"),
         (["--set", "logLevel=VERBOSE"], "at '/logLevel': value must be one of"),
         (["--set", "metrics.port=http"], "at '/metrics/port': got string, want integer"),
+        (["--set", "metrics.serviceMonitor.relabelings[0].targetLable=x"],
+         "at '/metrics/serviceMonitor/relabelings/0': additional properties 'targetLable' not allowed"),
     ],
-    ids=["typo-in-image", "typo-in-servicemonitor", "unknown-top-level", "bad-enum", "bad-type"],
+    ids=["typo-in-image", "typo-in-servicemonitor", "unknown-top-level", "bad-enum", "bad-type",
+         "typo-in-relabeling"],
 )
 def test_schema_refuses_bad_values(helm: Helm, setting: list[str], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *setting, check=False)

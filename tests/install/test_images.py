@@ -12,6 +12,7 @@ import tomllib
 import pytest
 import yaml
 
+import durablerun
 from durablerun_operator.config import Settings
 
 from .helpers import CHART, REPO
@@ -64,18 +65,17 @@ def test_operator_image_installs_the_operator_and_runs_what_the_chart_runs() -> 
     assert yaml.safe_load(entrypoint) == yaml.safe_load(command.group(1)) == ["python", "-m", "durablerun_operator"]
 
 
-def test_runner_image_installs_only_the_sdk() -> None:
+def test_runner_image_installs_the_sdk_with_s3_and_the_pod_runner() -> None:
     runs = [rest for k, rest in instructions("runner.Dockerfile") if k == "RUN"]
     install = next(rest for rest in runs if "pip install" in rest)
-    assert install.endswith(" ."), f"the runner installs the project without extras: {install}"
-    assert "operator]" not in install
+    assert install.endswith(' ".[s3,pod]"'), f"the runner installs the S3 store and `durablerun pod`: {install}"
+    assert "operator" not in install
 
 
 def test_chart_image_defaults_match_the_project() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert chart["appVersion"] == version
+    assert chart["appVersion"] == durablerun.__version__
     runner = values["runner"]["image"]
     assert f"{runner['repository']}:{chart['appVersion']}" == Settings().runner_image, (
         "the chart's default runner image and the operator's own default differ")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import botocore.awsrequest
 import botocore.exceptions
 import pytest
 
 from durablerun import errors
-from durablerun._private.backends.options import S3Options
+from durablerun._private.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
 from durablerun._private.backends.s3 import S3Backend
 from durablerun._private.journal import Record
 from durablerun.stores import RunRef, Store
@@ -32,17 +34,18 @@ def _rec(seq: int) -> Record:
 
 
 def test_a_write_whose_response_was_lost_is_not_mistaken_for_a_loss(s3_spec: StoreSpec) -> None:
-    """The PUT lands, the response is lost, the retry gets 412 for our own bytes:
-    that is success, not fencing."""
-    store, backend = _store(s3_spec, unreachable_retries=3)
+    """The PUT lands, the connection drops before the response: botocore retries it, the retry gets 412
+    for our own bytes, and that is success, not fencing."""
+    store, backend = _store(s3_spec)
     lost = {"n": 0}
 
-    def lose_response(**kwargs: Any) -> None:
+    def land_then_lose_the_response(request: Any, **kwargs: Any) -> None:
         if lost["n"] < 1:
             lost["n"] += 1
-            raise botocore.exceptions.ConnectionClosedError(endpoint_url="lost response")
+            backend._client._endpoint.http_session.send(request)  # the write lands ...
+            raise botocore.exceptions.ConnectionClosedError(endpoint_url="lost response")  # ... unanswered
 
-    backend._client.meta.events.register("after-call.s3.PutObject", lose_response)
+    backend._client.meta.events.register("before-send.s3.PutObject", land_then_lose_the_response)
     rs = store.run_store(REF)
     rs.load(for_writing=True)
     rs.append(_rec(0))  # no FencedError
@@ -51,38 +54,86 @@ def test_a_write_whose_response_was_lost_is_not_mistaken_for_a_loss(s3_spec: Sto
     assert store.put_event(run=REF, name="e", payload=1) is True
 
 
-def test_a_briefly_unreachable_server_is_retried_with_backoff(s3_spec: StoreSpec) -> None:
-    store, backend = _store(s3_spec, unreachable_retries=4)
-    failures = {"n": 0}
+def _sends(backend: S3Backend, fail: int | None = None) -> list[int]:
+    """Counts HTTP attempts of PutObject; the first ``fail`` (all if None) cannot reach the server."""
+    sent: list[int] = []
 
     def unreachable(**kwargs: Any) -> None:
-        if failures["n"] < 2:
-            failures["n"] += 1
+        sent.append(1)
+        if fail is None or len(sent) <= fail:
             raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://down")
 
     backend._client.meta.events.register("before-send.s3.PutObject", unreachable)
+    return sent
+
+
+def test_a_briefly_unreachable_server_is_retried_by_botocore(s3_spec: StoreSpec) -> None:
+    store, backend = _store(s3_spec)
+    sent = _sends(backend, fail=2)
     rs = store.run_store(REF)
     rs.load(for_writing=True)
     rs.append(_rec(0))
-    assert failures["n"] == 2
+    assert len(sent) == 3
 
 
-def test_a_server_that_stays_down_is_store_unavailable(s3_spec: StoreSpec) -> None:
-    store, backend = _store(s3_spec, unreachable_retries=1, max_attempts=1)
-
-    def down(**kwargs: Any) -> None:
-        raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://down")
-
-    backend._client.meta.events.register("before-send.s3", down)
+@pytest.mark.parametrize(("env", "options", "attempts"), [
+    ({}, {}, DEFAULT_MAX_ATTEMPTS),
+    ({"AWS_MAX_ATTEMPTS": "2"}, {}, 2),
+    ({"AWS_MAX_ATTEMPTS": "2"}, {"max_attempts": 3}, 3),
+], ids=["default", "AWS_MAX_ATTEMPTS", "explicit-option-wins"])
+def test_one_retry_layer_tuned_by_the_aws_configuration(
+    s3_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], options: dict[str, Any], attempts: int
+) -> None:
+    """A server that stays down gets exactly the configured number of HTTP attempts, then StoreUnavailable."""
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # botocore's backoff, not what is tested
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    _, backend = _store(s3_spec, **options)
+    sent = _sends(backend)
     with pytest.raises(errors.StoreUnavailableError) as e:
-        store.run_store(REF).load()
+        backend.put("x.json", b"{}")
+    assert len(sent) == attempts
     assert "could not be reached" in str(e.value)
     assert s3_spec.options["secret_key"] not in str(e.value)
 
 
+def test_the_region_comes_from_boto3s_chain(s3_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")  # boto3's own variable
+    _, backend = _store(s3_spec, region=None)
+    assert backend._client.meta.region_name == "eu-west-3"
+    _, explicit = _store(s3_spec, region="ap-south-1")
+    assert explicit._client.meta.region_name == "ap-south-1"
+
+
+def test_a_conditional_write_that_gets_409_is_retried(s3_spec: StoreSpec) -> None:
+    """409 ConditionalRequestConflict (a concurrent conditional write): retried by the store, not by botocore."""
+    store, backend = _store(s3_spec)
+    conflicts = {"n": 0}
+
+    class Raw:
+        def stream(self, **kwargs: Any) -> Any:
+            yield (b"<Error><Code>ConditionalRequestConflict</Code>"
+                   b"<Message>A conflicting conditional operation is in progress.</Message></Error>")
+
+    def conflict(request: Any, **kwargs: Any) -> Any:
+        if conflicts["n"] < 2:
+            conflicts["n"] += 1
+            return botocore.awsrequest.AWSResponse(request.url, 409, {}, Raw())
+        return None
+
+    backend._client.meta.events.register("before-send.s3.PutObject", conflict)
+    rs = store.run_store(REF)
+    rs.load(for_writing=True)
+    rs.append(_rec(0))
+    assert conflicts["n"] == 2
+    assert [r.seq for r in rs.load().records] == [0]
+
+
 def test_server_side_encryption_is_requested_on_every_write(s3_spec: StoreSpec) -> None:
-    _, backend = _store(s3_spec, server_side_encryption="aws:kms", kms_key_id="key-1",
-                        unreachable_retries=0, max_attempts=1)
+    _, backend = _store(s3_spec, server_side_encryption="aws:kms", kms_key_id="key-1", max_attempts=1)
     seen: list[dict[str, str]] = []
 
     def capture(request: Any, **kwargs: Any) -> None:

@@ -39,6 +39,7 @@ from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore, parse_iso
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import RunInfo, Store, open_store, store_from_checkpoint
+from durablerun._version import __version__
 from durablerun.api import AbortReason, Outcome, Policy, parse_duration
 
 EXIT_STORE_UNAVAILABLE = 75
@@ -95,6 +96,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="durablerun", description="Run durable workflows locally.")
+    parser.add_argument("--version", action="version", version=f"durablerun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a workflow: start the run, or resume it if it exists")
@@ -484,17 +486,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.store == _FROM_RUN:
             args.store = os.environ.get("DURABLERUN_STORE", DEFAULT_STORE)
         store = _open(args)
+    return inspect_run(store, ref, as_json=args.json, show_all=args.all, result=args.result)
+
+
+def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show_all: bool = False,
+                result: bool = False) -> int:
+    """Print a run's journal (or with ``result``, its result) as `durablerun inspect` does (also
+    `kubectl durablerun journal`)."""
     store.check()
     info = store.read_run(run=ref)
     if not info.exists:
         print(f"no run {ref} in {store.uri}", file=sys.stderr)
         return 1
-    if args.result:
+    if result:
         return _print_result(store, ref)
     rs = store.run_store(ref)
     try:
         loaded = rs.load()
-        records = rs.read_all() if args.all else loaded.records
+        records = rs.read_all() if show_all else loaded.records
     finally:
         rs.close()
     cont = loaded.continuation
@@ -512,7 +521,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             row["generation"] = d.get("gen")
         rows.append(row)
     status = info.status or {}
-    if args.json:
+    if as_json:
         print(json.dumps({
             "run": info.run, "store": store.describe(), "manifest": info.manifest,
             "totals": info.totals.to_json(), "journalRecords": info.journal_records,
@@ -540,7 +549,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info.journal_records} journal records   snapshot at "
           f"{info.snapshot_seq if info.snapshot_seq is not None else '-'}")
     if generation:
-        shown = ("all records below" if args.all else
+        shown = ("all records below" if show_all else
                  f"records {loaded.base}.. below; --all shows the earlier ones")
         print(f"generation {generation} (ctx.continue_as_new {generation} time(s)); it starts "
               f"at record {loaded.base}: {shown}")

@@ -27,9 +27,10 @@ from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
+from durablerun._version import __version__
 from durablerun.api import RESULT_INLINE_MAX, AbortReason, Outcome, Policy, parse_duration
 
-SDK_VERSION = "0.1.0"
+SDK_VERSION = __version__
 Workflow = Callable[[DurableContext, Any], Any]
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durablerun import errors
-from durablerun._private import layout
+from durablerun._private import extras, layout
 from durablerun._private.backends import base
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
@@ -227,6 +227,7 @@ def open_store(
             endpoint_url=endpoint, region=region or os.environ.get("AWS_REGION"),
             server_side_encryption=server_side_encryption, kms_key_id=kms_key_id,
             access_key=access_key, secret_key=secret_key, session_token=session_token)
+        extras.require("s3", f"store URI {uri!r} (the S3 store)", "boto3")
         from durablerun._private.backends.s3 import S3Backend  # boto3 only when needed
 
         return Store(S3Backend(bucket, parsed.path.strip("/"), options), uri)

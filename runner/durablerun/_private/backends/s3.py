@@ -6,11 +6,15 @@
 * The snapshot pointer is replaced with ``If-Match: <etag>`` (compare and
   swap); events, blobs, chunks and the manifest are created with
   ``If-None-Match: *`` (first write wins).
-* Throttling, 5xx and connection errors are retried with exponential backoff
-  and jitter (botocore's standard retry mode, plus our own outer retries for
-  connection loss). A conditional write retried after its first try landed
-  gets 412 for its own write; we tell that apart by reading the object back
-  and comparing bytes (every record carries its writer's attempt id).
+* One retry layer: botocore's. Throttling, 5xx, timeouts and lost
+  connections are retried by its retry mode (AWS_RETRY_MODE, standard by
+  default) up to AWS_MAX_ATTEMPTS (default 8 here); the region comes from
+  boto3's chain (AWS_REGION, the AWS config) unless given. The only retries of
+  our own are of a conditional write that got 409 (a concurrent conditional
+  write to the same key, which S3 asks the caller to retry). A conditional
+  write retried after its first try landed gets 412 for its own write; we
+  tell that apart by reading the object back and comparing bytes (every
+  record carries its writer's attempt id).
 * Server-side encryption (``AES256`` or ``aws:kms`` with a key id) is applied
   to every object written.
 """
@@ -26,16 +30,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.session
 
 from durablerun import errors
 from durablerun._private import layout
 from durablerun._private.backends import base
-from durablerun._private.backends.options import S3Options
+from durablerun._private.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
 
 T = TypeVar("T")
+
+# Tries of a conditional write that keeps getting 409 (ConditionalRequestConflict).
+CONFLICT_ATTEMPTS = 5
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _PRECONDITION = {"PreconditionFailed", "412"}
@@ -82,17 +90,20 @@ class S3Backend(base.Backend):
         self.prefix = prefix.strip("/")
         self.options = options or S3Options()
         o = self.options
+        # botocore's session reads the AWS configuration (environment, ~/.aws/config) as boto3 does.
+        core = botocore.session.get_session()
+        attempts = o.max_attempts or core.get_config_variable("max_attempts") or DEFAULT_MAX_ATTEMPTS
         config = botocore.config.Config(
-            retries={"mode": "standard", "max_attempts": o.max_attempts},
+            retries={"total_max_attempts": attempts},  # the mode stays AWS_RETRY_MODE's
             connect_timeout=o.connect_timeout,
             read_timeout=o.read_timeout,
             max_pool_connections=16,
             s3={"addressing_style": "path"} if o.endpoint_url else None,
         )
-        self._client: S3Client = client or boto3.session.Session().client(
+        self._client: S3Client = client or boto3.session.Session(botocore_session=core).client(
             "s3",
             endpoint_url=o.endpoint_url,
-            region_name=o.region or "us-east-1",
+            region_name=o.region,
             aws_access_key_id=o.access_key,
             aws_secret_access_key=o.secret_key,
             aws_session_token=o.session_token,
@@ -121,75 +132,65 @@ class S3Backend(base.Backend):
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
-        """Run ``fn``; map errors; retry when the server is unreachable."""
-        attempt = 0
-        while True:
-            try:
-                return fn()
-            except botocore.exceptions.ClientError as e:
-                code, status = _code(e), _status(e)
-                if code in _NO_BUCKET or (what == "HeadBucket" and status == 404):
-                    raise errors.StoreNotFoundError(
-                        "the bucket does not exist: create it or fix checkpoint.uri",
-                        bucket=self.bucket,
-                        endpoint=self.options.endpoint_url or "aws",
-                    ) from e
-                if code in _ACCESS or status == 403:
-                    raise errors.StoreAccessError(
-                        f"access denied ({code or status}): check the credentials (checkpoint."
-                        "credentialsSecret / AWS_ACCESS_KEY_ID) and the bucket policy",
-                        bucket=self.bucket,
-                        key=key,
-                        op=what,
-                    ) from e
-                if status == 501 or code == "NotImplemented":
-                    raise StoreUnsupportedError(
-                        f"the S3 server does not implement this request ({code}: {_message(e)}): "
-                        "checkpoint.serverSideEncryption needs a KMS on the server; conditional writes "
-                        "(If-None-Match, If-Match) need S3 or a recent S3-compatible server",
-                        bucket=self.bucket, key=key, op=what,
-                    ) from e
-                if (status >= 500 or code in _CONFLICT) and attempt < self.options.unreachable_retries:
-                    attempt += 1
-                    time.sleep(min(8.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
-                    continue
-                if status >= 500:
-                    raise errors.StoreUnavailableError(
-                        f"S3 {what} failed: {code} {e}", bucket=self.bucket, key=key
-                    ) from e
-                raise errors.StoreError(
-                    f"S3 {what} failed: {code}: {e}", bucket=self.bucket, key=key
-                ) from e
-            except (
-                botocore.exceptions.NoCredentialsError,
-                botocore.exceptions.PartialCredentialsError,
-                botocore.exceptions.CredentialRetrievalError,
-            ) as e:
-                # Raised before any request is sent: configuration, never transient.
-                raise errors.StoreAccessError(
-                    f"no usable S3 credentials ({e}): set AWS_ACCESS_KEY_ID and "
-                    "AWS_SECRET_ACCESS_KEY (or checkpoint.credentialsSecret on Kubernetes, or "
-                    "workload identity)",
+        """Run ``fn`` (botocore has retried what is worth retrying) and map its errors."""
+        try:
+            return fn()
+        except botocore.exceptions.ClientError as e:
+            code, status = _code(e), _status(e)
+            if code in _NO_BUCKET or (what == "HeadBucket" and status == 404):
+                raise errors.StoreNotFoundError(
+                    "the bucket does not exist: create it or fix checkpoint.uri",
                     bucket=self.bucket,
-                    op=what,
-                ) from e
-            except (
-                botocore.exceptions.EndpointConnectionError,
-                botocore.exceptions.ConnectionClosedError,
-                botocore.exceptions.ReadTimeoutError,
-                botocore.exceptions.ConnectTimeoutError,
-                botocore.exceptions.HTTPClientError,
-            ) as e:
-                if attempt < self.options.unreachable_retries:
-                    attempt += 1
-                    time.sleep(min(8.0, 0.2 * 2**attempt) * random.uniform(0.5, 1.0))
-                    continue
-                raise errors.StoreUnavailableError(
-                    f"S3 {what} failed: the server could not be reached: {e}",
-                    bucket=self.bucket,
-                    key=key,
                     endpoint=self.options.endpoint_url or "aws",
                 ) from e
+            if code in _ACCESS or status == 403:
+                raise errors.StoreAccessError(
+                    f"access denied ({code or status}): check the credentials (checkpoint."
+                    "credentialsSecret / AWS_ACCESS_KEY_ID) and the bucket policy",
+                    bucket=self.bucket,
+                    key=key,
+                    op=what,
+                ) from e
+            if status == 501 or code == "NotImplemented":
+                raise StoreUnsupportedError(
+                    f"the S3 server does not implement this request ({code}: {_message(e)}): "
+                    "checkpoint.serverSideEncryption needs a KMS on the server; conditional writes "
+                    "(If-None-Match, If-Match) need S3 or a recent S3-compatible server",
+                    bucket=self.bucket, key=key, op=what,
+                ) from e
+            if status >= 500 or code in _CONFLICT:
+                raise errors.StoreUnavailableError(
+                    f"S3 {what} failed: {code} {e}", bucket=self.bucket, key=key
+                ) from e
+            raise errors.StoreError(
+                f"S3 {what} failed: {code}: {e}", bucket=self.bucket, key=key
+            ) from e
+        except (
+            botocore.exceptions.NoCredentialsError,
+            botocore.exceptions.PartialCredentialsError,
+            botocore.exceptions.CredentialRetrievalError,
+        ) as e:
+            # Raised before any request is sent: configuration, never transient.
+            raise errors.StoreAccessError(
+                f"no usable S3 credentials ({e}): set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or checkpoint.credentialsSecret on Kubernetes, or "
+                "workload identity)",
+                bucket=self.bucket,
+                op=what,
+            ) from e
+        except (
+            botocore.exceptions.EndpointConnectionError,
+            botocore.exceptions.ConnectionClosedError,
+            botocore.exceptions.ReadTimeoutError,
+            botocore.exceptions.ConnectTimeoutError,
+            botocore.exceptions.HTTPClientError,
+        ) as e:
+            raise errors.StoreUnavailableError(
+                f"S3 {what} failed: the server could not be reached: {e}",
+                bucket=self.bucket,
+                key=key,
+                endpoint=self.options.endpoint_url or "aws",
+            ) from e
 
     def _sse(self) -> Any:
         o = self.options
@@ -233,17 +234,24 @@ class S3Backend(base.Backend):
         """PutObject with a condition: the new ETag, or None on 412."""
 
         def go() -> str | None:
-            try:
-                resp = self._client.put_object(
-                    Bucket=self.bucket, Key=full, Body=data, **condition, **self._sse()
-                )
-            except botocore.exceptions.ClientError as e:
-                if _code(e) in _PRECONDITION or _status(e) == 412:
-                    return None
-                if "IfMatch" in condition and _code(e) in _NOT_FOUND:
-                    return None  # If-Match on a key that does not exist (any more)
-                raise
-            return str(resp.get("ETag") or "")
+            for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+                try:
+                    resp = self._client.put_object(
+                        Bucket=self.bucket, Key=full, Body=data, **condition, **self._sse()
+                    )
+                except botocore.exceptions.ClientError as e:
+                    if _code(e) in _PRECONDITION or _status(e) == 412:
+                        return None
+                    if "IfMatch" in condition and _code(e) in _NOT_FOUND:
+                        return None  # If-Match on a key that does not exist (any more)
+                    if (_code(e) in _CONFLICT or _status(e) == 409) and attempt < CONFLICT_ATTEMPTS:
+                        # A concurrent conditional write to this key: S3 asks for a retry, which
+                        # then gets 412 (the other write won) or succeeds.
+                        time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+                        continue
+                    raise
+                return str(resp.get("ETag") or "")
+            raise AssertionError("unreachable")
 
         return self._call("PutObject", full, go)
 

@@ -1,0 +1,182 @@
+"""`kubectl durablerun`, run by the real kubectl as a plugin (kubectl-durablerun on PATH) against the test bed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durablerun import api
+from durablerun_testbed import binaries
+from durablerun_testbed.testbed import TestBed
+
+from .conftest import Operator, RunEnv
+
+pytestmark = pytest.mark.testbed
+
+
+class Plugin:
+    """`kubectl [args]` with only the package's console scripts and kubectl on PATH, as a user's shell has."""
+
+    def __init__(self, testbed: TestBed, namespace: str, home: Path) -> None:
+        scripts = Path(sys.executable).parent  # where pip put kubectl-durablerun
+        self.kubectl = binaries.kubectl()
+        bin_dir = home / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "kubectl").symlink_to(self.kubectl)
+        for script in ("kubectl-durablerun", "kubectl_complete-durablerun"):
+            (bin_dir / script).symlink_to(scripts / script)
+        self.env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "KUBECONFIG": str(testbed.kubeconfig),
+                    "USER": "tester"}
+        self.namespace = namespace
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["kubectl", *args], env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+
+    def dr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self("durablerun", "-n", self.namespace, *args, timeout=timeout)
+
+
+@pytest.fixture
+def plugin(testbed: TestBed, namespace: str, tmp_path: Path) -> Plugin:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Plugin(testbed, namespace, home)
+
+
+def test_kubectl_finds_the_plugin(plugin: Plugin) -> None:
+    listed = plugin("plugin", "list")
+    assert "kubectl-durablerun" in listed.stdout, listed.stdout + listed.stderr
+    version = plugin("durablerun", "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("kubectl-durablerun ")
+
+
+def test_approve_wait_journal_logs_and_events_are_write_once(
+    operator: Operator, runs: RunEnv, plugin: Plugin
+) -> None:
+    runs.apply(runs.manifest("review", "optest_flows:approval"))
+    waiting = plugin.dr("wait", "review", "--for", "Waiting", "--timeout", "60s")
+    assert waiting.returncode == 0, waiting.stderr
+    assert "Waiting" in waiting.stdout
+
+    approved = plugin.dr("approve", "review", "review", "--by", "dana", "--message", "ship it")
+    assert approved.returncode == 0, approved.stderr
+    done = plugin.dr("wait", "review", "--timeout", "60s")
+    assert (done.returncode, done.stdout.split()[:2]) == (0, ["durablerun.durablerun.dev/review", "Succeeded:"]), (
+        done.stdout + done.stderr)
+    decision = json.loads(next(e for e in runs.ledger() if e.startswith("decision "))[len("decision "):])
+    assert decision == {"approved": True, "by": "dana", "message": "ship it"}
+    assert runs.get("review")["spec"]["events"]["review"] == decision
+
+    # A sent event is never changed: the same payload is a no-op, another one is refused.
+    again = plugin.dr("approve", "review", "review", "--by", "dana", "--message", "ship it")
+    assert (again.returncode, "already sent" in again.stdout) == (0, True), again.stdout + again.stderr
+    rejected = plugin.dr("reject", "review", "review")
+    assert rejected.returncode == 1
+    assert "already sent to review with another payload" in rejected.stderr
+
+    # The journal, read from the run's store as `durablerun inspect` reads it.
+    journal = plugin.dr("journal", "review", "--credentials-from-secret", "--json")
+    assert journal.returncode == 0, journal.stderr
+    body = json.loads(journal.stdout)
+    assert body["completed"] is True
+    assert [r["name"] for r in body["records"] if r["kind"] == "step"] == ["draft", "publish"]
+    assert body["events"] == ["review"]
+    table = plugin.dr("journal", "review", "--credentials-from-secret")
+    assert "Completed" in table.stdout
+    assert "publish" in table.stdout
+    # Without credentials (none in this environment) the store refuses, and the message says what to set.
+    refused = plugin.dr("journal", "review")
+    assert refused.returncode != 0
+    assert "credentials" in refused.stderr
+
+    # Every attempt's pod, in order (the test bed's node serves no logs: each pod says so).
+    logs = plugin.dr("logs", "review")
+    assert logs.returncode == 0, logs.stderr
+    headers = [line for line in logs.stdout.splitlines() if line.startswith("==> pod ")]
+    assert headers, logs.stdout
+    assert headers == [f"==> pod {p['metadata']['name']} (attempt {p['metadata']['labels'][api.LABEL_EPOCH]}, "
+                       f"{p['status']['phase']}) <==" for p in sorted(
+                           runs.pods("review"), key=lambda p: int(p["metadata"]["labels"][api.LABEL_EPOCH]))]
+
+
+def test_suspend_resume_abort_retry(operator: Operator, runs: RunEnv, plugin: Plugin) -> None:
+    runs.apply(runs.manifest("long", "optest_flows:steps", {"steps": 40, "sleep": 0.2}))
+    runs.wait_phase("long", "Running")
+    assert plugin.dr("suspend", "long").returncode == 0
+    suspended = plugin.dr("wait", "long", "--for", "Suspended", "--timeout", "60s")
+    assert suspended.returncode == 0, suspended.stderr
+    assert runs.get("long")["spec"]["suspend"] is True
+    assert plugin.dr("resume", "long").returncode == 0
+    assert runs.get("long")["spec"]["suspend"] is False
+    runs.wait_phase("long", "Running", "Succeeded")
+
+    aborted = plugin.dr("abort", "long", "--reason", "wrong input")
+    assert aborted.returncode == 0, aborted.stderr
+    ended = plugin.dr("wait", "long", "--timeout", "60s")
+    status = runs.get("long")["status"]
+    if status["phase"] == "Aborted":  # unless it finished first
+        assert ended.returncode == api.Outcome.ABORTED.exit_code, ended.stdout + ended.stderr
+        assert status["abortReason"] == "UserRequested"
+        assert "wrong input" in status["message"]
+    assert runs.get("long")["metadata"]["annotations"][api.ANNOTATION_ABORT] == "wrong input"
+
+    # retry: a new annotation value each time (the operator acts once per value).
+    assert plugin.dr("retry", "long").returncode == 0
+    first = runs.get("long")["metadata"]["annotations"][api.ANNOTATION_RETRY]
+    assert plugin.dr("retry", "long").returncode == 0
+    assert runs.get("long")["metadata"]["annotations"][api.ANNOTATION_RETRY] != first
+
+    timed_out = plugin.dr("wait", "long", "--for", "Pending", "--timeout", "2s")
+    assert timed_out.returncode == 124
+    assert "timed out after 2s" in timed_out.stderr
+
+
+def test_tree_completion_and_errors(runs: RunEnv, plugin: Plugin) -> None:
+    """No operator: suspended runs stay as applied."""
+    runs.apply(runs.manifest("parent", "optest_flows:steps", suspend=True))
+    for child, parent in (("child-a", "parent"), ("child-b", "parent"), ("grandchild", "child-a")):
+        manifest = runs.manifest(child, "optest_flows:steps", suspend=True)
+        manifest["metadata"]["labels"] = {api.LABEL_PARENT: parent}
+        runs.apply(manifest)
+    tree = plugin.dr("tree", "parent")
+    assert tree.returncode == 0, tree.stderr
+    names = [line.replace("├── ", "").replace("└── ", "").replace("│", "").split()[0]
+             for line in tree.stdout.splitlines()]
+    assert names == ["parent", "child-a", "grandchild", "child-b"], tree.stdout
+    assert tree.stdout.splitlines()[2].startswith("│   └── grandchild"), tree.stdout
+
+    # kubectl's own completion of a plugin runs kubectl_complete-durablerun.
+    commands = plugin("__complete", "durablerun", "")
+    assert {"approve", "suspend", "journal", "tree", "completion"} <= set(commands.stdout.split()), commands.stdout
+    run_names = plugin("__complete", "durablerun", "-n", runs.namespace, "approve", "chi")
+    assert [w for w in run_names.stdout.split() if not w.startswith(":")] == ["child-a", "child-b"]
+    script = plugin.dr("completion", "bash")
+    assert "complete -F _kubectl_durablerun kubectl-durablerun" in script.stdout
+
+    missing = plugin.dr("suspend", "no-such-run")
+    assert missing.returncode == 1
+    assert "not found" in missing.stderr
+    bad = plugin.dr("event", "parent", "go", "{not json")
+    assert bad.returncode == 2
+    assert "not JSON" in bad.stderr
+    bad_timeout = plugin.dr("wait", "parent", "--timeout", "10 minutes")
+    assert bad_timeout.returncode == 2
+    assert "--timeout: invalid duration '10 minutes'" in bad_timeout.stderr
+    typo = plugin.dr("aprove", "parent")
+    assert typo.returncode == 2
+    assert "invalid choice: 'aprove'" in typo.stderr
+
+
+def test_the_plugin_passes_kubectls_context_flags(plugin: Plugin, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-kubeconfig"
+    result = plugin("durablerun", "--kubeconfig", str(missing), "suspend", "x")
+    assert result.returncode == 1
+    assert str(missing) in result.stderr
+    assert os.environ.get("KUBECONFIG") != str(missing)
