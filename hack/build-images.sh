@@ -119,22 +119,24 @@ build_pause() {
   finish pause "$h" "$ref"
 }
 
-# The build context the Dockerfiles' .dockerignore allows, staged on its own so
-# that nothing else of a working tree (a venv, caches) reaches the build.
-CONTEXT_PATHS=(pyproject.toml README.md hack/constraints.txt runner operator)
+# The build context: what the Dockerfile's .dockerignore lets in (its `!path`
+# lines), staged on its own so that nothing else of a working tree (a venv,
+# caches) reaches the build.
+context_paths() { sed -n 's#^!\(.*[^/]\)/*$#\1#p' "$ROOT/deploy/images/$1.Dockerfile.dockerignore"; }
 
 build_project_image() { # build_project_image runner|operator
-  local name="$1" h ref dockerfile
+  local name="$1" h ref dockerfile paths
   dockerfile="deploy/images/$name.Dockerfile"
+  mapfile -t paths < <(context_paths "$name")
   build_python
-  h="$(echo "$RECIPE" "$(python_hash)" "$(hash_files "$dockerfile" "${CONTEXT_PATHS[@]}")" | sha256sum | cut -c1-16)"
+  h="$(echo "$RECIPE" "$(python_hash)" "$(hash_files "$dockerfile" "$dockerfile.dockerignore" "${paths[@]}")" | sha256sum | cut -c1-16)"
   ref="$(chart_image "$name")"
   cached "$name" "$h" "$ref" && return 0
   log "$name: buildah build -f $dockerfile (first time for these sources; a minute or two)"
   local work
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' RETURN
-  (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' -cf - "${CONTEXT_PATHS[@]}") \
+  (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' -cf - "${paths[@]}") \
     | tar -xf - -C "$work"
   ensure_local "$PYTHON_REF" "$(archive python "$(python_hash)")"
   buildah build --quiet --pull=never --network=host --format=oci "${build_volumes[@]}" \
