@@ -3,14 +3,16 @@
 PY := .venv/bin/python
 SETUP := hack/setup.sh
 
-.PHONY: setup demo test lint generate sandbox-up sandbox-down sandbox-status
+.PHONY: setup demo test lint generate sandbox-up sandbox-down sandbox-status sandbox-image
+# The sandbox's node: real (kubelet + containerd, the default where the machine runs it) or process.
+NODE_FLAG := $(if $(NODE),--node $(NODE),)
 
 setup:
 	@$(SETUP)
 
-## The main job: the local sandbox and an example run, then tear down.
+## The main job: the local sandbox and an example run, then tear down (NODE=process for the process node).
 demo: setup
-	$(PY) -m durablerun_testbed sandbox demo
+	$(PY) -m durablerun_testbed sandbox demo $(NODE_FLAG)
 
 ## The whole test suite against the real test bed (what CI runs).
 test: setup lint
@@ -27,13 +29,17 @@ generate: setup
 	$(PY) hack/generate.py
 
 sandbox-up: setup
-	$(PY) -m durablerun_testbed sandbox up
+	$(PY) -m durablerun_testbed sandbox up $(NODE_FLAG)
 
 sandbox-down: setup
 	$(PY) -m durablerun_testbed sandbox down
 
 sandbox-status: setup
 	$(PY) -m durablerun_testbed sandbox status
+
+## Your workflows in an image FROM the runner image, on the sandbox's node: make sandbox-image DIR=path/to/code
+sandbox-image: setup
+	$(PY) -m durablerun_testbed sandbox image $(DIR)
 
 ## Benchmarks against the floors, DBOS and LangGraph (not part of CI; ~20 min, BENCH_QUICK=1 for a smoke run):
 ## installs what they need (bench/setup.sh), runs every section, writes bench/RESULTS.md.

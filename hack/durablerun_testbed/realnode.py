@@ -310,9 +310,14 @@ class RealNode:
             with contextlib.suppress(ProcessLookupError):
                 if _is_shim(pid):
                     os.kill(pid, 9)
-        _unmount_under(self.workdir)
-        _remove_netns_of(self.network)
-        self.network.delete()
+        clean_up(self.workdir, self.network)
+
+
+def clean_up(workdir: Path, network: PodNetwork) -> None:
+    """What a stopped node leaves in the kernel: mounts under its directory, pod network namespaces, the bridge."""
+    _unmount_under(workdir)
+    _remove_netns_of(network)
+    network.delete()
 
 
 def _is_shim(pid: int) -> bool:

@@ -3,14 +3,23 @@
   python -m durablerun_testbed sandbox up      start it (prints KUBECONFIG, S3, metrics)
   python -m durablerun_testbed sandbox down    stop everything it started
   python -m durablerun_testbed sandbox status  what is running
-  python -m durablerun_testbed sandbox node kill|oom|pause|continue|lose NAMESPACE POD
+  python -m durablerun_testbed sandbox image DIR   your workflows (DIR's contents) in an image FROM the
+                                                   runner image, on the sandbox's node (real node only)
+  python -m durablerun_testbed sandbox node kill NAMESPACE POD       SIGKILL a runner container
+  python -m durablerun_testbed sandbox node oom|pause|continue|lose NAMESPACE POD   (process node only)
   python -m durablerun_testbed sandbox demo    up, the example story, down
+
+`--node real` (the default where the machine can run it: root, containerd,
+runc, the built images) runs a kubelet and containerd, and the chart's
+operator in a pod, installed with helm as docs/install.md says; `--node
+process` runs the process node and the operator as a local process.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -24,13 +33,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from durablerun_testbed import binaries, procs
+from durablerun_testbed import binaries, procs, realnode
 from durablerun_testbed.testbed import NodeClient, TestBed
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".sandbox"
 CRD = binaries.REPO_ROOT / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 EXAMPLE = binaries.REPO_ROOT / "deploy" / "samples" / "review-agent.yaml"
 BUCKET = "durable-runs"
+OPERATOR_NAMESPACE = "durable-run-system"
+PYTHON = f"{binaries.REPO_ROOT / '.venv' / 'bin' / 'python'} -m durablerun_testbed"
 
 
 @dataclass
@@ -45,6 +56,12 @@ class SandboxState:
     node_url: str
     metrics_url: str
     pids: list[int]
+    #: "real" (kubelet and containerd) or "process" (the process node)
+    node: str = "process"
+    #: the real node's pod network (subnet, bridge) and working directory, for `down`
+    subnet: str = ""
+    bridge: str = ""
+    node_dir: str = ""
 
 
 def _state_path(directory: Path) -> Path:
@@ -58,14 +75,24 @@ def load_state(directory: Path) -> SandboxState | None:
         return None
 
 
-def up(directory: Path) -> SandboxState:
+def default_node() -> tuple[str, str]:
+    """("real", why) where this machine can run the real node, else ("process", why not)."""
+    try:
+        realnode.check_machine()
+        realnode.image_archives()
+    except realnode.RealNodeUnavailable as reason:
+        return "process", str(reason)
+    return "real", "this machine runs a kubelet and containerd"
+
+
+def up(directory: Path, node: str) -> SandboxState:
     existing = load_state(directory)
     if existing and procs.processes_with_marker(existing.id):
         print(f"the sandbox is already running (state in {directory}); `make sandbox-down` stops it")
         return existing
     directory.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(directory / "bed", ignore_errors=True)  # a fresh cluster and store every time
-    bed = TestBed(directory / "bed", id="sandbox-" + os.urandom(4).hex()).start()
+    bed = TestBed(directory / "bed", id="sandbox-" + os.urandom(4).hex()).start(real_node=node == "real")
     try:
         return _provision(bed, directory)
     except BaseException:
@@ -75,10 +102,7 @@ def up(directory: Path) -> SandboxState:
 
 def _provision(bed: TestBed, directory: Path) -> SandboxState:
     assert bed.s3
-    assert bed.node
     assert bed.controlplane
-    bed.kubectl("apply", "--server-side", "-f", str(CRD))
-    bed.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/durableruns.durablerun.dev")
     bed.s3.create_bucket(BUCKET)
     secret = bed.kubectl(
         "create", "secret", "generic", "durablerun-s3", "-n", "default", "--dry-run=client", "-o", "json",
@@ -87,18 +111,47 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
         f"--from-literal=AWS_ENDPOINT_URL_S3={bed.s3.endpoint_url}",
     ).stdout
     bed.kubectl("apply", "-f", "-", input=secret)
-    operator, metrics_port = _start_operator(bed, directory)
     parts = [bed.controlplane.etcd, bed.controlplane.apiserver, bed.controlplane.controller_manager,
-             bed.s3.process, bed.node_process, operator]
+             bed.controlplane.scheduler, bed.s3.process]
+    if bed.real_node:
+        assert bed.network
+        metrics_url = _install_chart(bed, directory)
+        parts += [bed.real_node.containerd, bed.real_node.kubelet]
+        node_url, extra = "", {"node": "real", "subnet": str(bed.network.subnet), "bridge": bed.network.bridge,
+                               "node_dir": str(bed.real_node.workdir)}
+    else:
+        assert bed.node
+        bed.kubectl("apply", "--server-side", "-f", str(CRD))
+        bed.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/durableruns.durablerun.dev")
+        operator, metrics_port = _start_operator(bed, directory)
+        parts += [bed.node_process, operator]
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        node_url, extra = bed.node.url, {"node": "process"}
     state = SandboxState(
         id=bed.id, dir=str(directory), kubeconfig=str(bed.kubeconfig),
         s3_endpoint=bed.s3.endpoint_url, s3_access_key=bed.s3.access_key, s3_secret_key=bed.s3.secret_key,
-        s3_bucket=BUCKET, node_url=bed.node.url, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
-        pids=[p.pid for p in parts if p is not None],
+        s3_bucket=BUCKET, node_url=node_url, metrics_url=metrics_url,
+        pids=[p.pid for p in parts if p is not None], **extra,
     )
     _state_path(directory).write_text(json.dumps(asdict(state), indent=2))
     _state_path(directory).chmod(0o600)
     return state
+
+
+def _install_chart(bed: TestBed, directory: Path) -> str:
+    """`helm install` as docs/install.md says (the chart brings the CRD); runs default to the examples image."""
+    assert bed.real_node
+    examples = bed.real_node.images["examples"].rsplit(":", 1)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(directory), "KUBECONFIG": str(bed.kubeconfig),
+           "HELM_CACHE_HOME": str(directory / "helm"), "HELM_CONFIG_HOME": str(directory / "helm"),
+           "HELM_DATA_HOME": str(directory / "helm")}
+    subprocess.run([str(binaries.find("helm")), "install", "durable-run", str(binaries.REPO_ROOT / "charts" /
+                    "durable-run"), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+                    "--set", f"runner.image.repository={examples[0]}", "--set", f"runner.image.tag={examples[1]}",
+                    "--set", "resyncSeconds=1", "--wait", "--timeout=180s"], env=env, check=True)
+    pod = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
+                                 "app.kubernetes.io/component=operator", "-o", "json").stdout)["items"][0]
+    return f"http://{pod['status']['podIP']}:9090/metrics"
 
 
 def _start_operator(bed: TestBed, directory: Path) -> tuple[procs.ManagedProcess, int]:
@@ -122,18 +175,30 @@ def _start_operator(bed: TestBed, directory: Path) -> tuple[procs.ManagedProcess
 
 
 def describe(state: SandboxState) -> str:
+    node = (f"  real node:    kubelet + containerd, pods on {state.subnet} (bridge {state.bridge});\n"
+            f"                the operator runs in namespace {OPERATOR_NAMESPACE} (helm release durable-run)\n"
+            f"  your code:    {PYTHON} sandbox image DIR   (prints the image to name in spec.template)\n"
+            f"  crash a pod:  {PYTHON} sandbox node kill NAMESPACE POD"
+            if state.node == "real" else
+            f"  process node: {state.node_url}\n"
+            f"  crash a pod:  {PYTHON} sandbox node kill NAMESPACE POD")
     return "\n".join([
-        "durable-run sandbox is up.",
+        f"durable-run sandbox is up on the {state.node} node.",
         f"  export KUBECONFIG={state.kubeconfig}",
         "  kubectl get durableruns -A",
         f"  S3 (MinIO):   {state.s3_endpoint}  bucket {state.s3_bucket}",
         f"                access key {state.s3_access_key}, secret in {state.dir}/state.json"
         " and in Secret default/durablerun-s3",
         f"  operator:     metrics at {state.metrics_url}",
-        f"  process node: {state.node_url}  (python -m durablerun_testbed sandbox node kill NAMESPACE POD)",
-        f"  logs:         {state.dir}/bed/**/*.log",
+        node,
+        f"  logs:         kubectl logs POD; the parts' own in {state.dir}/bed/**/*.log",
         "  stop it:      make sandbox-down",
     ])
+
+
+def _containerd(state: SandboxState) -> list[str]:
+    return ["ctr", "--address", str(Path(state.node_dir) / "containerd" / "containerd.sock"), "--namespace",
+            "k8s.io"]
 
 
 def down(directory: Path) -> None:
@@ -141,6 +206,16 @@ def down(directory: Path) -> None:
     if state is None:
         print("no sandbox state found: nothing to stop")
         return
+    if state.node == "real":
+        # While the kubelet runs, delete every pod so it stops their containers and tears their networks down.
+        env = dict(os.environ, KUBECONFIG=state.kubeconfig)
+        kubectl = str(binaries.kubectl())
+        subprocess.run([kubectl, "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false"],
+                       env=env, capture_output=True, timeout=30)
+        with contextlib.suppress(procs.Timeout):
+            procs.wait_for(lambda: not subprocess.run([*_containerd(state), "tasks", "list", "--quiet"],
+                                                      capture_output=True, text=True).stdout.split(),
+                           timeout=60, what="the sandbox's containers to stop", interval=0.5)
     for pid in state.pids:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
@@ -148,16 +223,20 @@ def down(directory: Path) -> None:
     while procs.processes_with_marker(state.id) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid, _ in procs.processes_with_marker(state.id):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     procs.wait_for(lambda: not procs.processes_with_marker(state.id), timeout=10,
                    what="every sandbox process to exit")
+    if state.node == "real":
+        realnode.clean_up(Path(state.node_dir), realnode.PodNetwork(ipaddress.IPv4Network(state.subnet),
+                                                                     state.bridge))
     _state_path(directory).unlink()
     print("sandbox stopped; nothing of it is running")
 
 
-def demo(directory: Path) -> int:
+def demo(directory: Path, node: str) -> int:
     """The README's first command: the whole story with kubectl, then tear down."""
-    state = up(directory)
+    state = up(directory, node)
     print(describe(state), flush=True)
     try:
         _story(state)
@@ -166,10 +245,36 @@ def demo(directory: Path) -> int:
     return 0
 
 
+def kill(state: SandboxState, namespace: str, pod: str) -> dict[str, Any]:
+    """SIGKILL the runner container of ``pod``: its process, through containerd or the process node."""
+    if state.node != "real":
+        return NodeClient(state.node_url).kill(namespace, pod)
+    env = dict(os.environ, KUBECONFIG=state.kubeconfig)
+    body = json.loads(subprocess.run([str(binaries.kubectl()), "get", "pod", pod, "-n", namespace, "-o", "json"],
+                                     env=env, capture_output=True, text=True, check=True).stdout)
+    running = [c for c in body["status"].get("containerStatuses", []) if "running" in c.get("state", {})]
+    if not running:
+        raise SystemExit(f"pod {namespace}/{pod} has no running container to kill")
+    container = running[0]["containerID"].removeprefix("containerd://")
+    subprocess.run([*_containerd(state), "tasks", "kill", "--signal", "SIGKILL", container], check=True)
+    return {"pod": pod, "container": running[0]["name"], "signal": "SIGKILL"}
+
+
+class _LogFollower:
+    """`kubectl logs -f POD` in the background: the container's whole log, kept after the pod is gone."""
+
+    def __init__(self, env: dict[str, str], kubectl: str, pod: str) -> None:
+        self.process = subprocess.Popen([kubectl, "logs", "-f", "--pod-running-timeout=60s", pod], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def lines(self) -> list[str]:
+        out, _ = self.process.communicate(timeout=60)
+        return out.splitlines()
+
+
 def _story(state: SandboxState) -> None:
     env = dict(os.environ, KUBECONFIG=state.kubeconfig)
     kubectl = str(binaries.kubectl())
-    node = NodeClient(state.node_url)
     name = "review-agent"
 
     def run() -> dict[str, Any]:
@@ -180,7 +285,7 @@ def _story(state: SandboxState) -> None:
     def status() -> dict[str, Any]:
         return dict(run().get("status") or {})
 
-    def watch_until(what: str, done: Callable[[dict[str, Any]], bool], timeout: float = 120) -> None:
+    def watch_until(what: str, done: Callable[[dict[str, Any]], bool], timeout: float = 180) -> dict[str, Any]:
         print(f"\n# waiting until {what} (kubectl get dr, every 2s)", flush=True)
         deadline, last = time.monotonic() + timeout, ""
         while True:
@@ -189,23 +294,31 @@ def _story(state: SandboxState) -> None:
             if row != last:
                 print(f"  {row}", flush=True)
                 last = row
-            if done(status()):
-                return
+            if done(current := status()):
+                return current
             if time.monotonic() > deadline:
                 raise SystemExit(f"demo: timed out waiting until {what}")
             time.sleep(2)
 
     _show(env, kubectl, "apply", "-f", str(EXAMPLE))
-    watch_until("3 steps are journaled", lambda s: (s.get("progress") or {}).get("completedSteps", 0) >= 3)
-
-    pod = str(status()["pod"])
-    print(f"\n# crash: SIGKILL the runner process of pod {pod} (as an OOM kill or a node crash would)")
-    print("$ python -m durablerun_testbed sandbox node kill default " + pod, flush=True)
-    print("  " + json.dumps(node.kill("default", pod)), flush=True)
-    watch_until("a new attempt has resumed from the checkpoint and waits for the review",
+    first = watch_until("3 steps are journaled", lambda s: (s.get("progress") or {}).get("completedSteps", 0) >= 3)
+    pod = str(first["pod"])
+    followers = [_LogFollower(env, kubectl, pod)] if state.node == "real" else []
+    print(f"\n# crash: SIGKILL the runner container of pod {pod} (as an OOM kill or a node crash would)")
+    print(f"$ {PYTHON} sandbox node kill default {pod}", flush=True)
+    print("  " + json.dumps(kill(state, "default", pod)), flush=True)
+    second = watch_until("a new attempt runs", lambda s: s.get("pod") not in (None, pod))
+    if state.node == "real":
+        followers.append(_LogFollower(env, kubectl, str(second["pod"])))
+    watch_until("it has resumed from the checkpoint and waits for the review",
                 lambda s: s.get("phase") == "Waiting")
     _show(env, kubectl, "get", "pods", "-l", f"durablerun.dev/run={name}")
-    _count_executions(state)
+    if followers:
+        _count_executions([line for follower in followers for line in follower.lines()], "kubectl logs")
+    else:
+        logs = sorted(Path(state.dir).glob("bed/node/pods/default_review-agent-a*/runner.log"))
+        _count_executions([line for log in logs for line in log.read_text(errors="replace").splitlines()],
+                          "the runner logs")
 
     print("\n# a human approves the draft", flush=True)
     _show(env, kubectl, "patch", "dr", name, "--type", "merge",
@@ -220,17 +333,32 @@ def _story(state: SandboxState) -> None:
                 print(f"  {line}")
 
 
-def _count_executions(state: SandboxState) -> None:
-    """Every step body logs `executing <step>`: count them across every attempt's runner log."""
+def _count_executions(lines: list[str], source: str) -> None:
+    """Every step body logs `executing <step>`: count them across every attempt."""
     counts: dict[str, int] = {}
-    for log in sorted(Path(state.dir).glob("bed/node/pods/default_review-agent-a*/runner.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("executing "):
-                counts[line[len("executing "):]] = counts.get(line[len("executing "):], 0) + 1
-    print("\n# step executions across all attempts (from the runner logs): only the step in flight "
+    for line in lines:
+        if line.startswith("executing "):
+            counts[line[len("executing "):]] = counts.get(line[len("executing "):], 0) + 1
+    print(f"\n# step executions across all attempts (from {source}): only the step in flight "
           "when the pod was killed ran twice", flush=True)
     for step, count in counts.items():
         print(f"  {count}x {step}")
+
+
+def image(state: SandboxState, directory: Path) -> str:
+    """Build DIR's workflows into an image FROM the runner image and import it into the sandbox's node."""
+    if state.node != "real":
+        raise SystemExit("`sandbox image` needs the real node (`make sandbox-up` on a machine that runs it): "
+                         "the process node runs no images")
+    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(directory)],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SystemExit(built.stderr)
+    ref = built.stdout.strip().splitlines()[-1]
+    name = "workflow-" + directory.resolve().name.replace("_", "-").lower()
+    archive = (binaries.cache_dir() / "images" / f"{name}.current").read_text().split()[0]
+    subprocess.run([*_containerd(state), "images", "import", archive], check=True, capture_output=True)
+    return ref
 
 
 def _show(env: dict[str, str], kubectl: str, *args: str) -> None:
@@ -239,25 +367,38 @@ def _show(env: dict[str, str], kubectl: str, *args: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="durablerun_testbed sandbox", description=__doc__)
+    parser = argparse.ArgumentParser(prog="durablerun_testbed sandbox", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where state and logs live")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up")
+    for command in ("up", "demo"):
+        started = sub.add_parser(command)
+        started.add_argument("--node", choices=["real", "process"],
+                             help="the kubelet and containerd, or the process node (default: real where the "
+                                  "machine runs it)")
     sub.add_parser("down")
     sub.add_parser("status")
-    sub.add_parser("demo")
-    node = sub.add_parser("node", help="act on a pod's process through the process node")
+    built = sub.add_parser("image", help="your workflows in an image FROM the runner image, on the node")
+    built.add_argument("path", type=Path, help="the folder you would put on PYTHONPATH; its contents go to /app")
+    node = sub.add_parser("node", help="act on a pod's runner container")
     node.add_argument("action", choices=["kill", "oom", "pause", "continue", "term", "lose"])
     node.add_argument("namespace")
     node.add_argument("pod")
     args = parser.parse_args(argv)
     directory: Path = args.dir.resolve()
-    if args.command == "up":
-        print(describe(up(directory)))
+    if args.command in ("up", "demo"):
+        kind, why = default_node()
+        if args.node == "real" and kind != "real":
+            print(why, file=sys.stderr)
+            return 1
+        kind = args.node or kind
+        print(f"sandbox node: {kind} ({why})" if kind == "real" or not args.node else f"sandbox node: {kind}",
+              flush=True)
+        if args.command == "demo":
+            return demo(directory, kind)
+        print(describe(up(directory, kind)))
     elif args.command == "down":
         down(directory)
-    elif args.command == "demo":
-        return demo(directory)
     else:
         state = load_state(directory)
         if state is None:
@@ -267,9 +408,16 @@ def main(argv: list[str]) -> int:
             print(describe(state))
             for pid, cmd in procs.processes_with_marker(state.id):
                 print(f"  {pid:>7}  {cmd[:110]}")
+        elif args.command == "image":
+            print(image(state, args.path))
+        elif args.action == "kill":
+            print(json.dumps(kill(state, args.namespace, args.pod)))
+        elif state.node == "real":
+            print(f"`node {args.action}` is the process node's; on the real node use kubectl (delete, drain, "
+                  "evict) or a memory limit for a real OOM kill", file=sys.stderr)
+            return 2
         else:
             client = NodeClient(state.node_url)
             action = {"continue": client.cont, "term": client.terminate}.get(args.action)
-            result = (action or getattr(client, args.action))(args.namespace, args.pod)
-            print(json.dumps(result))
+            print(json.dumps((action or getattr(client, args.action))(args.namespace, args.pod)))
     return 0
