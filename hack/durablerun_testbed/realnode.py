@@ -199,6 +199,8 @@ class RealNode:
             # Machines that withhold CAP_SYS_RESOURCE (this kind does) refuse a
             # lower oom_score_adj than containerd's own, as rootless ones do.
             "  restrict_oom_score_adj = true",
+            # Pod network namespaces under the state directory, so a stop unmounts them with the rest.
+            "  netns_mounts_under_state_dir = true",
             f"[{cri}.containerd]",
             '  snapshotter = "overlayfs"',
             '  default_runtime_name = "runc"',
@@ -314,9 +316,9 @@ class RealNode:
 
 
 def clean_up(workdir: Path, network: PodNetwork) -> None:
-    """What a stopped node leaves in the kernel: mounts under its directory, pod network namespaces, the bridge."""
+    """What a stopped node leaves in the kernel: mounts under its directory (pod network namespaces
+    included), the bridge."""
     _unmount_under(workdir)
-    _remove_netns_of(network)
     network.delete()
 
 
@@ -337,17 +339,3 @@ def _unmount_under(directory: Path) -> None:
             mounts.append(point)
     for point in sorted(set(mounts), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
-
-
-def _remove_netns_of(network: PodNetwork) -> None:
-    """Pod network namespaces left by a sandbox that was never stopped: those on our bridge."""
-    netns_dir = Path("/run/netns")
-    if not netns_dir.is_dir():
-        return
-    for entry in netns_dir.iterdir():
-        if not entry.name.startswith("cni-"):
-            continue
-        addresses = subprocess.run(["ip", "-n", entry.name, "-4", "addr"], capture_output=True, text=True).stdout
-        if any(ipaddress.ip_address(word.split("/")[0]) in network.subnet
-               for word in addresses.split() if word.count(".") == 3 and "/" in word):
-            subprocess.run(["ip", "netns", "delete", entry.name], capture_output=True)
