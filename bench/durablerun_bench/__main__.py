@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -24,7 +25,7 @@ from typing import Any
 
 from durablerun_bench import machine, postgres, replay, report, resume, scale, steps
 from durablerun_bench.util import quick
-from durablerun_testbed import procs
+from durablerun_testbed import binaries, procs, realnode
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 
@@ -70,6 +71,34 @@ def testbed(root: Path, run_id: str, s3: S3Server) -> Iterator[TestBed]:
         bed.kubectl("apply", "--server-side", "-f", str(CRD))
         bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/durableruns.durablerun.dev")
         yield bed
+    finally:
+        bed.stop()
+
+
+def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: Any) -> dict[str, Any] | None:
+    """The resume section again on a kubelet and containerd, with dr_flows in a workflow image."""
+    try:
+        realnode.check_machine()
+        realnode.image_archives()
+    except realnode.RealNodeUnavailable as reason:
+        log(f"resume on the real node: skipped ({reason})")
+        return None
+    staged = tmp / "bench-image"
+    shutil.copytree(BENCH_DIR / "durablerun_bench", staged / "durablerun_bench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(staged)],
+                           capture_output=True, text=True, check=True)
+    image = built.stdout.strip().splitlines()[-1]
+    archive = (binaries.cache_dir() / "images" / "workflow-bench-image.current").read_text().split()[0]
+    log("resume after SIGKILL on the real node (kubelet, containerd)")
+    bed = TestBed(root / "k8s-real", id=run_id).start(real_node=True)
+    try:
+        assert bed.real_node
+        bed.real_node.import_image(Path(archive))
+        bed.kubectl("apply", "--server-side", "-f", str(CRD))
+        bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/durableruns.durablerun.dev")
+        return resume.bench(bed, root, run_id, repeats=repeats, steps=400, kill_after=200, sleep=0.01, log=log,
+                            kill=resume.kill_container, image=image)
     finally:
         bed.stop()
 
@@ -133,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                     log("resume after SIGKILL on the test bed")
                     results["resume"] = resume.bench(bed, root, run_id, repeats=sizes.resume_repeats, steps=400,
                                                      kill_after=200, sleep=0.01, log=log)
+                if "resume" in sections:
+                    results["resume_real"] = _resume_on_real_node(root, run_id, tmp, sizes.resume_repeats, log)
                 if "scale" in sections:
                     if bed.node_process:
                         bed.node_process.stop()  # the stand-in renews leases; no runner processes

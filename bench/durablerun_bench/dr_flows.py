@@ -40,11 +40,17 @@ def process_start_time() -> float:
     return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def attempt_id() -> int:
+    """Which process wrote a mark: its pid, and in a runner pod its epoch too (a container's
+    runner may have the same pid, 1, in every attempt)."""
+    return int(os.environ.get("DURABLERUN_EPOCH", "0")) * 10_000_000 + os.getpid()
+
+
 def mark(what: str, when: float | None = None) -> None:
     path = os.environ.get(MARK_ENV)
     if path:
         with open(path, "a") as f:
-            f.write(f"{what} {os.getpid()} {time.time() if when is None else when:.6f}\n")
+            f.write(f"{what} {attempt_id()} {time.time() if when is None else when:.6f}\n")
 
 
 mark("process", process_start_time())

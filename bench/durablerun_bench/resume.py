@@ -1,7 +1,9 @@
 """Resume on the test bed: SIGKILL a runner pod's process, time until the new attempt runs its first new step.
 
 A DurableRun runs ``dr_flows:steps`` on MinIO through the real operator, the
-real API server and the process node. Its steps mark when they start in a
+real API server and the process node, and again on the real node (a kubelet
+and containerd running ``dr_flows`` in a workflow image FROM the runner image;
+the SIGKILL goes to the container's task through containerd). Its steps mark when they start in a
 file on a hostPath volume. Once ``kill_after`` steps are journaled the process
 node SIGKILLs the runner (exit 137, like a crash); the harness watches the
 DurableRun and its pods and reads the marks, and splits crash → first new step
@@ -10,7 +12,8 @@ into:
 * detection: SIGKILL → the operator has recorded the crash (status.restarts + 1)
 * pod creation: → the next attempt's pod exists (the crash backoff is set to 0s
   here: ``policy.backoff.initial`` is 10s by default, a policy choice, not overhead)
-* process start: → the process node has started the runner process
+* process start: → the node has started the runner process (the process node's
+  fork and exec; the kubelet's sandbox, network and container start)
 * runner start: → the runner holds the lease (interpreter, imports, API calls)
 * load: → the workflow function is entered (store, manifest, snapshot, journal tail)
 * replay: → the first step that was not journaled starts executing
@@ -138,8 +141,9 @@ def prepare_namespace(bed: TestBed, namespace: str, bucket: str | None = None) -
 
 
 def manifest(bed: TestBed, namespace: str, name: str, bucket: str, marks_dir: Path,
-             input: dict[str, Any]) -> dict[str, Any]:
+             input: dict[str, Any], image: str | None = None) -> dict[str, Any]:
     assert bed.s3
+    runner: dict[str, Any] = {"image": image} if image else {}
     return {
         "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
         "metadata": {"name": name, "namespace": namespace},
@@ -150,8 +154,8 @@ def manifest(bed: TestBed, namespace: str, name: str, bucket: str, marks_dir: Pa
                            "credentialsSecret": "s3-credentials", "region": "us-east-1"},
             "policy": {"backoff": {"initial": "0s", "max": "1s"}},
             "template": {"spec": {"containers": [{
-                "name": "runner",
-                "env": [{"name": "PYTHONPATH", "value": str(BENCH_DIR)},
+                "name": "runner", **runner,
+                "env": [{"name": "PYTHONPATH", "value": "/app" if image else str(BENCH_DIR)},
                         {"name": "DURABLERUN_BENCH_MARK", "value": "/tmp/marks/marks.txt"},
                         {"name": "DURABLERUN_BENCH_STEP_MARKS", "value": "1"},
                         {"name": "DURABLERUN_LOG_LEVEL", "value": "WARNING"}],
@@ -161,21 +165,36 @@ def manifest(bed: TestBed, namespace: str, name: str, bucket: str, marks_dir: Pa
     }
 
 
-def one(bed: TestBed, watcher: Watcher, namespace: str, bucket: str, root: Path, *, steps: int,
-        kill_after: int, sleep: float) -> dict[str, float]:
+Kill = Callable[[TestBed, str, str], None]
+
+
+def kill_process(bed: TestBed, namespace: str, pod: str) -> None:
+    """The process node SIGKILLs the runner process."""
     assert bed.node
+    bed.node.kill(namespace, pod)
+
+
+def kill_container(bed: TestBed, namespace: str, pod: str) -> None:
+    """containerd SIGKILLs the runner container's task on the real node."""
+    assert bed.real_node
+    body = json.loads(bed.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)
+    bed.real_node.kill_container(body["status"]["containerStatuses"][0]["containerID"])
+
+
+def one(bed: TestBed, watcher: Watcher, namespace: str, bucket: str, root: Path, *, steps: int,
+        kill_after: int, sleep: float, kill: Kill = kill_process, image: str | None = None) -> dict[str, float]:
     name = f"resume-{uuid.uuid4().hex[:6]}"
     marks_dir = root / name
     marks_dir.mkdir(parents=True)
     marks_dir.chmod(0o777)
     marks = marks_dir / "marks.txt"
     bed.kubectl("apply", "-f", "-", input=json.dumps(
-        manifest(bed, namespace, name, bucket, marks_dir, {"n": steps, "sleep": sleep})))
+        manifest(bed, namespace, name, bucket, marks_dir, {"n": steps, "sleep": sleep}, image)))
     procs.wait_for(lambda: any(w == f"step{kill_after}" for w, _, _ in _marks(marks)), timeout=120,
                    what=f"step {kill_after} of {name}")
     first_pid = next(pid for w, pid, _ in _marks(marks) if w == "process")
     t_kill = time.time()
-    bed.node.kill(namespace, f"{name}-a1")
+    kill(bed, namespace, f"{name}-a1")
     new = procs.wait_for(lambda: [m for m in _marks(marks) if m[1] != first_pid and m[0].startswith("step")],
                          timeout=120, what=f"the new attempt of {name} to run a step")
     t_first = new[0][2]
@@ -211,7 +230,7 @@ def _phase(bed: TestBed, namespace: str, name: str) -> str | None:
 
 
 def bench(bed: TestBed, root: Path, run_id: str, *, repeats: int, steps: int, kill_after: int,
-          sleep: float, log: Any = print) -> dict[str, Any]:
+          sleep: float, log: Any = print, kill: Kill = kill_process, image: str | None = None) -> dict[str, Any]:
     namespace, bucket = f"bench-resume-{uuid.uuid4().hex[:4]}", f"bench-resume-{uuid.uuid4().hex[:8]}"
     prepare_namespace(bed, namespace, bucket)
     watcher = Watcher(bed, namespace).start()
@@ -219,7 +238,8 @@ def bench(bed: TestBed, root: Path, run_id: str, *, repeats: int, steps: int, ki
     try:
         with operator(bed, namespace, root, run_id):
             for i in range(repeats):
-                sample = one(bed, watcher, namespace, bucket, root, steps=steps, kill_after=kill_after, sleep=sleep)
+                sample = one(bed, watcher, namespace, bucket, root, steps=steps, kill_after=kill_after, sleep=sleep,
+                             kill=kill, image=image)
                 samples.append(sample)
                 log(f"  [{i + 1}/{repeats}] SIGKILL -> first new step {sample['total_s']:.2f}s " + ", ".join(
                     f"{k[:-2]} {v:.2f}" for k, v in sample.items() if k.endswith("_s") and k != "total_s"))

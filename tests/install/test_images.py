@@ -1,6 +1,8 @@
 """The Dockerfiles, read as text: pinned base, non-root, the right extras, and in step with the chart.
 
-(No container engine here: what can be checked without building is checked.)
+tests/realnode builds these Dockerfiles unchanged (hack/build-images.sh) and
+runs the images on a real kubelet; what is checked here is what a build does
+not show: the published base, and that the text stays in step with the chart.
 """
 
 from __future__ import annotations
