@@ -30,11 +30,11 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
 from durablerun import api, errors
 from durablerun._private import layout
-from durablerun._private.cli import inspect_run
+from durablerun._private.cli import _Parser, _UsageError, inspect_run
 from durablerun._version import __version__
 from durablerun.stores import store_from_checkpoint
 
@@ -47,16 +47,6 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 
 class PluginError(Exception):
     """Exits 1 with the message (a refused patch, a missing run, ...)."""
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        raise _UsageError(message)
 
 
 class Kubectl:
