@@ -105,6 +105,41 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+ADMISSION_POLICY = f"{api.PLURAL}.{api.GROUP}"
+
+
+def admission_policy() -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy (and its binding) that keeps spec.input and set events immutable.
+
+    Installed with the CRD. It checks updates of DurableRuns only (not of their status), so it costs
+    nothing on the runner's and the operator's status writes.
+    """
+    labels = {"app.kubernetes.io/name": "durable-run"}
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": ADMISSION_POLICY, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+                "resources": [api.PLURAL],
+            }]},
+            "validations": [
+                {"expression": api.INPUT_RULE, "message": api.INPUT_IMMUTABLE, "reason": "Invalid"},
+                {"expression": api.EVENTS_RULE, "message": api.EVENTS_IMMUTABLE, "reason": "Invalid"},
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": ADMISSION_POLICY, "labels": labels},
+        "spec": {"policyName": ADMISSION_POLICY, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
 def custom_resource_definition() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -281,6 +281,25 @@ class Checkpoint(_Model):
     )
 
 
+# Immutable parts of the spec, refused at the API server. The CRD's own rules (x-kubernetes-validations)
+# see a schemaless object (input, events: any JSON) only as a whole, and their equality misses a key
+# renamed in an object of the same size; so a ValidatingAdmissionPolicy, which sees plain JSON, holds
+# both exactly (durablerun_operator.crd.admission_policy). The CRD rule on spec.input stays for
+# clusters where only the CRD is installed.
+INPUT_IMMUTABLE = (
+    "spec.input is immutable: a run's input is fixed when it is created; create a new DurableRun "
+    "(a new name) for a new input"
+)
+INPUT_RULE = "!has(oldObject.spec.input) || (has(object.spec.input) && object.spec.input == oldObject.spec.input)"
+EVENTS_IMMUTABLE = (
+    "spec.events: an event already set cannot be changed or removed (the workflow may have read it); "
+    "send new events under new names"
+)
+EVENTS_RULE = (
+    "!has(oldObject.spec.events) || oldObject.spec.events.all(name, has(object.spec.events) && "
+    "name in object.spec.events && object.spec.events[name] == oldObject.spec.events[name])"
+)
+
 WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -294,10 +313,15 @@ class DurableRunSpec(_Model):
     input: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "JSON object passed to the workflow. Fixed at the first attempt: a later change makes "
-            "the run fail with InputMismatch rather than silently start over."
+            "JSON object passed to the workflow. Immutable: the API server refuses a change; "
+            "create a new DurableRun for a new input."
         ),
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            # Defaulted, so the transition rule also sees an input that is added or removed.
+            "default": {},
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": INPUT_IMMUTABLE}],
+        },
     )
     template: dict[str, Any] = Field(
         default_factory=dict,
@@ -317,8 +341,8 @@ class DurableRunSpec(_Model):
     events: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "Events for ctx.wait_for_event, by name, each any JSON value. The first value "
-            "delivered for a name wins; later changes to it are ignored."
+            "Events for ctx.wait_for_event, by name, each any JSON value. Add new names at any "
+            "time; the API server refuses a change to or the removal of a name already set."
         ),
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
