@@ -89,6 +89,8 @@ class Reconciler:
             try:
                 await self.reconcile(*key)
             except Exception:
+                if self.metrics:
+                    self.metrics.record_reconcile_error()
                 log.exception("reconcile of %s/%s failed; it is retried on the next resync", *key)
             finally:
                 self.queue.done(key)

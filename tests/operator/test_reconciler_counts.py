@@ -1,4 +1,4 @@
-"""The reconciler's counters follow the status write (pure logic).
+"""The reconciler's counters follow the status write, and failed reconciles are counted (pure logic).
 
 The API is a stub here: what is under test is the order in which the
 reconciler applies a plan, which the test bed cannot make fail on demand.
@@ -90,3 +90,21 @@ def test_a_written_transition_is_counted_even_if_the_calls_after_it_fail(
     assert kube.patches == 1
     assert registry.get_sample_value(counter, {"namespace": "ns", "name": "run", **labels}) == 1.0
 
+
+def test_a_failed_reconcile_counts_as_a_reconcile_error() -> None:
+    registry = CollectorRegistry()
+    run_metrics = metrics.RunMetrics(registry, version="test")
+    kube = EventsFail(ended_pod(0, json.dumps({"outcome": "Completed", "message": "done"})))
+    reconciler = Reconciler(kube, Settings(), run_metrics)  # type: ignore[arg-type]
+
+    async def one_failed_reconcile() -> None:
+        worker = asyncio.create_task(reconciler.run_workers())
+        reconciler.queue.add(("ns", "run"))
+        deadline = asyncio.get_running_loop().time() + 10
+        while not registry.get_sample_value("durablerun_reconcile_errors_total"):
+            assert asyncio.get_running_loop().time() < deadline, "no reconcile error was counted"
+            await asyncio.sleep(0.01)
+        worker.cancel()
+
+    asyncio.run(one_failed_reconcile())
+    assert registry.get_sample_value("durablerun_reconcile_errors_total") == 1.0
