@@ -33,6 +33,11 @@ _DISRUPTION_REASONS = {
 }
 
 
+# The runner stamps renewTime with its clock, the operator compares it with its own: a lease counts as
+# expired only this long after it ran out, so a runner clock a little behind is not taken for a hang.
+CLOCK_SKEW_MARGIN = timedelta(seconds=2)
+
+
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
@@ -449,7 +454,7 @@ def quiet_until(run: RunView) -> datetime | None:
             return None  # the lease is not held yet: its deadline counts from the pod's start
         acquired = parse_time(status.lease.acquireTime)
         progress = max((m for m in (parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
-        return min(renewed + api.parse_duration(policy.leaseDuration),
+        return min(renewed + lease_validity(run),
                    progress + api.parse_duration(policy.progressTimeout), max_duration)
     if spec.suspend != (phase == api.Phase.SUSPENDED):
         return None
@@ -465,6 +470,19 @@ def quiet_until(run: RunView) -> datetime | None:
         moments = [m for m in (parse_time(waiting.wakeTime), parse_time(waiting.deadline)) if m]
         return min(moments, default=NEVER)
     return None  # Pending: start the next attempt
+
+
+def lease_validity(run: RunView) -> timedelta:
+    """How long after its last renewal (or its pod's start) the current lease counts as expired.
+
+    The runner renews on the duration it published in status.lease.durationSeconds, so that is the
+    one to judge it by (the policy may have been edited since the pod started); the policy's only
+    until the lease is held. Plus the clock-skew margin.
+    """
+    lease = run.status.lease
+    published = lease.durationSeconds if lease.epoch == run.status.epoch else None
+    duration = timedelta(seconds=published) if published else api.parse_duration(run.spec.policy.leaseDuration)
+    return duration + CLOCK_SKEW_MARGIN
 
 
 def _admit(t: _Transition) -> None:
@@ -503,7 +521,7 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
 
 
 def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
-    status, policy = t.run.status, t.run.spec.policy
+    status = t.run.status
     if pod is None:
         if status.lease.epoch == status.epoch:
             # It ran, and now it is gone without a trace: someone removed it.
@@ -516,13 +534,14 @@ def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
         return
     if _user_abort(t, pod) or _limits_exceeded(t, pod):
         return
-    lease_duration = api.parse_duration(policy.leaseDuration)
+    validity = lease_validity(t.run)
     renewed = parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
     reference = renewed or pod.running_since
-    if reference is not None and t.now - reference > lease_duration:
+    if reference is not None and t.now - reference > validity:
         what = "renewed" if renewed else "acquired"
         t.guard["/status/lease"] = status.lease.model_dump(mode="json", exclude_none=True)
-        t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(lease_duration)}",
+        t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(validity)} "
+                f"(lease duration plus a {api.format_duration(CLOCK_SKEW_MARGIN)} clock-skew margin)",
                 warning=True)
         _ended(t, Ending(LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing it (hung, paused "
                          "or partitioned)"), pod, delete=True)

@@ -59,7 +59,12 @@ def decides_something(run_body: dict[str, Any], pods: list[dict[str, Any]], now:
 
 # Settled runs (the operator has done everything it can) and the moment their clock runs out.
 CLOCKED = {
-    "running: the lease runs out first": (body(running()), [runner_pod()], T0 + timedelta(seconds=160)),
+    "running: the lease runs out first": (
+        body(running()), [runner_pod()], T0 + timedelta(seconds=160) + decide.CLOCK_SKEW_MARGIN),
+    "running: the lease runs out on the duration its holder published": (
+        body(running(lease={"holder": "run-a2", "epoch": 2, "acquireTime": at(0), "renewTime": at(100),
+                            "durationSeconds": 30})),
+        [runner_pod()], T0 + timedelta(seconds=130) + decide.CLOCK_SKEW_MARGIN),
     "running: the progress timeout runs out first": (
         body(running(progress={"lastProgressTime": at(0)}), spec={"policy": {**POLICY, "progressTimeout": "2m"}}),
         [runner_pod()], T0 + timedelta(seconds=120)),
