@@ -357,6 +357,13 @@ class _Transition:
             self.event("Succeeded", message)
 
     def done(self) -> Plan:
+        old = self.run.status
+        if old.phase == api.Phase.RUNNING and self.new.phase != api.Phase.RUNNING:
+            # The attempt is over: add its time with a pod (until the pod ended, if we know when).
+            ended = (parse_time(self.new.lastPodEndTime) if self.new.lastPodEndTime != old.lastPodEndTime
+                     else None) or self.now
+            self.new.activeSeconds = int(active_time(old, ended).total_seconds())
+            self.new.attemptStartTime = None
         if self.new != self.run.status or self.run.raw_status is None:
             self.new.observedGeneration = self.run.generation
             self.new.conditions = _conditions(self.new, self.now, self.run.generation)
@@ -439,8 +446,7 @@ def quiet_until(run: RunView) -> datetime | None:
     if (run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers
             or builders.ANNOTATION_ABORT in run.annotations):
         return None
-    started = parse_time(status.startTime)
-    max_duration = started + api.parse_duration(policy.maxDuration) if started else NEVER
+    max_duration = api.parse_duration(policy.maxDuration)
     if phase.finished:
         if (status.observedGeneration or 0) < run.generation:
             return None  # the user changed the spec: an aborted run may resume
@@ -454,15 +460,17 @@ def quiet_until(run: RunView) -> datetime | None:
             return None  # the lease is not held yet: its deadline counts from the pod's start
         acquired = parse_time(status.lease.acquireTime)
         progress = max((m for m in (parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
-        return min(renewed + lease_validity(run),
-                   progress + api.parse_duration(policy.progressTimeout), max_duration)
+        began = attempt_start(status)
+        used_up = began + max_duration - timedelta(seconds=status.activeSeconds) if began else NEVER
+        return min(renewed + lease_validity(run), progress + api.parse_duration(policy.progressTimeout), used_up)
+    if timedelta(seconds=status.activeSeconds) > max_duration:
+        return None  # out of active time (a retried run, a lowered maxDuration): abort it now
     if spec.suspend != (phase == api.Phase.SUSPENDED):
         return None
     if phase == api.Phase.SUSPENDED:
-        return max_duration
+        return NEVER  # no pod, so no active time: nothing on the clock
     if phase == api.Phase.BACKOFF:
-        next_time = parse_time(status.nextAttemptTime)
-        return min(next_time, max_duration) if next_time else None
+        return parse_time(status.nextAttemptTime)
     if phase == api.Phase.WAITING:
         waiting = status.waitingFor or api.WaitingFor()
         if waiting.event and waiting.event in spec.events:
@@ -470,6 +478,22 @@ def quiet_until(run: RunView) -> datetime | None:
         moments = [m for m in (parse_time(waiting.wakeTime), parse_time(waiting.deadline)) if m]
         return min(moments, default=NEVER)
     return None  # Pending: start the next attempt
+
+
+def attempt_start(status: api.DurableRunStatus) -> datetime | None:
+    """When the current attempt (if Running) started; the lease's acquisition for a status without it."""
+    if status.phase != api.Phase.RUNNING:
+        return None
+    if status.attemptStartTime:
+        return parse_time(status.attemptStartTime)
+    return parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
+
+
+def active_time(status: api.DurableRunStatus, now: datetime) -> timedelta:
+    """The time the run has had a pod, over all its attempts: what maxDuration is held against."""
+    began = attempt_start(status)
+    current = max(now - began, timedelta(0)) if began else timedelta(0)
+    return timedelta(seconds=status.activeSeconds) + current
 
 
 def lease_validity(run: RunView) -> timedelta:
@@ -514,6 +538,7 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
     t.new.outcome = None
     t.new.waitingFor = None
     t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
+    t.new.attemptStartTime = iso(t.now)
     if t.new.startTime is None:
         t.new.startTime = iso(t.now)
     t.plan.create_pod_epoch = epoch
@@ -635,11 +660,10 @@ def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView |
 def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
     """maxDuration and progressTimeout hold even when the runner is hung."""
     status, policy = t.run.status, t.run.spec.policy
-    started = parse_time(status.startTime)
-    max_duration = api.parse_duration(policy.maxDuration)
-    if started is not None and t.now - started > max_duration and status.phase != api.Phase.WAITING:
+    if active_time(status, t.now) > api.parse_duration(policy.maxDuration):
         _abort(t, api.AbortReason.MAX_DURATION_EXCEEDED,
-               f"the run has taken longer than policy.maxDuration={policy.maxDuration}; raise it to resume", pod)
+               f"the run has had a pod for longer than policy.maxDuration={policy.maxDuration} (waits, "
+               "sleeps, suspension and backoff do not count); raise it to resume", pod)
         return True
     if status.phase == api.Phase.RUNNING and pod is not None:
         progress = parse_time(status.progress.lastProgressTime)
@@ -700,8 +724,7 @@ def _abort_lifted(t: _Transition) -> bool:
                 and (policy.maxTokens is None or status.cost.tokens < policy.maxTokens)
                 and (policy.maxSteps is None or status.progress.completedSteps < policy.maxSteps))
     if reason == api.AbortReason.MAX_DURATION_EXCEEDED:
-        started = parse_time(status.startTime)
-        return started is None or t.now - started < api.parse_duration(policy.maxDuration)
+        return active_time(status, t.now) < api.parse_duration(policy.maxDuration)
     if reason == api.AbortReason.RETRY_LIMIT_EXCEEDED:
         return status.restarts <= policy.maxRestarts and status.disruptions <= policy.maxDisruptions
     return reason == api.AbortReason.PROGRESS_TIMEOUT

@@ -173,7 +173,10 @@ class Policy(_Model):
     """Limits the run is held to. Counters survive restarts: they are journaled."""
 
     maxDuration: str = _duration_field(
-        "8h", "Wall time from the run's first start after which it is Aborted (MaxDurationExceeded).",
+        "8h",
+        "Time the run may have a pod, summed over its attempts, before it is Aborted "
+        "(MaxDurationExceeded). Waits for events, durable sleeps, suspension and backoff do not "
+        "count: a run may wait for a human for days (a wait's own timeout bounds it).",
         positive=True,
     )
     costCeilingUSD: str | None = Field(
@@ -430,5 +433,9 @@ class DurableRunStatus(_Model):
     completionTime: str | None = Field(default=None, description="When the run finished.")
     nextAttemptTime: str | None = Field(default=None, description="When a Backoff run starts its next attempt.")
     lastPodEndTime: str | None = Field(default=None, description="When the previous attempt's pod ended.")
+    attemptStartTime: str | None = Field(default=None, description="When the current attempt started (Running only).")
+    activeSeconds: int = Field(
+        default=0, description="Seconds the run had a pod in its finished attempts: maxDuration counts these."
+    )
     conditions: list[Condition] = Field(default_factory=list)
     observedGeneration: int | None = Field(default=None)

@@ -391,10 +391,12 @@ def _attempt(identity: Identity) -> int:
     ref = RunRef.kubernetes(identity.namespace, identity.name, identity.uid)
     delivered: set[str] = set()
     _deliver_events(store, ref, spec.events, delivered)
+    # maxDuration counts the time the run had a pod (the operator sums it), not waits between attempts.
+    active = timedelta(seconds=api.DurableRunStatus.model_validate(body.get("status") or {}).activeSeconds)
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard),
+        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -70,6 +71,22 @@ def test_event_sent_while_the_runner_decides_to_wait_is_not_lost(operator: Opera
     for name in names:
         runs.wait_phase(name, "Succeeded", timeout=60)
         assert f'decision {{"by": "{name}"}}' in runs.ledger()
+
+
+def test_a_wait_longer_than_max_duration_does_not_abort_the_run(operator: Operator, runs: RunEnv) -> None:
+    # maxDuration counts the time the run has a pod; a human may take longer than that to answer.
+    runs.apply(runs.manifest("patient", "optest_flows:approval", policy={"maxDuration": "20s"}))
+    run = runs.wait_phase("patient", "Waiting", timeout=60)
+    started = datetime.fromisoformat(run["status"]["startTime"])
+    procs.wait_for(lambda: datetime.now(UTC) > started + timedelta(seconds=25), timeout=60,
+                   what="25s since the first start, past maxDuration")
+    assert runs.get("patient")["status"]["phase"] == "Waiting"
+    runs.testbed.kubectl("patch", "dr", "patient", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"events": {"review": {"ok": true}}}}')
+    run = runs.wait_phase("patient", "Succeeded", "Aborted", "Failed", timeout=60)
+    assert run["status"]["phase"] == "Succeeded", run["status"].get("message")
+    assert 0 < run["status"]["activeSeconds"] < 20
+    assert runs.executions("publish") == 1
 
 
 def test_first_event_value_wins(operator: Operator, runs: RunEnv) -> None:

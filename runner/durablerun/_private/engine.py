@@ -63,6 +63,9 @@ class EngineConfig:
     #: write (e.g. its lease lapsed while it was paused), None when it may. A
     #: reason fences the attempt before anything is written.
     write_guard: Callable[[], str | None] | None = None
+    #: Time the run was active before this attempt (on Kubernetes: status.activeSeconds, the time it had a
+    #: pod). Set: maxDuration counts that plus this attempt. None: it counts from the run's first start.
+    active_before: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,8 @@ class Run:
                 "Nothing journaled was changed."
             )
         first_start = parse_iso(str(manifest["created"]))
+        if self.config.active_before is not None:
+            first_start = datetime.now(UTC) - self.config.active_before
         loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
         for w in loaded.warnings:
             self.sinks.warning(w)
