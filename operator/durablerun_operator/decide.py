@@ -448,8 +448,8 @@ def quiet_until(run: RunView) -> datetime | None:
         return None
     max_duration = api.parse_duration(policy.maxDuration)
     if phase.finished:
-        if (status.observedGeneration or 0) < run.generation:
-            return None  # the user changed the spec: an aborted run may resume
+        if (status.observedGeneration or 0) < run.generation or _retry_requested(run):
+            return None  # the user changed the spec (an aborted run may resume) or asked for a retry
         completed = parse_time(status.completionTime)
         if spec.ttlSecondsAfterFinished is None or completed is None:
             return NEVER
@@ -696,6 +696,9 @@ def _waiting(t: _Transition) -> None:
 
 def _finished(t: _Transition) -> None:
     status, spec = t.run.status, t.run.spec
+    if _retry_requested(t.run):
+        _retry(t)
+        return
     policy_changed = (status.observedGeneration or 0) < t.run.generation
     if status.phase == api.Phase.ABORTED and policy_changed and _abort_lifted(t):
         t.new.phase = api.Phase.PENDING
@@ -708,6 +711,37 @@ def _finished(t: _Transition) -> None:
         completed = parse_time(status.completionTime)
         if completed is not None and t.now >= completed + timedelta(seconds=spec.ttlSecondsAfterFinished):
             t.plan.delete_run = True
+
+
+def _retry_requested(run: RunView) -> bool:
+    """A Failed or Aborted run whose retry annotation holds a value not acted on yet."""
+    value = run.annotations.get(api.ANNOTATION_RETRY)
+    return (run.status.phase in (api.Phase.FAILED, api.Phase.ABORTED) and value is not None
+            and value != run.status.retry)
+
+
+def _retry(t: _Transition) -> None:
+    """Start the run again from its journal: completed steps replay, failed ones run again."""
+    status, value = t.run.status, t.run.annotations[api.ANNOTATION_RETRY]
+    t.new.retry = value
+    if builders.ANNOTATION_ABORT in t.run.annotations:
+        t.event("RetryRefused", f"{api.ANNOTATION_RETRY}={value!r} ignored: the run still carries "
+                f"{builders.ANNOTATION_ABORT}. Remove it with the retry: kubectl annotate dr {t.run.name} "
+                f"{builders.ANNOTATION_ABORT}- {api.ANNOTATION_RETRY}=<a new value>", warning=True)
+        return
+    t.new.phase = api.Phase.PENDING
+    t.new.abortReason = None
+    t.new.outcome = None
+    t.new.completionTime = None
+    # A fresh restart budget, so a RetryLimitExceeded run can run again; the journal's counters (cost,
+    # tokens, steps) and the active time carry over, so every other budget still holds.
+    t.new.restarts = 0
+    t.new.disruptions = 0
+    # To the microsecond: the runner compares it with when each failure was journaled, maybe the same second.
+    t.new.retryTime = t.now.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    t.new.message = (f"retry {value!r} of the {status.phase} run: a new attempt replays the journal; completed "
+                     "steps are not executed again, failed ones are")
+    t.event("Retrying", t.new.message)
 
 
 def _abort_lifted(t: _Transition) -> bool:

@@ -29,6 +29,8 @@ LABEL_RUN = f"{GROUP}/run"
 LABEL_EPOCH = f"{GROUP}/epoch"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 POD_FINALIZER = f"{GROUP}/termination"
+# Set to a new value (any string, e.g. a timestamp) to retry a Failed or Aborted run from its journal.
+ANNOTATION_RETRY = f"{GROUP}/retry"
 RUN_FINALIZER = f"{GROUP}/cleanup"
 
 
@@ -434,6 +436,10 @@ class DurableRunStatus(_Model):
     nextAttemptTime: str | None = Field(default=None, description="When a Backoff run starts its next attempt.")
     lastPodEndTime: str | None = Field(default=None, description="When the previous attempt's pod ended.")
     attemptStartTime: str | None = Field(default=None, description="When the current attempt started (Running only).")
+    retry: str | None = Field(default=None, description="The durablerun.dev/retry annotation value last acted on.")
+    retryTime: str | None = Field(
+        default=None, description="When the last retry started: steps that failed before it are executed again."
+    )
     activeSeconds: int = Field(
         default=0, description="Seconds the run had a pod in its finished attempts: maxDuration counts these."
     )

@@ -49,6 +49,10 @@ STATUS_FLUSH_SECONDS = 1.0  # progress reaches the status at most this often (an
 ABORT_ANNOTATION = f"{api.GROUP}/abort"
 
 
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -392,11 +396,13 @@ def _attempt(identity: Identity) -> int:
     delivered: set[str] = set()
     _deliver_events(store, ref, spec.events, delivered)
     # maxDuration counts the time the run had a pod (the operator sums it), not waits between attempts.
-    active = timedelta(seconds=api.DurableRunStatus.model_validate(body.get("status") or {}).activeSeconds)
+    status_now = api.DurableRunStatus.model_validate(body.get("status") or {})
+    active = timedelta(seconds=status_now.activeSeconds)
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active),
+        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active,
+                                   rerun_failed_before=_time(status_now.retryTime)),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:

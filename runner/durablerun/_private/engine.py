@@ -66,6 +66,9 @@ class EngineConfig:
     #: Time the run was active before this attempt (on Kubernetes: status.activeSeconds, the time it had a
     #: pod). Set: maxDuration counts that plus this attempt. None: it counts from the run's first start.
     active_before: timedelta | None = None
+    #: A retried run (on Kubernetes: status.retryTime): a step whose failure was journaled before this moment
+    #: is executed again instead of replayed as a failure. None: journaled failures replay as they are.
+    rerun_failed_before: datetime | None = None
 
 
 @dataclass(frozen=True)
