@@ -59,13 +59,14 @@ ABORTED = Alert(
           max_over_time(durablerun_run_abort_reason[{config.ABORT_ALERT_MEMORY}])
         ) == 1
     """,
-    for_="0m",  # an abort is final: there is nothing to debounce
+    for_="0m",  # an abort stands until a user acts: there is nothing to debounce
     # A deliberate abort (kubectl patch) is news, not a page.
     severity='{{ if eq $labels.reason "UserRequested" }}info{{ else }}critical{{ end }}',
     summary="A durable run was aborted.",
     description=f"""
         DurableRun {RUN_LABELS} was aborted: {{{{ $labels.reason }}}}.
-        It will not run again until its policy is changed or it is re-created.
+        It will not run again until the limit that stopped it is raised or it is retried
+        (the durablerun.dev/retry annotation).
     """,
 )
 

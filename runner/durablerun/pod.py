@@ -142,8 +142,12 @@ class StatusSink(ProgressSink):
         self.completed = 0
 
     def update(self, **fields: Any) -> None:
+        """Merge into what is waiting to be shipped: a final update keeps the last step's name and time."""
         with self.lock:
-            self.fields.update(fields)
+            for key, value in fields.items():
+                pending = self.fields.get(key)
+                self.fields[key] = {**pending, **value} if isinstance(pending, dict) and isinstance(value, dict) \
+                    else value
         self.dirty.set()
 
     def run_started(self, *, info: RunStarted) -> None:

@@ -37,6 +37,20 @@ def test_cost_ceiling_aborts_and_raising_it_resumes(operator: Operator, runs: Ru
     assert run["status"]["cost"]["usd"] == "0.50"
 
 
+def test_the_step_column_shows_the_last_step_of_a_finished_run(operator: Operator, runs: RunEnv) -> None:
+    # Steps faster than the runner's status flushes: the last ones reach the status only with the outcome.
+    runs.apply(runs.manifest("quick", "optest_flows:steps", {"steps": 5, "sleep": 0.05}))
+    runs.apply(runs.manifest("capped", "optest_flows:steps", {"steps": 5, "sleep": 0.05, "usd": "0.10"},
+                             policy={"costCeilingUSD": "0.25"}))
+    assert runs.wait_phase("quick", "Succeeded", timeout=60)["status"]["progress"]["stepName"] == "s4"
+    assert runs.wait_phase("capped", "Aborted", timeout=60)["status"]["progress"]["stepName"] == "s2"
+    table = runs.testbed.kubectl("get", "dr", "quick", "capped", "-n", runs.namespace).stdout.splitlines()
+    header = table[0].split()
+    rows = {row.split()[0]: row.split() for row in table[1:]}
+    assert rows["quick"][header.index("STEP")] == "s4"
+    assert rows["capped"][header.index("STEP")] == "s2"
+
+
 def test_human_event_wakes_a_waiting_run_with_no_pod(operator: Operator, runs: RunEnv) -> None:
     runs.apply(runs.manifest("review", "optest_flows:approval"))
     run = runs.wait_phase("review", "Waiting", timeout=60)
