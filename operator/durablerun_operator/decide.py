@@ -308,7 +308,7 @@ def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) ->
         changed = previous is None or previous.status != value
         out.append(api.Condition(
             type=kind, status=value, reason=reason, message=(status.message or "")[:1024],
-            lastTransitionTime=iso(now) if changed or not previous else previous.lastTransitionTime,
+            lastTransitionTime=(iso(now) if changed or not previous else previous.lastTransitionTime) or iso(now),
             observedGeneration=generation,
         ))
     return out

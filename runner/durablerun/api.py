@@ -399,12 +399,27 @@ class WaitingFor(_Model):
 
 
 class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str | None = None
-    message: str | None = None
-    lastTransitionTime: str | None = None
-    observedGeneration: int | None = None
+    """A condition in the standard Kubernetes shape (metav1.Condition), one per type."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", json_schema_extra={
+        "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+    })
+
+    type: str = Field(description="Progressing, Suspended, Complete or Failed.", max_length=316,
+                      pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                              r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="Why, in CamelCase: the phase, or the abort reason.", min_length=1,
+        max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    )
+    message: str | None = Field(default=None, description="Details for humans.", max_length=32768)
+    lastTransitionTime: str | None = Field(
+        default=None, description="When the status last changed.", json_schema_extra={"format": "date-time"},
+    )
+    observedGeneration: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation the condition was set for.",
+    )
 
 
 class DurableRunStatus(_Model):
@@ -443,5 +458,14 @@ class DurableRunStatus(_Model):
     activeSeconds: int = Field(
         default=0, description="Seconds the run had a pod in its finished attempts: maxDuration counts these."
     )
-    conditions: list[Condition] = Field(default_factory=list)
-    observedGeneration: int | None = Field(default=None)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Progressing, Suspended, Complete and Failed, as a Job's (kubectl wait "
+            "--for=condition=Complete)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observedGeneration: int | None = Field(
+        default=None, description="The .metadata.generation the operator last acted on."
+    )
