@@ -11,6 +11,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from durablerun import api
 from monitoring import config
 
 
@@ -59,13 +60,33 @@ ABORTED = Alert(
           max_over_time(durablerun_run_abort_reason[{config.ABORT_ALERT_MEMORY}])
         ) == 1
     """,
-    for_="0m",  # an abort is final: there is nothing to debounce
+    for_="0m",  # an abort stands until a user acts: there is nothing to debounce
     # A deliberate abort (kubectl patch) is news, not a page.
     severity='{{ if eq $labels.reason "UserRequested" }}info{{ else }}critical{{ end }}',
     summary="A durable run was aborted.",
     description=f"""
         DurableRun {RUN_LABELS} was aborted: {{{{ $labels.reason }}}}.
-        It will not run again until its policy is changed or it is re-created.
+        It will not run again until the limit that stopped it is raised or it is retried
+        (the durablerun.dev/retry annotation).
+    """,
+)
+
+FAILED = Alert(
+    name="DurableRunFailed",
+    # last_over_time, not max_over_time: a retried run (phase series back to 0) resolves at once, while a
+    # run deleted right after failing (its series gone) keeps alerting for the same memory as an abort.
+    expr=f"""
+        max by ({RUN}) (
+          last_over_time(durablerun_run_phase{{phase="{api.Phase.FAILED.value}"}}[{config.ABORT_ALERT_MEMORY}])
+        ) == 1
+    """,
+    for_="0m",  # a failure stands until a user acts: there is nothing to debounce
+    severity="critical",
+    summary="A durable run failed.",
+    description=f"""
+        DurableRun {RUN_LABELS} failed: its workflow raised, its input or configuration was refused, or its
+        store could not be used (status.message says which). It will not run again until it is retried
+        (the durablerun.dev/retry annotation) or re-created.
     """,
 )
 
@@ -169,7 +190,7 @@ OPERATOR_DOWN = Alert(
     """,
 )
 
-RUN_ALERTS = (ABORTED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
+RUN_ALERTS = (ABORTED, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
 OPERATOR_ALERTS = (OPERATOR_DOWN,)
 ALL = RUN_ALERTS + OPERATOR_ALERTS
 

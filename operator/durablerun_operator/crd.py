@@ -93,16 +93,61 @@ def openapi_schema() -> dict[str, Any]:
 
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
-    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepName"},
-    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
-    {"name": "Cost", "type": "string", "jsonPath": ".status.cost.usd"},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.abortReason", "priority": 1},
-    {"name": "Steps", "type": "integer", "jsonPath": ".status.progress.completedSteps", "priority": 1},
-    {"name": "Pod", "type": "string", "jsonPath": ".status.pod", "priority": 1},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
+     "description": "Pending, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted."},
+    {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepName",
+     "description": "The step running now, or the last one the run reached."},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary",
+     "description": 'Steps done: "5/12" when the workflow declares a total, else "5 steps".'},
+    {"name": "Cost", "type": "string", "jsonPath": ".status.cost.usd", "description": "Cost so far in US dollars."},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
+     "description": "Restarts after crashes, OOM kills and expired leases (held against maxRestarts)."},
+    {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend",
+     "description": "spec.suspend: true stops the run at its next step boundary."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+     "description": "Time since the DurableRun was created."},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.abortReason", "priority": 1,
+     "description": "Why the run was Aborted."},
+    {"name": "Steps", "type": "integer", "jsonPath": ".status.progress.completedSteps", "priority": 1,
+     "description": "Steps journaled so far."},
+    {"name": "Pod", "type": "string", "jsonPath": ".status.pod", "priority": 1,
+     "description": "The current (or last) attempt's pod."},
 ]
+
+
+ADMISSION_POLICY = f"{api.PLURAL}.{api.GROUP}"
+
+
+def admission_policy() -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy (and its binding) that keeps spec.input and set events immutable.
+
+    Installed with the CRD. It checks updates of DurableRuns only (not of their status), so it costs
+    nothing on the runner's and the operator's status writes.
+    """
+    labels = {"app.kubernetes.io/name": "durable-run"}
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": ADMISSION_POLICY, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+                "resources": [api.PLURAL],
+            }]},
+            "validations": [
+                {"expression": api.INPUT_RULE, "message": api.INPUT_IMMUTABLE, "reason": "Invalid"},
+                {"expression": api.EVENTS_RULE, "message": api.EVENTS_IMMUTABLE, "reason": "Invalid"},
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": ADMISSION_POLICY, "labels": labels},
+        "spec": {"policyName": ADMISSION_POLICY, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
 
 
 def custom_resource_definition() -> dict[str, Any]:

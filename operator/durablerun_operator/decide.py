@@ -33,6 +33,11 @@ _DISRUPTION_REASONS = {
 }
 
 
+# The runner stamps renewTime with its clock, the operator compares it with its own: a lease counts as
+# expired only this long after it ran out, so a runner clock a little behind is not taken for a hang.
+CLOCK_SKEW_MARGIN = timedelta(seconds=2)
+
+
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
@@ -303,7 +308,7 @@ def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) ->
         changed = previous is None or previous.status != value
         out.append(api.Condition(
             type=kind, status=value, reason=reason, message=(status.message or "")[:1024],
-            lastTransitionTime=iso(now) if changed or not previous else previous.lastTransitionTime,
+            lastTransitionTime=(iso(now) if changed or not previous else previous.lastTransitionTime) or iso(now),
             observedGeneration=generation,
         ))
     return out
@@ -352,6 +357,13 @@ class _Transition:
             self.event("Succeeded", message)
 
     def done(self) -> Plan:
+        old = self.run.status
+        if old.phase == api.Phase.RUNNING and self.new.phase != api.Phase.RUNNING:
+            # The attempt is over: add its time with a pod (until the pod ended, if we know when).
+            ended = (parse_time(self.new.lastPodEndTime) if self.new.lastPodEndTime != old.lastPodEndTime
+                     else None) or self.now
+            self.new.activeSeconds = int(active_time(old, ended).total_seconds())
+            self.new.attemptStartTime = None
         if self.new != self.run.status or self.run.raw_status is None:
             self.new.observedGeneration = self.run.generation
             self.new.conditions = _conditions(self.new, self.now, self.run.generation)
@@ -434,11 +446,10 @@ def quiet_until(run: RunView) -> datetime | None:
     if (run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers
             or builders.ANNOTATION_ABORT in run.annotations):
         return None
-    started = parse_time(status.startTime)
-    max_duration = started + api.parse_duration(policy.maxDuration) if started else NEVER
+    max_duration = api.parse_duration(policy.maxDuration)
     if phase.finished:
-        if (status.observedGeneration or 0) < run.generation:
-            return None  # the user changed the spec: an aborted run may resume
+        if (status.observedGeneration or 0) < run.generation or _retry_requested(run):
+            return None  # the user changed the spec (an aborted run may resume) or asked for a retry
         completed = parse_time(status.completionTime)
         if spec.ttlSecondsAfterFinished is None or completed is None:
             return NEVER
@@ -449,15 +460,17 @@ def quiet_until(run: RunView) -> datetime | None:
             return None  # the lease is not held yet: its deadline counts from the pod's start
         acquired = parse_time(status.lease.acquireTime)
         progress = max((m for m in (parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
-        return min(renewed + api.parse_duration(policy.leaseDuration),
-                   progress + api.parse_duration(policy.progressTimeout), max_duration)
+        began = attempt_start(status)
+        used_up = began + max_duration - timedelta(seconds=status.activeSeconds) if began else NEVER
+        return min(renewed + lease_validity(run), progress + api.parse_duration(policy.progressTimeout), used_up)
+    if timedelta(seconds=status.activeSeconds) > max_duration:
+        return None  # out of active time (a retried run, a lowered maxDuration): abort it now
     if spec.suspend != (phase == api.Phase.SUSPENDED):
         return None
     if phase == api.Phase.SUSPENDED:
-        return max_duration
+        return NEVER  # no pod, so no active time: nothing on the clock
     if phase == api.Phase.BACKOFF:
-        next_time = parse_time(status.nextAttemptTime)
-        return min(next_time, max_duration) if next_time else None
+        return parse_time(status.nextAttemptTime)
     if phase == api.Phase.WAITING:
         waiting = status.waitingFor or api.WaitingFor()
         if waiting.event and waiting.event in spec.events:
@@ -465,6 +478,35 @@ def quiet_until(run: RunView) -> datetime | None:
         moments = [m for m in (parse_time(waiting.wakeTime), parse_time(waiting.deadline)) if m]
         return min(moments, default=NEVER)
     return None  # Pending: start the next attempt
+
+
+def attempt_start(status: api.DurableRunStatus) -> datetime | None:
+    """When the current attempt (if Running) started; the lease's acquisition for a status without it."""
+    if status.phase != api.Phase.RUNNING:
+        return None
+    if status.attemptStartTime:
+        return parse_time(status.attemptStartTime)
+    return parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
+
+
+def active_time(status: api.DurableRunStatus, now: datetime) -> timedelta:
+    """The time the run has had a pod, over all its attempts: what maxDuration is held against."""
+    began = attempt_start(status)
+    current = max(now - began, timedelta(0)) if began else timedelta(0)
+    return timedelta(seconds=status.activeSeconds) + current
+
+
+def lease_validity(run: RunView) -> timedelta:
+    """How long after its last renewal (or its pod's start) the current lease counts as expired.
+
+    The runner renews on the duration it published in status.lease.durationSeconds, so that is the
+    one to judge it by (the policy may have been edited since the pod started); the policy's only
+    until the lease is held. Plus the clock-skew margin.
+    """
+    lease = run.status.lease
+    published = lease.durationSeconds if lease.epoch == run.status.epoch else None
+    duration = timedelta(seconds=published) if published else api.parse_duration(run.spec.policy.leaseDuration)
+    return duration + CLOCK_SKEW_MARGIN
 
 
 def _admit(t: _Transition) -> None:
@@ -496,6 +538,7 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
     t.new.outcome = None
     t.new.waitingFor = None
     t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
+    t.new.attemptStartTime = iso(t.now)
     if t.new.startTime is None:
         t.new.startTime = iso(t.now)
     t.plan.create_pod_epoch = epoch
@@ -503,7 +546,7 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
 
 
 def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
-    status, policy = t.run.status, t.run.spec.policy
+    status = t.run.status
     if pod is None:
         if status.lease.epoch == status.epoch:
             # It ran, and now it is gone without a trace: someone removed it.
@@ -516,13 +559,14 @@ def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
         return
     if _user_abort(t, pod) or _limits_exceeded(t, pod):
         return
-    lease_duration = api.parse_duration(policy.leaseDuration)
+    validity = lease_validity(t.run)
     renewed = parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
     reference = renewed or pod.running_since
-    if reference is not None and t.now - reference > lease_duration:
+    if reference is not None and t.now - reference > validity:
         what = "renewed" if renewed else "acquired"
         t.guard["/status/lease"] = status.lease.model_dump(mode="json", exclude_none=True)
-        t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(lease_duration)}",
+        t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(validity)} "
+                f"(lease duration plus a {api.format_duration(CLOCK_SKEW_MARGIN)} clock-skew margin)",
                 warning=True)
         _ended(t, Ending(LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing it (hung, paused "
                          "or partitioned)"), pod, delete=True)
@@ -616,11 +660,10 @@ def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView |
 def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
     """maxDuration and progressTimeout hold even when the runner is hung."""
     status, policy = t.run.status, t.run.spec.policy
-    started = parse_time(status.startTime)
-    max_duration = api.parse_duration(policy.maxDuration)
-    if started is not None and t.now - started > max_duration and status.phase != api.Phase.WAITING:
+    if active_time(status, t.now) > api.parse_duration(policy.maxDuration):
         _abort(t, api.AbortReason.MAX_DURATION_EXCEEDED,
-               f"the run has taken longer than policy.maxDuration={policy.maxDuration}; raise it to resume", pod)
+               f"the run has had a pod for longer than policy.maxDuration={policy.maxDuration} (waits, "
+               "sleeps, suspension and backoff do not count); raise it to resume", pod)
         return True
     if status.phase == api.Phase.RUNNING and pod is not None:
         progress = parse_time(status.progress.lastProgressTime)
@@ -653,6 +696,9 @@ def _waiting(t: _Transition) -> None:
 
 def _finished(t: _Transition) -> None:
     status, spec = t.run.status, t.run.spec
+    if _retry_requested(t.run):
+        _retry(t)
+        return
     policy_changed = (status.observedGeneration or 0) < t.run.generation
     if status.phase == api.Phase.ABORTED and policy_changed and _abort_lifted(t):
         t.new.phase = api.Phase.PENDING
@@ -665,6 +711,37 @@ def _finished(t: _Transition) -> None:
         completed = parse_time(status.completionTime)
         if completed is not None and t.now >= completed + timedelta(seconds=spec.ttlSecondsAfterFinished):
             t.plan.delete_run = True
+
+
+def _retry_requested(run: RunView) -> bool:
+    """A Failed or Aborted run whose retry annotation holds a value not acted on yet."""
+    value = run.annotations.get(api.ANNOTATION_RETRY)
+    return (run.status.phase in (api.Phase.FAILED, api.Phase.ABORTED) and value is not None
+            and value != run.status.retry)
+
+
+def _retry(t: _Transition) -> None:
+    """Start the run again from its journal: completed steps replay, failed ones run again."""
+    status, value = t.run.status, t.run.annotations[api.ANNOTATION_RETRY]
+    t.new.retry = value
+    if builders.ANNOTATION_ABORT in t.run.annotations:
+        t.event("RetryRefused", f"{api.ANNOTATION_RETRY}={value!r} ignored: the run still carries "
+                f"{builders.ANNOTATION_ABORT}. Remove it with the retry: kubectl annotate dr {t.run.name} "
+                f"{builders.ANNOTATION_ABORT}- {api.ANNOTATION_RETRY}=<a new value>", warning=True)
+        return
+    t.new.phase = api.Phase.PENDING
+    t.new.abortReason = None
+    t.new.outcome = None
+    t.new.completionTime = None
+    # A fresh restart budget, so a RetryLimitExceeded run can run again; the journal's counters (cost,
+    # tokens, steps) and the active time carry over, so every other budget still holds.
+    t.new.restarts = 0
+    t.new.disruptions = 0
+    # To the microsecond: the runner compares it with when each failure was journaled, maybe the same second.
+    t.new.retryTime = t.now.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    t.new.message = (f"retry {value!r} of the {status.phase} run: a new attempt replays the journal; completed "
+                     "steps are not executed again, failed ones are")
+    t.event("Retrying", t.new.message)
 
 
 def _abort_lifted(t: _Transition) -> bool:
@@ -681,8 +758,7 @@ def _abort_lifted(t: _Transition) -> bool:
                 and (policy.maxTokens is None or status.cost.tokens < policy.maxTokens)
                 and (policy.maxSteps is None or status.progress.completedSteps < policy.maxSteps))
     if reason == api.AbortReason.MAX_DURATION_EXCEEDED:
-        started = parse_time(status.startTime)
-        return started is None or t.now - started < api.parse_duration(policy.maxDuration)
+        return active_time(status, t.now) < api.parse_duration(policy.maxDuration)
     if reason == api.AbortReason.RETRY_LIMIT_EXCEEDED:
         return status.restarts <= policy.maxRestarts and status.disruptions <= policy.maxDisruptions
     return reason == api.AbortReason.PROGRESS_TIMEOUT

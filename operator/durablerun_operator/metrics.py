@@ -321,7 +321,7 @@ class RunMetrics:
         )
         self._reconcile_errors = Counter(
             PREFIX + "reconcile_errors",
-            "Reconciles that ended in an error (kopf retries them).",
+            "Reconciles of a DurableRun that ended in an error (the run is reconciled again at the next resync).",
             registry=self._registry,
         )
         # An Info metric: exposed as durablerun_build_info{version="..."} 1.

@@ -89,6 +89,8 @@ class Reconciler:
             try:
                 await self.reconcile(*key)
             except Exception:
+                if self.metrics:
+                    self.metrics.record_reconcile_error()
                 log.exception("reconcile of %s/%s failed; it is retried on the next resync", *key)
             finally:
                 self.queue.done(key)
@@ -202,6 +204,9 @@ class Reconciler:
             # First the guarded status write: the epoch is bumped before any pod is
             # deleted or created, so a fenced pod can no longer renew or report.
             updated = await self._io(self.kube.patch_status, ns, name, plan.patch)
+            # The transition is written: count it now. A pod or Event call below may fail, and the next
+            # reconcile sees the new phase, not the transition, so it would never be counted.
+            self._count(ns, name, plan)
         for pod in plan.delete_pods:
             await self._io(self.kube.delete_pod, ns, pod)
         for pod in plan.release_pods:
@@ -214,13 +219,6 @@ class Reconciler:
         for kind, reason, message in plan.events:
             log.info("%s/%s %s: %s", ns, name, reason, message)
             await self._io(self.kube.post_event, updated, kind, reason, message)
-        if self.metrics:
-            if plan.restart_reason:
-                self.metrics.record_restart(ns, name, plan.restart_reason)
-            if plan.abort_reason:
-                self.metrics.record_abort(ns, name, plan.abort_reason)
-            if plan.completion:
-                self.metrics.record_completion(ns, name, plan.completion)
         if plan.remove_run_finalizer:
             await self._io(self.kube.set_run_finalizer, updated, False)
             return None
@@ -228,6 +226,16 @@ class Reconciler:
             await self._io(self.kube.delete_run, ns, name, run.uid)
             return None
         return updated
+
+    def _count(self, ns: str, name: str, plan: decide.Plan) -> None:
+        if not self.metrics:
+            return
+        if plan.restart_reason:
+            self.metrics.record_restart(ns, name, plan.restart_reason)
+        if plan.abort_reason:
+            self.metrics.record_abort(ns, name, plan.abort_reason)
+        if plan.completion:
+            self.metrics.record_completion(ns, name, plan.completion)
 
     async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
         meta = run["metadata"]

@@ -29,6 +29,8 @@ LABEL_RUN = f"{GROUP}/run"
 LABEL_EPOCH = f"{GROUP}/epoch"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 POD_FINALIZER = f"{GROUP}/termination"
+# Set to a new value (any string, e.g. a timestamp) to retry a Failed or Aborted run from its journal.
+ANNOTATION_RETRY = f"{GROUP}/retry"
 RUN_FINALIZER = f"{GROUP}/cleanup"
 # The container of a runner pod that runs `durablerun pod`.
 RUNNER_CONTAINER = "runner"
@@ -181,7 +183,10 @@ class Policy(_Model):
     """Limits the run is held to. Counters survive restarts: they are journaled."""
 
     maxDuration: str = _duration_field(
-        "8h", "Wall time from the run's first start after which it is Aborted (MaxDurationExceeded).",
+        "8h",
+        "Time the run may have a pod, summed over its attempts, before it is Aborted "
+        "(MaxDurationExceeded). Waits for events, durable sleeps, suspension and backoff do not "
+        "count: a run may wait for a human for days (a wait's own timeout bounds it).",
         positive=True,
     )
     costCeilingUSD: str | None = Field(
@@ -289,6 +294,25 @@ class Checkpoint(_Model):
     )
 
 
+# Immutable parts of the spec, refused at the API server. The CRD's own rules (x-kubernetes-validations)
+# see a schemaless object (input, events: any JSON) only as a whole, and their equality misses a key
+# renamed in an object of the same size; so a ValidatingAdmissionPolicy, which sees plain JSON, holds
+# both exactly (durablerun_operator.crd.admission_policy). The CRD rule on spec.input stays for
+# clusters where only the CRD is installed.
+INPUT_IMMUTABLE = (
+    "spec.input is immutable: a run's input is fixed when it is created; create a new DurableRun "
+    "(a new name) for a new input"
+)
+INPUT_RULE = "!has(oldObject.spec.input) || (has(object.spec.input) && object.spec.input == oldObject.spec.input)"
+EVENTS_IMMUTABLE = (
+    "spec.events: an event already set cannot be changed or removed (the workflow may have read it); "
+    "send new events under new names"
+)
+EVENTS_RULE = (
+    "!has(oldObject.spec.events) || oldObject.spec.events.all(name, has(object.spec.events) && "
+    "name in object.spec.events && object.spec.events[name] == oldObject.spec.events[name])"
+)
+
 WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -302,10 +326,15 @@ class DurableRunSpec(_Model):
     input: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "JSON object passed to the workflow. Fixed at the first attempt: a later change makes "
-            "the run fail with InputMismatch rather than silently start over."
+            "JSON object passed to the workflow. Immutable: the API server refuses a change; "
+            "create a new DurableRun for a new input."
         ),
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            # Defaulted, so the transition rule also sees an input that is added or removed.
+            "default": {},
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": INPUT_IMMUTABLE}],
+        },
     )
     template: dict[str, Any] = Field(
         default_factory=dict,
@@ -325,8 +354,8 @@ class DurableRunSpec(_Model):
     events: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "Events for ctx.wait_for_event, by name, each any JSON value. The first value "
-            "delivered for a name wins; later changes to it are ignored."
+            "Events for ctx.wait_for_event, by name, each any JSON value. Add new names at any "
+            "time; the API server refuses a change to or the removal of a name already set."
         ),
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
@@ -399,12 +428,27 @@ class RunResult(_Model):
 
 
 class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str | None = None
-    message: str | None = None
-    lastTransitionTime: str | None = None
-    observedGeneration: int | None = None
+    """A condition in the standard Kubernetes shape (metav1.Condition), one per type."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", json_schema_extra={
+        "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+    })
+
+    type: str = Field(description="Progressing, Suspended, Complete or Failed.", max_length=316,
+                      pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                              r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="Why, in CamelCase: the phase, or the abort reason.", min_length=1,
+        max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    )
+    message: str | None = Field(default=None, description="Details for humans.", max_length=32768)
+    lastTransitionTime: str | None = Field(
+        default=None, description="When the status last changed.", json_schema_extra={"format": "date-time"},
+    )
+    observedGeneration: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation the condition was set for.",
+    )
 
 
 class DurableRunStatus(_Model):
@@ -436,5 +480,22 @@ class DurableRunStatus(_Model):
     result: RunResult | None = Field(default=None, description=RunResult.__doc__)
     nextAttemptTime: str | None = Field(default=None, description="When a Backoff run starts its next attempt.")
     lastPodEndTime: str | None = Field(default=None, description="When the previous attempt's pod ended.")
-    conditions: list[Condition] = Field(default_factory=list)
-    observedGeneration: int | None = Field(default=None)
+    attemptStartTime: str | None = Field(default=None, description="When the current attempt started (Running only).")
+    retry: str | None = Field(default=None, description="The durablerun.dev/retry annotation value last acted on.")
+    retryTime: str | None = Field(
+        default=None, description="When the last retry started: steps that failed before it are executed again."
+    )
+    activeSeconds: int = Field(
+        default=0, description="Seconds the run had a pod in its finished attempts: maxDuration counts these."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Progressing, Suspended, Complete and Failed, as a Job's (kubectl wait "
+            "--for=condition=Complete)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observedGeneration: int | None = Field(
+        default=None, description="The .metadata.generation the operator last acted on."
+    )

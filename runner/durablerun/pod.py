@@ -51,6 +51,10 @@ STATUS_FLUSH_SECONDS = 1.0  # progress reaches the status at most this often (an
 ABORT_ANNOTATION = f"{api.GROUP}/abort"
 
 
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -143,8 +147,12 @@ class StatusSink(ProgressSink):
         self.total: int | None = None
 
     def update(self, **fields: Any) -> None:
+        """Merge into what is waiting to be shipped: a final update keeps the last step's name and time."""
         with self.lock:
-            self.fields.update(fields)
+            for key, value in fields.items():
+                pending = self.fields.get(key)
+                self.fields[key] = {**pending, **value} if isinstance(pending, dict) and isinstance(value, dict) \
+                    else value
         self.dirty.set()
 
     def run_started(self, *, info: RunStarted) -> None:
@@ -442,10 +450,14 @@ def _attempt(identity: Identity) -> int:
         _deliver_events(store, ref, spec.events, delivered)
     except _STORE_CONFIG_ERRORS as error:
         raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
+    # maxDuration counts the time the run had a pod (the operator sums it), not waits between attempts.
+    status_now = api.DurableRunStatus.model_validate(body.get("status") or {})
+    active = timedelta(seconds=status_now.activeSeconds)
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
-        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard,
+        config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active,
+                                   rerun_failed_before=_time(status_now.retryTime),
                                    policy_advice=kubectl_advice(identity.namespace, identity.name)),
     )
 

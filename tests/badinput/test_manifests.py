@@ -132,3 +132,57 @@ def test_a_refused_manifest_creates_nothing(testbed: TestBed, namespace: str) ->
     assert refused.returncode != 0
     assert "spec.policy.leaseDuration" in refused.stderr
     assert testbed.kubectl("get", "dr", "bad", "-n", namespace, check=False).returncode != 0
+
+
+# --- updates the API server refuses -------------------------------------------------------------------
+
+
+def patch(testbed: TestBed, namespace: str, spec: dict[str, Any]) -> Any:
+    return testbed.kubectl("patch", "dr", "bad", "-n", namespace, "--type=merge",
+                           "-p", json.dumps({"spec": spec}), check=False)
+
+
+def stored(testbed: TestBed, namespace: str) -> dict[str, Any]:
+    return dict(json.loads(testbed.kubectl("get", "dr", "bad", "-n", namespace, "-o", "json").stdout)["spec"])
+
+
+@pytest.fixture
+def created(testbed: TestBed, namespace: str) -> str:
+    """VALID, stored in a namespace of its own (no operator: only the API server's rules are at work)."""
+    body = copy.deepcopy(VALID)
+    body["metadata"]["namespace"] = namespace
+    testbed.kubectl("apply", "-f", "-", input=json.dumps(body))
+    return namespace
+
+
+@pytest.mark.parametrize("change", [
+    {"input": {"topic": "y"}},           # a value changed
+    {"input": {"extra": 1}},             # a key added (merge patch)
+    {"input": None},                     # removed altogether
+    {"input": {"topic": None, "subject": "x"}},  # a key renamed: as many keys, the same values
+    {"input": {"topic": {"nested": "x"}}},
+])
+def test_spec_input_is_immutable(testbed: TestBed, created: str, change: dict[str, Any]) -> None:
+    refused = patch(testbed, created, change)
+    assert refused.returncode != 0, f"{change} was accepted"
+    assert "spec.input is immutable" in refused.stderr, refused.stderr
+    assert "create a new DurableRun" in refused.stderr
+    assert stored(testbed, created)["input"] == {"topic": "x"}
+
+
+def test_the_rest_of_the_spec_stays_editable(testbed: TestBed, created: str) -> None:
+    assert patch(testbed, created, {"input": {"topic": "x"}, "policy": {"maxRestarts": 5}}).returncode == 0
+    assert patch(testbed, created, {"suspend": True}).returncode == 0
+    assert stored(testbed, created)["policy"]["maxRestarts"] == 5
+
+
+def test_a_set_event_is_immutable_and_new_ones_may_be_added(testbed: TestBed, created: str) -> None:
+    assert patch(testbed, created, {"events": {"go": {"v": 1}}}).returncode == 0
+    for change in ({"go": {"v": 2}}, {"go": None}, {"go": {"v": 1, "w": 2}}, {"go": True},
+                   {"go": {"v": 2}, "also": 1}):  # a change hidden in an update that adds a name
+        refused = patch(testbed, created, {"events": change})
+        assert refused.returncode != 0, f"{change} was accepted"
+        assert "spec.events: an event already set cannot be changed or removed" in refused.stderr, refused.stderr
+    assert patch(testbed, created, {"events": {"go": {"v": 1}}}).returncode == 0  # the same value again
+    assert patch(testbed, created, {"events": {"next": False}}).returncode == 0
+    assert stored(testbed, created)["events"] == {"go": {"v": 1}, "next": False}

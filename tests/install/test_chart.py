@@ -70,7 +70,8 @@ def test_default_render_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl
     objects = helm.template("durable-run", namespace)
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount"]
+                     "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(objects))
     assert result.stdout.count("(server dry run)") == len(objects), result.stdout
 
@@ -82,7 +83,7 @@ def test_full_values_render_is_accepted_by_the_api_server(
     kinds = {obj["kind"] for obj in objects}
     assert kinds == {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
                      "ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy", "Secret",
-                     "PodDisruptionBudget"}, kinds
+                     "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, kinds
     served = [obj for obj in objects if obj["kind"] not in PROMETHEUS_OPERATOR_KINDS]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(served))
     assert result.stdout.count("(server dry run)") == len(served), result.stdout

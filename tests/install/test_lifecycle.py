@@ -107,6 +107,8 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
     # Uninstall: what docs/install.md says stays is the CRD (crds.keep) and with it every run.
     helm("uninstall", "durable-run", "-n", "dr-system", "--wait")
     kept = {("CustomResourceDefinition", "", "durableruns.durablerun.dev"), ("DurableRun", "agents", "kept"),
+            ("ValidatingAdmissionPolicy", "", "durableruns.durablerun.dev"),
+            ("ValidatingAdmissionPolicyBinding", "", "durableruns.durablerun.dev"),
             ("APIService", "", "v1alpha1.durablerun.dev")}  # the API server's own registration of the CRD
     settles_to(kubectl, before | kept, "helm uninstall with crds.keep")
 

@@ -19,7 +19,7 @@ RULES_TEST = REPO / "hack" / "monitoring" / "rules_test.yaml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 RUNBOOK_BASE = "https://github.com/durable-run/durable-run/blob/main/docs/runbooks.md"
 EXPECTED_ALERTS = {
-    "DurableRunAborted", "DurableRunRestartLoop", "DurableRunStuck",
+    "DurableRunAborted", "DurableRunFailed", "DurableRunRestartLoop", "DurableRunStuck",
     "DurableRunBudgetNearCeiling", "DurableRunLeaseStale", "DurableRunOperatorDown",
 }
 

@@ -53,3 +53,19 @@ def check_paused_runner_is_replaced_and_then_fenced(runs: RunEnv, pods: PodRecor
     assert not [line for line in runs.ledger()[len(ledger_before_wakeup):] if line.startswith("start")]
     assert runs.get("hung")["status"]["phase"] == "Succeeded"
     assert runs.get("hung")["status"]["epoch"] == run["status"]["epoch"]
+
+
+def test_lease_is_judged_on_the_duration_its_holder_published(operator: Operator, runs: RunEnv) -> None:
+    # The runner renews every 2s on the 6s it started with. Shortening the policy's leaseDuration to 1s
+    # while it runs must not read as an expired lease: the holder never agreed to renew that often.
+    runs.apply(runs.manifest("steady", "optest_flows:steps", {"steps": 12, "sleep": 0.5},
+                             policy={"leaseDuration": "6s"}))
+    procs.wait_for(lambda: runs.get("steady").get("status", {}).get("lease", {}).get("durationSeconds") == 6,
+                   timeout=60, what="the runner to publish its 6s lease")
+    runs.testbed.kubectl("patch", "dr", "steady", "-n", runs.namespace, "--type=merge",
+                         "-p", '{"spec": {"policy": {"leaseDuration": "1s"}}}')
+    run = runs.wait_phase("steady", "Succeeded", "Failed", "Aborted", timeout=90)
+    assert run["status"]["phase"] == "Succeeded", run["status"].get("message")
+    assert run["status"]["restarts"] == 0
+    assert not [e for e in runs.events("steady") if e["reason"] == "LeaseExpired"]
+    assert [runs.executions(f"s{i}") for i in range(12)] == [1] * 12

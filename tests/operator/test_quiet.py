@@ -59,7 +59,12 @@ def decides_something(run_body: dict[str, Any], pods: list[dict[str, Any]], now:
 
 # Settled runs (the operator has done everything it can) and the moment their clock runs out.
 CLOCKED = {
-    "running: the lease runs out first": (body(running()), [runner_pod()], T0 + timedelta(seconds=160)),
+    "running: the lease runs out first": (
+        body(running()), [runner_pod()], T0 + timedelta(seconds=160) + decide.CLOCK_SKEW_MARGIN),
+    "running: the lease runs out on the duration its holder published": (
+        body(running(lease={"holder": "run-a2", "epoch": 2, "acquireTime": at(0), "renewTime": at(100),
+                            "durationSeconds": 30})),
+        [runner_pod()], T0 + timedelta(seconds=130) + decide.CLOCK_SKEW_MARGIN),
     "running: the progress timeout runs out first": (
         body(running(progress={"lastProgressTime": at(0)}), spec={"policy": {**POLICY, "progressTimeout": "2m"}}),
         [runner_pod()], T0 + timedelta(seconds=120)),
@@ -73,8 +78,9 @@ CLOCKED = {
     "waiting for an event with a deadline": (
         body({"phase": "Waiting", "waitingFor": {"event": "approve", "deadline": at(900), "since": at(0)}}), [],
         T0 + timedelta(seconds=900)),
-    "suspended until maxDuration": (
-        body({"phase": "Suspended"}, spec={"suspend": True}), [], T0 + timedelta(hours=2)),
+    "running: maxDuration runs out, counting earlier attempts' time": (
+        body(running(activeSeconds=100), spec={"policy": {**POLICY, "maxDuration": "150s"}}), [runner_pod()],
+        T0 + timedelta(seconds=50)),
     "finished with a TTL": (
         body({"phase": "Succeeded", "completionTime": at(50)}, spec={"ttlSecondsAfterFinished": 100}), [],
         T0 + timedelta(seconds=150)),
@@ -91,8 +97,10 @@ def test_nothing_to_decide_before_the_deadline_and_something_right_after(case: s
 
 
 def test_runs_with_nothing_on_the_clock_are_quiet_forever() -> None:
+    # maxDuration counts time with a pod: a suspended or waiting run has nothing on the clock.
     for status, spec in (({"phase": "Succeeded", "completionTime": at(50)}, {}),
-                         ({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}}, {})):
+                         ({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}}, {}),
+                         ({"phase": "Suspended", "activeSeconds": 7000}, {"suspend": True})):
         run = decide.RunView.from_body(body(status, spec=spec))
         assert decide.quiet_until(run) == decide.NEVER
         assert not decides_something(run.body, [], T0 + timedelta(days=365))

@@ -77,8 +77,8 @@ def test_printer_columns(testbed: TestBed, namespace: str) -> None:
     testbed.kubectl("patch", "dr", "columns", "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps(status))
     table = testbed.kubectl("get", "dr", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "COST", "RESTARTS", "AGE"]
-    assert table[1].split()[:6] == ["columns", "Running", "plan", "3/12", "1.50", "2"]
+    assert table[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "COST", "RESTARTS", "SUSPENDED", "AGE"]
+    assert table[1].split()[:7] == ["columns", "Running", "plan", "3/12", "1.50", "2", "false"]
     wide = testbed.kubectl("get", "durableruns", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-3:] == ["REASON", "STEPS", "POD"]
     assert wide[1].split()[-3:] == ["ProgressTimeout", "3", "columns-a3"]

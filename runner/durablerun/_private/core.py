@@ -630,9 +630,13 @@ class AttemptCore:
             rec = recs["step"]
             if rec.data.get("ok"):
                 return await self.recorded_value(rec, what)
-            err = rec.data.get("error") or {}
-            raise errors.StepError(name, pos, str(err.get("type", "Error")),
-                                   str(err.get("message", "")), int(rec.data.get("attempts", 1)))
+            retry = self.config.rerun_failed_before
+            if retry is None or float(rec.data.get("at", 0)) >= retry.timestamp():
+                err = rec.data.get("error") or {}
+                raise errors.StepError(name, pos, str(err.get("type", "Error")),
+                                       str(err.get("message", "")), int(rec.data.get("attempts", 1)))
+            # The run was retried after this failure: run the step again. Its new record, later in the
+            # journal at the same position, is the one every later replay reads.
         self.check_before_new_op(step=True)
         max_retries = self.policy.maxRetries if retries is None else retries
         live = self.live

@@ -67,6 +67,12 @@ class EngineConfig:
     #: How a user raises policy field ``f`` where the run runs, for abort messages
     #: (the CLI names its flags, the runner pod a kubectl patch); None: generic advice.
     policy_advice: Callable[[str], str] | None = None
+    #: Time the run was active before this attempt (on Kubernetes: status.activeSeconds, the time it had a
+    #: pod). Set: maxDuration counts that plus this attempt. None: it counts from the run's first start.
+    active_before: timedelta | None = None
+    #: A retried run (on Kubernetes: status.retryTime): a step whose failure was journaled before this moment
+    #: is executed again instead of replayed as a failure. None: journaled failures replay as they are.
+    rerun_failed_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -399,6 +405,8 @@ class Run:
                 "Nothing journaled was changed."
             )
         first_start = parse_iso(str(manifest["created"]))
+        if self.config.active_before is not None:
+            first_start = datetime.now(UTC) - self.config.active_before
         loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
         for w in loaded.warnings:
             self.sinks.warning(w)

@@ -75,3 +75,29 @@ async def sleeper(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     await ctx.sleep(timedelta(seconds=float(input.get("seconds", 90))))
     await ctx.step("after", work, "after", 0.05)
     return {"slept": True}
+
+
+MARKER = os.path.join(os.path.dirname(LEDGER), "fixed")
+
+
+def needs_the_fix(name: str) -> str:
+    _record(f"start {name}")
+    if not os.path.exists(MARKER):
+        raise RuntimeError(f"{name}: the dependency is down ({MARKER} is missing)")
+    return name.upper()
+
+
+def crashes_until_fixed(name: str) -> str:
+    _record(f"start {name}")
+    if not os.path.exists(MARKER):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return name.upper()
+
+
+async def fragile(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A step, then one that fails (or, with input.crash, crashes) until the test creates the marker, then one more."""
+    first = await ctx.step("prepare", work, "prepare", 0.05)
+    breaking = crashes_until_fixed if input.get("crash") else needs_the_fix
+    middle = await ctx.step("fragile", breaking, "fragile", retries=0)
+    last = await ctx.step("finish", work, "finish", 0.05)
+    return {"steps": [first, middle, last]}
