@@ -4,7 +4,9 @@
 # its inputs (a second run with the same inputs builds nothing):
 #
 #   $DURABLERUN_CACHE/images/<name>-<hash>.tar   the image, `ctr images import`-able
-#   $DURABLERUN_CACHE/images/<name>.current      "<archive path> <image reference>"
+#   .images/<name>.current (in this checkout)     "<archive path> <image reference>": the image
+#                                                 built from this checkout's sources (checkouts
+#                                                 share the cache, each has its own pointers)
 #
 # - python:   Debian bookworm with python3 (mmdebstrap), standing in for the
 #             official python image the Dockerfiles default to (no registry here)
@@ -22,7 +24,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${DURABLERUN_CACHE:-$HOME/.cache/durable-run}"
 OUT="$CACHE/images"
-mkdir -p "$OUT"
+CURRENT="$ROOT/.images"
+mkdir -p "$OUT" "$CURRENT"
 log() { printf '[build-images] %s\n' "$*" >&2; }
 
 # Bump when a recipe below changes in a way its inputs don't show.
@@ -68,7 +71,7 @@ finish() {
   rm -f "$tar.tmp"
   buildah push -q "$3" "oci-archive:$tar.tmp:$3" >/dev/null
   mv "$tar.tmp" "$tar"
-  echo "$tar $3" >"$OUT/$1.current"
+  echo "$tar $3" >"$CURRENT/$1.current"
   log "$1: $3 ($(du -h "$tar" | cut -f1))"
 }
 
@@ -76,7 +79,7 @@ cached() { # cached NAME HASH REF: true (and current) when the archive exists
   local tar
   tar="$(archive "$1" "$2")"
   [[ -f "$tar" ]] || return 1
-  echo "$tar $3" >"$OUT/$1.current"
+  echo "$tar $3" >"$CURRENT/$1.current"
 }
 
 python_hash() { echo "$RECIPE $PYTHON_PACKAGES bookworm" | sha256sum | cut -c1-16; }
@@ -144,7 +147,7 @@ build_project_image() { # build_project_image runner|operator
   finish "$name" "$h" "$ref"
 }
 
-runner_ref() { cut -d' ' -f2 "$OUT/runner.current"; }
+runner_ref() { cut -d' ' -f2 "$CURRENT/runner.current"; }
 
 # build_workflow NAME DIR REF: FROM the runner image, with DIR's contents in
 # /app (on the image's PYTHONPATH), as docs/install.md shows: DIR is the folder
@@ -153,7 +156,7 @@ build_workflow() {
   local name="$1" dir="$2" ref="$3" h
   build_project_image runner
   dir="$(cd "$dir" && pwd)"
-  h="$(echo "$RECIPE" "$(runner_ref)" "$(cut -d' ' -f1 "$OUT/runner.current")" \
+  h="$(echo "$RECIPE" "$(runner_ref)" "$(cut -d' ' -f1 "$CURRENT/runner.current")" \
     "$(cd "$dir" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z \
        | xargs -0 sha256sum | sha256sum)" | sha256sum | cut -c1-16)"
   [[ -n "$ref" ]] || ref="localhost/durable-run/$name:$h"
@@ -165,7 +168,7 @@ build_workflow() {
   mkdir "$work/app"
   (cd "$dir" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - .) | tar -xf - -C "$work/app"
   printf 'FROM %s\nCOPY --chown=65532:65532 app/ /app/\n' "$(runner_ref)" >"$work/Containerfile"
-  ensure_local "$(runner_ref)" "$(cut -d' ' -f1 "$OUT/runner.current")"
+  ensure_local "$(runner_ref)" "$(cut -d' ' -f1 "$CURRENT/runner.current")"
   buildah build --quiet --pull=never --format=oci -f "$work/Containerfile" -t "$ref" "$work" >/dev/null
   finish "$name" "$h" "$ref"
 }
@@ -174,7 +177,7 @@ if [[ "${1:-}" == workflow ]]; then
   [[ $# -ge 2 ]] || { log "usage: $0 workflow DIR [REF]"; exit 2; }
   name="workflow-$(basename "$(cd "$2" && pwd)" | tr '_A-Z' '-a-z')"
   build_workflow "$name" "$2" "${3:-}"
-  cut -d' ' -f2 "$OUT/$name.current"
+  cut -d' ' -f2 "$CURRENT/$name.current"
   exit 0
 fi
 

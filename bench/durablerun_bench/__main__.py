@@ -89,12 +89,12 @@ def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: 
     built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(staged)],
                            capture_output=True, text=True, check=True)
     image = built.stdout.strip().splitlines()[-1]
-    archive = (binaries.cache_dir() / "images" / "workflow-bench-image.current").read_text().split()[0]
+    archive, _ = realnode.built_image("workflow-bench-image")
     log("resume after SIGKILL on the real node (kubelet, containerd)")
     bed = TestBed(root / "k8s-real", id=run_id).start(real_node=True)
     try:
         assert bed.real_node
-        bed.real_node.import_image(Path(archive))
+        bed.real_node.import_image(archive)
         bed.kubectl("apply", "--server-side", "-f", str(CRD))
         bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/durableruns.durablerun.dev")
         return resume.bench(bed, root, run_id, repeats=repeats, steps=400, kill_after=200, sleep=0.01, log=log,

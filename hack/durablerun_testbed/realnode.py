@@ -64,17 +64,19 @@ def check_machine() -> None:
         raise RealNodeUnavailable("the real node cannot start here: " + "; ".join(problems))
 
 
+def built_image(name: str) -> tuple[Path, str]:
+    """(OCI archive, image reference) of an image hack/build-images.sh built from this checkout."""
+    current = binaries.REPO_ROOT / ".images" / f"{name}.current"
+    try:
+        archive, ref = current.read_text().split()
+    except FileNotFoundError:
+        raise RealNodeUnavailable(f"image {name} is not built: run hack/build-images.sh") from None
+    return Path(archive), ref
+
+
 def image_archives() -> dict[str, tuple[Path, str]]:
     """name -> (OCI archive, image reference) for the images the node imports."""
-    found = {}
-    for name in IMAGES:
-        current = binaries.cache_dir() / "images" / f"{name}.current"
-        try:
-            archive, ref = current.read_text().split()
-        except FileNotFoundError:
-            raise RealNodeUnavailable(f"image {name} is not built: run hack/build-images.sh") from None
-        found[name] = (Path(archive), ref)
-    return found
+    return {name: built_image(name) for name in IMAGES}
 
 
 @dataclass

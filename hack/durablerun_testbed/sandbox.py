@@ -356,8 +356,8 @@ def image(state: SandboxState, directory: Path) -> str:
         raise SystemExit(built.stderr)
     ref = built.stdout.strip().splitlines()[-1]
     name = "workflow-" + directory.resolve().name.replace("_", "-").lower()
-    archive = (binaries.cache_dir() / "images" / f"{name}.current").read_text().split()[0]
-    subprocess.run([*_containerd(state), "images", "import", archive], check=True, capture_output=True)
+    archive, _ = realnode.built_image(name)
+    subprocess.run([*_containerd(state), "images", "import", str(archive)], check=True, capture_output=True)
     return ref
 
 

@@ -27,7 +27,7 @@ import boto3
 import pytest
 
 from durablerun_testbed import binaries, procs
-from durablerun_testbed.realnode import RealNodeUnavailable, check_machine
+from durablerun_testbed.realnode import RealNodeUnavailable, built_image, check_machine
 from durablerun_testbed.testbed import TestBed
 from tests.conftest import SESSION_ID
 from tests.install.helpers import Helm
@@ -61,8 +61,7 @@ def workflow_image(real_bed: TestBed) -> str:
     ref = built.stdout.strip().splitlines()[-1]
     assert real_bed.real_node
     name = "workflow-" + WORKFLOWS.name
-    archive = Path((binaries.cache_dir() / "images" / f"{name}.current").read_text().split()[0])
-    real_bed.real_node.import_image(archive)
+    real_bed.real_node.import_image(built_image(name)[0])
     return ref
 
 
