@@ -52,7 +52,6 @@ records the outcome in the run's ``status.json`` (not when Fenced).
 the operator puts in ``status.inputHash``.
 """
 
-from durablerun._private.codec import input_hash
 from durablerun._private.engine import (
     SDK_VERSION,
     AttemptResult,
@@ -63,6 +62,7 @@ from durablerun._private.engine import (
     load_workflow,
 )
 from durablerun._private.journal import Totals
+from durablerun.api import input_hash
 
 __all__ = [
     "SDK_VERSION",

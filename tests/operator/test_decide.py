@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from durablerun import api
-from durablerun_operator import builders, decide
+from durablerun_operator import decide
 from tests.operator.test_quiet import T0, at, body, runner_pod, running
 
 
@@ -61,7 +61,7 @@ def test_retry_acts_once_per_value_and_only_on_failed_or_aborted_runs() -> None:
 
 
 def test_retry_with_the_abort_annotation_still_set_is_refused_once() -> None:
-    annotations = {api.ANNOTATION_RETRY: "1", builders.ANNOTATION_ABORT: "stop"}
+    annotations = {api.ANNOTATION_RETRY: "1", api.ANNOTATION_ABORT: "stop"}
     run_body = body({**failed(), "phase": "Aborted", "abortReason": "UserRequested"}, annotations=annotations)
     plan, status = plan_for(run_body)
     assert status["phase"] == "Aborted"

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from durablerun import errors
 from durablerun._private import codec
 from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
-from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
-from durablerun.api import AbortReason, Policy, parse_duration
+from durablerun._private.journal import Loaded, Record, RunStore, Totals
+from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
 if TYPE_CHECKING:
     from durablerun._private.engine import EngineConfig
@@ -720,19 +720,19 @@ class AttemptCore:
         pos = self.pstr(self.allocate("ctx.sleep()"))
         recs = self.lookup(pos, "sleep", "sleep")
         if recs:
-            wake = parse_iso(recs["sleep"].data["wake_at"])
+            wake = parse_time(recs["sleep"].data["wake_at"])
         else:
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
             await self.commit({"pos": pos, "kind": "sleep", "name": "sleep",
-                               "wake_at": iso(wake)})
+                               "wake_at": format_time(wake, precise=True)})
         remaining = (wake - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             return
         if remaining <= self.config.inline_sleep_max.total_seconds():
             await self.pause(remaining)
             return
-        raise Halt(HaltKind.WAIT, f"sleeping until {iso(wake)}", waiting=Waiting(wake_time=wake))
+        raise Halt(HaltKind.WAIT, f"sleeping until {format_time(wake, precise=True)}", waiting=Waiting(wake_time=wake))
 
     async def wait_for_event(
         self,
@@ -748,10 +748,10 @@ class AttemptCore:
         if start is None:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
-            start = await self.commit({"pos": pos, "kind": "wait", "name": name,
-                                          "deadline": None if deadline is None else iso(deadline)})
+            written = None if deadline is None else format_time(deadline, precise=True)
+            start = await self.commit({"pos": pos, "kind": "wait", "name": name, "deadline": written})
         raw_deadline = start.data.get("deadline")
-        deadline = parse_iso(raw_deadline) if raw_deadline else None
+        deadline = parse_time(raw_deadline) if raw_deadline else None
         try:
             event = await self.io(self.store.get_event, name)
         except errors.StoreError as e:
