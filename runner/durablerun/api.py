@@ -87,16 +87,6 @@ class Outcome(enum.StrEnum):
     def exit_code(self) -> int:
         return _EXIT_CODES[self]
 
-    @classmethod
-    def from_exit_code(cls, code: int) -> Outcome | None:
-        """The outcome an exit code stands for; None for a crash (e.g. 137)."""
-        for outcome, exit_code in _EXIT_CODES.items():
-            # 4 is shared by Suspended and Waiting; the termination message
-            # tells them apart, the exit code alone means "yielded cleanly".
-            if exit_code == code:
-                return outcome
-        return None
-
 
 _EXIT_CODES = {
     Outcome.COMPLETED: 0,

@@ -3,7 +3,7 @@
 An *attempt* loads the run's journal, runs the workflow (replaying what is
 journaled, executing the rest), and ends with exactly one
 :class:`AttemptResult` whose ``outcome`` (:class:`durablerun.api.Outcome`)
-maps to the exit code of DESIGN.md::
+maps to the exit code of docs/design.md::
 
     from durablerun.engine import Run, EngineConfig
     from durablerun.stores import open_store, RunRef

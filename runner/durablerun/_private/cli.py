@@ -13,7 +13,7 @@
 ``run`` runs the workflow locally until it completes, fails, is aborted or
 has to wait; re-running the same command resumes it. ``resume`` does the
 same for a run that exists and refuses an unknown run id. Exit codes follow
-DESIGN.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
+docs/design.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
 Suspended, 5 Fenced; 75 when the store could not be reached (try again).
 The default store is ``file://./.durablerun``; a ``--run-id`` run lives
 under ``<store>/_local/<run-id>/``.

@@ -367,7 +367,7 @@ class AttemptCore:
 
     # --- journal writes --------------------------------------------------------------
     def _commit_locked(self, fields: dict[str, Any], usd: Decimal, tokens: int,
-                       step: bool) -> tuple[Record, str, str | None, str | None]:
+                       step: bool) -> tuple[Record, str]:
         """Assign the next sequence number and append; runs under the writer lock.
 
         Called on the loop thread for local stores and on the single writer
@@ -420,7 +420,7 @@ class AttemptCore:
                 # Off the step's critical path: the record is already durable, and a
                 # snapshot only makes the next resume cheaper.
                 self._snap_pool.submit(self._snapshot_job, seq, totals)
-            return record, key, None, None
+            return record, key
 
     def refuse_writes(self) -> bool:
         """True once this attempt may write nothing more: fenced, or its write guard says so."""
@@ -452,14 +452,10 @@ class AttemptCore:
                     loop.call_soon_threadsafe(self.sinks.warning, warning)
         return key, warning
 
-    def _after_commit(self, result: tuple[Record, str, str | None, str | None],
-                      step: bool) -> Record:
-        record, key, snap_key, warning = result
+    def _after_commit(self, result: tuple[Record, str], step: bool) -> Record:
+        # Snapshots report from their own thread (_snapshot_job), never through here.
+        record, key = result
         self.sinks.checkpoint_saved(seq=record.seq, key=key)
-        if snap_key:
-            self.sinks.checkpoint_saved(seq=self.live.loaded.snapshot_seq, key=snap_key)
-        if warning:
-            self.sinks.warning(warning)
         if step or "cost" in record.data:
             t = self.live.totals
             self.sinks.cost_updated(usd=t.usd, tokens=t.tokens, steps=t.steps)
