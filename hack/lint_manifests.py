@@ -122,6 +122,7 @@ def make_schemas(schemas: Path) -> None:
     if not (operator_crds / "monitoring.coreos.com_servicemonitors.yaml").exists():
         subprocess.run([str(REPO / "hack" / "build-binaries.sh"), "prometheus-operator-crds"], check=True)
     crds = [yaml.safe_load(p.read_text()) for p in sorted(operator_crds.glob("*.yaml"))]
+    # deploy/crd also holds the admission policy that guards the CRD: only the CRD is a schema source.
     crds += [doc for p in sorted((DEPLOY / "crd").glob("*.yaml")) for doc in yaml.safe_load_all(p.read_text())
              if doc and doc.get("kind") == "CustomResourceDefinition"]
     kubernetes_schemas(schemas, pinned["KUBERNETES_VERSION"])

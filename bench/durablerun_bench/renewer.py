@@ -24,12 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from durablerun import api
+
 JSON_PATCH = "application/json-patch+json"
-GROUP, VERSION, PLURAL = "durablerun.dev", "v1alpha1", "durableruns"
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return api.format_time(datetime.now(UTC))
 
 
 class Renewer:
@@ -64,8 +65,8 @@ class Renewer:
         from kubernetes.client.rest import ApiException
 
         try:
-            self.api().patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name, ops,
-                                                             _content_type=JSON_PATCH)
+            self.api().patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, ops, _content_type=JSON_PATCH)
             return True
         except ApiException as error:
             with self.lock:
@@ -118,7 +119,7 @@ class Renewer:
     def discover(self, pool: ThreadPoolExecutor) -> None:
         """Acquire every running attempt this stand-in does not hold yet (one LIST, not N GETs)."""
         try:
-            reply = self.api().list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+            reply = self.api().list_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL)
         except Exception:
             with self.lock:
                 self.counts["errors"] += 1

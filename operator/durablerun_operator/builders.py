@@ -11,11 +11,8 @@ from typing import Any
 from durablerun import api
 from durablerun_operator.config import Settings
 
-RUNNER_CONTAINER = "runner"
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 DEFAULT_COMMAND = ["durablerun", "pod"]
 ANNOTATION_DELETED_BY_OPERATOR = f"{api.GROUP}/deleted-by-operator"
-ANNOTATION_ABORT = f"{api.GROUP}/abort"
 LABEL_PURGE = f"{api.GROUP}/purge"
 
 
@@ -121,16 +118,16 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
     pod_spec: dict[str, Any] = template.get("spec") or {}
 
     containers: list[dict[str, Any]] = pod_spec.setdefault("containers", [])
-    runner = next((c for c in containers if c.get("name") == RUNNER_CONTAINER), None)
+    runner = next((c for c in containers if c.get("name") == api.RUNNER_CONTAINER), None)
     if runner is None and containers:
         runner = containers[0]
     if runner is None:
-        runner = {"name": RUNNER_CONTAINER}
+        runner = {"name": api.RUNNER_CONTAINER}
         containers.append(runner)
     runner.setdefault("image", settings.runner_image)
     if not runner.get("command") and not runner.get("args"):
         runner["command"] = list(DEFAULT_COMMAND)
-    runner["terminationMessagePath"] = TERMINATION_MESSAGE_PATH
+    runner["terminationMessagePath"] = api.TERMINATION_MESSAGE_PATH
     runner["terminationMessagePolicy"] = "FallbackToLogsOnError"
     runner["env"] = [*(runner.get("env") or []), *_runner_env(run, epoch)]
     security = runner.setdefault("securityContext", {})
@@ -175,7 +172,7 @@ def _runner_env(run: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         {"name": api.Env.UID, "value": meta["uid"]},
         {"name": api.Env.EPOCH, "value": str(epoch)},
         {"name": api.Env.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": api.Env.TERMINATION_MESSAGE_PATH, "value": TERMINATION_MESSAGE_PATH},
+        {"name": api.Env.TERMINATION_MESSAGE_PATH, "value": api.TERMINATION_MESSAGE_PATH},
     ]
     secret = checkpoint.get("credentialsSecret")
     if secret:
@@ -192,7 +189,7 @@ def _runner_env(run: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
 def memory_limit(pod: dict[str, Any]) -> str | None:
     """The runner container's memory limit, for an OOMKilled message."""
     for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") == RUNNER_CONTAINER or len(pod["spec"]["containers"]) == 1:
+        if container.get("name") == api.RUNNER_CONTAINER or len(pod["spec"]["containers"]) == 1:
             limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
             return str(limit) if limit else None
     return None

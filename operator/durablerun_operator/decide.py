@@ -8,7 +8,6 @@ facts), then asks again until nothing is left to do.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,18 +17,14 @@ from typing import Any
 from durablerun import api
 from durablerun_operator import builders
 
-# Restart reasons (the `reason` label of durablerun_run_restarts_total).
-CRASH, OOM, LEASE_EXPIRED, FENCED = "Crash", "OOMKilled", "LeaseExpired", "Fenced"
-EVICTED, PREEMPTED, NODE_LOST, POD_DELETED = "Evicted", "Preempted", "NodeLost", "PodDeleted"
-COUNTED_AGAINST_RESTARTS = (CRASH, OOM, LEASE_EXPIRED, FENCED)
-
+R = api.RestartReason
 _DISRUPTION_REASONS = {
-    "EvictionByEvictionAPI": EVICTED,
-    "TerminationByKubelet": EVICTED,
-    "PreemptionByScheduler": PREEMPTED,
-    "PreemptionByKubeScheduler": PREEMPTED,
-    "DeletionByTaintManager": NODE_LOST,
-    "DeletionByPodGC": NODE_LOST,
+    "EvictionByEvictionAPI": R.EVICTED,
+    "TerminationByKubelet": R.EVICTED,
+    "PreemptionByScheduler": R.PREEMPTED,
+    "PreemptionByKubeScheduler": R.PREEMPTED,
+    "DeletionByTaintManager": R.NODE_LOST,
+    "DeletionByPodGC": R.NODE_LOST,
 }
 
 
@@ -42,20 +37,6 @@ def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def input_hash(value: Any) -> str:
-    """sha256 of the canonical JSON of spec.input (the SDK computes the same)."""
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # --- what the operator observes -------------------------------------------------------
@@ -65,7 +46,7 @@ def input_hash(value: Any) -> str:
 class Ending:
     """How an attempt's pod ended, as far as the run is concerned."""
 
-    reason: str  # an Outcome value, or a restart reason (Crash, OOMKilled, Evicted, ...)
+    reason: str  # an Outcome value, or an api.RestartReason
     message: str
     outcome: api.Outcome | None = None
     abort_reason: api.AbortReason | None = None
@@ -74,7 +55,7 @@ class Ending:
 
     @property
     def disruption(self) -> bool:
-        return self.outcome is None and self.reason not in COUNTED_AGAINST_RESTARTS
+        return self.outcome is None and R(self.reason).disruption
 
 
 @dataclass(frozen=True)
@@ -104,14 +85,14 @@ class PodView:
         runner = _runner_status(pod)
         state = (runner or {}).get("state") or {}
         deleting = meta.get("deletionTimestamp") is not None
-        deletion_time = parse_time(meta.get("deletionTimestamp"))
+        deletion_time = api.parse_time(meta.get("deletionTimestamp"))
         limit = builders.memory_limit(pod)
         view = cls(
             name=meta["name"], uid=meta["uid"], epoch=int(labels.get(api.LABEL_EPOCH, "0")),
             phase=status.get("phase") or "Pending", deleting=deleting, deletion_time=deletion_time,
             deleted_by_operator=builders.ANNOTATION_DELETED_BY_OPERATOR in annotations,
             has_finalizer=api.POD_FINALIZER in (meta.get("finalizers") or []),
-            running_since=parse_time((state.get("running") or {}).get("startedAt")),
+            running_since=api.parse_time((state.get("running") or {}).get("startedAt")),
             waiting_reason=(state.get("waiting") or {}).get("reason"),
             waiting_message=(state.get("waiting") or {}).get("message"),
             ending=None, memory_limit=limit,
@@ -122,19 +103,19 @@ class PodView:
 def _runner_status(pod: dict[str, Any]) -> dict[str, Any] | None:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     for entry in statuses:
-        if entry.get("name") == builders.RUNNER_CONTAINER:
+        if entry.get("name") == api.RUNNER_CONTAINER:
             return dict(entry)
     return dict(statuses[0]) if statuses else None
 
 
-def _disruption(pod: dict[str, Any], view: PodView) -> str | None:
+def _disruption(pod: dict[str, Any], view: PodView) -> api.RestartReason | None:
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            return _DISRUPTION_REASONS.get(condition.get("reason", ""), POD_DELETED)
+            return _DISRUPTION_REASONS.get(condition.get("reason", ""), R.POD_DELETED)
     if (pod.get("status") or {}).get("reason") == "Evicted":
-        return EVICTED
+        return R.EVICTED
     if view.deleting and not view.deleted_by_operator:
-        return POD_DELETED
+        return R.POD_DELETED
     return None
 
 
@@ -149,25 +130,25 @@ def _with_ending(
         ending = _terminated_ending(terminated, view, disruption)
     elif view.phase in ("Failed", "Succeeded"):
         # The pod ended without a container status: evicted by its kubelet, say.
-        ending = Ending(disruption or CRASH, f"pod {view.name} ended: {pod.get('status', {}).get('message', '')}")
+        ending = Ending(disruption or R.CRASH, f"pod {view.name} ended: {pod.get('status', {}).get('message', '')}")
     elif view.deleting and view.deletion_time is not None and (
         (pod["metadata"].get("deletionGracePeriodSeconds") == 0)
         or now > view.deletion_time + timedelta(seconds=stuck_seconds)
     ):
         # Force-deleted or stuck Terminating: its node is gone and will report nothing.
-        ending = Ending(disruption or NODE_LOST, f"pod {view.name} was lost with its node before it could report")
+        ending = Ending(disruption or R.NODE_LOST, f"pod {view.name} was lost with its node before it could report")
     else:
         return view
     return replace(view, ending=ending)
 
 
-def _terminated_ending(terminated: dict[str, Any], view: PodView, disruption: str | None) -> Ending:
+def _terminated_ending(terminated: dict[str, Any], view: PodView, disruption: api.RestartReason | None) -> Ending:
     code = int(terminated.get("exitCode", -1))
-    finished = parse_time(terminated.get("finishedAt"))
+    finished = api.parse_time(terminated.get("finishedAt"))
     raw = terminated.get("message") or ""
     if terminated.get("reason") == "OOMKilled":
         limit = f" (memory limit {view.memory_limit})" if view.memory_limit else ""
-        return Ending(OOM, f"the runner was OOMKilled{limit}: raise spec.template's runner container "
+        return Ending(R.OOM_KILLED, f"the runner was OOMKilled{limit}: raise spec.template's runner container "
                       "resources.limits.memory", finished_at=finished)
     report = _parse_termination_message(raw)
     outcome = None
@@ -186,7 +167,7 @@ def _terminated_ending(terminated: dict[str, Any], view: PodView, disruption: st
     if disruption:
         return Ending(disruption, _disruption_message(disruption, view.name), finished_at=finished)
     tail = raw.strip().splitlines()[-1][:300] if raw.strip() else "no termination message"
-    return Ending(CRASH, f"the runner crashed with exit code {code}: {tail}", finished_at=finished)
+    return Ending(R.CRASH, f"the runner crashed with exit code {code}: {tail}", finished_at=finished)
 
 
 def _parse_termination_message(raw: str) -> dict[str, Any] | None:
@@ -198,11 +179,11 @@ def _parse_termination_message(raw: str) -> dict[str, Any] | None:
     return dict(report)
 
 
-def _disruption_message(reason: str, pod: str) -> str:
+def _disruption_message(reason: api.RestartReason, pod: str) -> str:
     return {
-        EVICTED: f"pod {pod} was evicted",
-        PREEMPTED: f"pod {pod} was preempted",
-        NODE_LOST: f"pod {pod} was lost with its node",
+        R.EVICTED: f"pod {pod} was evicted",
+        R.PREEMPTED: f"pod {pod} was preempted",
+        R.NODE_LOST: f"pod {pod} was lost with its node",
     }.get(reason, f"pod {pod} was deleted by someone other than the operator")
 
 
@@ -302,13 +283,14 @@ def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) ->
     reason = (status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
               else (phase.value if phase else "Unknown"))
     out = []
+    stamp = api.format_time(now)
     for kind, true in wanted.items():
         value = "True" if true else "False"
         previous = old.get(kind)
         changed = previous is None or previous.status != value
         out.append(api.Condition(
             type=kind, status=value, reason=reason, message=(status.message or "")[:1024],
-            lastTransitionTime=(iso(now) if changed or not previous else previous.lastTransitionTime) or iso(now),
+            lastTransitionTime=(stamp if changed or not previous else previous.lastTransitionTime) or stamp,
             observedGeneration=generation,
         ))
     return out
@@ -341,7 +323,7 @@ class _Transition:
         self.new.phase = phase
         self.new.message = message
         self.new.abortReason = abort
-        self.new.completionTime = iso(self.now)
+        self.new.completionTime = api.format_time(self.now)
         self.new.waitingFor = None
         self.new.nextAttemptTime = None
         if phase == api.Phase.ABORTED:
@@ -360,7 +342,7 @@ class _Transition:
         old = self.run.status
         if old.phase == api.Phase.RUNNING and self.new.phase != api.Phase.RUNNING:
             # The attempt is over: add its time with a pod (until the pod ended, if we know when).
-            ended = (parse_time(self.new.lastPodEndTime) if self.new.lastPodEndTime != old.lastPodEndTime
+            ended = (api.parse_time(self.new.lastPodEndTime) if self.new.lastPodEndTime != old.lastPodEndTime
                      else None) or self.now
             self.new.activeSeconds = int(active_time(old, ended).total_seconds())
             self.new.attemptStartTime = None
@@ -415,7 +397,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     elif phase == api.Phase.PENDING:
         _start(t, older, stuck_seconds)
     elif phase == api.Phase.BACKOFF:
-        next_time = parse_time(status.nextAttemptTime)
+        next_time = api.parse_time(status.nextAttemptTime)
         if next_time is None or now >= next_time:
             t.new.phase = api.Phase.PENDING
             t.new.nextAttemptTime = None
@@ -444,22 +426,22 @@ def quiet_until(run: RunView) -> datetime | None:
     status, spec, policy = run.status, run.spec, run.spec.policy
     phase = status.phase
     if (run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers
-            or builders.ANNOTATION_ABORT in run.annotations):
+            or api.ANNOTATION_ABORT in run.annotations):
         return None
     max_duration = api.parse_duration(policy.maxDuration)
     if phase.finished:
         if (status.observedGeneration or 0) < run.generation or _retry_requested(run):
             return None  # the user changed the spec (an aborted run may resume) or asked for a retry
-        completed = parse_time(status.completionTime)
+        completed = api.parse_time(status.completionTime)
         if spec.ttlSecondsAfterFinished is None or completed is None:
             return NEVER
         return completed + timedelta(seconds=spec.ttlSecondsAfterFinished)
     if phase == api.Phase.RUNNING:
-        renewed = parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
+        renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
         if renewed is None:
             return None  # the lease is not held yet: its deadline counts from the pod's start
-        acquired = parse_time(status.lease.acquireTime)
-        progress = max((m for m in (parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
+        acquired = api.parse_time(status.lease.acquireTime)
+        progress = max((m for m in (api.parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
         began = attempt_start(status)
         used_up = began + max_duration - timedelta(seconds=status.activeSeconds) if began else NEVER
         return min(renewed + lease_validity(run), progress + api.parse_duration(policy.progressTimeout), used_up)
@@ -470,12 +452,12 @@ def quiet_until(run: RunView) -> datetime | None:
     if phase == api.Phase.SUSPENDED:
         return NEVER  # no pod, so no active time: nothing on the clock
     if phase == api.Phase.BACKOFF:
-        return parse_time(status.nextAttemptTime)
+        return api.parse_time(status.nextAttemptTime)
     if phase == api.Phase.WAITING:
         waiting = status.waitingFor or api.WaitingFor()
         if waiting.event and waiting.event in spec.events:
             return None
-        moments = [m for m in (parse_time(waiting.wakeTime), parse_time(waiting.deadline)) if m]
+        moments = [m for m in (api.parse_time(waiting.wakeTime), api.parse_time(waiting.deadline)) if m]
         return min(moments, default=NEVER)
     return None  # Pending: start the next attempt
 
@@ -485,8 +467,8 @@ def attempt_start(status: api.DurableRunStatus) -> datetime | None:
     if status.phase != api.Phase.RUNNING:
         return None
     if status.attemptStartTime:
-        return parse_time(status.attemptStartTime)
-    return parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
+        return api.parse_time(status.attemptStartTime)
+    return api.parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
 
 
 def active_time(status: api.DurableRunStatus, now: datetime) -> timedelta:
@@ -512,17 +494,17 @@ def lease_validity(run: RunView) -> timedelta:
 def _admit(t: _Transition) -> None:
     t.new = api.DurableRunStatus(
         phase=api.Phase.PENDING, epoch=1, attempt=0,
-        inputHash=input_hash(t.run.spec.input), startTime=iso(t.now),
+        inputHash=api.input_hash(t.run.spec.input), startTime=api.format_time(t.now),
         message="admitted: starting the first attempt",
     )
 
 
 def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
     status = t.run.status
-    if status.inputHash and status.inputHash != input_hash(t.run.spec.input):
+    if status.inputHash and status.inputHash != api.input_hash(t.run.spec.input):
         t.fence()
         t.finish(api.Phase.FAILED, "InputMismatch: spec.input changed after the first attempt "
-                 f"(sha256 {input_hash(t.run.spec.input)[:12]} != {status.inputHash[:12]}). A run's input "
+                 f"(sha256 {api.input_hash(t.run.spec.input)[:12]} != {status.inputHash[:12]}). A run's input "
                  "is fixed: restore it, or create a new DurableRun for the new input")
         return
     # Every older pod must be gone (or presumed lost with its node) before the next one starts.
@@ -538,9 +520,9 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
     t.new.outcome = None
     t.new.waitingFor = None
     t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
-    t.new.attemptStartTime = iso(t.now)
+    t.new.attemptStartTime = api.format_time(t.now)
     if t.new.startTime is None:
-        t.new.startTime = iso(t.now)
+        t.new.startTime = api.format_time(t.now)
     t.plan.create_pod_epoch = epoch
     t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
 
@@ -550,7 +532,7 @@ def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
     if pod is None:
         if status.lease.epoch == status.epoch:
             # It ran, and now it is gone without a trace: someone removed it.
-            _ended(t, Ending(POD_DELETED, f"pod {status.pod} disappeared"), None)
+            _ended(t, Ending(R.POD_DELETED, f"pod {status.pod} disappeared"), None)
         else:
             t.plan.create_pod_epoch = status.epoch  # its creation was interrupted: create it again
         return
@@ -560,7 +542,7 @@ def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
     if _user_abort(t, pod) or _limits_exceeded(t, pod):
         return
     validity = lease_validity(t.run)
-    renewed = parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
+    renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
     reference = renewed or pod.running_since
     if reference is not None and t.now - reference > validity:
         what = "renewed" if renewed else "acquired"
@@ -568,7 +550,7 @@ def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
         t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(validity)} "
                 f"(lease duration plus a {api.format_duration(CLOCK_SKEW_MARGIN)} clock-skew margin)",
                 warning=True)
-        _ended(t, Ending(LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing it (hung, paused "
+        _ended(t, Ending(R.LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing it (hung, paused "
                          "or partitioned)"), pod, delete=True)
         return
     if pod.waiting_reason in ("CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff",
@@ -583,7 +565,7 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
     """The current attempt is over: fence it, record why, and decide what comes next."""
     status, policy = t.run.status, t.run.spec.policy
     t.fence()
-    t.new.lastPodEndTime = iso(ending.finished_at or t.now)
+    t.new.lastPodEndTime = api.format_time(ending.finished_at or t.now)
     t.new.outcome = ending.outcome
     if pod is not None:
         if pod.has_finalizer:
@@ -604,7 +586,7 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
         t.new.phase = api.Phase.WAITING
         t.new.waitingFor = api.WaitingFor(
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
-            since=waiting.get("since") or iso(t.now), deadline=waiting.get("deadline"),
+            since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
         )
         t.new.message = ending.message
         t.event("Waiting", ending.message)
@@ -636,14 +618,14 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
         else:
             delay = policy.backoff.delay(t.new.restarts)
             t.new.phase = api.Phase.BACKOFF
-            t.new.nextAttemptTime = iso(t.now + delay)
+            t.new.nextAttemptTime = api.format_time(t.now + delay)
             t.new.message = f"{ending.message}: restart {t.new.restarts} of {policy.maxRestarts} in " \
                             f"{api.format_duration(delay)}"
             t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
 
 
 def _user_abort(t: _Transition, pod: PodView | None = None) -> bool:
-    reason = t.run.annotations.get(builders.ANNOTATION_ABORT)
+    reason = t.run.annotations.get(api.ANNOTATION_ABORT)
     if reason is None:
         return False
     _abort(t, api.AbortReason.USER_REQUESTED, f"aborted by request: {reason or 'no reason given'}", pod)
@@ -666,8 +648,8 @@ def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
                "sleeps, suspension and backoff do not count); raise it to resume", pod)
         return True
     if status.phase == api.Phase.RUNNING and pod is not None:
-        progress = parse_time(status.progress.lastProgressTime)
-        acquired = parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
+        progress = api.parse_time(status.progress.lastProgressTime)
+        acquired = api.parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
         reference = max((m for m in (progress, acquired) if m is not None), default=None)
         timeout = api.parse_duration(policy.progressTimeout)
         if reference is not None and t.now - reference > timeout:
@@ -686,7 +668,7 @@ def _waiting(t: _Transition) -> None:
         t.event("EventReceived", t.new.message)
         return
     for moment, why in ((waiting.wakeTime, "wake time reached"), (waiting.deadline, "wait deadline passed")):
-        when = parse_time(moment)
+        when = api.parse_time(moment)
         if when is not None and t.now >= when:
             t.new.phase = api.Phase.PENDING
             t.new.message = f"{why}: resuming"
@@ -708,7 +690,7 @@ def _finished(t: _Transition) -> None:
         t.event("Resumed", t.new.message)
         return
     if spec.ttlSecondsAfterFinished is not None:
-        completed = parse_time(status.completionTime)
+        completed = api.parse_time(status.completionTime)
         if completed is not None and t.now >= completed + timedelta(seconds=spec.ttlSecondsAfterFinished):
             t.plan.delete_run = True
 
@@ -724,10 +706,10 @@ def _retry(t: _Transition) -> None:
     """Start the run again from its journal: completed steps replay, failed ones run again."""
     status, value = t.run.status, t.run.annotations[api.ANNOTATION_RETRY]
     t.new.retry = value
-    if builders.ANNOTATION_ABORT in t.run.annotations:
+    if api.ANNOTATION_ABORT in t.run.annotations:
         t.event("RetryRefused", f"{api.ANNOTATION_RETRY}={value!r} ignored: the run still carries "
-                f"{builders.ANNOTATION_ABORT}. Remove it with the retry: kubectl annotate dr {t.run.name} "
-                f"{builders.ANNOTATION_ABORT}- {api.ANNOTATION_RETRY}=<a new value>", warning=True)
+                f"{api.ANNOTATION_ABORT}. Remove it with the retry: kubectl annotate dr {t.run.name} "
+                f"{api.ANNOTATION_ABORT}- {api.ANNOTATION_RETRY}=<a new value>", warning=True)
         return
     t.new.phase = api.Phase.PENDING
     t.new.abortReason = None
@@ -738,7 +720,7 @@ def _retry(t: _Transition) -> None:
     t.new.restarts = 0
     t.new.disruptions = 0
     # To the microsecond: the runner compares it with when each failure was journaled, maybe the same second.
-    t.new.retryTime = t.now.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    t.new.retryTime = api.format_time(t.now, precise=True)
     t.new.message = (f"retry {value!r} of the {status.phase} run: a new attempt replays the journal; completed "
                      "steps are not executed again, failed ones are")
     t.event("Retrying", t.new.message)

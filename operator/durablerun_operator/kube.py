@@ -191,4 +191,4 @@ class Kube:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return api.format_time(datetime.now(UTC))

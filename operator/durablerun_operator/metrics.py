@@ -50,9 +50,7 @@ RUN_LABELS = ("namespace", "name")
 # caller's typo cannot grow the number of series without bound.
 # Restarts: Crash, OOMKilled, LeaseExpired and Fenced (an attempt superseded by a
 # zombie write) count against maxRestarts; the rest are disruptions.
-RESTART_REASONS = (
-    "Crash", "OOMKilled", "LeaseExpired", "Fenced", "Evicted", "Preempted", "NodeLost", "PodDeleted",
-)
+RESTART_REASONS = tuple(reason.value for reason in api.RestartReason)
 ABORT_REASONS = tuple(reason.value for reason in api.AbortReason)
 COMPLETION_OUTCOMES = (api.Phase.SUCCEEDED.value, api.Phase.FAILED.value, api.Phase.ABORTED.value)
 OTHER = "Other"
@@ -80,11 +78,10 @@ def _timestamp(text: str | None) -> datetime | None:
     if not text:
         return None
     try:
-        parsed = datetime.fromisoformat(text)
+        return api.parse_time(text)
     except ValueError:
         logger.warning("ignoring unreadable timestamp %r in a DurableRun status", text)
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _number(text: str | None) -> float | None:

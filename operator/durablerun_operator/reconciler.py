@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from durablerun import api
 from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Conflict, Kube
@@ -263,6 +264,6 @@ class Reconciler:
             key = (run.uid, status.epoch)
             if key not in self._resumes_seen:
                 self._resumes_seen.add(key)
-                acquired, ended = decide.parse_time(lease.acquireTime), decide.parse_time(status.lastPodEndTime)
+                acquired, ended = api.parse_time(lease.acquireTime), api.parse_time(status.lastPodEndTime)
                 if acquired and ended and acquired >= ended:
                     self.metrics.observe_resume_latency((acquired - ended).total_seconds())

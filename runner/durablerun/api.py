@@ -2,17 +2,21 @@
 
 One source for: the custom resource's spec and status (the CRD's OpenAPI
 schema is generated from these models: see ``durablerun_operator.crd``), the
-outcomes a runner attempt ends with and their exit codes, and the environment
-the operator hands to a runner pod. The operator imports this module; this
-module imports nothing of the operator.
+outcomes a runner attempt ends with and their exit codes, the restart reasons,
+the labels, annotations and environment the operator hands to a runner pod,
+and the encodings both sides must agree on (durations, times, the input hash).
+docs/design.md describes the contract as a whole. The operator imports this
+module; this module imports nothing of the operator.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 import re
-from datetime import timedelta
-from typing import Any, Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,13 +33,14 @@ LABEL_RUN = f"{GROUP}/run"
 LABEL_EPOCH = f"{GROUP}/epoch"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 POD_FINALIZER = f"{GROUP}/termination"
-# Set to a new value (any string, e.g. a timestamp) to retry a Failed or Aborted run from its journal.
-ANNOTATION_RETRY = f"{GROUP}/retry"
 RUN_FINALIZER = f"{GROUP}/cleanup"
 # The container of a runner pod that runs `durablerun pod`.
 RUNNER_CONTAINER = "runner"
+# The runner container's terminationMessagePath: the runner writes its outcome there for the kubelet.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # Annotations users set on a DurableRun (kubectl durablerun abort / retry):
-# abort it (the value is the reason); retry it (any new value asks once more).
+# abort it (the value is the reason); retry a Failed or Aborted run from its journal (any new value,
+# e.g. a timestamp, asks once more).
 ANNOTATION_ABORT = f"{GROUP}/abort"
 ANNOTATION_RETRY = f"{GROUP}/retry"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
@@ -82,16 +87,6 @@ class Outcome(enum.StrEnum):
     def exit_code(self) -> int:
         return _EXIT_CODES[self]
 
-    @classmethod
-    def from_exit_code(cls, code: int) -> Outcome | None:
-        """The outcome an exit code stands for; None for a crash (e.g. 137)."""
-        for outcome, exit_code in _EXIT_CODES.items():
-            # 4 is shared by Suspended and Waiting; the termination message
-            # tells them apart, the exit code alone means "yielded cleanly".
-            if exit_code == code:
-                return outcome
-        return None
-
 
 _EXIT_CODES = {
     Outcome.COMPLETED: 0,
@@ -102,6 +97,25 @@ _EXIT_CODES = {
     Outcome.WAITING: 4,
     Outcome.FENCED: 5,
 }
+
+
+class RestartReason(enum.StrEnum):
+    """Why the operator restarted a run (the ``reason`` label of durablerun_run_restarts_total)."""
+
+    CRASH = "Crash"
+    OOM_KILLED = "OOMKilled"
+    LEASE_EXPIRED = "LeaseExpired"
+    FENCED = "Fenced"  # an attempt superseded by a zombie write
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    NODE_LOST = "NodeLost"
+    POD_DELETED = "PodDeleted"
+
+    @property
+    def disruption(self) -> bool:
+        """Infrastructure's doing: counts against policy.maxDisruptions, not maxRestarts."""
+        return self not in (RestartReason.CRASH, RestartReason.OOM_KILLED, RestartReason.LEASE_EXPIRED,
+                            RestartReason.FENCED)
 
 
 class Env:
@@ -117,6 +131,42 @@ class Env:
     TERMINATION_MESSAGE_PATH = "DURABLERUN_TERMINATION_MESSAGE_PATH"
     # "purge": delete the run's journal (retention Delete) instead of running it.
     MODE = "DURABLERUN_MODE"
+
+
+# --- times and input hashes ---------------------------------------------------
+
+
+def format_time(moment: datetime | float, *, precise: bool = False) -> str:
+    """RFC 3339 in UTC with a Z: to the second, as Kubernetes writes times; ``precise``: to the microsecond.
+
+    ``moment`` is an aware datetime or a Unix timestamp.
+    """
+    if isinstance(moment, float | int):
+        moment = datetime.fromtimestamp(moment, UTC)
+    moment = moment.astimezone(UTC)
+    if precise:
+        return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@overload
+def parse_time(text: str) -> datetime: ...
+@overload
+def parse_time(text: None) -> None: ...
+@overload
+def parse_time(text: str | None) -> datetime | None: ...
+def parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 time (either precision) as an aware datetime; None for None or ''. ValueError if unreadable."""
+    if not text:
+        return None
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def input_hash(value: Any) -> str:
+    """sha256 of the canonical JSON (sorted keys, compact, no NaN) of a run's input: status.inputHash."""
+    canonical = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # --- durations ---------------------------------------------------------------

@@ -10,7 +10,7 @@
     durablerun delete --run-id ID [--store URI]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
 
-Exit codes follow DESIGN.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted,
+Exit codes follow docs/design.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted,
 4 Waiting or Suspended, 5 Fenced; 75 when the store could not be reached.
 """
 

@@ -3,7 +3,7 @@
 An *attempt* loads the run's journal, runs the workflow (replaying what is
 journaled, executing the rest), and ends with exactly one
 :class:`AttemptResult` whose ``outcome`` (:class:`durablerun.api.Outcome`)
-maps to the exit code of DESIGN.md::
+maps to the exit code of docs/design.md::
 
     from durablerun.engine import Run, EngineConfig
     from durablerun.stores import open_store, RunRef
@@ -52,7 +52,6 @@ records the outcome in the run's ``status.json`` (not when Fenced).
 the operator puts in ``status.inputHash``.
 """
 
-from durablerun._private.codec import input_hash
 from durablerun._private.engine import (
     SDK_VERSION,
     AttemptResult,
@@ -63,6 +62,7 @@ from durablerun._private.engine import (
     load_workflow,
 )
 from durablerun._private.journal import Totals
+from durablerun.api import input_hash
 
 __all__ = [
     "SDK_VERSION",

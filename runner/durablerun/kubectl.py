@@ -132,7 +132,7 @@ def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
 
 def cmd_retry(kube: Kubectl, args: argparse.Namespace) -> int:
     # A new value each time: the operator acts once per value.
-    value = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    value = api.format_time(datetime.now(UTC), precise=True)
     kube.annotate(args.run, api.ANNOTATION_RETRY, value)
     print(f"{KIND_REF}/{args.run} retry requested ({api.ANNOTATION_RETRY}={value})")
     return 0

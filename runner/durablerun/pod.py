@@ -48,15 +48,10 @@ log = logging.getLogger("durablerun.pod")
 JSON_PATCH = "application/json-patch+json"
 CRASH_EXIT = 70  # not an outcome: the operator counts it as a crash and restarts with backoff
 STATUS_FLUSH_SECONDS = 1.0  # progress reaches the status at most this often (and at every renewal)
-ABORT_ANNOTATION = f"{api.GROUP}/abort"
-
-
-def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return api.format_time(datetime.now(UTC))
 
 
 class Fenced(Exception):
@@ -79,7 +74,7 @@ class Identity:
             self.epoch = int(env[api.Env.EPOCH])
         except ValueError:
             raise errors.ConfigError(f"{api.Env.EPOCH}={env[api.Env.EPOCH]!r} is not a whole number") from None
-        self.termination_path = Path(env.get(api.Env.TERMINATION_MESSAGE_PATH) or "/dev/termination-log")
+        self.termination_path = Path(env.get(api.Env.TERMINATION_MESSAGE_PATH) or api.TERMINATION_MESSAGE_PATH)
 
 
 class StatusClient:
@@ -376,7 +371,7 @@ def _deliver_events(store: Store, ref: RunRef, events: dict[str, Any], delivered
 
 def _terminate(identity: Identity | None, message: str, code: int) -> int:
     path = identity.termination_path if identity else Path(
-        os.environ.get(api.Env.TERMINATION_MESSAGE_PATH) or "/dev/termination-log")
+        os.environ.get(api.Env.TERMINATION_MESSAGE_PATH) or api.TERMINATION_MESSAGE_PATH)
     with contextlib.suppress(OSError):
         path.write_text(message[:4096])
     # The outcome is final: a late SIGTERM (the pod being deleted) must not turn the exit code into 143
@@ -457,7 +452,7 @@ def _attempt(identity: Identity) -> int:
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr)],
         config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active,
-                                   rerun_failed_before=_time(status_now.retryTime),
+                                   rerun_failed_before=api.parse_time(status_now.retryTime),
                                    policy_advice=kubectl_advice(identity.namespace, identity.name)),
     )
 
@@ -466,7 +461,7 @@ def _attempt(identity: Identity) -> int:
         _deliver_events(store, ref, latest_spec.get("events") or {}, delivered)
         if latest_spec.get("suspend"):
             run.request_stop()
-        reason = ((latest.get("metadata") or {}).get("annotations") or {}).get(ABORT_ANNOTATION)
+        reason = ((latest.get("metadata") or {}).get("annotations") or {}).get(api.ANNOTATION_ABORT)
         if reason is not None:
             run.request_abort(api.AbortReason.USER_REQUESTED, f"aborted by request: {reason}")
 

@@ -1,4 +1,12 @@
-"""decide's transitions that the test bed cannot reach or time exactly (pure logic, no test bed)."""
+"""decide() as the pure function it is: every transition on plain dicts (no test bed).
+
+TRANSITIONS is the table of every way a run moves (admit, start, crash ->
+backoff -> RetryLimitExceeded, OOM, lease expiry, each disruption, wait and
+wake, suspend and resume, abort and resume on a raised limit, retry, TTL);
+the test bed's tests (test_crash_resume, test_lease, test_policy_and_waits,
+test_retry, test_deletion) prove the same transitions end to end. The tests
+after the table cover what the test bed cannot reach or time exactly.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,11 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from durablerun import api
-from durablerun_operator import builders, decide
-from tests.operator.test_quiet import T0, at, body, runner_pod, running
+from durablerun_operator import decide
+from tests.operator.test_quiet import POLICY, T0, at, body, runner_pod, running
 
 
 def plan_for(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None,
@@ -61,7 +71,7 @@ def test_retry_acts_once_per_value_and_only_on_failed_or_aborted_runs() -> None:
 
 
 def test_retry_with_the_abort_annotation_still_set_is_refused_once() -> None:
-    annotations = {api.ANNOTATION_RETRY: "1", builders.ANNOTATION_ABORT: "stop"}
+    annotations = {api.ANNOTATION_RETRY: "1", api.ANNOTATION_ABORT: "stop"}
     run_body = body({**failed(), "phase": "Aborted", "abortReason": "UserRequested"}, annotations=annotations)
     plan, status = plan_for(run_body)
     assert status["phase"] == "Aborted"
@@ -81,3 +91,266 @@ def test_an_attempt_adds_its_time_with_a_pod_to_active_seconds() -> None:
     assert status["phase"] == "Waiting"
     assert status["activeSeconds"] == 190
     assert "attemptStartTime" not in status
+
+
+# --- the table -------------------------------------------------------------------------
+
+ABSENT = object()  # in an expected status: the field must not be there
+
+
+def apply(run_body: dict[str, Any], plan: decide.Plan) -> dict[str, Any]:
+    """The status after the plan's patch, checking that its test ops hold on the status it was made from."""
+    status = dict(run_body.get("status") or {})
+    for op in plan.patch:
+        key = op["path"].removeprefix("/status").removeprefix("/")
+        if op["op"] == "test":
+            current: Any = run_body
+            for part in op["path"].strip("/").split("/"):
+                current = current.get(part) if isinstance(current, dict) else None
+            assert current == op["value"], op
+        elif op["path"] == "/status":
+            status = dict(op["value"])
+        elif op["op"] == "add":
+            status[key] = op["value"]
+        else:
+            status.pop(key)
+    return status
+
+
+def ended(exit_code: int, *, report: dict[str, Any] | None = None, reason: str | None = None,
+          deleting: bool = False, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The current attempt's pod, its runner container terminated at T0+110."""
+    pod = runner_pod()
+    terminated: dict[str, Any] = {"exitCode": exit_code, "finishedAt": at(110)}
+    if report is not None:
+        terminated["message"] = json.dumps(report)
+    if reason:
+        terminated["reason"] = reason
+    pod["status"] = {"phase": "Failed" if exit_code else "Succeeded", "conditions": conditions or [],
+                     "containerStatuses": [{"name": api.RUNNER_CONTAINER, "state": {"terminated": terminated}}]}
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = at(105)
+    return pod
+
+
+def lost_pod(by: str, grace: int) -> dict[str, Any]:
+    """The current attempt's pod deleted (``by``) while running on a node that is gone and reports nothing."""
+    pod = runner_pod()
+    pod["metadata"].update(deletionTimestamp=at(105), deletionGracePeriodSeconds=grace)
+    pod["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": by}]
+    return pod
+
+
+def old_pod() -> dict[str, Any]:
+    """A pod of the previous attempt (epoch 1), still running."""
+    pod = runner_pod()
+    pod["metadata"].update(name="run-a1", uid="p0", labels={api.LABEL_RUN: "run", api.LABEL_EPOCH: "1"})
+    return pod
+
+
+def waiting_report(**waiting_for: str) -> dict[str, Any]:
+    return {"outcome": "Waiting", "message": "waiting", "waitingFor": waiting_for}
+
+
+EVICTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+PREEMPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+ABORTED_BUDGET = {"phase": "Aborted", "abortReason": "BudgetExhausted", "completionTime": at(100),
+                  "cost": {"usd": "5.00", "tokens": 10}, "observedGeneration": 1}
+SUCCEEDED = {"phase": "Succeeded", "completionTime": at(50)}
+# What ends an attempt: the epoch is bumped (fencing its pod), the lease cleared.
+FENCED = {"epoch": 3, "lease": {}}
+RESTART_1 = {**FENCED, "phase": "Backoff", "restarts": 1, "nextAttemptTime": at(130)}
+
+
+def case(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None, *, seconds: float = 120,
+         status: dict[str, Any] | None = None, events: list[str] | None = None, **plan: Any) -> Any:
+    """One row: the run and its pods at T0 + seconds -> the status fields, Event reasons (when given, all
+    of them, in order) and plan fields."""
+    return (run_body, pods or [], seconds, status or {}, events, plan)
+
+
+TRANSITIONS: dict[str, Any] = {
+    # admit and start
+    "a new run is admitted with epoch 1 and its input's hash": case(
+        {**body({}, spec={"input": {"topic": "a"}}), "status": None},
+        status={"phase": "Pending", "epoch": 1, "attempt": 0, "inputHash": api.input_hash({"topic": "a"}),
+                "startTime": at(120)}),
+    "a new run gets the operator's finalizer first": case(
+        body({"phase": "Pending"}, finalizers=()), add_run_finalizer=True),
+    "a pending run starts its attempt in a pod named by its epoch": case(
+        body({"phase": "Pending"}), status={"phase": "Running", "attempt": 2, "pod": "run-a2",
+                                            "attemptStartTime": at(120)},
+        events=["AttemptStarted"], create_pod_epoch=2),
+    "a pending run waits until the previous attempt's pod is gone": case(
+        body({"phase": "Pending"}), [old_pod()], status={"phase": "Pending", "attempt": 1},
+        delete_pods=["run-a1"], create_pod_epoch=None),
+    "a running run with a healthy lease is left alone": case(body(running()), [runner_pod()], empty=True),
+    # crashes count against maxRestarts, with a doubling backoff
+    "a crash restarts after the initial backoff": case(
+        body(running()), [ended(1)], status=RESTART_1, events=["Restarting"],
+        restart_reason="Crash", delete_pods=["run-a2"], release_pods=["run-a2"]),
+    "the second crash waits twice as long": case(
+        body(running(restarts=1)), [ended(1)],
+        status={**FENCED, "phase": "Backoff", "restarts": 2, "nextAttemptTime": at(140)}, restart_reason="Crash"),
+    "the last crash maxRestarts allows still restarts": case(
+        body(running(restarts=2)), [ended(1)],
+        status={**FENCED, "phase": "Backoff", "restarts": 3, "nextAttemptTime": at(160)}, restart_reason="Crash"),
+    "a crash past maxRestarts aborts the run": case(
+        body(running(restarts=3)), [ended(1)],
+        status={**FENCED, "phase": "Aborted", "restarts": 4, "abortReason": "RetryLimitExceeded",
+                "completionTime": at(120)},
+        events=["Aborted"], restart_reason="Crash", abort_reason="RetryLimitExceeded", completion="Aborted"),
+    "a backoff that is over starts the next attempt": case(
+        body({"phase": "Backoff", "restarts": 1, "nextAttemptTime": at(100)}),
+        status={"phase": "Pending", "nextAttemptTime": ABSENT}),
+    "a backoff that is not over waits": case(
+        body({"phase": "Backoff", "restarts": 1, "nextAttemptTime": at(130)}), empty=True),
+    "an OOM kill restarts with backoff and names the memory limit to raise": case(
+        body(running()), [ended(137, reason="OOMKilled")], status=RESTART_1, restart_reason="OOMKilled"),
+    "an expired lease restarts, guarded by the lease it judged": case(
+        body(running()), [runner_pod()], seconds=200,
+        status={**RESTART_1, "nextAttemptTime": at(210)}, events=["LeaseExpired", "Restarting"],
+        restart_reason="LeaseExpired", delete_pods=["run-a2"]),
+    "the current pod fenced by a zombie write counts as a restart": case(
+        body(running()), [ended(5, report={"outcome": "Fenced", "message": "lost position 4"})],
+        status=RESTART_1, restart_reason="Fenced"),
+    # disruptions count against maxDisruptions, restart at once
+    "an evicted pod restarts at once as a disruption": case(
+        body(running()), [ended(143, conditions=EVICTED)],
+        status={**FENCED, "phase": "Pending", "disruptions": 1, "restarts": 0}, events=["Restarting"],
+        restart_reason="Evicted", delete_pods=["run-a2"], release_pods=["run-a2"]),
+    "a preempted pod restarts at once as a disruption": case(
+        body(running()), [ended(143, conditions=PREEMPTED)],
+        status={**FENCED, "phase": "Pending", "disruptions": 1}, restart_reason="Preempted"),
+    "a pod deleted by someone else restarts at once as a disruption": case(
+        body(running()), [ended(143, deleting=True)],
+        status={**FENCED, "phase": "Pending", "disruptions": 1}, restart_reason="PodDeleted", delete_pods=[],
+        release_pods=["run-a2"]),
+    "a pod that vanished after holding the lease restarts as deleted": case(
+        body(running()), status={**FENCED, "phase": "Pending", "disruptions": 1}, restart_reason="PodDeleted"),
+    "a pod the pod GC force-deleted with its node restarts as node lost": case(
+        body(running()), [lost_pod("DeletionByPodGC", 0)], status={**FENCED, "phase": "Pending", "disruptions": 1},
+        restart_reason="NodeLost", delete_pods=[], release_pods=["run-a2"]),
+    "a pod stuck Terminating on a lost node is waited for a while": case(
+        body(running()), [lost_pod("DeletionByTaintManager", 30)], seconds=160, empty=True),
+    "a pod stuck Terminating on a lost node past the limit restarts as node lost": case(
+        body(running()), [lost_pod("DeletionByTaintManager", 30)], seconds=166,
+        status={**FENCED, "phase": "Pending", "disruptions": 1}, restart_reason="NodeLost"),
+    "the last disruption maxDisruptions allows still restarts": case(
+        body(running(disruptions=19)), [ended(143, conditions=EVICTED)],
+        status={"phase": "Pending", "disruptions": 20}, restart_reason="Evicted"),
+    "a disruption past maxDisruptions aborts the run": case(
+        body(running(disruptions=20)), [ended(143, conditions=EVICTED)],
+        status={"phase": "Aborted", "disruptions": 21, "abortReason": "RetryLimitExceeded"},
+        abort_reason="RetryLimitExceeded"),
+    # the runner's own outcomes
+    "a completed attempt succeeds the run and keeps its pod": case(
+        body(running()), [ended(0, report={"outcome": "Completed", "message": "done"})],
+        status={**FENCED, "phase": "Succeeded", "outcome": "Completed", "completionTime": at(120),
+                "lastPodEndTime": at(110)},
+        events=["Succeeded"], completion="Succeeded", delete_pods=[], release_pods=["run-a2"]),
+    "a failed attempt fails the run": case(
+        body(running()), [ended(1, report={"outcome": "Failed", "message": "step 'x' failed"})],
+        status={"phase": "Failed", "outcome": "Failed", "message": "step 'x' failed", "restarts": 0},
+        events=["Failed"], completion="Failed", delete_pods=[]),
+    "a budget the runner ran out of aborts the run": case(
+        body(running()), [ended(3, report={"outcome": "Aborted", "message": "cost ceiling",
+                                           "abortReason": "BudgetExhausted"})],
+        status={"phase": "Aborted", "abortReason": "BudgetExhausted"}, abort_reason="BudgetExhausted"),
+    "a run over maxDuration is aborted even if its runner hangs": case(
+        body(running(), spec={"policy": {**POLICY, "maxDuration": "100s"}}), [runner_pod()],
+        status={**FENCED, "phase": "Aborted", "abortReason": "MaxDurationExceeded"},
+        abort_reason="MaxDurationExceeded", delete_pods=["run-a2"]),
+    "a run with no completed step for progressTimeout is aborted": case(
+        body(running(), spec={"policy": {**POLICY, "progressTimeout": "1m"}}), [runner_pod()], seconds=155,
+        status={**FENCED, "phase": "Aborted", "abortReason": "ProgressTimeout"},
+        abort_reason="ProgressTimeout", delete_pods=["run-a2"]),
+    # waits: for an event, or a durable sleep; no pod runs meanwhile
+    "an attempt waiting for an event leaves the run Waiting without a pod": case(
+        body(running()), [ended(4, report=waiting_report(event="approve", since=at(100)))],
+        status={**FENCED, "phase": "Waiting", "waitingFor": {"event": "approve", "since": at(100)}},
+        events=["Waiting"], delete_pods=["run-a2"], release_pods=["run-a2"]),
+    "an attempt in a durable sleep leaves the run Waiting for its wake time": case(
+        body(running()), [ended(4, report=waiting_report(wakeTime=at(600)))],
+        status={"phase": "Waiting", "waitingFor": {"wakeTime": at(600), "since": at(120)}}),
+    "the awaited event wakes the run": case(
+        body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}},
+             spec={"events": {"approve": {"by": "dana"}}}),
+        status={"phase": "Pending"}, events=["EventReceived"]),
+    "another event does not wake the run": case(
+        body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}}, spec={"events": {"x": 1}}),
+        empty=True),
+    "the wake time wakes a sleeping run": case(
+        body({"phase": "Waiting", "waitingFor": {"wakeTime": at(100), "since": at(0)}}),
+        status={"phase": "Pending"}, events=["Resumed"]),
+    "a sleeping run sleeps until its wake time": case(
+        body({"phase": "Waiting", "waitingFor": {"wakeTime": at(600), "since": at(0)}}), empty=True),
+    "a wait's deadline wakes the run": case(
+        body({"phase": "Waiting", "waitingFor": {"event": "approve", "deadline": at(100), "since": at(0)}}),
+        status={"phase": "Pending"}, events=["Resumed"]),
+    # suspend and resume
+    "a runner stopped at a step boundary for spec.suspend suspends the run": case(
+        body(running(), spec={"suspend": True}), [ended(4, report={"outcome": "Suspended", "message": "SIGTERM"})],
+        status={**FENCED, "phase": "Suspended"}, events=["Suspended"]),
+    "a runner stopped cleanly without spec.suspend resumes at once": case(
+        body(running()), [ended(4, report={"outcome": "Suspended", "message": "SIGTERM"})],
+        status={"phase": "Pending", "restarts": 0}),
+    "spec.suspend suspends a run in backoff": case(
+        body({"phase": "Backoff", "nextAttemptTime": at(300)}, spec={"suspend": True}),
+        status={"phase": "Suspended"}, events=["Suspended"]),
+    "lifting spec.suspend resumes the run": case(
+        body({"phase": "Suspended"}), status={"phase": "Pending"}, events=["Resumed"]),
+    # aborts, and resuming an aborted run
+    "the abort annotation aborts a running run and deletes its pod": case(
+        body(running(), annotations={api.ANNOTATION_ABORT: "wrong input"}), [runner_pod()],
+        status={**FENCED, "phase": "Aborted", "abortReason": "UserRequested",
+                "message": "aborted by request: wrong input"},
+        events=["Aborted"], abort_reason="UserRequested", delete_pods=["run-a2"]),
+    "the abort annotation aborts a waiting run": case(
+        body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}},
+             annotations={api.ANNOTATION_ABORT: ""}),
+        status={"phase": "Aborted", "abortReason": "UserRequested", "waitingFor": ABSENT}),
+    "a raised cost ceiling resumes a run aborted for its budget": case(
+        body(ABORTED_BUDGET, spec={"policy": {**POLICY, "costCeilingUSD": "10"}}, generation=2),
+        status={"phase": "Pending", "abortReason": ABSENT, "completionTime": ABSENT, "observedGeneration": 2},
+        events=["Resumed"]),
+    "a spec change that does not lift the budget leaves the run aborted": case(
+        body(ABORTED_BUDGET, spec={"policy": {**POLICY, "costCeilingUSD": "5.00"}}, generation=2),
+        status={"phase": "Aborted", "abortReason": "BudgetExhausted"}, events=[]),
+    "a raised maxRestarts resumes a run that ran out of restarts": case(
+        body({"phase": "Aborted", "abortReason": "RetryLimitExceeded", "restarts": 4, "completionTime": at(100),
+              "observedGeneration": 1}, spec={"policy": {**POLICY, "maxRestarts": 5}}, generation=2),
+        status={"phase": "Pending", "abortReason": ABSENT, "restarts": 4}),
+    # retry annotation, TTL
+    "a new retry value restarts a failed run from its journal": case(
+        body(failed(), annotations={api.ANNOTATION_RETRY: "1"}),
+        status={"phase": "Pending", "restarts": 0, "disruptions": 0, "retry": "1"}, events=["Retrying"]),
+    "a new retry value restarts an aborted run from its journal": case(
+        body({**failed(), "phase": "Aborted", "abortReason": "RetryLimitExceeded"},
+             annotations={api.ANNOTATION_RETRY: "2"}),
+        status={"phase": "Pending", "abortReason": ABSENT, "restarts": 0, "retry": "2"}, events=["Retrying"]),
+    "a finished run is deleted once its TTL has passed": case(
+        body(SUCCEEDED, spec={"ttlSecondsAfterFinished": 60}), delete_run=True, patch=[]),
+    "a finished run is kept until its TTL has passed": case(
+        body(SUCCEEDED, spec={"ttlSecondsAfterFinished": 100}), empty=True),
+    "a finished run without a TTL is kept": case(body(SUCCEEDED), empty=True),
+}
+
+
+@pytest.mark.parametrize("name", TRANSITIONS)
+def test_transition(name: str) -> None:
+    run_body, pods, seconds, want_status, want_events, want_plan = TRANSITIONS[name]
+    now = T0 + timedelta(seconds=seconds)
+    views = [decide.PodView.from_pod(p, now, 60.0) for p in pods]
+    plan = decide.decide(decide.RunView.from_body(run_body), views, now)
+    status = apply(run_body, plan)
+    for key, value in want_status.items():
+        if value is ABSENT:
+            assert key not in status, (key, status)
+        else:
+            assert status.get(key) == value, (key, status.get(key))
+    if want_events is not None:
+        assert [reason for _, reason, _ in plan.events] == want_events
+    for key, value in want_plan.items():
+        assert getattr(plan, key) == value, (key, getattr(plan, key))
+    api.DurableRunStatus.model_validate(status)  # what the API server would store is a valid status

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from durablerun import api
-from durablerun_operator import builders, decide
+from durablerun_operator import decide
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 POLICY = {"leaseDuration": "60s", "progressTimeout": "10m", "maxDuration": "2h"}
 
 
 def at(seconds: float) -> str:
-    return decide.iso(T0 + timedelta(seconds=seconds))
+    return api.format_time(T0 + timedelta(seconds=seconds))
 
 
 def body(status: dict[str, Any], *, spec: dict[str, Any] | None = None, generation: int = 1,
@@ -34,7 +34,7 @@ def body(status: dict[str, Any], *, spec: dict[str, Any] | None = None, generati
     return {"metadata": meta,
             "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://bucket/runs"}, "policy": dict(POLICY),
                      **(spec or {})},
-            "status": {"epoch": 2, "attempt": 1, "inputHash": decide.input_hash({}), "startTime": at(0),
+            "status": {"epoch": 2, "attempt": 1, "inputHash": api.input_hash({}), "startTime": at(0),
                        "observedGeneration": generation, **status}}
 
 
@@ -110,7 +110,7 @@ def test_runs_with_nothing_on_the_clock_are_quiet_forever() -> None:
 ACT_NOW = {
     "being deleted": body(running(), deleting=True),
     "without the operator's finalizer": body(running(), finalizers=()),
-    "with an abort request": body(running(), annotations={builders.ANNOTATION_ABORT: "stop"}),
+    "with an abort request": body(running(), annotations={api.ANNOTATION_ABORT: "stop"}),
     "pending": body({"phase": "Pending"}),
     "new": {**body({}), "status": None},
     "running, lease not yet acquired": body(running(lease={})),

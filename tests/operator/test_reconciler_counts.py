@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from durablerun import api
-from durablerun_operator import decide, metrics
+from durablerun_operator import metrics
 from durablerun_operator.config import Settings
 from durablerun_operator.reconciler import Reconciler
 
@@ -24,7 +24,7 @@ NOW = datetime.now(UTC)
 
 
 def at(seconds: float) -> str:
-    return decide.iso(NOW + timedelta(seconds=seconds))
+    return api.format_time(NOW + timedelta(seconds=seconds))
 
 
 RUN: dict[str, Any] = {
@@ -32,7 +32,7 @@ RUN: dict[str, Any] = {
                  "finalizers": [api.RUN_FINALIZER], "annotations": {}},
     "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://bucket/runs"}},
     "status": {"phase": "Running", "epoch": 2, "attempt": 1, "pod": "run-a2", "startTime": at(-60),
-               "inputHash": decide.input_hash({}), "observedGeneration": 1,
+               "inputHash": api.input_hash({}), "observedGeneration": 1,
                "lease": {"holder": "run-a2", "epoch": 2, "acquireTime": at(-50), "renewTime": at(-1)}},
 }
 

@@ -13,7 +13,7 @@
 ``run`` runs the workflow locally until it completes, fails, is aborted or
 has to wait; re-running the same command resumes it. ``resume`` does the
 same for a run that exists and refuses an unknown run id. Exit codes follow
-DESIGN.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
+docs/design.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
 Suspended, 5 Fenced; 75 when the store could not be reached (try again).
 The default store is ``file://./.durablerun``; a ``--run-id`` run lives
 under ``<store>/_local/<run-id>/``.
@@ -36,11 +36,11 @@ from durablerun import api, errors
 from durablerun._private import codec, layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
-from durablerun._private.journal import RunStore, parse_iso
+from durablerun._private.journal import RunStore
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import RunInfo, Store, open_store, store_from_checkpoint
 from durablerun._version import __version__
-from durablerun.api import AbortReason, Outcome, Policy, parse_duration
+from durablerun.api import AbortReason, Outcome, Policy, parse_duration, parse_time
 
 EXIT_STORE_UNAVAILABLE = 75
 _FROM_RUN = "<from the run>"
@@ -348,7 +348,7 @@ def cmd_send_event(args: argparse.Namespace) -> int:
         print(f"no run {ref} has started yet; it will get the event when it waits for it")
     elif status.get("outcome") == "Waiting" and waiting.get("event") == args.name:
         until = status.get("pollingUntil")
-        if until and parse_iso(str(until)) > datetime.now(UTC):
+        if until and parse_time(str(until)) > datetime.now(UTC):
             print(f"run {ref} is waiting for it and its attempt is still polling for it (until "
                   f"{until}): it picks the event up by itself")
         else:

@@ -78,23 +78,11 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
-def canonical(value: Any) -> bytes:
-    """Canonical JSON (sorted keys, compact): the basis of input hashes."""
-    return json.dumps(
-        value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
-    ).encode()
-
-
 def loads(data: bytes, *, what: str) -> Any:
     try:
         return json.loads(data)
     except ValueError as e:
         raise errors.CorruptionError(f"object is not valid JSON: {e}", object=what) from e
-
-
-def input_hash(value: Any) -> str:
-    """sha256 of the canonical JSON of a run's input (what DESIGN.md calls the input hash)."""
-    return hashlib.sha256(canonical(value)).hexdigest()
 
 
 class _Unserializable(TypeError):

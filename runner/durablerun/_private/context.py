@@ -10,8 +10,8 @@ from typing import Any, NoReturn, TypeVar, overload
 
 from durablerun import errors
 from durablerun._private import core
-from durablerun._private.journal import iso, parse_iso
 from durablerun._private.layout import check_event_name
+from durablerun.api import format_time, parse_time
 
 T = TypeVar("T")
 
@@ -154,7 +154,7 @@ class DurableContext:
     # --- deterministic values ---------------------------------------------------------------
     def now(self) -> datetime:
         """The current UTC time, recorded once: identical on every replay."""
-        return parse_iso(self._core.value("now", lambda: iso(datetime.now(UTC))))
+        return parse_time(self._core.value("now", lambda: format_time(datetime.now(UTC), precise=True)))
 
     def uuid(self) -> uuid_mod.UUID:
         """A random UUID, recorded once: identical on every replay."""

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from durablerun import errors
 from durablerun._private import codec
 from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
-from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
-from durablerun.api import AbortReason, Policy, parse_duration
+from durablerun._private.journal import Loaded, Record, RunStore, Totals
+from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
 if TYPE_CHECKING:
     from durablerun._private.engine import EngineConfig
@@ -367,7 +367,7 @@ class AttemptCore:
 
     # --- journal writes --------------------------------------------------------------
     def _commit_locked(self, fields: dict[str, Any], usd: Decimal, tokens: int,
-                       step: bool) -> tuple[Record, str, str | None, str | None]:
+                       step: bool) -> tuple[Record, str]:
         """Assign the next sequence number and append; runs under the writer lock.
 
         Called on the loop thread for local stores and on the single writer
@@ -420,7 +420,7 @@ class AttemptCore:
                 # Off the step's critical path: the record is already durable, and a
                 # snapshot only makes the next resume cheaper.
                 self._snap_pool.submit(self._snapshot_job, seq, totals)
-            return record, key, None, None
+            return record, key
 
     def refuse_writes(self) -> bool:
         """True once this attempt may write nothing more: fenced, or its write guard says so."""
@@ -452,14 +452,10 @@ class AttemptCore:
                     loop.call_soon_threadsafe(self.sinks.warning, warning)
         return key, warning
 
-    def _after_commit(self, result: tuple[Record, str, str | None, str | None],
-                      step: bool) -> Record:
-        record, key, snap_key, warning = result
+    def _after_commit(self, result: tuple[Record, str], step: bool) -> Record:
+        # Snapshots report from their own thread (_snapshot_job), never through here.
+        record, key = result
         self.sinks.checkpoint_saved(seq=record.seq, key=key)
-        if snap_key:
-            self.sinks.checkpoint_saved(seq=self.live.loaded.snapshot_seq, key=snap_key)
-        if warning:
-            self.sinks.warning(warning)
         if step or "cost" in record.data:
             t = self.live.totals
             self.sinks.cost_updated(usd=t.usd, tokens=t.tokens, steps=t.steps)
@@ -720,19 +716,19 @@ class AttemptCore:
         pos = self.pstr(self.allocate("ctx.sleep()"))
         recs = self.lookup(pos, "sleep", "sleep")
         if recs:
-            wake = parse_iso(recs["sleep"].data["wake_at"])
+            wake = parse_time(recs["sleep"].data["wake_at"])
         else:
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
             await self.commit({"pos": pos, "kind": "sleep", "name": "sleep",
-                               "wake_at": iso(wake)})
+                               "wake_at": format_time(wake, precise=True)})
         remaining = (wake - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             return
         if remaining <= self.config.inline_sleep_max.total_seconds():
             await self.pause(remaining)
             return
-        raise Halt(HaltKind.WAIT, f"sleeping until {iso(wake)}", waiting=Waiting(wake_time=wake))
+        raise Halt(HaltKind.WAIT, f"sleeping until {format_time(wake, precise=True)}", waiting=Waiting(wake_time=wake))
 
     async def wait_for_event(
         self,
@@ -748,10 +744,10 @@ class AttemptCore:
         if start is None:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
-            start = await self.commit({"pos": pos, "kind": "wait", "name": name,
-                                          "deadline": None if deadline is None else iso(deadline)})
+            written = None if deadline is None else format_time(deadline, precise=True)
+            start = await self.commit({"pos": pos, "kind": "wait", "name": name, "deadline": written})
         raw_deadline = start.data.get("deadline")
-        deadline = parse_iso(raw_deadline) if raw_deadline else None
+        deadline = parse_time(raw_deadline) if raw_deadline else None
         try:
             event = await self.io(self.store.get_event, name)
         except errors.StoreError as e:

@@ -24,11 +24,20 @@ from durablerun import errors
 from durablerun._private import codec, core, layout
 from durablerun._private.context import DurableContext
 from durablerun._private.halts import Halt, HaltKind
-from durablerun._private.journal import Loaded, Record, RunStore, Totals, iso, parse_iso
+from durablerun._private.journal import Loaded, Record, RunStore, Totals
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
-from durablerun.api import RESULT_INLINE_MAX, AbortReason, Outcome, Policy, parse_duration
+from durablerun.api import (
+    RESULT_INLINE_MAX,
+    AbortReason,
+    Outcome,
+    Policy,
+    format_time,
+    input_hash,
+    parse_duration,
+    parse_time,
+)
 
 SDK_VERSION = __version__
 Workflow = Callable[[DurableContext, Any], Any]
@@ -87,9 +96,9 @@ class WaitingFor:
     def to_json(self) -> dict[str, Any]:
         return {
             "event": self.event,
-            "deadline": iso(self.deadline) if self.deadline else None,
-            "wakeTime": iso(self.wake_time) if self.wake_time else None,
-            "since": iso(self.since) if self.since else None,
+            "deadline": format_time(self.deadline, precise=True) if self.deadline else None,
+            "wakeTime": format_time(self.wake_time, precise=True) if self.wake_time else None,
+            "since": format_time(self.since, precise=True) if self.since else None,
         }
 
     @classmethod
@@ -99,7 +108,7 @@ class WaitingFor:
 
         def t(key: str) -> datetime | None:
             v = data.get(key)
-            return parse_iso(v) if v else None
+            return parse_time(v) if v else None
 
         return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"))
 
@@ -373,7 +382,7 @@ class Run:
                     f"workflow {workflow_ref} must be an async function")
         code_version = self.config.code_version or code_version_of(fn)
         try:
-            input_sha = codec.input_hash(self.input)
+            input_sha = input_hash(self.input)
         except (TypeError, ValueError) as e:
             raise errors.ConfigError(f"--input / spec.input is not JSON: {e}") from e
 
@@ -388,7 +397,7 @@ class Run:
                 "input_sha256": input_sha,
                 "code_version": code_version,
                 "sdk": SDK_VERSION,
-                "created": iso(time.time()),
+                "created": format_time(time.time(), precise=True),
             })
         if manifest.get("input_sha256") != input_sha:
             raise errors.InputMismatchError(
@@ -404,7 +413,7 @@ class Run:
                 f"attempt asks for {workflow_ref!r}: use the original workflow or a new run id. "
                 "Nothing journaled was changed."
             )
-        first_start = parse_iso(str(manifest["created"]))
+        first_start = parse_time(str(manifest["created"]))
         if self.config.active_before is not None:
             first_start = datetime.now(UTC) - self.config.active_before
         loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
@@ -498,7 +507,7 @@ class Run:
             polling_until = self._polls_until(waiting)
             if polling_until is not None:
                 # A sender can tell that this attempt picks the event up by itself.
-                doc["pollingUntil"] = iso(polling_until)
+                doc["pollingUntil"] = format_time(polling_until, precise=True)
             await self._io(c._io_pool, rs.write_status, doc)
             still = await self._still_waiting(c, rs, waiting)
             if c.fenced:
@@ -741,7 +750,7 @@ class Run:
     def _status_doc(self, result: AttemptResult, code_version: str,
                     total_steps: int | None) -> dict[str, Any]:
         doc = result.to_json()
-        doc.update({"attempt": self.attempt_id, "time": iso(time.time()),
+        doc.update({"attempt": self.attempt_id, "time": format_time(time.time(), precise=True),
                     "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
         return doc
 
@@ -756,9 +765,9 @@ def _generation_of(record: Record, ref: layout.RunRef) -> int:
 
 def _waiting_message(w: WaitingFor) -> str:
     if w.event:
-        tail = f" (deadline {iso(w.deadline)})" if w.deadline else ""
+        tail = f" (deadline {format_time(w.deadline, precise=True)})" if w.deadline else ""
         return f"waiting for event {w.event!r}{tail}"
-    return f"sleeping until {iso(w.wake_time) if w.wake_time else '?'}"
+    return f"sleeping until {format_time(w.wake_time, precise=True) if w.wake_time else '?'}"
 
 
 def _duration(text: str) -> float:

@@ -46,13 +46,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from durablerun import errors
 from durablerun._private import codec, layout
 from durablerun._private.backends import base
+from durablerun.api import format_time
 
 
 @dataclass
@@ -194,16 +194,6 @@ def _last_continuation(records: list[Record]) -> int | None:
         if records[i].kind == "continue":
             return i
     return None
-
-
-def iso(t: datetime | float) -> str:
-    if isinstance(t, float | int):
-        t = datetime.fromtimestamp(t, UTC)
-    return t.isoformat().replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 class RunStore:
@@ -428,7 +418,7 @@ class RunStore:
             "chunks": [c.to_json() for c in chunks],
             "totals": totals.to_json(),
             "complete": records[last - base].kind == "complete",
-            "time": iso(time.time()),
+            "time": format_time(time.time(), precise=True),
         }))
         etag = loaded.snapshot_etag
         for _ in range(5):
@@ -475,7 +465,7 @@ class RunStore:
             raise errors.ConfigError(str(e).replace(" returned a value", " is a value")) from None
         doc = b"".join((
             b'{"name":', codec.dumps(name), b',"id":', codec.dumps(event_id),
-            b',"sent_at":', codec.dumps(iso(time.time())), b',"payload":', body, b"}",
+            b',"sent_at":', codec.dumps(format_time(time.time(), precise=True)), b',"payload":', body, b"}",
         ))
         return self.backend.create(self.key(layout.event_key(name)), codec.seal(doc))
 

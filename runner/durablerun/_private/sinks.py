@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import IO, TYPE_CHECKING, Any
 
+from durablerun.api import format_time
+
 if TYPE_CHECKING:
     from durablerun._private.engine import AttemptResult, RunStarted
 
@@ -129,7 +131,7 @@ class JsonLinesSink(ProgressSink):
         self._lock = threading.Lock()
 
     def _emit(self, event: str, **fields: Any) -> None:
-        line = {"time": datetime.now(UTC).isoformat().replace("+00:00", "Z"), "event": event}
+        line = {"time": format_time(datetime.now(UTC), precise=True), "event": event}
         line.update(fields)
         text = json.dumps(line, default=str, separators=(",", ":"))
         with self._lock:

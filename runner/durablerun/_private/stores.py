@@ -15,8 +15,8 @@ from durablerun._private.backends import base
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.backends.options import S3Options
-from durablerun._private.journal import RunStore, Totals, parse_iso
-from durablerun.api import Checkpoint
+from durablerun._private.journal import RunStore, Totals
+from durablerun.api import Checkpoint, parse_time
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Store:
         if doc is None:
             return None
         sent = doc.get("sent_at")
-        return EventInfo(name, doc.get("payload"), parse_iso(sent) if sent else None,
+        return EventInfo(name, doc.get("payload"), parse_time(sent) if sent else None,
                          doc.get("id"))
 
     def read_run(self, *, run: layout.RunRef) -> RunInfo:
@@ -122,7 +122,7 @@ class Store:
                 meta = codec.loads(codec.unseal(snapshot[0], what=where), what=where)
                 snap_seq = int(meta["seq"])
                 snap_totals = Totals.from_json(meta.get("totals"))
-                snap_time = parse_iso(meta["time"]) if meta.get("time") else None
+                snap_time = parse_time(meta["time"]) if meta.get("time") else None
                 snap_complete = bool(meta.get("complete"))
             tail = rs.journal().read(snap_seq + 1)
         finally:
