@@ -9,7 +9,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun event RUN EVENT [JSON|@file]                 # any payload
     kubectl durablerun suspend RUN | resume RUN                     # spec.suspend
     kubectl durablerun abort RUN [--reason R]                       # annotation durablerun.dev/abort
-    kubectl durablerun retry RUN                                    # annotation durablerun.dev/retry
+    kubectl durablerun retry RUN                                    # annotation durablerun.dev/retry (lifts abort)
     kubectl durablerun wait RUN [--for PHASE,...] [--timeout 10m]
     kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
@@ -75,8 +75,9 @@ class Kubectl:
     def merge_patch(self, name: str, patch: dict[str, Any]) -> None:
         self("patch", RESOURCE, name, "--type=merge", "-p", json.dumps(patch))
 
-    def annotate(self, name: str, key: str, value: str) -> None:
-        self("annotate", RESOURCE, name, f"{key}={value}", "--overwrite")
+    def annotate(self, name: str, key: str, value: str, *, remove: tuple[str, ...] = ()) -> None:
+        """Set ``key`` and remove the ``remove`` annotations, in one change."""
+        self("annotate", RESOURCE, name, f"{key}={value}", *(f"{r}-" for r in remove), "--overwrite")
 
 
 def _json_arg(text: str) -> Any:
@@ -131,9 +132,10 @@ def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 def cmd_retry(kube: Kubectl, args: argparse.Namespace) -> int:
-    # A new value each time: the operator acts once per value.
+    # A new value each time: the operator acts once per value. A user abort stands until it is lifted (the
+    # operator refuses a retry while it is set), so asking for a retry lifts it in the same change.
     value = api.format_time(datetime.now(UTC), precise=True)
-    kube.annotate(args.run, api.ANNOTATION_RETRY, value)
+    kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
     print(f"{KIND_REF}/{args.run} retry requested ({api.ANNOTATION_RETRY}={value})")
     return 0
 
@@ -325,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("resume", "clear spec.suspend")
     p = command("abort", f"abort the run (annotation {api.ANNOTATION_ABORT}=REASON)")
     p.add_argument("--reason", default="requested with kubectl durablerun", help="why (shown in the status)")
-    command("retry", f"ask for one more attempt (annotation {api.ANNOTATION_RETRY} set to a new value)")
+    command("retry", f"retry a Failed or Aborted run from its journal (annotation {api.ANNOTATION_RETRY} set "
+                     f"to a new value; lifts {api.ANNOTATION_ABORT})")
     p = command("wait", "wait until the run is finished (exit 0 Succeeded, 1 Failed, 3 Aborted, 124 timeout)")
     p.add_argument("--for", dest="for_phases", metavar="PHASE[,PHASE]",
                    help="wait for any of these phases instead (exit 0 when reached)")

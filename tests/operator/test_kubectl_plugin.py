@@ -127,11 +127,17 @@ def test_suspend_resume_abort_retry(operator: Operator, runs: RunEnv, plugin: Pl
         assert "wrong input" in status["message"]
     assert runs.get("long")["metadata"]["annotations"][api.ANNOTATION_ABORT] == "wrong input"
 
-    # retry: a new annotation value each time (the operator acts once per value).
+    # retry: lifts the user abort and sets a new annotation value each time (the operator acts once per value);
+    # the aborted run resumes from its journal and finishes.
     assert plugin.dr("retry", "long").returncode == 0
-    first = runs.get("long")["metadata"]["annotations"][api.ANNOTATION_RETRY]
+    annotations = runs.get("long")["metadata"]["annotations"]
+    assert api.ANNOTATION_ABORT not in annotations
+    first = annotations[api.ANNOTATION_RETRY]
     assert plugin.dr("retry", "long").returncode == 0
     assert runs.get("long")["metadata"]["annotations"][api.ANNOTATION_RETRY] != first
+    finished = plugin.dr("wait", "long", "--timeout", "90s")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert runs.get("long")["status"]["phase"] == "Succeeded"
 
     timed_out = plugin.dr("wait", "long", "--for", "Pending", "--timeout", "2s")
     assert timed_out.returncode == 124
