@@ -191,7 +191,9 @@ def describe(state: SandboxState) -> str:
         " and in Secret default/durablerun-s3",
         f"  operator:     metrics at {state.metrics_url}",
         node,
-        f"  logs:         kubectl logs POD; the parts' own in {state.dir}/bed/**/*.log",
+        f"  logs:         kubectl logs POD; the parts' own in {state.dir}/bed/**/*.log"
+        if state.node == "real" else
+        f"  logs:         {state.dir}/bed/**/*.log (the process node serves no kubectl logs)",
         "  stop it:      make sandbox-down",
     ])
 
