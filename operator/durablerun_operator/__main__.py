@@ -14,7 +14,7 @@ import socket
 
 import kopf
 
-from durablerun_operator import handlers
+from durablerun_operator import handlers  # noqa: F401  (registers the kopf handlers)
 from durablerun_operator.config import Settings
 
 
@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every handled watch event at INFO ("Handler 'run_changed' succeeded."): with lease
         # renewals that is tens of lines a second saying nothing. Its warnings and errors still show.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    handlers.configure(settings)
     asyncio.run(kopf.operator(
         standalone=True,  # one replica by design; correctness does not rest on kopf's peering
         # kopf would name itself after the OS user, but the image runs as uid 65532 with no
@@ -41,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         identity=f"durablerun-operator@{socket.gethostname()}",  # type: ignore[arg-type]
         clusterwide=not settings.namespaces,
         namespaces=list(settings.namespaces),
+        memo=kopf.Memo(settings=settings),
         liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
     ))
     return 0

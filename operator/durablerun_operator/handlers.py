@@ -3,7 +3,9 @@
 Handlers are thin: they only enqueue the run. The decisions live in
 ``decide``, the API calls in ``kube``. Only ``on.event`` handlers are used, so
 kopf writes no progress annotations onto DurableRuns: the run's state lives in
-its status alone.
+its status alone. The operator's state (settings, the reconciler, its tasks)
+lives in kopf's memo, set by ``__main__`` and at startup. docs/operator.md
+says why kopf is the event source and the reconcile loop is our own.
 """
 
 from __future__ import annotations
@@ -21,19 +23,12 @@ from durablerun_operator.config import Settings
 
 log = logging.getLogger("durablerun.operator")
 
-_state: dict[str, Any] = {}
-
-
-def configure(settings: Settings) -> None:
-    """Called by __main__ before kopf starts."""
-    _state["settings"] = settings
-
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     from durablerun_operator import metrics
 
-    own: Settings = _state.get("settings") or Settings.from_env()
+    own: Settings = memo.settings
     # Watches can go silently stale behind proxies and load balancers: ask the
     # server to close each watch regularly so kopf re-lists (kopf docs, "Networking").
     settings.watching.server_timeout = 300
@@ -48,8 +43,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     if own.metrics_port:
         run_metrics.serve(own.metrics_port, "0.0.0.0")
     rec = reconciler.Reconciler(kube.Kube(), own, run_metrics)
-    _state["reconciler"] = rec
-    _state["tasks"] = [
+    # Set before kopf starts watching, so every per-object memo (a shallow copy of this one) holds it.
+    memo.reconciler = rec
+    memo.tasks = [
         asyncio.create_task(rec.run_workers(), name="durablerun-workers"),
         asyncio.create_task(rec.resync_forever(), name="durablerun-resync"),
     ]
@@ -57,21 +53,21 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-async def cleanup(**_: Any) -> None:
-    for task in _state.get("tasks", []):
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.get("tasks", []):
         task.cancel()
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def run_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
-    rec: reconciler.Reconciler | None = _state.get("reconciler")
+async def run_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    rec: reconciler.Reconciler | None = memo.get("reconciler")
     if rec is not None:
         rec.run_changed(dict(body), deleted=type == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL_RUN: kopf.PRESENT})
-async def pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-    rec: reconciler.Reconciler | None = _state.get("reconciler")
+async def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    rec: reconciler.Reconciler | None = memo.get("reconciler")
     run = labels.get(api.LABEL_RUN)
     if rec is not None and namespace and run:
         rec.pod_changed(namespace, run)
