@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 import uuid
@@ -25,7 +24,7 @@ from typing import Any
 
 from durablerun_bench import machine, postgres, replay, report, resume, scale, steps
 from durablerun_bench.util import quick
-from durablerun_testbed import binaries, procs, realnode
+from durablerun_testbed import procs, realnode
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 
@@ -86,10 +85,7 @@ def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: 
     staged = tmp / "bench-image"
     shutil.copytree(BENCH_DIR / "durablerun_bench", staged / "durablerun_bench",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(staged)],
-                           capture_output=True, text=True, check=True)
-    image = built.stdout.strip().splitlines()[-1]
-    archive, _ = realnode.built_image("workflow-bench-image")
+    archive, image = realnode.build_workflow_image(staged)
     log("resume after SIGKILL on the real node (kubelet, containerd)")
     bed = TestBed(root / "k8s-real", id=run_id).start(real_node=True)
     try:

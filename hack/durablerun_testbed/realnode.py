@@ -27,6 +27,7 @@ import random
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,19 @@ def built_image(name: str) -> tuple[Path, str]:
     except FileNotFoundError:
         raise RealNodeUnavailable(f"image {name} is not built: run hack/build-images.sh") from None
     return Path(archive), ref
+
+
+def build_workflow_image(directory: Path) -> tuple[Path, str]:
+    """(OCI archive, image reference) of DIR's workflows in an image FROM the runner image.
+
+    The same `hack/build-images.sh workflow DIR` users run; the name is the one the script derives from DIR.
+    """
+    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(directory)],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(f"hack/build-images.sh workflow {directory} failed:\n{built.stderr}")
+    name = "workflow-" + directory.resolve().name.replace("_", "-").lower()
+    return built_image(name)
 
 
 def image_archives() -> dict[str, tuple[Path, str]]:
@@ -297,6 +311,14 @@ class RealNode:
     def kill_container(self, container_id: str) -> None:
         """SIGKILL a container's process (its task), as a crash or the kernel would."""
         self.ctr("tasks", "kill", "--signal", "SIGKILL", container_id.removeprefix("containerd://"))
+
+    def drain(self, kubectl: Callable[..., object]) -> None:
+        """Delete every pod while the kubelet runs, so that it stops their containers and tears their
+        sandboxes' networks down; ``kubectl(*args)`` runs kubectl against the node's control plane."""
+        kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false")
+        with contextlib.suppress(procs.Timeout):
+            procs.wait_for(lambda: not self.ctr("tasks", "list", "--quiet").split(), timeout=60,
+                           what="every container on the real node to stop", interval=0.5)
 
     def stop(self) -> None:
         """Stop the kubelet, every container and containerd; leave no mount, process or link behind."""

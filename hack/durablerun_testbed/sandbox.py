@@ -198,9 +198,10 @@ def describe(state: SandboxState) -> str:
     ])
 
 
-def _containerd(state: SandboxState) -> list[str]:
-    return ["ctr", "--address", str(Path(state.node_dir) / "containerd" / "containerd.sock"), "--namespace",
-            "k8s.io"]
+def _real_node(state: SandboxState) -> realnode.RealNode:
+    """The sandbox's real node, as its state file describes it (for ctr; its processes are not ours)."""
+    network = realnode.PodNetwork(ipaddress.IPv4Network(state.subnet), state.bridge)
+    return realnode.RealNode(workdir=Path(state.node_dir), testbed_id=state.id, network=network)
 
 
 def down(directory: Path) -> None:
@@ -208,16 +209,12 @@ def down(directory: Path) -> None:
     if state is None:
         print("no sandbox state found: nothing to stop")
         return
+    node = None
     if state.node == "real":
-        # While the kubelet runs, delete every pod so it stops their containers and tears their networks down.
+        node = _real_node(state)
         env = dict(os.environ, KUBECONFIG=state.kubeconfig)
         kubectl = str(binaries.kubectl())
-        subprocess.run([kubectl, "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false"],
-                       env=env, capture_output=True, timeout=30)
-        with contextlib.suppress(procs.Timeout):
-            procs.wait_for(lambda: not subprocess.run([*_containerd(state), "tasks", "list", "--quiet"],
-                                                      capture_output=True, text=True).stdout.split(),
-                           timeout=60, what="the sandbox's containers to stop", interval=0.5)
+        node.drain(lambda *args: subprocess.run([kubectl, *args], env=env, capture_output=True, timeout=30))
     for pid in state.pids:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
@@ -229,9 +226,8 @@ def down(directory: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     procs.wait_for(lambda: not procs.processes_with_marker(state.id), timeout=10,
                    what="every sandbox process to exit")
-    if state.node == "real":
-        realnode.clean_up(Path(state.node_dir), realnode.PodNetwork(ipaddress.IPv4Network(state.subnet),
-                                                                     state.bridge))
+    if node:
+        realnode.clean_up(node.workdir, node.network)
     _state_path(directory).unlink()
     print("sandbox stopped; nothing of it is running")
 
@@ -257,8 +253,7 @@ def kill(state: SandboxState, namespace: str, pod: str) -> dict[str, Any]:
     running = [c for c in body["status"].get("containerStatuses", []) if "running" in c.get("state", {})]
     if not running:
         raise SystemExit(f"pod {namespace}/{pod} has no running container to kill")
-    container = running[0]["containerID"].removeprefix("containerd://")
-    subprocess.run([*_containerd(state), "tasks", "kill", "--signal", "SIGKILL", container], check=True)
+    _real_node(state).kill_container(running[0]["containerID"])
     return {"pod": pod, "container": running[0]["name"], "signal": "SIGKILL"}
 
 
@@ -352,14 +347,11 @@ def image(state: SandboxState, directory: Path) -> str:
     if state.node != "real":
         raise SystemExit("`sandbox image` needs the real node (`make sandbox-up` on a machine that runs it): "
                          "the process node runs no images")
-    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(directory)],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        raise SystemExit(built.stderr)
-    ref = built.stdout.strip().splitlines()[-1]
-    name = "workflow-" + directory.resolve().name.replace("_", "-").lower()
-    archive, _ = realnode.built_image(name)
-    subprocess.run([*_containerd(state), "images", "import", str(archive)], check=True, capture_output=True)
+    try:
+        archive, ref = realnode.build_workflow_image(directory)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
+    _real_node(state).import_image(archive)
     return ref
 
 

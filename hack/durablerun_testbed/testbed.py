@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -203,13 +202,8 @@ class TestBed:
             return
         if controlplane.controller_manager:
             controlplane.controller_manager.stop()
-        self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false",
-                     check=False, timeout=30)
-        if not (node.kubelet and node.kubelet.alive()):
-            return
-        with contextlib.suppress(procs.Timeout):
-            procs.wait_for(lambda: not node.ctr("tasks", "list", "--quiet").split(), timeout=60,
-                           what="every container on the real node to stop", interval=0.5)
+        if node.kubelet and node.kubelet.alive():
+            node.drain(lambda *args: self.kubectl(*args, check=False, timeout=30))
 
     def leftovers(self) -> list[tuple[int, str]]:
         """Processes started by this test bed that are still alive."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ import boto3
 import pytest
 
 from durablerun_testbed import binaries, procs
-from durablerun_testbed.realnode import RealNodeUnavailable, built_image, check_machine
+from durablerun_testbed.realnode import RealNodeUnavailable, build_workflow_image, check_machine
 from durablerun_testbed.testbed import TestBed
 from tests.conftest import SESSION_ID
 from tests.install.helpers import Helm
@@ -55,13 +54,9 @@ def real_bed(testbed_root: Path) -> Iterator[TestBed]:
 @pytest.fixture(scope="session")
 def workflow_image(real_bed: TestBed) -> str:
     """This folder's workflows in an image FROM the runner image, built and put on the node."""
-    built = subprocess.run([str(binaries.HACK_DIR / "build-images.sh"), "workflow", str(WORKFLOWS)],
-                           capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
-    ref = built.stdout.strip().splitlines()[-1]
+    archive, ref = build_workflow_image(WORKFLOWS)
     assert real_bed.real_node
-    name = "workflow-" + WORKFLOWS.name
-    real_bed.real_node.import_image(built_image(name)[0])
+    real_bed.real_node.import_image(archive)
     return ref
 
 
