@@ -83,37 +83,36 @@ build_etcd() {
   mv "$out.tmp" "$out"
 }
 
+# go_install OUT PACKAGE@VERSION [LDFLAGS]: `go install` a module's command
+# (module mode, ignoring any GOFLAGS) and move the binary to OUT.
+go_install() {
+  local out="$1" package="$2" ldflags="${3:-}"
+  local gobin="$SRC/$(basename "$out")" command="${2%@*}"
+  mkdir -p "$gobin"
+  GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w $ldflags" "$package"
+  mv "$gobin/${command##*/}" "$out"
+}
+
 build_minio() {
   local out="$BIN/minio-$MINIO_VERSION"
   [[ -x "$out" ]] && return 0
   log "building minio $MINIO_VERSION (first time only; several minutes)"
-  local gobin="$SRC/minio-$MINIO_VERSION"
-  mkdir -p "$gobin"
-  GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION"
-  mv "$gobin/minio" "$out"
+  go_install "$out" "github.com/minio/minio@$MINIO_VERSION"
 }
 
 build_helm() {
   local out="$BIN/helm-$HELM_VERSION"
   [[ -x "$out" ]] && return 0
   log "building helm $HELM_VERSION"
-  local gobin="$SRC/helm-$HELM_VERSION"
-  mkdir -p "$gobin"
-  GOBIN="$gobin" GOFLAGS= go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
-    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  mv "$gobin/helm" "$out"
+  go_install "$out" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 }
 
 build_kubeconform() {
   local out="$BIN/kubeconform-$KUBECONFORM_VERSION"
   [[ -x "$out" ]] && return 0
   log "building kubeconform $KUBECONFORM_VERSION"
-  local gobin="$SRC/kubeconform-$KUBECONFORM_VERSION"
-  mkdir -p "$gobin"
-  GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w" \
-    "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
-  mv "$gobin/kubeconform" "$out"
+  go_install "$out" "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
 }
 
 # The Prometheus Operator's CRDs (ServiceMonitor, PrometheusRule, ...) for
@@ -124,13 +123,7 @@ build_prometheus_operator_crds() {
   [[ -f "$out/monitoring.coreos.com_servicemonitors.yaml" ]] && return 0
   log "generating the Prometheus Operator CRDs $PROMETHEUS_OPERATOR_VERSION (controller-gen $CONTROLLER_TOOLS_VERSION)"
   local gen="$BIN/controller-gen-$CONTROLLER_TOOLS_VERSION"
-  if [[ ! -x "$gen" ]]; then
-    local gobin="$SRC/controller-gen-$CONTROLLER_TOOLS_VERSION"
-    mkdir -p "$gobin"
-    GOBIN="$gobin" GOFLAGS= go install -trimpath -ldflags "-s -w" \
-      "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
-    mv "$gobin/controller-gen" "$gen"
-  fi
+  [[ -x "$gen" ]] || go_install "$gen" "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
   local dir module=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring
   dir="$(wrapper_module "prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION")"
   cd "$dir"
