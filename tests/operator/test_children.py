@@ -7,6 +7,7 @@ back as the parent's events, passes suspension, aborts and deletion down, and de
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from tests.operator.conftest import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-WORKER = "optest_children:worker"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def children(runs: RunEnv, parent: str) -> dict[str, dict[str, Any]]:
@@ -32,7 +33,8 @@ def reasons(runs: RunEnv, name: str) -> list[str]:
 
 def test_a_supervisor_fans_out_waits_without_a_pod_and_combines_results_and_failures(
         operator: Operator, runs: RunEnv) -> None:
-    runs.apply(runs.manifest("sup", "optest_children:supervisor", {"children": 3, "sleep": 1.5, "fail": 2}))
+    runs.apply(runs.manifest("sup", "optest_children:supervisor",
+                             {"children": 3, "sleep": 1.5, "fail": 2, "big": 1}))
     # While its children run, the parent waits with no pod.
     waiting = runs.wait_phase("sup", "Waiting", timeout=90)
     assert waiting["status"]["waitingFor"]["event"].startswith(api.CHILD_EVENT_PREFIX)
@@ -53,6 +55,8 @@ def test_a_supervisor_fans_out_waits_without_a_pod_and_combines_results_and_fail
         assert kid["spec"]["checkpoint"] == done["spec"]["checkpoint"]
         assert done["status"]["children"][name.removeprefix("sup-")]["uid"] == kid["metadata"]["uid"]
     assert kids["sup-w2"]["status"]["phase"] == "Failed"
+    # w1's result is too big for its status: the parent read it from w1's journal (and got it right).
+    assert "inline" not in kids["sup-w1"]["status"]["result"]
     # Every child started once, every step ran once; the parent's cost roll-up counts the two that paid.
     for step in ("w0-a", "w0-b", "w1-a", "w1-b", "w2-a", "w2-boom", "prep-0", "prep-1", "prep-2", "combine"):
         assert runs.executions(step) == 1, (step, runs.ledger())
@@ -154,3 +158,15 @@ def test_suspend_and_abort_of_the_parent_reach_its_running_children(operator: Op
         aborted = runs.wait_phase(kid, "Aborted", "Succeeded", timeout=60)
         if aborted["status"]["phase"] == "Aborted":
             assert aborted["metadata"]["annotations"][api.ANNOTATION_ABORTED_BY_PARENT] == "pa"
+
+
+def test_the_supervisor_example_runs_as_a_tree_of_durable_runs(operator: Operator, runs: RunEnv) -> None:
+    manifest = runs.manifest("supervisor", "supervisor:supervisor", {"question": "q", "agents": 2})
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "PYTHONPATH", "value": str(EXAMPLES)}]
+    runs.apply(manifest)
+    done = runs.wait_phase("supervisor", "Succeeded", "Failed", timeout=120)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert json.loads(done["status"]["result"]["inline"]) == {
+        "report": "q: q (angle 1): 3 sources; q (angle 2): 3 sources", "failed": []}
+    assert sorted(children(runs, "supervisor")) == ["supervisor-agent-0", "supervisor-agent-1"]
+    assert done["status"]["childrenTotal"]["usd"] == "0.06"

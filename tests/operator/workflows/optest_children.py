@@ -22,14 +22,15 @@ async def supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, An
     """Starts ``children`` workers (a ``prep`` step before each), works a while, gathers them, combines.
 
     ``fail``: the index of a worker that fails; the supervisor catches it and carries on without it.
-    ``signal``: a run to send event ``review`` to at the end.
+    ``signal``: a run to send event ``review`` to at the end. ``big``: the index of a worker whose result is
+    too big for its status (the parent reads it from the worker's journal).
     """
     handles = []
     for i in range(int(input["children"])):
         await ctx.step(f"prep-{i}", work, f"prep-{i}", float(input.get("prep", 0.05)))
         handles.append(await ctx.start_child(
             f"w{i}", "optest_children:worker",
-            {"i": i, "sleep": input.get("sleep", 0.2), "fail": input.get("fail") == i}))
+            {"i": i, "sleep": input.get("sleep", 0.2), "fail": input.get("fail") == i, "big": input.get("big") == i}))
     await ctx.step("between", work, "between", float(input.get("between", 0.05)))
     results = await ctx.gather(*handles, return_exceptions=True)
     failed = [r.child for r in results if isinstance(r, ChildRunFailed)]
@@ -53,7 +54,7 @@ async def worker(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
         await ctx.step(f"w{i}-boom", boom, f"w{i}-boom", retries=0)
     await ctx.step(f"w{i}-b", work, f"w{i}-b", float(input.get("sleep", 0.2)))
     ctx.add_cost(usd="0.25", tokens=10)
-    return {"i": i, "square": i * i}
+    return {"i": i, "square": i * i, **({"pad": "x" * 5000} if input.get("big") else {})}
 
 
 async def greedy(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
