@@ -210,6 +210,8 @@ def child_run(parent: dict[str, Any], child: str, request: api.ChildRequest) -> 
             "name": api.child_run_name(meta["name"], child),
             "namespace": meta["namespace"],
             "labels": {api.LABEL_PARENT: meta["name"], api.LABEL_MANAGED_BY: "durable-run"},
+            # Born suspended with a suspended parent, and resumed with it.
+            "annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"} if spec.suspend else {},
             "ownerReferences": [owner_reference(parent)],
         },
         "spec": spec.model_dump(mode="json", exclude_none=True),
