@@ -939,25 +939,30 @@ def _missing_child(t: _Transition, child: str, request: api.ChildRequest, ended:
 
 
 def _propagate(t: _Transition, child: RunView, active: bool, ended: bool) -> None:
-    """A suspended parent suspends its running children; an ended one aborts them; both are lifted with it."""
+    """A suspended parent suspends its running children; an ended one aborts them; both are lifted with it.
+
+    Each patch carries the child's resourceVersion: had the child changed since it was read (it just
+    finished, say), the patch is refused and the decision made again on what it is now.
+    """
     annotations, name = child.annotations, child.name
+
+    def patch(marks: dict[str, str | None], spec: dict[str, Any] | None = None) -> None:
+        meta = {"resourceVersion": child.body["metadata"].get("resourceVersion"), "annotations": marks}
+        t.plan.patch_runs.append((name, {"metadata": meta, **({"spec": spec} if spec else {})}))
+
     if t.run.spec.suspend and active and not child.spec.suspend:
-        t.plan.patch_runs.append((name, {"metadata": {"annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"}},
-                                         "spec": {"suspend": True}}))
+        patch({api.ANNOTATION_SUSPENDED_BY_PARENT: "true"}, {"suspend": True})
     elif not t.run.spec.suspend and api.ANNOTATION_SUSPENDED_BY_PARENT in annotations:
-        t.plan.patch_runs.append((name, {"metadata": {"annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: None}},
-                                         "spec": {"suspend": False}}))
+        patch({api.ANNOTATION_SUSPENDED_BY_PARENT: None}, {"suspend": False})
     if ended and active and api.ANNOTATION_ABORT not in annotations:
         phase = (t.new.phase or t.run.status.phase or api.Phase.ABORTED).value
-        t.plan.patch_runs.append((name, {"metadata": {"annotations": {
-            api.ANNOTATION_ABORT: f"its parent {t.run.name} {phase}",
-            api.ANNOTATION_ABORTED_BY_PARENT: t.run.name}}}))
+        patch({api.ANNOTATION_ABORT: f"its parent {t.run.name} {phase}", api.ANNOTATION_ABORTED_BY_PARENT: t.run.name})
         t.event("ChildAborted", f"child run {name} aborted: this run {phase}")
     elif not ended and api.ANNOTATION_ABORTED_BY_PARENT in annotations:
-        lift: dict[str, Any] = {api.ANNOTATION_ABORT: None, api.ANNOTATION_ABORTED_BY_PARENT: None}
+        lift: dict[str, str | None] = {api.ANNOTATION_ABORT: None, api.ANNOTATION_ABORTED_BY_PARENT: None}
         if child.status.phase == api.Phase.ABORTED:
             lift[api.ANNOTATION_RETRY] = f"parent-{api.format_time(t.now, precise=True)}"
-        t.plan.patch_runs.append((name, {"metadata": {"annotations": lift}}))
+        patch(lift)
         t.event("ChildResumed", f"child run {name} resumes with this run")
 
 

@@ -122,11 +122,13 @@ def test_a_failed_child_reaches_the_parent_as_a_failure_with_its_message() -> No
 def test_suspend_and_abort_pass_down_to_running_children_and_are_lifted_with_the_parent() -> None:
     requests = {"childRequests": {"w1": REQUEST}}
     p, _ = plan(body({"phase": "Suspended", **requests}, spec={"suspend": True}), {"run-w1": child()})
-    assert p.patch_runs == [("run-w1", {"metadata": {"annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"}},
+    # Guarded by the child's resourceVersion: a child that changed since it was read is decided on again.
+    assert p.patch_runs == [("run-w1", {"metadata": {"resourceVersion": "7",
+                                                     "annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"}},
                                         "spec": {"suspend": True}})]
     suspended = child(spec={"suspend": True}, annotations={api.ANNOTATION_SUSPENDED_BY_PARENT: "true"})
     p, _ = plan(body({"phase": "Suspended", **requests}), {"run-w1": suspended})
-    assert ("run-w1", {"metadata": {"annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: None}},
+    assert ("run-w1", {"metadata": {"resourceVersion": "7", "annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: None}},
                        "spec": {"suspend": False}}) in p.patch_runs
     # A child created while its parent is suspended starts suspended, marked so that it resumes with it.
     p, _ = plan(body({"phase": "Suspended", **requests}, spec={"suspend": True}), {"run-w1": None})
