@@ -170,3 +170,20 @@ def test_the_supervisor_example_runs_as_a_tree_of_durable_runs(operator: Operato
         "report": "q: q (angle 1): 3 sources; q (angle 2): 3 sources", "failed": []}
     assert sorted(children(runs, "supervisor")) == ["supervisor-agent-0", "supervisor-agent-1"]
     assert done["status"]["childrenTotal"]["usd"] == "0.06"
+
+
+def test_a_retried_parent_does_not_start_its_children_again(operator: Operator, runs: RunEnv) -> None:
+    runs.apply(runs.manifest("fr", "optest_children:fragile_supervisor"))
+    failed = runs.wait_phase("fr", "Failed", timeout=120)
+    assert "fragile" in failed["status"]["message"]
+    created = {name: kid["metadata"]["uid"] for name, kid in children(runs, "fr").items()}
+    assert sorted(created) == ["fr-w0", "fr-w1"]
+    (runs.ledger_dir / "fixed").touch()
+    runs.testbed.kubectl("annotate", "dr", "fr", "-n", runs.namespace, f"{api.ANNOTATION_RETRY}=1")
+    done = runs.wait_phase("fr", "Succeeded", timeout=120)
+    assert json.loads(done["status"]["result"]["inline"]) == {"squares": [0, 1]}
+    assert {name: kid["metadata"]["uid"] for name, kid in children(runs, "fr").items()} == created
+    assert reasons(runs, "fr").count("ChildStarted") == 2
+    for step in ("w0-a", "w0-b", "w1-a", "w1-b"):
+        assert runs.executions(step) == 1, (step, runs.ledger())
+    assert runs.executions("fragile") == 2

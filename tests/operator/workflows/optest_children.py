@@ -64,3 +64,13 @@ async def greedy(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     except ChildRunFailed as failure:
         return {"error": failure.message}
     return {"error": None}
+
+
+async def fragile_supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Two children, then a step that fails until the test creates the marker (optest_flows.needs_the_fix)."""
+    from optest_flows import needs_the_fix
+
+    handles = [await ctx.start_child(f"w{i}", "optest_children:worker", {"i": i, "sleep": 0.1}) for i in range(2)]
+    results = await ctx.gather(*handles)
+    await ctx.step("fragile", needs_the_fix, "fragile", retries=0)
+    return {"squares": [r["square"] for r in results]}
