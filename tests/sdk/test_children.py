@@ -92,6 +92,16 @@ def test_a_bad_child_name_fails_the_run_naming_the_fix_before_anything_is_asked(
     assert "child name 'Not_A_Name': use lowercase letters, digits and '-'" in result.message
     assert broker.children == []
 
+    async def long_name(ctx: DurableContext, input: dict[str, Any]) -> None:
+        await ctx.start_child("x" * 70, "m:worker")
+
+    t = WorkflowTest(long_name, {})
+    t.config = dataclasses.replace(t.config, runs=broker)
+    result = t.attempt()
+    assert result.outcome == Outcome.FAILED
+    assert "a run's name may have at most 63 (it labels the run's pods): use a child name of at most 58" \
+        in result.message
+
 
 def test_without_the_operator_children_and_signals_fail_saying_what_they_need() -> None:
     async def signals(ctx: DurableContext, input: dict[str, Any]) -> None:
