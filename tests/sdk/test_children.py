@@ -8,11 +8,16 @@ with a clear error.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
-from durablerun import ChildRunFailed, DurableContext, api
+import pytest
+
+from durablerun import ChildRunFailed, DurableContext, api, errors
+from durablerun._private.children import PodBroker
 from durablerun.api import Outcome
+from durablerun.stores import open_store
 from durablerun.testing import WorkflowTest
 
 
@@ -111,3 +116,36 @@ def test_without_the_operator_children_and_signals_fail_saying_what_they_need() 
         result = WorkflowTest(workflow, {}).attempt()
         assert result.outcome == Outcome.FAILED
         assert f"{call} needs the durable-run operator" in result.message
+
+
+def test_the_pod_broker_asks_through_the_run_status_once_per_name() -> None:
+    body: dict[str, Any] = {"status": {}}
+    sent: list[list[dict[str, Any]]] = []
+
+    def publish(ops: list[dict[str, Any]]) -> dict[str, Any]:  # the API server applying the JSON patch
+        sent.append(copy.deepcopy(ops))
+        for op in copy.deepcopy(ops):
+            path = op["path"].split("/")[2:]
+            target = body["status"]
+            for part in path[:-1]:
+                target = target[part]
+            target[path[-1].replace("~1", "/").replace("~0", "~")] = op["value"]
+        return body
+
+    broker = PodBroker(namespace="ns", name="boss", store=open_store("memory://broker"), publish=publish,
+                       latest=lambda: body)
+    request = {"workflow": "m:w", "input": {}, "policy": {}}
+    assert broker.request_child("w0", request) == "boss-w0"
+    assert broker.request_child("w1", request) == "boss-w1"
+    assert sent == [[{"op": "add", "path": "/status/childRequests", "value": {"w0": request}}],
+                    [{"op": "add", "path": "/status/childRequests/w1", "value": request}]]
+    # Asked again after a crash before the step was journaled: already in the status, nothing is sent.
+    assert broker.request_child("w0", request) == "boss-w0"
+    assert len(sent) == 2
+    with pytest.raises(errors.NonRetryableError, match="already asked for 'w0' with other arguments"):
+        broker.request_child("w0", {**request, "input": {"x": 1}})
+    broker.request_signal("3/7.0", "other", "go", {"a": 1})
+    assert body["status"]["signalRequests"] == {"3/7.0": {"run": "other", "event": "go", "value": '{"a":1}'}}
+    assert sent[-1][0]["path"] == "/status/signalRequests"
+    broker.request_signal("3/8", "other", "go2", None)
+    assert sent[-1][0]["path"] == "/status/signalRequests/3~18"
