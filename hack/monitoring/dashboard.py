@@ -168,10 +168,11 @@ def rows() -> list[tuple[str, list[Panel]]]:
             ),
             Panel(
                 title="Budget used per run", kind="bargauge",
-                description="Cost as a share of the run's policy.costCeilingUSD (runs with a ceiling). "
-                            "At 100% the run is aborted (BudgetExhausted).",
-                queries=[Query(f"{_max('durablerun_run_cost_usd')} / {_max('durablerun_run_cost_ceiling_usd')}",
-                               legend=PER_RUN, instant=True)],
+                description="Cost, its child runs' included, as a share of the run's policy.costCeilingUSD "
+                            "(runs with a ceiling). At 100% the run is aborted (BudgetExhausted).",
+                queries=[Query(f"({_max('durablerun_run_cost_usd')} + ({_max('durablerun_run_children_cost_usd')}"
+                               f" or {_max('durablerun_run_cost_usd')} * 0)) / "
+                               f"{_max('durablerun_run_cost_ceiling_usd')}", legend=PER_RUN, instant=True)],
                 unit="percentunit", min=0, max=1,
                 thresholds=[(None, "green"), (config.BUDGET_RATIO, "orange"), (1, "red")],
                 options={"displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True,

@@ -193,3 +193,26 @@ def memory_limit(pod: dict[str, Any]) -> str | None:
             limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
             return str(limit) if limit else None
     return None
+
+
+def child_run(parent: dict[str, Any], child: str, request: api.ChildRequest) -> dict[str, Any]:
+    """The DurableRun ``<parent>-<child>`` a parent's runner asked for; ValueError naming what is wrong.
+
+    Owned by the parent (controller, so deleting the parent deletes it: garbage collection) and
+    labelled with its name (``kubectl get dr -l durablerun.dev/parent=<parent>``). Its spec is
+    ``api.child_spec``: the parent's template and store, its policy narrowed by the request.
+    """
+    meta = parent["metadata"]
+    spec = api.child_spec(api.DurableRunSpec.model_validate(parent["spec"]), request)
+    return {
+        "apiVersion": api.API_VERSION, "kind": api.KIND,
+        "metadata": {
+            "name": api.child_run_name(meta["name"], child),
+            "namespace": meta["namespace"],
+            "labels": {api.LABEL_PARENT: meta["name"], api.LABEL_MANAGED_BY: "durable-run"},
+            # Born suspended with a suspended parent, and resumed with it.
+            "annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"} if spec.suspend else {},
+            "ownerReferences": [owner_reference(parent)],
+        },
+        "spec": spec.model_dump(mode="json", exclude_none=True),
+    }

@@ -38,7 +38,7 @@ def _inline(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             continue
         if key == "properties":
             out[key] = {name: _inline(prop, defs) for name, prop in value.items()}
-        elif key == "items" and isinstance(value, dict):
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _inline(value, defs)
         else:
             out[key] = value
@@ -112,6 +112,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Steps journaled so far."},
     {"name": "Pod", "type": "string", "jsonPath": ".status.pod", "priority": 1,
      "description": "The current (or last) attempt's pod."},
+    {"name": "Children", "type": "string", "jsonPath": ".status.childrenTotal.summary", "priority": 1,
+     "description": "Child runs finished of those created (ctx.start_child)."},
+    {"name": "Child Cost", "type": "string", "jsonPath": ".status.childrenTotal.usd", "priority": 1,
+     "description": "The child runs' cost in US dollars; it counts toward policy.costCeilingUSD."},
 ]
 
 

@@ -8,7 +8,9 @@ facts), then asks again until nothing is left to do.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -236,6 +238,15 @@ class Plan:
     restart_reason: str | None = None
     abort_reason: str | None = None
     completion: str | None = None
+    # Child runs and signals (after the status patch): this run's own new spec.events (child outcomes),
+    # DurableRuns to create (children), merge patches of other runs by name (signals, suspend, abort).
+    add_events: dict[str, Any] = field(default_factory=dict)
+    create_runs: list[dict[str, Any]] = field(default_factory=list)
+    patch_runs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def touches_runs(self) -> bool:
+        return bool(self.create_runs or self.patch_runs)
 
     @property
     def touches_pods(self) -> bool:
@@ -245,7 +256,7 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not (self.patch or self.touches_pods or self.add_run_finalizer or self.remove_run_finalizer
-                    or self.delete_run)
+                    or self.delete_run or self.add_events or self.touches_runs)
 
 
 def status_patch(
@@ -263,6 +274,8 @@ def status_patch(
         ]
     ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
     for key in sorted(set(old) | set(new_doc)):
+        if key in api.RUNNER_REQUEST_FIELDS:
+            continue  # the runner's alone: a stale copy written back could drop a request it just added
         if key not in new_doc:
             ops.append({"op": "remove", "path": f"/status/{key}"})
         elif old.get(key) != new_doc[key]:
@@ -299,10 +312,13 @@ def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) ->
 class _Transition:
     """Builds the next status from the current one, with guards and side effects."""
 
-    def __init__(self, run: RunView, now: datetime) -> None:
+    def __init__(self, run: RunView, now: datetime, related: Mapping[str, RunView | None] | None = None) -> None:
         self.run, self.now = run, now
         self.new = run.status.model_copy(deep=True)
         self.plan = Plan()
+        self.related: Mapping[str, RunView | None] = related or {}
+        self.children = _children(run, self.related)
+        self.children_total = _children_total(self.children)
         self.guard: dict[str, Any] = {}
         if run.raw_status is not None:
             self.guard["/status/epoch"] = run.status.epoch
@@ -353,9 +369,13 @@ class _Transition:
         return self.plan
 
 
-def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0) -> Plan:
-    """The next transition of ``run``, given every pod labelled with it."""
-    t = _Transition(run, now)
+def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0,
+           related: Mapping[str, RunView | None] | None = None) -> Plan:
+    """The next transition of ``run``, given every pod labelled with it.
+
+    ``related``: the runs, by name, its child requests and pending signals name (None: no such run).
+    """
+    t = _Transition(run, now, related)
     status, spec = run.status, run.spec
     purge = next((p for p in pods if p.name == builders.purge_pod_name(run.name)), None)
     pods = [p for p in pods if p is not purge]
@@ -408,6 +428,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         t.new.phase = api.Phase.PENDING
         t.new.message = "resumed: spec.suspend is false"
         t.event("Resumed", "spec.suspend is false: resuming from the latest checkpoint")
+    _family(t)
     return t.done()
 
 
@@ -427,6 +448,8 @@ def quiet_until(run: RunView) -> datetime | None:
     phase = status.phase
     if (run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers
             or api.ANNOTATION_ABORT in run.annotations):
+        return None
+    if pending_requests(run):
         return None
     max_duration = api.parse_duration(policy.maxDuration)
     if phase.finished:
@@ -588,8 +611,10 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
             since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
         )
-        t.new.message = ending.message
-        t.event("Waiting", ending.message)
+        event = str(waiting.get("event") or "")
+        t.new.message = (f"waiting for child run {t.run.name}-{event[len(api.CHILD_EVENT_PREFIX):]} to finish (no pod)"
+                         if event.startswith(api.CHILD_EVENT_PREFIX) else ending.message)
+        t.event("Waiting", t.new.message)
     elif outcome == api.Outcome.SUSPENDED:
         if t.run.spec.suspend:
             t.new.phase = api.Phase.SUSPENDED
@@ -646,6 +671,13 @@ def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
         _abort(t, api.AbortReason.MAX_DURATION_EXCEEDED,
                f"the run has had a pod for longer than policy.maxDuration={policy.maxDuration} (waits, "
                "sleeps, suspension and backoff do not count); raise it to resume", pod)
+        return True
+    ceiling = policy.costCeilingUSD
+    children_usd = Decimal(t.children_total.usd) if t.children_total else Decimal(0)
+    if ceiling is not None and children_usd > 0 and Decimal(status.cost.usd) + children_usd >= Decimal(ceiling):
+        _abort(t, api.AbortReason.BUDGET_EXHAUSTED,
+               f"the run's cost ${status.cost.usd} and its child runs' ${children_usd} reach "
+               f"policy.costCeilingUSD ${ceiling}; raise it to resume", pod)
         return True
     if status.phase == api.Phase.RUNNING and pod is not None:
         progress = api.parse_time(status.progress.lastProgressTime)
@@ -732,7 +764,7 @@ def _abort_lifted(t: _Transition) -> bool:
     reason = status.abortReason
     if reason == api.AbortReason.BUDGET_EXHAUSTED:
         try:
-            cost = Decimal(status.cost.usd)
+            cost = Decimal(status.cost.usd) + (Decimal(t.children_total.usd) if t.children_total else 0)
             ceiling = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
         except InvalidOperation:
             return False
@@ -775,3 +807,182 @@ def _deleting(t: _Transition, pods: list[PodView], purge: PodView | None) -> Pla
                     warning=True)
     t.plan.remove_run_finalizer = True
     return t.done()
+
+
+# --- child runs and signals ----------------------------------------------------------------
+
+
+def pending_requests(run: RunView) -> bool:
+    """Whether the runner asked for a child or a signal the operator has not acted on yet."""
+    status, events = run.status, run.spec.events
+    return (any(c not in status.children and api.child_event(c) not in events for c in status.childRequests)
+            or any(s not in status.signals for s in status.signalRequests))
+
+
+def related_names(run: RunView) -> set[str]:
+    """The runs ``decide`` needs to see besides this one: its requested children, its pending signals' targets."""
+    names = set()
+    for child in run.status.childRequests:
+        with contextlib.suppress(ValueError):  # refused by decide, naming why
+            names.add(api.child_run_name(run.name, child))
+    names.update(r.run for key, r in run.status.signalRequests.items() if key not in run.status.signals)
+    return names
+
+
+def owner_uid(run: RunView) -> str | None:
+    for ref in run.body["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == api.KIND and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def _children(run: RunView, related: Mapping[str, RunView | None]) -> dict[str, RunView]:
+    """This run's children that exist, by child name (the name its workflow gave)."""
+    out = {}
+    for child in run.status.childRequests:
+        try:
+            found = related.get(api.child_run_name(run.name, child))
+        except ValueError:
+            continue
+        if found is not None and owner_uid(found) == run.uid:
+            out[child] = found
+    return out
+
+
+def _children_total(children: Mapping[str, RunView]) -> api.ChildrenTotal | None:
+    if not children:
+        return None
+    usd, tokens, finished = Decimal(0), 0, 0
+    for child in children.values():
+        grand = child.status.childrenTotal
+        with contextlib.suppress(InvalidOperation):
+            usd += Decimal(child.status.cost.usd) + (Decimal(grand.usd) if grand else 0)
+        tokens += child.status.cost.tokens + (grand.tokens if grand else 0)
+        finished += bool(child.status.phase and child.status.phase.finished)
+    return api.ChildrenTotal(runs=len(children), finished=finished, summary=f"{finished}/{len(children)}",
+                             usd=f"{usd:f}", tokens=tokens)
+
+
+def child_outcome(child: RunView) -> dict[str, Any]:
+    """What a finished child's parent receives as event ``api.child_event(<child>)``."""
+    status = child.status
+    assert status.phase is not None
+    out: dict[str, Any] = {"phase": status.phase.value, "run": child.name, "uid": child.uid,
+                           "cost": status.cost.model_dump(mode="json")}
+    if status.phase == api.Phase.SUCCEEDED:
+        if status.result is not None and status.result.inline is not None:
+            out["result"] = json.loads(status.result.inline)  # a bigger one: the parent reads the child's journal
+    else:
+        out["message"] = status.message or status.phase.value
+        if status.abortReason is not None:
+            out["abortReason"] = status.abortReason.value
+    return out
+
+
+def _family(t: _Transition) -> None:
+    """Create requested children, report their outcomes, pass suspension and endings on, deliver signals."""
+    run, status, new = t.run, t.run.status, t.new
+    phase = new.phase or status.phase
+    ended = bool(phase and phase.finished)
+    for child, request in status.childRequests.items():
+        event = api.child_event(child)
+        found = t.children.get(child)
+        if found is None:
+            _missing_child(t, child, request, ended)
+            continue
+        state = api.ChildState(run=found.name, uid=found.uid, phase=found.status.phase)
+        if status.children.get(child) != state:
+            new.children = {**new.children, child: state}
+        active = not (found.status.phase and found.status.phase.finished)
+        by_parent = api.ANNOTATION_ABORTED_BY_PARENT in found.annotations
+        if not active and not by_parent and not ended and event not in run.spec.events:
+            outcome = child_outcome(found)
+            t.plan.add_events[event] = outcome
+            t.event("ChildSucceeded" if outcome["phase"] == api.Phase.SUCCEEDED else "ChildFailed",
+                    f"child run {found.name} {outcome['phase']}" + (f": {outcome['message']}" if "message" in outcome
+                                                                   else ""),
+                    warning=outcome["phase"] != api.Phase.SUCCEEDED)
+        _propagate(t, found, active, ended)
+    if t.children_total != status.childrenTotal:
+        new.childrenTotal = t.children_total
+    _signals(t)
+
+
+def _missing_child(t: _Transition, child: str, request: api.ChildRequest, ended: bool) -> None:
+    run = t.run
+    event = api.child_event(child)
+    if ended or event in run.spec.events:
+        return
+    try:
+        name = api.child_run_name(run.name, child)
+        manifest = builders.child_run(run.body, child, request)
+    except ValueError as error:
+        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": f"{run.name}-{child}", "uid": "",
+                                    "message": f"refused: {error}"}
+        t.event("ChildRefused", f"child {child!r} not created: {error}", warning=True)
+        return
+    known = run.status.children.get(child)
+    other = t.related.get(name)
+    if known is not None:
+        # Created once and gone (deleted by someone): never started again, its parent hears it failed.
+        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": name, "uid": known.uid,
+                                    "message": f"child run {name} was deleted before it finished"}
+        t.event("ChildFailed", f"child run {name} was deleted before it finished", warning=True)
+    elif other is not None:
+        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": name, "uid": other.uid,
+                                    "message": f"a DurableRun {name} exists that is not a child of {run.name}"}
+        t.event("ChildRefused", f"child {child!r} not created: DurableRun {name} exists and is not this "
+                "run's child", warning=True)
+    else:
+        t.plan.create_runs.append(manifest)
+        t.event("ChildStarted", f"child run {name} ({request.workflow})")
+
+
+def _propagate(t: _Transition, child: RunView, active: bool, ended: bool) -> None:
+    """A suspended parent suspends its running children; an ended one aborts them; both are lifted with it.
+
+    Each patch carries the child's resourceVersion: had the child changed since it was read (it just
+    finished, say), the patch is refused and the decision made again on what it is now.
+    """
+    annotations, name = child.annotations, child.name
+
+    def patch(marks: dict[str, str | None], spec: dict[str, Any] | None = None) -> None:
+        meta = {"resourceVersion": child.body["metadata"].get("resourceVersion"), "annotations": marks}
+        t.plan.patch_runs.append((name, {"metadata": meta, **({"spec": spec} if spec else {})}))
+
+    if t.run.spec.suspend and active and not child.spec.suspend:
+        patch({api.ANNOTATION_SUSPENDED_BY_PARENT: "true"}, {"suspend": True})
+    elif not t.run.spec.suspend and api.ANNOTATION_SUSPENDED_BY_PARENT in annotations:
+        patch({api.ANNOTATION_SUSPENDED_BY_PARENT: None}, {"suspend": False})
+    if ended and active and api.ANNOTATION_ABORT not in annotations:
+        phase = (t.new.phase or t.run.status.phase or api.Phase.ABORTED).value
+        patch({api.ANNOTATION_ABORT: f"its parent {t.run.name} {phase}", api.ANNOTATION_ABORTED_BY_PARENT: t.run.name})
+        t.event("ChildAborted", f"child run {name} aborted: this run {phase}")
+    elif not ended and api.ANNOTATION_ABORTED_BY_PARENT in annotations:
+        lift: dict[str, str | None] = {api.ANNOTATION_ABORT: None, api.ANNOTATION_ABORTED_BY_PARENT: None}
+        if child.status.phase == api.Phase.ABORTED:
+            lift[api.ANNOTATION_RETRY] = f"parent-{api.format_time(t.now, precise=True)}"
+        patch(lift)
+        t.event("ChildResumed", f"child run {name} resumes with this run")
+
+
+def _signals(t: _Transition) -> None:
+    status = t.run.status
+    for key, request in status.signalRequests.items():
+        if key in status.signals:
+            continue
+        target = t.related.get(request.run)
+        if target is None or target.deleting:
+            state = api.SignalState(state="NotFound", message=f"no DurableRun {request.run} in {t.run.namespace}")
+            t.event("SignalNotDelivered", f"event {request.event!r} for {request.run}: {state.message}", warning=True)
+        elif request.event not in target.spec.events:
+            t.plan.patch_runs.append((request.run, {"spec": {"events": {request.event: json.loads(request.value)}}}))
+            continue  # recorded once the target holds it
+        elif target.spec.events[request.event] == json.loads(request.value):
+            state = api.SignalState(state="Delivered")
+            t.event("SignalDelivered", f"event {request.event!r} delivered to {request.run}")
+        else:
+            state = api.SignalState(state="Ignored", message=f"{request.run} already had another value for "
+                                    f"event {request.event!r}: the first value wins")
+            t.event("SignalIgnored", f"event {request.event!r} for {request.run}: {state.message}")
+        t.new.signals = {**t.new.signals, key: state}

@@ -65,6 +65,35 @@ class Kube:
             runs.extend(reply["items"])
         return runs
 
+    def list_children(self, namespace: str, parent: str) -> list[dict[str, Any]]:
+        reply = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
+                                                          label_selector=f"{api.LABEL_PARENT}={parent}")
+        return list(reply["items"])
+
+    def create_run(self, run: dict[str, Any]) -> bool:
+        """Create a DurableRun (a child); False if one of that name exists."""
+        try:
+            self.custom.create_namespaced_custom_object(
+                api.GROUP, api.VERSION, run["metadata"]["namespace"], api.PLURAL, run)
+            return True
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+
+    def merge_patch_run(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """A merge patch of a DurableRun's spec or metadata; the run as written, None if it is gone."""
+        try:
+            return dict(self.custom.patch_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, patch,
+                _content_type="application/merge-patch+json"))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            if error.status in (400, 409, 422):  # e.g. an event set meanwhile: decide again on fresh facts
+                raise Conflict(f"{namespace}/{name} refused the change: {error.reason}") from None
+            raise
+
     def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         """Apply a guarded JSON patch to the status subresource; Conflict if a test op fails."""
         try:

@@ -115,6 +115,8 @@ class _Snapshot:
     total_steps: int | None
     cost_usd: float | None
     tokens: int
+    children: int | None
+    children_cost_usd: float | None
     restarts: int
     disruptions: int
     cost_ceiling_usd: float | None
@@ -156,6 +158,8 @@ def _snapshot(status: api.DurableRunStatus, policy: api.Policy, now: datetime, m
         total_steps=status.progress.totalSteps,
         cost_usd=_number(status.cost.usd),
         tokens=status.cost.tokens,
+        children=status.childrenTotal.runs if status.childrenTotal else None,
+        children_cost_usd=_number(status.childrenTotal.usd) if status.childrenTotal else None,
         restarts=status.restarts,
         disruptions=status.disruptions,
         cost_ceiling_usd=_number(policy.costCeilingUSD),
@@ -218,6 +222,9 @@ class _RunCollector(Collector):
             _gauge("run_cost_usd", "Cost so far in US dollars (status.cost.usd)."),
             _gauge("run_tokens", "Tokens used so far (status.cost.tokens)."),
             _gauge("run_cost_ceiling_usd", "spec.policy.costCeilingUSD, when set."),
+            _gauge("run_children", "Child runs created for the run (status.childrenTotal.runs), when it has any."),
+            _gauge("run_children_cost_usd", "Its child runs' cost in US dollars (status.childrenTotal.usd); "
+                   "it counts toward the run's costCeilingUSD."),
             _gauge("run_token_limit", "spec.policy.maxTokens, when set."),
             _gauge("run_step_limit", "spec.policy.maxSteps, when set."),
             _gauge("run_status_restarts", "Restarts after crashes, OOM kills and expired leases (status.restarts)."),
@@ -259,6 +266,8 @@ class _RunCollector(Collector):
         put("run_cost_usd", snap.cost_usd)
         put("run_tokens", snap.tokens)
         put("run_cost_ceiling_usd", snap.cost_ceiling_usd)
+        put("run_children", snap.children)
+        put("run_children_cost_usd", snap.children_cost_usd)
         put("run_token_limit", snap.token_limit)
         put("run_step_limit", snap.step_limit)
         put("run_status_restarts", snap.restarts)

@@ -71,7 +71,9 @@ class Reconciler:
         # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
         self._settled: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
-        self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
+        self._rbac_ready: dict[Key, str] = {}
+        # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
+        self._children_seen: dict[Key, Any] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # API calls block: they run on threads of our own, as many as the workers (the default pool has
         # cpu+4 threads, shared with everything else in the process).
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
@@ -112,6 +114,10 @@ class Reconciler:
         """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if deleted:
+            self._children_seen.pop(key, None)
+            parent = (body["metadata"].get("labels") or {}).get(api.LABEL_PARENT)
+            if parent:
+                self.queue.add((key[0], parent))
             self.queue.add(key)
             return
         try:
@@ -121,9 +127,24 @@ class Reconciler:
             return
         now = decide.now_utc()
         self._observe(run, now)
+        self._tell_parent(run)
         if key in self._settled and self._wake_at(key, decide.quiet_until(run), now):
             return
         self.queue.add(key)
+
+    def _tell_parent(self, child: decide.RunView) -> None:
+        """A child's phase, cost or propagated state changed: its parent reports, rolls up or wakes."""
+        parent = (child.body["metadata"].get("labels") or {}).get(api.LABEL_PARENT)
+        if not parent:
+            return
+        key = (child.namespace, child.name)
+        total = child.status.childrenTotal
+        seen = (child.status.phase, child.status.cost.usd, total.usd if total else None,
+                                     child.spec.suspend, tuple(sorted(child.annotations)))
+        if self._children_seen.get(key) != seen:
+            self._children_seen[key] = seen
+            self._settled.discard((child.namespace, parent))
+            self.queue.add((child.namespace, parent))
 
     def pod_changed(self, namespace: str, run_name: str) -> None:
         self._settled.discard((namespace, run_name))
@@ -162,6 +183,7 @@ class Reconciler:
         try:
             body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
             pods: list[dict[str, Any]] | None = None  # None: read them (again)
+            related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
             for _ in range(MAX_TRANSITIONS):
                 if body is None:
                     body = await self._io(self.kube.get_run, namespace, name)
@@ -176,7 +198,10 @@ class Reconciler:
                 views = [decide.PodView.from_pod(p, now, self.settings.stuck_terminating_seconds) for p in pods]
                 run = decide.RunView.from_body(body)
                 self._observe(run, now)
-                plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds)
+                if related is None:
+                    related = await self._related(run)
+                plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
+                                     related=related)
                 if plan.empty:
                     # Settled, unless a pod is terminating: when one counts as lost is a matter of the clock.
                     if not any(p.deleting for p in views):
@@ -185,11 +210,13 @@ class Reconciler:
                     return
                 if plan.touches_pods:
                     pods = None
+                if plan.touches_runs or plan.add_events:
+                    related = None
                 try:
                     body = await self._apply(run, plan)
                 except Conflict as conflict:
                     log.info("%s/%s: %s; deciding again", namespace, name, conflict)
-                    body = pods = None
+                    body = pods = related = None
             log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
         finally:
             if self.metrics:
@@ -217,6 +244,16 @@ class Reconciler:
             await self._start_pod(updated, plan.create_pod_epoch)
         if plan.create_purge_pod:
             await self._io(self.kube.create_pod, builders.purge_pod(updated, self.settings))
+        if plan.add_events:
+            # A child's outcome, as an event of this run: first value wins, and a Waiting run wakes for it.
+            written = await self._io(self.kube.merge_patch_run, ns, name, {"spec": {"events": plan.add_events}})
+            if written is None:
+                return None
+            updated = written
+        for child in plan.create_runs:
+            await self._io(self.kube.create_run, child)
+        for other, patch in plan.patch_runs:
+            await self._io(self.kube.merge_patch_run, ns, other, patch)
         for kind, reason, message in plan.events:
             log.info("%s/%s %s: %s", ns, name, reason, message)
             await self._io(self.kube.post_event, updated, kind, reason, message)
@@ -237,6 +274,19 @@ class Reconciler:
             self.metrics.record_abort(ns, name, plan.abort_reason)
         if plan.completion:
             self.metrics.record_completion(ns, name, plan.completion)
+
+    async def _related(self, run: decide.RunView) -> dict[str, decide.RunView | None]:
+        """The runs decide needs besides this one: its children (one LIST by label), its signals' targets."""
+        names = decide.related_names(run)
+        if not names and not run.status.children:
+            return {}
+        found: dict[str, decide.RunView | None] = {
+            child["metadata"]["name"]: decide.RunView.from_body(child)
+            for child in await self._io(self.kube.list_children, run.namespace, run.name)}
+        for name in names - set(found):
+            body = await self._io(self.kube.get_run, run.namespace, name)
+            found[name] = decide.RunView.from_body(body) if body is not None else None
+        return found
 
     async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
         meta = run["metadata"]

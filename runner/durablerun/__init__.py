@@ -19,6 +19,7 @@ from durablerun._private.context import DurableContext
 from durablerun._version import __version__
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.errors import (
+    ChildRunFailed,
     ConfigError,
     CorruptionError,
     DivergenceError,
@@ -36,6 +37,7 @@ from durablerun.errors import (
 
 __all__ = [
     "AbortReason",
+    "ChildRunFailed",
     "ConfigError",
     "CorruptionError",
     "DivergenceError",

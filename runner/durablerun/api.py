@@ -45,6 +45,10 @@ ANNOTATION_ABORT = f"{GROUP}/abort"
 ANNOTATION_RETRY = f"{GROUP}/retry"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
+# Set by the operator on a child it suspended or aborted because its parent was suspended or ended; the
+# operator lifts what it set (and only that) when the parent resumes or is retried.
+ANNOTATION_SUSPENDED_BY_PARENT = f"{GROUP}/suspended-by-parent"
+ANNOTATION_ABORTED_BY_PARENT = f"{GROUP}/aborted-by-parent"
 
 
 class Phase(enum.StrEnum):
@@ -549,3 +553,132 @@ class DurableRunStatus(_Model):
     observedGeneration: int | None = Field(
         default=None, description="The .metadata.generation the operator last acted on."
     )
+    childRequests: dict[str, ChildRequest] = Field(
+        default_factory=dict,
+        description="Child runs the workflow asked for, by child name (written by the runner).")
+    children: dict[str, ChildState] = Field(
+        default_factory=dict, description="Child runs the operator created, by child name.")
+    childrenTotal: ChildrenTotal | None = Field(
+        default=None, description="The children's count and cost (kubectl get: Children, Child Cost).")
+    signalRequests: dict[str, SignalRequest] = Field(
+        default_factory=dict,
+        description="Events the workflow sends to other runs, by id (written by the runner).")
+    signals: dict[str, SignalState] = Field(
+        default_factory=dict, description="What became of each signal request, by id.")
+
+
+# --- child runs and signals (docs/operator.md#child-runs-and-signals) ----------------------
+#
+# A runner never creates or patches another run: it asks through its own status (childRequests,
+# signalRequests; written with its lease's epoch guard), and the operator acts and reports back:
+# a child's outcome arrives as the parent's event CHILD_EVENT_PREFIX + <child>, first value wins.
+
+#: Event names the operator writes into a parent's spec.events: one per child, its outcome.
+CHILD_EVENT_PREFIX = "durablerun.child."
+#: A run's name is the value of its pods' durablerun.dev/run label: at most 63 characters.
+RUN_NAME_MAX = 63
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Budgets a child may only narrow: its value may not be above its parent's.
+_NARROW_ONLY = ("costCeilingUSD", "maxTokens", "maxSteps", "maxDuration")
+
+
+def child_event(child: str) -> str:
+    """The event in the parent's spec.events that carries child ``child``'s outcome."""
+    return CHILD_EVENT_PREFIX + child
+
+
+def child_run_name(parent: str, child: str) -> str:
+    """The child's DurableRun name, ``<parent>-<child>``; ValueError naming the fix if it cannot be one."""
+    if not isinstance(child, str) or not _DNS_LABEL.match(child):
+        raise ValueError(f"child name {child!r}: use lowercase letters, digits and '-', starting and ending "
+                         "with a letter or digit (it becomes part of a DurableRun's name)")
+    full = f"{parent}-{child}"
+    if len(full) > RUN_NAME_MAX:
+        raise ValueError(f"child name {child!r}: the child's DurableRun would be {full!r}, {len(full)} "
+                         f"characters; a run's name may have at most {RUN_NAME_MAX} (it labels the run's "
+                         f"pods): use a child name of at most {RUN_NAME_MAX - len(parent) - 1} characters")
+    return full
+
+
+def valid_run_name(name: str) -> str:
+    """A DurableRun's name in the same namespace (a signal's target); ValueError naming the fix."""
+    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > RUN_NAME_MAX:
+        raise ValueError(f"run name {name!r}: a DurableRun's name is 1-{RUN_NAME_MAX} lowercase letters, "
+                         "digits and '-', starting and ending with a letter or digit")
+    return name
+
+
+class ChildRequest(_Model):
+    """A child run the workflow asked for (ctx.start_child); written by the runner, acted on by the operator."""
+
+    workflow: str = Field(description="The child's workflow, module:function.", pattern=WORKFLOW_PATTERN)
+    input: dict[str, Any] = Field(
+        default_factory=dict, description="The child's input.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Policy fields that differ from the parent's (budgets may only be lowered).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+
+def child_spec(parent: DurableRunSpec, request: ChildRequest) -> DurableRunSpec:
+    """The child's spec: the parent's template, checkpoint store and policy, narrowed by the request.
+
+    ValueError naming the field when the request would widen a budget of the parent's (a child's
+    cost also counts toward its parent's ceiling, so a wider one could never be honoured).
+    """
+    base = parent.policy.model_dump(mode="json", exclude_none=True)
+    unknown = sorted(set(request.policy) - set(Policy.model_fields))
+    if unknown:
+        raise ValueError(f"policy.{unknown[0]}: not a policy field (fields: {', '.join(Policy.model_fields)})")
+    for field_name in _NARROW_ONLY:
+        mine, theirs = request.policy.get(field_name), base.get(field_name)
+        if mine is None or theirs is None:
+            continue
+        if field_name == "maxDuration":
+            wider = parse_duration(str(mine)) > parse_duration(str(theirs))
+        else:
+            wider = float(mine) > float(theirs)
+        if wider:
+            raise ValueError(f"policy.{field_name}: {mine} is above the parent's {theirs}: a child may only "
+                             "narrow its parent's budgets")
+    policy = Policy.model_validate({**base, **request.policy})
+    return DurableRunSpec(
+        workflow=request.workflow, input=request.input, template=parent.template,
+        checkpoint=parent.checkpoint, policy=policy, suspend=parent.suspend,
+    )
+
+
+class ChildState(_Model):
+    run: str = Field(description="The child's DurableRun (same namespace).")
+    uid: str = Field(description="The child's uid: a child that disappears is not created again.")
+    phase: Phase | None = Field(default=None, description="The child's phase, as last seen.")
+
+
+class ChildrenTotal(_Model):
+    runs: int = Field(default=0, description="Child runs created.")
+    finished: int = Field(default=0, description="Child runs that have finished.")
+    summary: str = Field(default="", description='For kubectl get: "3/5" (finished of created).')
+    usd: str = Field(default="0", description="The children's cost, their own children's included.")
+    tokens: int = Field(default=0, description="The children's tokens.")
+
+
+class SignalRequest(_Model):
+    """An event the workflow sends to another run (ctx.signal); written by the runner."""
+
+    run: str = Field(description="The DurableRun (same namespace) to send it to.")
+    event: str = Field(description="The event's name in the target's spec.events.")
+    value: str = Field(default="null", description="The payload, as JSON text.")
+
+
+class SignalState(_Model):
+    state: Literal["Delivered", "Ignored", "NotFound"] = Field(
+        description="Delivered; Ignored (the target already had another value: the first one wins); "
+                    "NotFound (no such run).")
+    message: str | None = Field(default=None, description="Details for humans.")
+
+
+#: Status fields only the runner writes (the operator never patches them, so no write of its can drop one).
+RUNNER_REQUEST_FIELDS = ("childRequests", "signalRequests")
+
+DurableRunStatus.model_rebuild()

@@ -78,6 +78,19 @@ class EventTimeout(DurableRunError):
 # --- errors that fail the attempt without touching the journal -----------------
 
 
+class ChildRunFailed(DurableRunError):
+    """A child run ended Failed or Aborted; awaiting it raises this (catch it to go on without it).
+
+    ``child`` (the name given to start_child), ``run`` (its DurableRun), ``phase``, ``reason`` (an abort
+    reason), ``message``.
+    """
+
+    def __init__(self, child: str, run: str, phase: str, message: str, reason: str | None = None) -> None:
+        what = f"{phase} ({reason})" if reason else phase
+        super().__init__(f"child run {run} {what}: {message}")
+        self.child, self.run, self.phase, self.reason, self.message = child, run, phase, reason, message
+
+
 class WorkflowError(DurableRunError):
     """The workflow code does not fit the run (outcome Failed, journal untouched)."""
 
@@ -140,6 +153,7 @@ class StoreUnavailableError(StoreError):
 
 
 __all__ = [
+    "ChildRunFailed",
     "ConfigError",
     "CorruptionError",
     "DivergenceError",

@@ -221,7 +221,12 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
     def line(run: dict[str, Any]) -> str:
         status = run.get("status") or {}
-        return f"{run['metadata']['name']}  {status.get('phase') or '-'}  {status.get('message') or ''}".rstrip()
+        cost = f"${(status.get('cost') or {}).get('usd') or '0'}"
+        family = status.get("childrenTotal")
+        if family:  # a parent: its children's count and cost, which count toward its ceiling
+            cost += f" (children {family.get('summary')}: ${family.get('usd')})"
+        phase, message = status.get("phase") or "-", status.get("message") or ""
+        return f"{run['metadata']['name']}  {phase}  {cost}  {message}".rstrip()
 
     def children(name: str, prefix: str, seen: set[str]) -> None:
         found = kube.json("get", RESOURCE, "-l", f"{api.LABEL_PARENT}={name}")["items"]

@@ -39,6 +39,7 @@ from typing import Any
 
 from durablerun import api, errors
 from durablerun._private import extras
+from durablerun._private.children import PodBroker
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import JsonLinesSink, ProgressSink
 from durablerun.stores import RunRef, Store, store_from_checkpoint
@@ -223,6 +224,7 @@ class Lease:
         self.lost: str | None = None
         self.on_spec: list[Any] = []
         self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the lease thread and publish() (requests from steps) both renew
 
     def acquire(self) -> dict[str, Any]:
         i = self.identity
@@ -279,7 +281,18 @@ class Lease:
                     next_renewal = time.monotonic() + 1.0  # unreachable: retry until the lease would lapse
             self.stopped.wait(0.2)
 
+    def publish(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """Write ``ops`` with a renewal now (a child or signal request from a step); the run as written."""
+        if not self.renew(ops):
+            raise RuntimeError(  # the step retries it
+                f"could not record the request in the DurableRun's status: {self.lost or 'API server unreachable'}")
+        return self.body
+
     def renew(self, extra: list[dict[str, Any]] | None = None) -> bool:
+        with self._renewing:
+            return self._renew(extra)
+
+    def _renew(self, extra: list[dict[str, Any]] | None) -> bool:
         fields = self.sink.take()
         ops = [{"op": "test", "path": "/status/lease/holder", "value": self.identity.pod},
                {"op": "add", "path": "/status/lease/renewTime", "value": _now()},
@@ -453,7 +466,9 @@ def _attempt(identity: Identity) -> int:
         sinks=[sink, JsonLinesSink(sys.stderr)],
         config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active,
                                    rerun_failed_before=api.parse_time(status_now.retryTime),
-                                   policy_advice=kubectl_advice(identity.namespace, identity.name)),
+                                   policy_advice=kubectl_advice(identity.namespace, identity.name),
+                                   runs=PodBroker(namespace=identity.namespace, name=identity.name, store=store,
+                                                  publish=lease.publish, latest=lambda: lease.body)),
     )
 
     def on_spec(latest: dict[str, Any]) -> None:

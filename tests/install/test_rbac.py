@@ -28,7 +28,8 @@ RUNS = "durableruns.durablerun.dev"
 
 # What the operator must be able to do in every namespace it watches (the operator's contract).
 OPERATOR_NEEDS: list[tuple[str, str, str | None]] = [
-    *((verb, RUNS, None) for verb in ("get", "list", "watch", "patch", "update", "delete")),
+    # create: the child runs runners ask for (a runner itself cannot create runs).
+    *((verb, RUNS, None) for verb in ("get", "list", "watch", "create", "patch", "update", "delete")),
     *((verb, RUNS, "status") for verb in ("get", "patch", "update")),
     ("update", RUNS, "finalizers"),
     *((verb, "pods", None) for verb in ("get", "list", "watch", "create", "delete", "patch")),
@@ -38,10 +39,10 @@ OPERATOR_NEEDS: list[tuple[str, str, str | None]] = [
     *((verb, kind, None) for kind in ("roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io")
       for verb in ("get", "create", "patch", "delete")),
 ]
-# What it must not: read credentials, run code in pods, change cluster-wide state, or create runs.
+# What it must not: read credentials, run code in pods or change cluster-wide state.
 OPERATOR_MUST_NOT: list[tuple[str, str, str | None]] = [
     ("get", "secrets", None), ("list", "secrets", None), ("get", "configmaps", None),
-    ("create", "pods", "exec"), ("create", "serviceaccounts", "token"), ("create", RUNS, None),
+    ("create", "pods", "exec"), ("create", "serviceaccounts", "token"),
     ("update", "pods", None), ("create", "deployments.apps", None),
     ("escalate", "roles.rbac.authorization.k8s.io", None), ("bind", "roles.rbac.authorization.k8s.io", None),
 ]

@@ -42,6 +42,7 @@ def exposed_names() -> set[str]:
         "phase": "Aborted", "abortReason": "UserRequested",
         "progress": {"completedSteps": 1, "totalSteps": 2, "lastProgressTime": "2025-01-01T00:00:00Z"},
         "checkpoint": {"time": "2025-01-01T00:00:00Z"}, "lease": {"renewTime": "2025-01-01T00:00:00Z"},
+        "childrenTotal": {"runs": 1, "usd": "0.1"},
     })
     policy = api.Policy(costCeilingUSD="1", maxTokens=1, maxSteps=1)
     run_metrics.observe_run("ns", "aborted", status, policy, datetime.now(UTC))

@@ -70,6 +70,7 @@ RUNNING = status(
     progress={"step": 41, "stepName": "summarize", "completedSteps": 40, "totalSteps": 160,
               "fraction": "0.25", "lastProgressTime": ts(30)},
     cost={"usd": "3.1415", "tokens": 123456},
+    childrenTotal={"runs": 5, "finished": 2, "summary": "2/5", "usd": "1.25", "tokens": 40},
     checkpoint={"position": 40, "key": "journal/40.json", "time": ts(31)},
     startTime=ts(7200),
 )
@@ -88,6 +89,8 @@ def test_gauges_match_the_status_and_policy(run_metrics: metrics.RunMetrics, reg
     assert value(registry, "durablerun_run_cost_usd", **run) == pytest.approx(3.1415)
     assert value(registry, "durablerun_run_tokens", **run) == 123456
     assert value(registry, "durablerun_run_cost_ceiling_usd", **run) == 10.0
+    assert value(registry, "durablerun_run_children", **run) == 5
+    assert value(registry, "durablerun_run_children_cost_usd", **run) == pytest.approx(1.25)
     assert value(registry, "durablerun_run_token_limit", **run) == 1_000_000
     assert value(registry, "durablerun_run_step_limit", **run) == 500
     assert value(registry, "durablerun_run_status_restarts", **run) == 2
@@ -116,6 +119,9 @@ def test_progress_ratio_from_steps_and_absent_when_unknown(
     assert value(registry, "durablerun_run_progress_ratio", namespace="ns", name="done") == 1.0
     # Without a ceiling there is no ceiling series (rather than a misleading 0).
     assert value(registry, "durablerun_run_cost_ceiling_usd", namespace="ns", name="counted") is None
+    # Nor children series for a run without children.
+    assert value(registry, "durablerun_run_children", namespace="ns", name="counted") is None
+    assert value(registry, "durablerun_run_children_cost_usd", namespace="ns", name="counted") is None
 
 
 def test_a_run_without_a_phase_counts_as_pending(run_metrics: metrics.RunMetrics, registry: CollectorRegistry) -> None:

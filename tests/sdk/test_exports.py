@@ -8,7 +8,7 @@ import durablerun
 
 PUBLIC = {
     "durablerun": [
-        "AbortReason", "ConfigError", "CorruptionError", "DivergenceError", "DurableContext",
+        "AbortReason", "ChildRunFailed", "ConfigError", "CorruptionError", "DivergenceError", "DurableContext",
         "DurableRunError", "EventTimeout", "FencedError", "InputMismatchError",
         "NonRetryableError", "Outcome", "Policy", "ResultNotSerializableError",
         "ResultTooLargeError", "StepError", "StoreError", "WorkflowError", "__version__",
@@ -25,7 +25,7 @@ PUBLIC = {
     "durablerun.cli": ["main"],
     "durablerun.testing": ["WorkflowTest"],
     "durablerun.errors": [
-        "ConfigError", "CorruptionError", "DivergenceError", "DurableRunError", "EventTimeout",
+        "ChildRunFailed", "ConfigError", "CorruptionError", "DivergenceError", "DurableRunError", "EventTimeout",
         "FencedError", "InputMismatchError", "NonRetryableError", "ResultNotSerializableError",
         "ResultTooLargeError", "StepError", "StoreAccessError", "StoreError",
         "StoreNotFoundError", "StoreUnavailableError", "WorkflowError", "WorkflowLoadError",
@@ -35,7 +35,7 @@ PUBLIC = {
 
 CONTEXT_METHODS = [
     "add_cost", "continue_as_new", "gather", "idempotency_key", "now", "patched", "run_id",
-    "set_total_steps", "sleep", "step", "uuid", "wait_for_event",
+    "run_child", "set_total_steps", "signal", "sleep", "start_child", "step", "uuid", "wait_for_event",
 ]
 
 

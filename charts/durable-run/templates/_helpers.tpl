@@ -73,10 +73,12 @@ Used by the ClusterRole (all namespaces) or by one Role per watched namespace.
 */}}
 {{- define "durable-run.operatorRules" -}}
 # The runs themselves: watch them, keep kopf's progress annotations and the
-# run finalizer, and delete a run whose ttlSecondsAfterFinished has passed.
+# run finalizer, delete a run whose ttlSecondsAfterFinished has passed, create
+# the child runs a runner asks for in its status (runners cannot), and deliver
+# child outcomes, signals, suspension and aborts to runs (spec and annotations).
 - apiGroups: ["durablerun.dev"]
   resources: ["durableruns"]
-  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 - apiGroups: ["durablerun.dev"]
   resources: ["durableruns/status"]
   verbs: ["get", "patch", "update"]

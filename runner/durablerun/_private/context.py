@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any, NoReturn, TypeVar, overload
 
 from durablerun import errors
-from durablerun._private import core
+from durablerun._private import children, core
 from durablerun._private.layout import check_event_name
 from durablerun.api import format_time, parse_time
 
@@ -150,6 +150,37 @@ class DurableContext:
         if not isinstance(duration, timedelta):
             duration = timedelta(seconds=float(duration))
         await self._core.sleep(duration)
+
+    # --- other runs ---------------------------------------------------------------------------
+    async def start_child(
+        self, name: str, workflow: str, input: dict[str, Any] | None = None, *,
+        policy: dict[str, Any] | None = None,
+    ) -> children.ChildRun:
+        """Start a child DurableRun ``<this run>-<name>`` running ``workflow`` on ``input``; a handle.
+
+        The operator creates it (same namespace, this run's pod template and checkpoint store,
+        this run's policy with ``policy``'s fields over it: budgets may only be lowered), owned by
+        this run. Journaled like a step: a replay does not start it again. ``await handle``
+        returns its result, or raises :class:`ChildRunFailed`. Needs the operator: a local run
+        fails with a usage error.
+        """
+        return await children.start_child(self, name, workflow, input, policy)
+
+    async def run_child(
+        self, name: str, workflow: str, input: dict[str, Any] | None = None, *,
+        policy: dict[str, Any] | None = None,
+    ) -> Any:
+        """``await (await ctx.start_child(...))``: start a child run and return its result."""
+        handle = await children.start_child(self, name, workflow, input, policy)
+        return await handle.result()
+
+    async def signal(self, run: str, event: str, value: Any = None) -> None:
+        """Send event ``event`` with ``value`` to DurableRun ``run`` in this namespace, through the operator.
+
+        The target's first value for ``event`` wins (as for ``spec.events``). Journaled: a replay
+        does not send it again. Returns once the request is recorded; the operator delivers it.
+        """
+        await children.signal(self, run, event, value)
 
     # --- deterministic values ---------------------------------------------------------------
     def now(self) -> datetime:

@@ -82,6 +82,9 @@ class EngineConfig:
     #: A retried run (on Kubernetes: status.retryTime): a step whose failure was journaled before this moment
     #: is executed again instead of replayed as a failure. None: journaled failures replay as they are.
     rerun_failed_before: datetime | None = None
+    #: How the run asks for child runs and signals (durablerun._private.children.RunBroker): the runner pod
+    #: sets it; None (a local run): ctx.start_child and ctx.signal fail, saying they need the operator.
+    runs: Any = None
 
 
 @dataclass(frozen=True)
