@@ -143,8 +143,8 @@ def make_schemas(schemas: Path) -> None:
 def helm(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
            "HELM_DATA_HOME": f"{home}/data"}
-    return subprocess.run([str(binaries.find("helm")), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          check=False)
+    return subprocess.run([str(binaries.find("helm")), *args, *binaries.helm_offline_args(args)],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
 def kubeconform(schemas: Path, files: list[Path]) -> subprocess.CompletedProcess[str]:
