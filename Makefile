@@ -28,6 +28,12 @@ lint: setup
 generate: setup
 	$(PY) hack/generate.py
 
+## What a release publishes, in dist/: wheel and sdist, the chart packaged with its images pinned by digest,
+## the images as OCI archives, SHA256SUMS (docs/install.md).
+.PHONY: release
+release: setup
+	$(PY) hack/release.py
+
 sandbox-up: setup
 	$(PY) -m durablerun_testbed sandbox up $(NODE_FLAG)
 

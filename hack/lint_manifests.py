@@ -72,11 +72,22 @@ def kind_file(schemas: Path, group: str, version: str, kind: str) -> Path:
     return path
 
 
+def kubernetes_openapi(kubernetes_version: str | None = None) -> dict[str, Any]:
+    """The Kubernetes OpenAPI (swagger.json of the k8s.io/kubernetes module), from the Go module cache.
+
+    ``make setup`` puts that module in the cache: the test bed's kube-apiserver is built from it. The pinned
+    KUBERNETES_VERSION unless told otherwise. Also the source of the CRD's spec.template schema
+    (hack/generate.py).
+    """
+    version = kubernetes_version or binaries.versions()["KUBERNETES_VERSION"]
+    module = subprocess.run(["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
+                            capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
+    return dict(json.loads((Path(json.loads(module.stdout)["Dir"]) / "api/openapi-spec/swagger.json").read_text()))
+
+
 def kubernetes_schemas(schemas: Path, kubernetes_version: str) -> int:
     """One standalone (refs inlined) strict schema per kind of the Kubernetes OpenAPI."""
-    module = subprocess.run(["go", "mod", "download", "-json", f"k8s.io/kubernetes@{kubernetes_version}"],
-                            capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
-    swagger = json.loads((Path(json.loads(module.stdout)["Dir"]) / "api/openapi-spec/swagger.json").read_text())
+    swagger = kubernetes_openapi(kubernetes_version)
     definitions = {name: strict(definition) for name, definition in swagger["definitions"].items()}
     expanded: dict[str, Any] = {}
 
@@ -132,8 +143,8 @@ def make_schemas(schemas: Path) -> None:
 def helm(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
            "HELM_DATA_HOME": f"{home}/data"}
-    return subprocess.run([str(binaries.find("helm")), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          check=False)
+    return subprocess.run([str(binaries.find("helm")), *args, *binaries.helm_offline_args(args)],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
 def kubeconform(schemas: Path, files: list[Path]) -> subprocess.CompletedProcess[str]:

@@ -66,8 +66,7 @@ def testbed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
     bed = TestBed(testbed_root / "k8s", id=SESSION_ID).start(s3=s3_server)
     try:
         bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=120s",
-                    "crd/durableruns.durablerun.dev")
+        bed.wait_established()
         yield bed
     finally:
         bed.stop()

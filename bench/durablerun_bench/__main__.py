@@ -68,7 +68,7 @@ def testbed(root: Path, run_id: str, s3: S3Server) -> Iterator[TestBed]:
     bed = TestBed(root / "k8s", id=run_id).start(s3=s3)
     try:
         bed.kubectl("apply", "--server-side", "-f", str(CRD))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/durableruns.durablerun.dev")
+        bed.wait_established(timeout=60)
         yield bed
     finally:
         bed.stop()
@@ -92,7 +92,7 @@ def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: 
         assert bed.real_node
         bed.real_node.import_image(archive)
         bed.kubectl("apply", "--server-side", "-f", str(CRD))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/durableruns.durablerun.dev")
+        bed.wait_established(timeout=60)
         return resume.bench(bed, root, run_id, repeats=repeats, steps=400, kill_after=200, sleep=0.01, log=log,
                             kill=resume.kill_container, image=image)
     finally:

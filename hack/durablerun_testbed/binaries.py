@@ -81,3 +81,13 @@ def kubectl() -> Path:
             return beside
         return Path(default)
     return find("kubectl")
+
+
+def helm_offline_args(args: list[str] | tuple[str, ...]) -> list[str]:
+    """Arguments to append to a helm command line ``args`` that renders without a cluster (template, lint).
+
+    The Kubernetes version to render for: the test bed's. helm built from its Go module lacks the release
+    build's linker flags and would assume Kubernetes 1.20, older than the chart's kubeVersion allows.
+    """
+    offline = "template" in args or "lint" in args
+    return ["--kube-version", versions()["KUBERNETES_VERSION"]] if offline else []

@@ -122,7 +122,7 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
     else:
         assert bed.node
         bed.kubectl("apply", "--server-side", "-f", str(CRD))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/durableruns.durablerun.dev")
+        bed.wait_established()
         operator, metrics_port = _start_operator(bed, directory)
         parts += [bed.node_process, operator]
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -158,6 +158,13 @@ class TestBed:
             raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
         return result
 
+    def wait_established(self, crd: str = "durableruns.durablerun.dev", timeout: float = 120) -> None:
+        """Wait until the API server serves ``crd``. Not `kubectl wait --for=condition=Established`: kubectl
+        1.33 fails at once, instead of waiting, on a CRD created so recently that it has no conditions yet."""
+        established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+        procs.wait_for(lambda: self.kubectl("get", "crd", crd, "-o", established, check=False).stdout == "True",
+                       timeout=timeout, what=f"the CRD {crd} to be established")
+
     def api_client(self) -> Any:
         from kubernetes import client, config
 

@@ -14,15 +14,22 @@ from typing import Any
 from durablerun import api
 from monitoring import config
 
+SEVERITIES = ("critical", "warning", "info")
+
 
 @dataclass(frozen=True)
 class Alert:
     name: str
     expr: str
     for_: str
-    severity: str
+    severity: str  # static, one of SEVERITIES: routing reads it, so it never depends on the alert's labels
     summary: str
     description: str
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"{self.name}: severity {self.severity!r} is not one of {SEVERITIES}: when it "
+                             "depends on a label, split the alert")
 
     def rule(self) -> dict[str, Any]:
         return {
@@ -51,23 +58,42 @@ def _max(metric: str) -> str:
     return f"max by ({RUN}) ({metric})"
 
 
-ABORTED = Alert(
-    name="DurableRunAborted",
+USER_REQUESTED = api.AbortReason.USER_REQUESTED.value
+
+
+def _aborted(reasons: str) -> str:
     # The abort_reason series exists while the run is Aborted; max_over_time
     # bridges scrape gaps and keeps a run deleted right after its abort visible.
-    expr=f"""
+    return f"""
         max by ({RUN}, reason) (
-          max_over_time(durablerun_run_abort_reason[{config.ABORT_ALERT_MEMORY}])
+          max_over_time(durablerun_run_abort_reason{{{reasons}}}[{config.ABORT_ALERT_MEMORY}])
         ) == 1
-    """,
+    """
+
+
+ABORTED = Alert(
+    name="DurableRunAborted",
+    expr=_aborted(f'reason!="{USER_REQUESTED}"'),
     for_="0m",  # an abort stands until a user acts: there is nothing to debounce
-    # A deliberate abort (kubectl patch) is news, not a page.
-    severity='{{ if eq $labels.reason "UserRequested" }}info{{ else }}critical{{ end }}',
+    severity="critical",
     summary="A durable run was aborted.",
     description=f"""
         DurableRun {RUN_LABELS} was aborted: {{{{ $labels.reason }}}}.
         It will not run again until the limit that stopped it is raised or it is retried
         (the durablerun.dev/retry annotation).
+    """,
+)
+
+# A deliberate abort (kubectl durablerun abort) is news, not a page: its own alert, so severity stays static.
+ABORTED_BY_USER = Alert(
+    name="DurableRunAbortedByUser",
+    expr=_aborted(f'reason="{USER_REQUESTED}"'),
+    for_="0m",
+    severity="info",
+    summary="A durable run was aborted by request.",
+    description=f"""
+        DurableRun {RUN_LABELS} was aborted by request (the durablerun.dev/abort annotation).
+        It will not run again unless its user retries it.
     """,
 )
 
@@ -190,7 +216,7 @@ OPERATOR_DOWN = Alert(
     """,
 )
 
-RUN_ALERTS = (ABORTED, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
+RUN_ALERTS = (ABORTED, ABORTED_BY_USER, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
 OPERATOR_ALERTS = (OPERATOR_DOWN,)
 ALL = RUN_ALERTS + OPERATOR_ALERTS
 

@@ -223,7 +223,7 @@ def rows() -> list[tuple[str, list[Panel]]]:
             Panel(
                 title="Aborted runs", kind="table",
                 description="Every DurableRun in phase Aborted, with status.abortReason and its cost. "
-                            "DurableRunAborted fires for each.",
+                            "DurableRunAborted (or, for an abort by request, DurableRunAbortedByUser) fires for each.",
                 queries=[
                     Query(f'max by ({RUN}, reason) (durablerun_run_abort_reason{{{SEL}}}) == 1',
                           instant=True, table=True),

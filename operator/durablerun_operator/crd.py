@@ -2,13 +2,16 @@
 
 ``durablerun.api`` is the one source of the resource's shape; this module turns
 its pydantic models into the structural OpenAPI v3 schema the API server
-validates and defaults with, and adds the printer columns. ``hack/generate.py``
+validates and defaults with, and adds the printer columns. ``spec.template`` gets
+the real PodTemplateSpec schema, converted from the Kubernetes OpenAPI
+(swagger.json) that ``hack/generate.py`` reads and passes in. ``hack/generate.py``
 writes the result into deploy/ and the chart; a test fails when those are stale.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from durablerun import api
@@ -65,12 +68,114 @@ def _default_nested_objects(schema: dict[str, Any]) -> None:
             _default_nested_objects(prop)
 
 
-def openapi_schema() -> dict[str, Any]:
+# --- spec.template: the PodTemplateSpec of the Kubernetes OpenAPI ----------------------------
+
+POD_TEMPLATE_SPEC = "io.k8s.api.core.v1.PodTemplateSpec"
+_REF = "#/definitions/"
+# Keywords of the Kubernetes OpenAPI kept in the CRD; the rest (x-kubernetes-patch-*, x-kubernetes-unions, ...)
+# are for strategic merge patch and clients, and a CRD schema cannot hold them.
+_KEPT = ("type", "format", "description", "properties", "items", "additionalProperties", "required",
+         "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type")
+# resource.Quantity as controller-gen writes it: a number or a string (cpu: 1, memory: 1Gi), the string
+# refused at apply unless it is a quantity.
+_QUANTITY = {
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)"
+               r"|(\.[0-9]+))))?$",
+    "x-kubernetes-int-or-string": True,
+}
+# The API server needs every key of a list-type map to be required or defaulted. These are the ones the
+# Kubernetes OpenAPI leaves optional; the values are the API server's own defaults.
+_MAP_KEY_DEFAULTS = {"protocol": "TCP", "name": ""}
+
+
+def _first_sentence(text: str) -> str:
+    """A description's first sentence: enough for `kubectl explain`, and the CRD stays small enough for a
+    client-side `kubectl apply` (its last-applied annotation holds the whole object, at most 256 KiB)."""
+    line = text.strip().split("\n")[0]
+    match = re.match(r"(.+?\.)(\s|$)", line)
+    return match.group(1) if match else line
+
+
+def _object_meta(description: str | None) -> dict[str, Any]:
+    """Template metadata: labels and annotations are all that is copied onto the pod (the operator names it)."""
+    string_map = {"type": "object", "additionalProperties": {"type": "string"}}
+    out: dict[str, Any] = {"type": "object", "properties": {
+        "labels": {**string_map, "description": "Labels for the pod."},
+        "annotations": {**string_map, "description": "Annotations for the pod."},
+    }}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _structural(schema: dict[str, Any], definitions: dict[str, Any], stack: tuple[str, ...]) -> dict[str, Any]:
+    """One node of the Kubernetes OpenAPI as a structural CRD schema: refs resolved, every node typed."""
+    description = _first_sentence(schema["description"]) if schema.get("description") else None
+    out: dict[str, Any]
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix(_REF)
+        if name == "io.k8s.apimachinery.pkg.api.resource.Quantity":
+            out = copy.deepcopy(_QUANTITY)
+        elif name == "io.k8s.apimachinery.pkg.util.intstr.IntOrString":
+            out = {"x-kubernetes-int-or-string": True}
+        elif name == "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta":
+            return _object_meta(description)
+        elif name in stack:
+            raise ValueError(f"{name} is recursive: a CRD schema cannot express it ({' -> '.join(stack)})")
+        else:
+            out = _structural(definitions[name], definitions, (*stack, name))
+        if description:
+            out["description"] = description
+        return out
+    out = {}
+    for key, value in schema.items():
+        if key not in _KEPT:
+            continue
+        if key == "properties":
+            out[key] = {field: _structural(prop, definitions, stack) for field, prop in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, definitions, stack)
+        elif key == "description":
+            out[key] = description
+        else:
+            out[key] = copy.deepcopy(value)
+    if out.get("format") == "int-or-string":
+        raise ValueError(f"an int-or-string outside IntOrString: {schema}")
+    if "type" not in out:
+        raise ValueError(f"a node without a type has no structural schema: {schema}")
+    item: dict[str, Any] = out.get("items") or {}
+    keys: list[str] = out.get("x-kubernetes-list-map-keys", [])
+    for key in keys:
+        if key not in item.get("required", []):
+            item["properties"][key]["default"] = _MAP_KEY_DEFAULTS[key]
+    return out
+
+
+def pod_template_schema(definitions: dict[str, Any]) -> dict[str, Any]:
+    """spec.template's schema: the PodTemplateSpec of ``definitions`` (the Kubernetes OpenAPI's), structural.
+
+    A typo (``containres``, ``imagee``) is then an unknown field the API server refuses at apply, and
+    ``kubectl explain durablerun.spec.template.spec.containers`` works. Two changes to what a Pod accepts:
+    ``containers`` is optional (the operator adds the runner container), and the metadata holds labels
+    and annotations only.
+    """
+    schema = _structural({"$ref": _REF + POD_TEMPLATE_SPEC}, definitions, ())
+    schema["properties"]["spec"]["required"].remove("containers")
+    if not schema["properties"]["spec"]["required"]:
+        del schema["properties"]["spec"]["required"]
+    return schema
+
+
+def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
+    """The DurableRun's schema; ``kubernetes_definitions``: the Kubernetes OpenAPI's (for spec.template)."""
     spec_schema = api.DurableRunSpec.model_json_schema()
     status_schema = api.DurableRunStatus.model_json_schema()
     spec = _inline(spec_schema, spec_schema.get("$defs", {}))
     spec.pop("$defs", None)
     _default_nested_objects(spec)
+    spec["properties"]["template"] = {**pod_template_schema(kubernetes_definitions),
+                                      "description": spec["properties"]["template"]["description"]}
     status = _inline(status_schema, status_schema.get("$defs", {}))
     status.pop("$defs", None)
     spec["description"] = api.DurableRunSpec.__doc__
@@ -154,7 +259,8 @@ def admission_policy() -> list[dict[str, Any]]:
     return [policy, binding]
 
 
-def custom_resource_definition() -> dict[str, Any]:
+def custom_resource_definition(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
+    """The CRD; ``kubernetes_definitions``: the definitions of the Kubernetes OpenAPI (swagger.json)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -180,7 +286,7 @@ def custom_resource_definition() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "schema": {"openAPIV3Schema": openapi_schema(kubernetes_definitions)},
                 }
             ],
         },

@@ -190,6 +190,17 @@ def _disruption_message(reason: api.RestartReason, pod: str) -> str:
 
 
 @dataclass(frozen=True)
+class CreateFailure:
+    """The operator could not create attempt ``epoch``'s pod: what the reconciler saw, for decide to act on."""
+
+    epoch: int
+    message: str
+    # The API server refused the pod as invalid or forbidden, or it could not be built from the template:
+    # trying again cannot help. Otherwise (quota, throttling, the API server unreachable) it may.
+    permanent: bool
+
+
+@dataclass(frozen=True)
 class RunView:
     namespace: str
     name: str
@@ -370,8 +381,9 @@ class _Transition:
 
 
 def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0,
-           related: Mapping[str, RunView | None] | None = None) -> Plan:
-    """The next transition of ``run``, given every pod labelled with it.
+           related: Mapping[str, RunView | None] | None = None,
+           create_failure: CreateFailure | None = None) -> Plan:
+    """The next transition of ``run``, given every pod labelled with it (and the last failure to create one).
 
     ``related``: the runs, by name, its child requests and pending signals name (None: no such run).
     """
@@ -404,7 +416,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     if phase is None:
         _admit(t)
     elif phase == api.Phase.RUNNING:
-        _running(t, current, stuck_seconds)
+        _running(t, current, create_failure)
     elif phase.finished:
         _finished(t)
     elif _user_abort(t) or _limits_exceeded(t):
@@ -550,12 +562,14 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
     t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
 
 
-def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
+def _running(t: _Transition, pod: PodView | None, create_failure: CreateFailure | None) -> None:
     status = t.run.status
     if pod is None:
         if status.lease.epoch == status.epoch:
             # It ran, and now it is gone without a trace: someone removed it.
             _ended(t, Ending(R.POD_DELETED, f"pod {status.pod} disappeared"), None)
+        elif create_failure is not None and create_failure.epoch == status.epoch:
+            _create_failed(t, create_failure)
         else:
             t.plan.create_pod_epoch = status.epoch  # its creation was interrupted: create it again
         return
@@ -582,6 +596,18 @@ def _running(t: _Transition, pod: PodView | None, stuck_seconds: float) -> None:
         if status.message != message:
             t.new.message = message
             t.event(pod.waiting_reason, message, warning=True)
+
+
+def _create_failed(t: _Transition, failure: CreateFailure) -> None:
+    """The attempt's pod could not be created: never a Running run without a pod."""
+    message = f"FailedCreate: pod {t.run.status.pod} could not be created: {failure.message}"
+    t.event("FailedCreate", message, warning=True)
+    if failure.permanent:
+        t.fence()
+        t.finish(api.Phase.FAILED, f"{message}. Fix spec.template, then retry the run (kubectl durablerun retry "
+                 f"{t.run.name})")
+    else:  # a restart like a crash's: backoff, and bounded by maxRestarts
+        _ended(t, Ending(R.CRASH, message), None)
 
 
 def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = False) -> None:

@@ -8,12 +8,14 @@ a refused test means someone else changed the object first, reported as
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
 from durablerun import api
 from durablerun_operator import builders
@@ -148,6 +150,26 @@ class Kube:
             if error.status == 409:
                 return False
             raise
+
+    @staticmethod
+    def create_error(error: Exception) -> tuple[str, bool]:
+        """What went wrong creating a pod, for humans, and whether it is permanent (trying again cannot help).
+
+        Permanent: the API server refused the pod as malformed (400), invalid (422) or forbidden (403, e.g.
+        by Pod Security admission; but not an exceeded quota, which frees up), or the client could not build
+        the request from the template (ValueError, TypeError, ...). Anything else may pass: throttling, a
+        server error, the API server unreachable.
+        """
+        if isinstance(error, ApiException):
+            try:
+                detail = str(json.loads(error.body)["message"])
+            except (TypeError, ValueError, KeyError):
+                detail = f"{error.status} {error.reason}"
+            quota = error.status == 403 and "exceeded quota" in detail
+            return detail, error.status in (400, 403, 422) and not quota
+        if isinstance(error, OSError | HTTPError):
+            return f"{type(error).__name__}: {error}", False
+        return f"{type(error).__name__}: {error}", True
 
     def delete_pod(self, namespace: str, name: str) -> None:
         """Mark the pod as deleted by the operator (so it is not read as a disruption), then delete it."""

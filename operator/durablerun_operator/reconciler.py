@@ -71,9 +71,12 @@ class Reconciler:
         # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
         self._settled: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
-        self._rbac_ready: dict[Key, str] = {}
+        self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
-        self._children_seen: dict[Key, Any] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
+        self._children_seen: dict[Key, Any] = {}
+        # The last failure to create a run's pod, for decide (the run's status cannot hold it: it is written
+        # before the pod is created). One per run; decide ignores it once the epoch has moved on.
+        self._create_failures: dict[Key, decide.CreateFailure] = {}
         # API calls block: they run on threads of our own, as many as the workers (the default pool has
         # cpu+4 threads, shared with everything else in the process).
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
@@ -172,6 +175,7 @@ class Reconciler:
     def _forget(self, key: Key) -> None:
         self._settled.discard(key)
         self._rbac_ready.pop(key, None)
+        self._create_failures.pop(key, None)
         self._cancel_timer(key)
 
     # --- one run ---------------------------------------------------------------------
@@ -201,7 +205,7 @@ class Reconciler:
                 if related is None:
                     related = await self._related(run)
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
-                                     related=related)
+                                     related=related, create_failure=self._create_failures.get(key))
                 if plan.empty:
                     # Settled, unless a pod is terminating: when one counts as lost is a matter of the clock.
                     if not any(p.deleting for p in views):
@@ -289,20 +293,27 @@ class Reconciler:
         return found
 
     async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
+        """Create attempt ``epoch``'s pod (and the run's RBAC); a failure of any kind goes to decide, which fails
+        or restarts the run (docs/operator.md): never a Running run whose pod does not exist."""
         meta = run["metadata"]
         key = (meta["namespace"], meta["name"])
-        if self._rbac_ready.get(key) != meta["uid"]:  # made with the first attempt: later ones need no API calls
-            for obj in builders.runner_rbac(run):
-                await self._io(self.kube.ensure, obj)
-            self._rbac_ready[key] = meta["uid"]
-        pod = builders.runner_pod(run, epoch, self.settings)
+        name = builders.pod_name(meta["name"], epoch)
         try:
-            created = await self._io(self.kube.create_pod, pod)
-        except Exception:
+            if self._rbac_ready.get(key) != meta["uid"]:  # made with the first attempt: later ones need no API calls
+                for obj in builders.runner_rbac(run):
+                    await self._io(self.kube.ensure, obj)
+                self._rbac_ready[key] = meta["uid"]
+            created = await self._io(self.kube.create_pod, builders.runner_pod(run, epoch, self.settings))
+        except Exception as error:
             self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time
-            raise
+            message, permanent = self.kube.create_error(error)
+            log.warning("%s/%s: pod %s could not be created (%s): %s", *key, name,
+                        "permanent" if permanent else "may pass", message)
+            self._create_failures[key] = decide.CreateFailure(epoch, message, permanent)
+            return
+        self._create_failures.pop(key, None)
         if not created:
-            log.info("pod %s already exists: attempt %d was started before", pod["metadata"]["name"], epoch)
+            log.info("pod %s already exists: attempt %d was started before", name, epoch)
 
     def _observe(self, run: decide.RunView, now: Any) -> None:
         if not self.metrics or run.raw_status is None:

@@ -394,9 +394,11 @@ class DurableRunSpec(_Model):
         default_factory=dict,
         description=(
             "Pod template for the runner (image, resources, env, serviceAccountName, "
-            "nodeSelector, tolerations, ...). The operator adds its own env, labels, owner "
-            "reference and restartPolicy Never."
+            "nodeSelector, tolerations, ...): a PodTemplateSpec, whose metadata holds labels and "
+            "annotations only; containers may be omitted (the operator then adds one named runner). "
+            "The operator adds its own env, labels, owner reference and restartPolicy Never."
         ),
+        # The CRD gives it the PodTemplateSpec schema of the Kubernetes OpenAPI (durablerun_operator.crd).
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     checkpoint: Checkpoint = Field(description=Checkpoint.__doc__)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from durablerun_testbed.testbed import TestBed
 
@@ -92,6 +95,20 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "suspend-string": (with_("spec.suspend", "yes"), "spec.suspend", "must be of type boolean"),
     "input-a-list": (with_("spec.input", [1, 2]), "spec.input", "must be of type object"),
     "template-a-string": (with_("spec.template", "my-pod"), "spec.template", "must be of type object"),
+    # spec.template is a PodTemplateSpec: a typo is refused, not turned into a pod that cannot start.
+    "template-typo-containres": (with_("spec.template", {"spec": {"containres": [{"name": "runner"}]}}),
+                                 "spec.template.spec.containres", "unknown field"),
+    "template-typo-imagee": (with_("spec.template", {"spec": {"containers": [{"name": "runner", "imagee": "x"}]}}),
+                             "spec.template.spec.containers[0].imagee", "unknown field"),
+    "template-bad-quantity": (with_("spec.template", {"spec": {"containers": [
+        {"name": "runner", "resources": {"limits": {"memory": "lots"}}}]}}),
+        "spec.template.spec.containers[0].resources.limits.memory", "should match"),
+    "template-grace-a-string": (with_("spec.template", {"spec": {"terminationGracePeriodSeconds": "ten"}}),
+                                "spec.template.spec.terminationGracePeriodSeconds", "must be of type integer"),
+    "template-container-unnamed": (with_("spec.template", {"spec": {"containers": [{"image": "x"}]}}),
+                                   "spec.template.spec.containers[0].name", "Required value"),
+    "template-metadata-name": (with_("spec.template", {"metadata": {"name": "mine"}}),
+                               "spec.template.metadata.name", "unknown field"),
     "events-a-list": (with_("spec.events", ["go"]), "spec.events", "must be of type object"),
     "ttl-negative": (with_("spec.ttlSecondsAfterFinished", -1), "spec.ttlSecondsAfterFinished",
                      "greater than or equal to 0"),
@@ -109,6 +126,54 @@ def test_the_valid_manifest_is_accepted(testbed: TestBed) -> None:
     """So each refusal below is caused by its one change."""
     accepted = apply(testbed, VALID)
     assert accepted.returncode == 0, accepted.stderr
+
+
+def test_a_full_pod_template_is_accepted(testbed: TestBed) -> None:
+    """What a Pod accepts, spelt the ways users write it (quantities as numbers, ports without a protocol)."""
+    template = {"metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}}, "spec": {
+        "serviceAccountName": "agent", "nodeSelector": {"pool": "agents"},
+        "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "runner", "image": "example/agent:1", "ports": [{"containerPort": 8080}],
+                        "resources": {"requests": {"cpu": 1, "memory": "512Mi"}, "limits": {"cpu": "1500m"}},
+                        "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+                        "livenessProbe": {"httpGet": {"path": "/", "port": "http"}}}],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "imagePullSecrets": [{"name": "registry"}]}}
+    accepted = apply(testbed, with_("spec.template", template))
+    assert accepted.returncode == 0, accepted.stderr
+
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def shipped_runs() -> list[tuple[str, dict[str, Any]]]:
+    """Every DurableRun users are shown: deploy/samples/ and the YAML blocks of README.md, docs/ and examples/."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for path in sorted((REPO / "deploy" / "samples").glob("*.yaml")):
+        found += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").rglob("*.md"))]:
+        for block in re.findall(r"```ya?ml\n(.*?)```", path.read_text(), re.S):
+            found += [(path.name, doc) for doc in yaml.safe_load_all(block)
+                      if isinstance(doc, dict) and doc.get("kind") == "DurableRun"]
+    return found
+
+
+def test_every_sample_and_documented_run_applies(testbed: TestBed, namespace: str) -> None:
+    runs = shipped_runs()
+    assert len(runs) >= 2, runs  # the sample and docs/install.md's
+    for source, run in runs:
+        run = copy.deepcopy(run)
+        run["metadata"]["namespace"] = namespace
+        accepted = apply(testbed, run)
+        assert accepted.returncode == 0, f"{source}: {accepted.stderr}"
+
+
+def test_kubectl_explains_the_pod_template(testbed: TestBed) -> None:
+    explained = testbed.kubectl("explain", "durablerun.spec.template.spec.containers").stdout
+    for field in ("image", "resources", "volumeMounts", "securityContext"):
+        assert field in explained, explained
+    explained = testbed.kubectl("explain", "durablerun.spec.template.spec.containers.resources.limits").stdout
+    assert "Limits describes the maximum amount of compute resources allowed." in explained, explained
 
 
 def test_at_least_twenty_cases() -> None:

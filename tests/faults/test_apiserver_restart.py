@@ -42,7 +42,7 @@ def own_bed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
     bed = TestBed(testbed_root / f"k8s-{uuid.uuid4().hex[:6]}", id=SESSION_ID).start(s3=s3_server)
     try:
         bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/durableruns.durablerun.dev")
+        bed.wait_established(timeout=30)
         yield bed
     finally:
         bed.stop()

@@ -38,7 +38,7 @@ class Helm:
         }
         if self.kubeconfig:
             env["KUBECONFIG"] = str(self.kubeconfig)
-        argv = [str(binaries.find("helm")), *args]
+        argv = [str(binaries.find("helm")), *args, *binaries.helm_offline_args(args)]
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr}")

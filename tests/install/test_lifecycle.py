@@ -22,7 +22,6 @@ from .helpers import CHART, DEPLOY, Helm, Kubectl, parse
 
 pytestmark = pytest.mark.testbed
 
-CRD = "customresourcedefinition.apiextensions.k8s.io/durableruns.durablerun.dev"
 # Objects that come and go by themselves: events expire after an hour, leases are renewed.
 TRANSIENT = {"events", "events.events.k8s.io", "leases.coordination.k8s.io"}
 Identity = tuple[str, str, str]  # (resource, namespace, name)
@@ -70,7 +69,8 @@ def settles_to(kubectl: Kubectl, expected: set[Identity], what: str) -> None:
             from None
 
 
-def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kubectl: Kubectl) -> None:
+def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kubectl: Kubectl,
+                                                                 cluster: TestBed) -> None:
     # Not deploy/'s namespace, which the kustomize test creates and deletes.
     kubectl("create", "namespace", "dr-system")
     kubectl("create", "namespace", "agents")
@@ -91,7 +91,7 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
 
     procs.wait_for(view_covers_runs, timeout=30, what="the view ClusterRole to aggregate durableruns")
 
-    kubectl("wait", "--for=condition=Established", "--timeout=30s", CRD)
+    cluster.wait_established(timeout=30)
     run = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun", "metadata": {"name": "kept"},
            "spec": {"workflow": "agents.research:run", "checkpoint": {"uri": "s3://runs/prefix"}}}
     kubectl("apply", "-n", "agents", "-f", "-", input=json.dumps(run))

@@ -93,6 +93,53 @@ def test_an_attempt_adds_its_time_with_a_pod_to_active_seconds() -> None:
     assert "attemptStartTime" not in status
 
 
+def starting() -> dict[str, Any]:
+    """Running, its pod not created yet (the create failed): no lease for this epoch."""
+    return running(lease={}, attemptStartTime=at(190))
+
+
+@pytest.mark.parametrize("failure_epoch", [None, 1])
+def test_a_running_run_without_its_pod_creates_it_again(failure_epoch: int | None) -> None:
+    # No failure seen, or one of an older attempt: the create was interrupted, so it is made again.
+    failure = decide.CreateFailure(failure_epoch, "quota", permanent=True) if failure_epoch else None
+    plan = decide.decide(decide.RunView.from_body(body(starting())), [], T0 + timedelta(seconds=200),
+                         create_failure=failure)
+    assert plan.create_pod_epoch == 2
+    assert not plan.patch
+
+
+def test_a_pod_that_cannot_be_created_fails_the_run_with_an_event_and_a_condition() -> None:
+    failure = decide.CreateFailure(2, 'Pod "run-a2" is invalid: spec.containers[0].name: Invalid value', True)
+    run_body = body(starting())
+    plan = decide.decide(decide.RunView.from_body(run_body), [], T0 + timedelta(seconds=200), create_failure=failure)
+    status = apply(run_body, plan)
+    assert status["phase"] == "Failed"
+    assert status["epoch"] == 3  # a retry starts a new attempt, with a new pod name
+    assert status["message"].startswith('FailedCreate: pod run-a2 could not be created: Pod "run-a2" is invalid')
+    assert "kubectl durablerun retry run" in status["message"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Failed"]["status"] == "True"
+    assert "FailedCreate" in conditions["Failed"]["message"]
+    assert ("Warning", "FailedCreate") in [(kind, reason) for kind, reason, _ in plan.events]
+    assert plan.completion == "Failed"
+    assert plan.create_pod_epoch is None
+
+
+def test_a_pod_creation_that_may_pass_is_a_restart_bounded_by_max_restarts() -> None:
+    failure = decide.CreateFailure(2, "exceeded quota: pods=1", False)
+    run_body = body(starting())
+    plan = decide.decide(decide.RunView.from_body(run_body), [], T0 + timedelta(seconds=200), create_failure=failure)
+    status = apply(run_body, plan)
+    assert (status["phase"], status["restarts"], status["epoch"]) == ("Backoff", 1, 3)
+    assert status["message"].startswith("FailedCreate: pod run-a2 could not be created: exceeded quota")
+    assert ("Warning", "FailedCreate") in [(kind, reason) for kind, reason, _ in plan.events]
+    exhausted = body({**starting(), "restarts": 3})
+    plan = decide.decide(decide.RunView.from_body(exhausted), [], T0 + timedelta(seconds=200),
+                         create_failure=failure)
+    status = apply(exhausted, plan)
+    assert (status["phase"], status["abortReason"]) == ("Aborted", "RetryLimitExceeded")
+
+
 # --- the table -------------------------------------------------------------------------
 
 ABSENT = object()  # in an expected status: the field must not be there
