@@ -6,11 +6,26 @@ Every step execution appends to the ledger (optest_flows._record), so a test cou
 from __future__ import annotations
 
 import json
+import os
+import time
 from typing import Any
 
-from optest_flows import _record, work
+from optest_flows import LEDGER, _record, work
 
 from durablerun import ChildRunFailed, DurableContext
+
+
+def hold(name: str) -> str:
+    """A step that runs until the test creates ``release-<name>`` beside the ledger, so a test that kills its
+    pod knows the step was in flight (a timed step may finish first on a loaded machine)."""
+    _record(f"start {name}")
+    release, deadline = os.path.join(os.path.dirname(LEDGER), f"release-{name}"), time.monotonic() + 300
+    while not os.path.exists(release):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: {release} never appeared")
+        time.sleep(0.05)
+    _record(f"done {name}")
+    return name.upper()
 
 
 def combine(results: list[Any]) -> dict[str, Any]:
@@ -21,6 +36,8 @@ def combine(results: list[Any]) -> dict[str, Any]:
 async def supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     """Starts ``children`` workers (a ``prep`` step before each), works a while, gathers them, combines.
 
+    ``hold``: the index of a worker whose second step runs until the test releases it (``hold``);
+    ``hold_between``: the same for the supervisor's ``between`` step.
     ``fail``: the index of a worker that fails; the supervisor catches it and carries on without it.
     ``signal``: a run to send event ``review`` to at the end. ``big``: the index of a worker whose result is
     too big for its status (the parent reads it from the worker's journal).
@@ -30,8 +47,12 @@ async def supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, An
         await ctx.step(f"prep-{i}", work, f"prep-{i}", float(input.get("prep", 0.05)))
         handles.append(await ctx.start_child(
             f"w{i}", "optest_children:worker",
-            {"i": i, "sleep": input.get("sleep", 0.2), "fail": input.get("fail") == i, "big": input.get("big") == i}))
-    await ctx.step("between", work, "between", float(input.get("between", 0.05)))
+            {"i": i, "sleep": input.get("sleep", 0.2), "fail": input.get("fail") == i, "big": input.get("big") == i,
+             "hold": input.get("hold") == i}))
+    if input.get("hold_between"):
+        await ctx.step("between", hold, "between")
+    else:
+        await ctx.step("between", work, "between", float(input.get("between", 0.05)))
     results = await ctx.gather(*handles, return_exceptions=True)
     failed = [r.child for r in results if isinstance(r, ChildRunFailed)]
     total = await ctx.step("combine", combine, [r for r in results if not isinstance(r, BaseException)])
@@ -52,7 +73,10 @@ async def worker(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     await ctx.step(f"w{i}-a", work, f"w{i}-a", float(input.get("sleep", 0.2)))
     if input.get("fail"):
         await ctx.step(f"w{i}-boom", boom, f"w{i}-boom", retries=0)
-    await ctx.step(f"w{i}-b", work, f"w{i}-b", float(input.get("sleep", 0.2)))
+    if input.get("hold"):
+        await ctx.step(f"w{i}-b", hold, f"w{i}-b")
+    else:
+        await ctx.step(f"w{i}-b", work, f"w{i}-b", float(input.get("sleep", 0.2)))
     ctx.add_cost(usd="0.25", tokens=10)
     return {"i": i, "square": i * i, **({"pad": "x" * 5000} if input.get("big") else {})}
 
