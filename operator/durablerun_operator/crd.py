@@ -112,6 +112,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Steps journaled so far."},
     {"name": "Pod", "type": "string", "jsonPath": ".status.pod", "priority": 1,
      "description": "The current (or last) attempt's pod."},
+    {"name": "Run ID", "type": "string", "jsonPath": ".spec.checkpoint.runId", "priority": 1,
+     "description": "spec.checkpoint.runId: the run id whose journal the run continues (none: its own)."},
 ]
 
 
