@@ -431,14 +431,12 @@ def _purge(identity: Identity) -> int:
     store = _store(spec)
     ref = _run_ref(spec, identity)
     if spec.checkpoint.runId:
-        # A run id's journal may have moved on to another cluster: delete it only if nobody else holds it.
-        owner = _owner(store, ref, identity, spec)
-        try:
-            owner.acquire(patience=0)
-        except HeldElsewhere as held:
-            return _terminate(identity, _report(api.Outcome.FAILED, f"not deleted: {held}"),
-                              api.Outcome.FAILED.exit_code)
-        owner.stop()
+        # A run id's journal may have moved on (another cluster, a laptop): delete it only if this DurableRun
+        # held it last, and take the record first so that nobody takes it meanwhile.
+        keeper = _owner(store, ref, identity, spec).claim_own()
+        if keeper is not None:
+            return _terminate(identity, _report(api.Outcome.FAILED, f"not deleted: the journal was last held by "
+                                                f"{keeper.describe()}"), api.Outcome.FAILED.exit_code)
     deleted = store.delete_run(run=ref)
     message = f"deleted {deleted} objects of the run's journal from {spec.checkpoint.uri}"
     log.info("%s", message)
@@ -447,9 +445,7 @@ def _purge(identity: Identity) -> int:
 
 def _run_ref(spec: api.DurableRunSpec, identity: Identity) -> RunRef:
     """The journal this run continues: its run id's, or by default the DurableRun's own (uid in the key)."""
-    if spec.checkpoint.runId:
-        return RunRef.local(spec.checkpoint.runId)
-    return RunRef.kubernetes(identity.namespace, identity.name, identity.uid)
+    return RunRef.durable_run(identity.namespace, identity.name, identity.uid, spec.checkpoint.runId)
 
 
 def _owner(store: Store, ref: RunRef, identity: Identity, spec: api.DurableRunSpec) -> OwnerLease:
@@ -488,20 +484,25 @@ def _attempt(identity: Identity) -> int:
     ref = _run_ref(spec, identity)
     if spec.checkpoint.runId:
         # Hold the store's owner record before anything is written; renew the status lease meanwhile.
-        lease.owner = owner = _owner(store, ref, identity, spec)
+        owner = _owner(store, ref, identity, spec)
         lease.start(None)
         try:
             owner.acquire()
         except HeldElsewhere as held:
             return _wait_for_holder(identity, lease, held)
+        except errors.FencedError as error:  # a newer attempt of this run holds it
+            lease.stop()
+            raise Fenced(str(error)) from None
         except _STORE_CONFIG_ERRORS as error:
             lease.stop()
             raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
         except BaseException:
             lease.stop()
             raise
+        lease.owner = owner  # from now on, this pod writes only while it holds both leases
         owner.start(on_lost=lease.fence)
-        if lease.lost:
+        if lease.lost:  # a newer attempt took the run over while this one waited for the record
+            owner.release()
             raise Fenced(lease.lost)
         log.info("store lease acquired: %s", owner.key)
     delivered: set[str] = set()
@@ -534,7 +535,7 @@ def _attempt(identity: Identity) -> int:
     signal.signal(signal.SIGTERM, lambda *_: run.request_stop())
     if _SIGTERM_BEFORE_RUN.is_set():
         run.request_stop()
-    if lease.owner is None:
+    if not spec.checkpoint.runId:
         lease.start(run)
     else:
         lease.run = run

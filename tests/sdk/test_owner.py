@@ -5,9 +5,11 @@ The S3 case runs against the real MinIO (If-None-Match / If-Match); the filesyst
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,7 @@ from durablerun._private import owner
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun.stores import RunRef, Store
 
-from .conftest import StoreSpec
+from .conftest import StoreSpec, cli
 
 REF = RunRef.local("moving-run")
 UID = "3f2a9c1e-0000-4000-8000-000000000001"
@@ -116,6 +118,20 @@ def test_a_local_holder_whose_process_is_gone_is_taken_over_at_once(store: Store
     assert mine.previous == stale.holder
 
 
+def test_deleting_claims_only_a_journal_this_durablerun_held_last(store: Store) -> None:
+    assert lease(store, pod("cluster-a", epoch=0)).claim_own() is None, "an absent record is claimed"
+    moved = lease(store, pod("cluster-b", uid="other-uid"), duration=30)
+    moved.acquire()
+    moved.release()  # released, but the journal moved on to cluster B's run
+    before = store.backend.get_versioned(f"{REF.path}/owner.json")
+    keeper = lease(store, pod("cluster-a", epoch=0)).claim_own()
+    assert keeper == moved.holder
+    assert store.backend.get_versioned(f"{REF.path}/owner.json") == before, "the record was written"
+    mine = lease(store, pod("cluster-b", epoch=0, uid="other-uid"))
+    assert mine.claim_own() is None
+    assert mine.valid()
+
+
 def test_concurrent_takers_exactly_one_wins(store: Store) -> None:
     results: list[str] = []
     barrier = threading.Barrier(4)
@@ -135,3 +151,40 @@ def test_concurrent_takers_exactly_one_wins(store: Store) -> None:
     for t in threads:
         t.join(timeout=30)
     assert sorted(results) == ["waits", "waits", "waits", "won"], results
+
+
+# --- the local CLI goes through the same record --------------------------------------------------------
+
+
+def test_durablerun_run_waits_for_a_pod_that_holds_the_run_and_takes_it_once_released(
+        durable_store_spec: StoreSpec, tmp_path: Path) -> None:
+    store = durable_store_spec.open()
+    store.check()
+    pod_lease = OwnerLease(store.backend, REF, pod("prod-eu"), 3.0)
+    pod_lease.acquire()
+    pod_lease.start(on_lost=lambda why: None)
+    marker = tmp_path / "marker"
+    argv = ["run", "racing:slow_steps", "--run-id", REF.name, "--store", durable_store_spec.uri,
+            *durable_store_spec.cli_args, "--input", json.dumps({"marker": str(marker), "steps": 3}), "--quiet"]
+    try:
+        refused = cli(argv, env=durable_store_spec.env)
+        assert refused.returncode == 4, refused.stderr
+        assert "held by DurableRun team-a/review" in refused.stderr
+        assert "cluster prod-eu" in refused.stderr
+        assert not marker.exists(), "a step ran while the pod held the run"
+        assert store.backend.list_keys(f"{REF.path}/") == [f"{REF.path}/owner.json"], "something was written"
+        # Read-only by default: inspect names the holder and changes nothing.
+        shown = cli(["inspect", "--run-id", REF.name, "--store", durable_store_spec.uri,
+                     *durable_store_spec.cli_args, "--json"], env=durable_store_spec.env)
+        assert shown.returncode == 1  # no run there yet: the pod has written nothing either
+    finally:
+        pod_lease.release()
+    done = cli(argv, env=durable_store_spec.env)
+    assert done.returncode == 0, done.stderr
+    record = owner.read_owner(store.backend, REF)
+    assert record is not None
+    assert record["released"] is True
+    assert record["holder"]["host"] == Holder.local().host
+    shown = cli(["inspect", "--run-id", REF.name, "--store", durable_store_spec.uri,
+                 *durable_store_spec.cli_args], env=durable_store_spec.env)
+    assert "owner     released by `durablerun run` on host" in shown.stdout, shown.stdout

@@ -77,6 +77,11 @@ class RunRef:
             )
         return cls(LOCAL_NAMESPACE, run_id, None)
 
+    @classmethod
+    def durable_run(cls, namespace: str, name: str, uid: str, run_id: str | None) -> RunRef:
+        """The journal a DurableRun continues: its ``spec.checkpoint.runId``'s, or by default its own."""
+        return cls.local(run_id) if run_id else cls.kubernetes(namespace, name, uid)
+
     @property
     def path(self) -> str:
         """The run's root relative to the store prefix (no trailing slash)."""

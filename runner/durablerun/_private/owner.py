@@ -113,10 +113,10 @@ def _alive(pid: int) -> bool:
 class HeldElsewhere(Exception):
     """Another holder renews the run id's record: wait for it (``holder``), ``retry_after`` seconds."""
 
-    def __init__(self, holder: Holder, retry_after: float, key: str) -> None:
-        self.holder, self.retry_after, self.key = holder, retry_after, key
+    def __init__(self, holder: Holder, retry_after: float, journal: str) -> None:
+        self.holder, self.retry_after = holder, retry_after
         super().__init__(
-            f"the journal {key} is held by {holder.describe()}, which renews its store lease "
+            f"the journal {journal} is held by {holder.describe()}, which renews its store lease "
             f"({retry_after:g}s): it is taken over once that holder releases it or stops renewing")
 
 
@@ -149,7 +149,7 @@ class OwnerLease:
         now = format_time(time.time(), precise=True)
         return codec.seal(json.dumps({
             "holder": self.holder.to_json(), "token": self.token, "durationSeconds": self.duration,
-            "renewals": self.renewals, "acquireTime": self.acquired_at or now, "renewTime": now,
+            "renewals": self.renewals, "acquireTime": self.acquired_at, "renewTime": now,
             "released": released,
         }, separators=(",", ":"), sort_keys=True).encode())
 
@@ -178,14 +178,14 @@ class OwnerLease:
             now = self.clock()
             if watched is not None and watched[0] != etag:
                 if give_up_when_renewed and record is not None and not record.get("released"):
-                    raise HeldElsewhere(other, duration, self.key)
+                    raise HeldElsewhere(other, duration, f"{self.ref.path}/")
                 watched = None
             if watched is None:
                 watched = (etag, now)
             expired = now - watched[1] >= duration + MARGIN_SECONDS
             if record is None or record.get("released") or verdict or expired:
                 sent = self.clock()
-                self.acquired_at = ""
+                self.acquired_at = format_time(time.time(), precise=True)
                 new = self._swap(etag)
                 if new is not None:
                     self.etag, self.last_success = new, sent
@@ -198,8 +198,22 @@ class OwnerLease:
                 watched = None  # someone else swapped it first: look again
                 continue
             if patience is not None and now - started >= patience:
-                raise HeldElsewhere(other, duration, self.key)
+                raise HeldElsewhere(other, duration, f"{self.ref.path}/")
             time.sleep(min(POLL_SECONDS, max(0.05, duration + MARGIN_SECONDS - (now - watched[1]))))
+
+    def claim_own(self) -> Holder | None:
+        """Take the record only if it is absent or this holder's own DurableRun (same uid) held it last: before
+        deleting the journal. Otherwise nothing is written and the holder that keeps it is returned."""
+        record, etag = self._read()
+        other = Holder.from_json((record or {}).get("holder"))
+        if record is not None and other.uid != self.holder.uid:
+            return other
+        self.acquired_at = format_time(time.time(), precise=True)
+        new = self._swap(etag)
+        if new is None:
+            return Holder.from_json((self._read()[0] or {}).get("holder"))
+        self.etag, self.last_success = new, self.clock()
+        return None
 
     # --- holding it ------------------------------------------------------------------
     def valid(self) -> bool:
