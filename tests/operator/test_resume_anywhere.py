@@ -179,8 +179,8 @@ def test_a_run_moves_to_another_cluster_when_its_own_is_lost(clusters: tuple[Clu
     assert taken["holder"]["cluster"] == "cluster-b", taken
     assert taken["released"], taken
     lag = takeover_seconds(held, taken)
-    # Never before the old holder's lease could have lapsed; then at once (the margin, a poll, a pod start).
-    assert LEASE <= lag < LEASE + owner_record.MARGIN_SECONDS + 10, lag
+    # Never before the old holder's lease could have lapsed; then soon (the margin, a poll, a pod start).
+    assert LEASE <= lag < LEASE + owner_record.MARGIN_SECONDS + 20, lag
     print(f"\ntakeover after cluster A was lost: {lag:.1f}s from A's last store renewal to B's acquisition "
           f"(store lease {LEASE:g}s + margin {owner_record.MARGIN_SECONDS:g}s); A lost -> B finished "
           f"{finished - lost:.1f}s")
@@ -238,3 +238,17 @@ def test_with_both_alive_one_writes_the_other_waits_and_a_late_holder_is_fenced(
     assert b.runs.store_objects() == objects, "the fenced runner wrote to the store"
     assert not [line for line in b.runs.ledger()[len(ledger):] if line.startswith("start")]
     assert owner(b.runs, run_id) == taken
+
+    # Deleting the run in A with retention Delete keeps the journal: it has moved on to B.
+    namespace = a.runs.namespace
+    a.bed.kubectl("patch", "dr", "mover", "-n", namespace, "--type=merge",
+                  "-p", json.dumps({"spec": {"checkpoint": {"retention": "Delete"}}}))
+    a.bed.kubectl("delete", "dr", "mover", "-n", namespace, "--wait=false")
+    a.start_operator()
+    kept = procs.wait_for(
+        lambda: [e for e in a.runs.events("mover") if e["reason"] in ("JournalKept", "JournalDeleted")],
+        timeout=90, what="A's purge of the deleted run to report")
+    assert kept[0]["reason"] == "JournalKept", kept
+    assert "last held by DurableRun" in kept[0]["message"], kept
+    assert "cluster cluster-b" in kept[0]["message"], kept
+    assert b.runs.store_objects() == objects, "deleting the run in A touched the journal B continued"
