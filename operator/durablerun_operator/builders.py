@@ -129,7 +129,7 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
         runner["command"] = list(DEFAULT_COMMAND)
     runner["terminationMessagePath"] = api.TERMINATION_MESSAGE_PATH
     runner["terminationMessagePolicy"] = "FallbackToLogsOnError"
-    runner["env"] = [*(runner.get("env") or []), *_runner_env(run, epoch)]
+    runner["env"] = [*(runner.get("env") or []), *_runner_env(run, epoch, settings)]
     security = runner.setdefault("securityContext", {})
     security.setdefault("allowPrivilegeEscalation", False)
     security.setdefault("readOnlyRootFilesystem", True)
@@ -164,7 +164,7 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
     }
 
 
-def _runner_env(run: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+def _runner_env(run: dict[str, Any], epoch: int, settings: Settings) -> list[dict[str, Any]]:
     meta, checkpoint = run["metadata"], run["spec"]["checkpoint"]
     env: list[dict[str, Any]] = [
         {"name": api.Env.NAMESPACE, "value": meta["namespace"]},
@@ -174,6 +174,8 @@ def _runner_env(run: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         {"name": api.Env.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": api.Env.TERMINATION_MESSAGE_PATH, "value": api.TERMINATION_MESSAGE_PATH},
     ]
+    if settings.cluster_name:
+        env.append({"name": api.Env.CLUSTER, "value": settings.cluster_name})
     secret = checkpoint.get("credentialsSecret")
     if secret:
         # The operator never reads the Secret: the kubelet injects it into the runner.

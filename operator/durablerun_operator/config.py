@@ -35,6 +35,9 @@ class Settings:
     #: attempt starts anyway (DURABLERUN_STUCK_TERMINATING_SECONDS). Its node is
     #: presumed lost; the epoch already fences it.
     stuck_terminating_seconds: float = 60.0
+    #: This cluster's name (DURABLERUN_CLUSTER_NAME), handed to runners: a run with spec.checkpoint.runId
+    #: records it in the store's owner record, so that a run in another cluster names whom it waits for.
+    cluster_name: str = ""
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -48,5 +51,6 @@ class Settings:
             stuck_terminating_seconds=_env_number(
                 "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds, float
             ),
+            cluster_name=os.environ.get("DURABLERUN_CLUSTER_NAME", ""),
             namespaces=namespaces,
         )

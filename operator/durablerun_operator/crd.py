@@ -221,6 +221,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Child runs finished of those created (ctx.start_child)."},
     {"name": "Child Cost", "type": "string", "jsonPath": ".status.childrenTotal.usd", "priority": 1,
      "description": "The child runs' cost in US dollars; it counts toward policy.costCeilingUSD."},
+    {"name": "Run ID", "type": "string", "jsonPath": ".spec.checkpoint.runId", "priority": 1,
+     "description": "spec.checkpoint.runId: the run id whose journal the run continues (none: its own)."},
 ]
 
 

@@ -305,6 +305,7 @@ def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) ->
     }
     old = {c.type: c for c in status.conditions}
     reason = (status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
+              else "JournalHeld" if phase == api.Phase.WAITING and status.waitingFor and status.waitingFor.holder
               else (phase.value if phase else "Unknown"))
     out = []
     stamp = api.format_time(now)
@@ -636,6 +637,7 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
         t.new.waitingFor = api.WaitingFor(
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
             since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
+            holder=waiting.get("holder"),
         )
         event = str(waiting.get("event") or "")
         t.new.message = (f"waiting for child run {t.run.name}-{event[len(api.CHILD_EVENT_PREFIX):]} to finish (no pod)"

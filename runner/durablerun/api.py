@@ -135,6 +135,9 @@ class Env:
     TERMINATION_MESSAGE_PATH = "DURABLERUN_TERMINATION_MESSAGE_PATH"
     # "purge": delete the run's journal (retention Delete) instead of running it.
     MODE = "DURABLERUN_MODE"
+    # The cluster's name (the operator's DURABLERUN_CLUSTER_NAME), recorded in the store's owner record of
+    # a run with spec.checkpoint.runId so that another cluster's run can say whom it waits for.
+    CLUSTER = "DURABLERUN_CLUSTER"
 
 
 # --- times and input hashes ---------------------------------------------------
@@ -287,6 +290,14 @@ class Policy(_Model):
     )
 
 
+#: A run id: names a journal in a store (``durablerun run --run-id`` and ``spec.checkpoint.runId``).
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+RUN_ID_IMMUTABLE = (
+    "spec.checkpoint.runId is immutable: it names the journal the run continues; set it when the "
+    "DurableRun is created (create a new DurableRun to continue another journal)"
+)
+
+
 class Checkpoint(_Model):
     """Where the run's journal, snapshots and events are stored."""
 
@@ -294,6 +305,10 @@ class Checkpoint(_Model):
         "x-kubernetes-validations": [{
             "rule": "!has(self.kmsKeyId) || (has(self.serverSideEncryption) && self.serverSideEncryption == 'aws:kms')",
             "message": "kmsKeyId needs serverSideEncryption: aws:kms",
+        }, {
+            # A transition rule: neither added, removed nor changed after creation.
+            "rule": "has(self.runId) == has(oldSelf.runId) && (!has(self.runId) || self.runId == oldSelf.runId)",
+            "message": RUN_ID_IMMUTABLE,
         }],
     })
 
@@ -325,6 +340,21 @@ class Checkpoint(_Model):
             "(optional: AWS_SESSION_TOKEN, and AWS_ENDPOINT_URL_S3 when endpoint is not set). "
             "Omit it to use workload identity."
         ),
+    )
+    runId: str | None = Field(
+        default=None,
+        description=(
+            "A run id naming the journal this run continues, in the store at uri: "
+            "<prefix>/_local/<runId>/, the same journal `durablerun run --run-id` opens. Set it to move "
+            "a run between clusters, or to resume a deleted run whose journal was retained: the same "
+            "manifest applied anywhere continues where the journal ends. Only one runner writes a run "
+            "id's journal at a time (an owner record in the store, renewed every leaseDuration/3); "
+            "another one waits until that record is released or expires. Omitted (the default), the "
+            "journal is the DurableRun's own (<prefix>/<namespace>/<name>/<uid>/): a re-created run "
+            "never adopts an old journal. 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit; immutable."
+        ),
+        pattern=RUN_ID_PATTERN, max_length=128,
     )
     snapshotEvery: int = Field(
         default=100, ge=1, le=100000,
@@ -460,6 +490,11 @@ class WaitingFor(_Model):
     wakeTime: str | None = Field(default=None, description="When a durable sleep ends.")
     since: str | None = Field(default=None, description="When the wait began.")
     deadline: str | None = Field(default=None, description="When the wait times out.")
+    holder: str | None = Field(
+        default=None,
+        description="Who holds the run's journal (spec.checkpoint.runId) in the store: the run waits until that "
+                    "holder releases it or its store lease expires, then takes it over.",
+    )
 
 
 #: A Succeeded run's result goes into status.result.inline up to this many bytes of JSON.

@@ -210,7 +210,7 @@ def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
                                   for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
     store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
     try:
-        ref = layout.RunRef.kubernetes(meta["namespace"], meta["name"], meta["uid"])
+        ref = layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)
         return inspect_run(store, ref, as_json=args.json, show_all=args.all)
     finally:
         store.close()

@@ -40,6 +40,7 @@ from typing import Any
 from durablerun import api, errors
 from durablerun._private import extras
 from durablerun._private.children import PodBroker
+from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import JsonLinesSink, ProgressSink
 from durablerun.stores import RunRef, Store, store_from_checkpoint
@@ -218,6 +219,8 @@ class Lease:
     def __init__(self, status: StatusClient, identity: Identity, duration: timedelta, sink: StatusSink) -> None:
         self.status, self.identity, self.duration, self.sink = status, identity, duration, sink
         self.run: Run | None = None
+        #: The store's owner record of a run id's journal (spec.checkpoint.runId): held as long as this lease.
+        self.owner: OwnerLease | None = None
         self.last_success = time.monotonic()
         self.body: dict[str, Any] = {}
         self.stopped = threading.Event()
@@ -239,14 +242,16 @@ class Lease:
         self.last_success = sent
         return self.body
 
-    def start(self, run: Run) -> None:
+    def start(self, run: Run | None) -> None:
+        """Renew on a thread; ``run`` (set later when None) is fenced when the lease is lost."""
         self.run = run
         self._thread = threading.Thread(target=self._loop, name="lease", daemon=True)
         self._thread.start()
 
     def valid(self) -> bool:
         """Whether this pod may still write: its last renewal is younger than the lease."""
-        return self.lost is None and time.monotonic() - self.last_success < self.duration.total_seconds()
+        return self.lost is None and time.monotonic() - self.last_success < self.duration.total_seconds() \
+            and (self.owner is None or self.owner.valid())
 
     def write_guard(self) -> str | None:
         """For the engine, before every journal write: None while this pod still holds the lease."""
@@ -254,6 +259,10 @@ class Lease:
             return None
         self._fence(self.lost or f"lease of {self.duration.total_seconds():g}s lapsed without renewal")
         return self.lost
+
+    def fence(self, why: str) -> None:
+        """Fence the attempt from another thread (the store's owner record was lost)."""
+        self._fence(why)
 
     def _fence(self, why: str) -> None:
         if self.lost is None:
@@ -433,10 +442,43 @@ def _purge(identity: Identity) -> int:
     body = StatusClient(identity).get()
     spec = api.DurableRunSpec.model_validate(body["spec"])
     store = _store(spec)
-    deleted = store.delete_run(run=RunRef.kubernetes(identity.namespace, identity.name, identity.uid))
+    ref = _run_ref(spec, identity)
+    if spec.checkpoint.runId:
+        # A run id's journal may have moved on (another cluster, a laptop): delete it only if this DurableRun
+        # held it last, and take the record first so that nobody takes it meanwhile.
+        keeper = _owner(store, ref, identity, spec).claim_own()
+        if keeper is not None:
+            return _terminate(identity, _report(api.Outcome.FAILED, f"not deleted: the journal was last held by "
+                                                f"{keeper.describe()}"), api.Outcome.FAILED.exit_code)
+    deleted = store.delete_run(run=ref)
     message = f"deleted {deleted} objects of the run's journal from {spec.checkpoint.uri}"
     log.info("%s", message)
     return _terminate(identity, _report(api.Outcome.COMPLETED, message), api.Outcome.COMPLETED.exit_code)
+
+
+def _run_ref(spec: api.DurableRunSpec, identity: Identity) -> RunRef:
+    """The journal this run continues: its run id's, or by default the DurableRun's own (uid in the key)."""
+    return RunRef.durable_run(identity.namespace, identity.name, identity.uid, spec.checkpoint.runId)
+
+
+def _owner(store: Store, ref: RunRef, identity: Identity, spec: api.DurableRunSpec) -> OwnerLease:
+    holder = Holder(cluster=os.environ.get(api.Env.CLUSTER) or None, namespace=identity.namespace,
+                    name=identity.name, uid=identity.uid, pod=identity.pod, epoch=identity.epoch)
+    return OwnerLease(store.backend, ref, holder, api.parse_duration(spec.policy.leaseDuration).total_seconds())
+
+
+def _wait_for_holder(identity: Identity, lease: Lease, held: HeldElsewhere) -> int:
+    """Another runner writes this run id's journal: end as Waiting, naming it; the operator tries again later."""
+    now = datetime.now(UTC)
+    waiting = {"wakeTime": api.format_time(now + timedelta(seconds=held.retry_after)), "since": api.format_time(now),
+               "holder": held.holder.describe()}
+    message = f"{held}; trying again at {waiting['wakeTime']}"
+    log.warning("%s", message)
+    lease.stop()
+    if not lease.renew([{"op": "add", "path": "/status/outcome", "value": api.Outcome.WAITING.value}]) and lease.lost:
+        return _terminate(identity, _report(api.Outcome.FENCED, lease.lost), api.Outcome.FENCED.exit_code)
+    report = json.dumps({"outcome": api.Outcome.WAITING.value, "message": message, "waitingFor": waiting})
+    return _terminate(identity, report, api.Outcome.WAITING.exit_code)
 
 
 def _attempt(identity: Identity) -> int:
@@ -452,7 +494,30 @@ def _attempt(identity: Identity) -> int:
     log.info("lease acquired: %s/%s epoch %d", identity.namespace, identity.name, identity.epoch)
 
     store = _store(spec)
-    ref = RunRef.kubernetes(identity.namespace, identity.name, identity.uid)
+    ref = _run_ref(spec, identity)
+    if spec.checkpoint.runId:
+        # Hold the store's owner record before anything is written; renew the status lease meanwhile.
+        owner = _owner(store, ref, identity, spec)
+        lease.start(None)
+        try:
+            owner.acquire()
+        except HeldElsewhere as held:
+            return _wait_for_holder(identity, lease, held)
+        except errors.FencedError as error:  # a newer attempt of this run holds it
+            lease.stop()
+            raise Fenced(str(error)) from None
+        except _STORE_CONFIG_ERRORS as error:
+            lease.stop()
+            raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
+        except BaseException:
+            lease.stop()
+            raise
+        lease.owner = owner  # from now on, this pod writes only while it holds both leases
+        owner.start(on_lost=lease.fence)
+        if lease.lost:  # a newer attempt took the run over while this one waited for the record
+            owner.release()
+            raise Fenced(lease.lost)
+        log.info("store lease acquired: %s", owner.key)
     delivered: set[str] = set()
     try:
         _deliver_events(store, ref, spec.events, delivered)
@@ -485,11 +550,21 @@ def _attempt(identity: Identity) -> int:
     signal.signal(signal.SIGTERM, lambda *_: run.request_stop())
     if _SIGTERM_BEFORE_RUN.is_set():
         run.request_stop()
-    lease.start(run)
+    if not spec.checkpoint.runId:
+        lease.start(run)
+    else:
+        lease.run = run
+        if lease.lost:
+            run.fence(lease.lost)
     try:
         result = run.run_attempt()
     finally:
         lease.stop()
+        if lease.owner is not None:
+            lease.owner.stop()
+    if lease.owner is not None and result.outcome != api.Outcome.FENCED and not lease.lost:
+        # After the attempt's last write, so that the next holder need not wait for the record to expire.
+        lease.owner.release()
     if result.outcome == api.Outcome.USAGE_ERROR and result.error_type in {
             f"{e.__module__}.{e.__qualname__}" for e in _STORE_CONFIG_ERRORS}:
         result = dataclasses.replace(result, message=_name_the_credentials(result.message, spec, identity))

@@ -65,6 +65,9 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                     "Unsupported value"),
     "kms-key-without-kms": (with_("spec.checkpoint.kmsKeyId", "alias/runs"), "spec.checkpoint",
                             "kmsKeyId needs serverSideEncryption: aws:kms"),
+    "run-id-bad-characters": (with_("spec.checkpoint.runId", "team/run 1"), "spec.checkpoint.runId",
+                              "should match"),
+    "run-id-too-long": (with_("spec.checkpoint.runId", "r" * 129), "spec.checkpoint.runId", "Too long"),
     "max-duration-negative": (with_("spec.policy.maxDuration", "-5m"), "spec.policy.maxDuration", "should match"),
     "max-duration-zero": (with_("spec.policy.maxDuration", "0s"), "spec.policy.maxDuration",
                           "must be longer than zero"),
@@ -239,6 +242,20 @@ def test_the_rest_of_the_spec_stays_editable(testbed: TestBed, created: str) -> 
     assert patch(testbed, created, {"input": {"topic": "x"}, "policy": {"maxRestarts": 5}}).returncode == 0
     assert patch(testbed, created, {"suspend": True}).returncode == 0
     assert stored(testbed, created)["policy"]["maxRestarts"] == 5
+
+
+@pytest.mark.parametrize("change", [{"runId": "adopted"}, {"runId": None}, {"runId": "other"}])
+def test_spec_checkpoint_run_id_is_immutable(testbed: TestBed, namespace: str, change: dict[str, Any]) -> None:
+    body = copy.deepcopy(VALID)
+    body["metadata"]["namespace"] = namespace
+    if change["runId"] != "adopted":  # added later, removed, changed
+        body["spec"]["checkpoint"]["runId"] = "moving-run"
+    testbed.kubectl("apply", "-f", "-", input=json.dumps(body))
+    refused = patch(testbed, namespace, {"checkpoint": change})
+    assert refused.returncode != 0, f"{change} was accepted"
+    assert "spec.checkpoint.runId is immutable" in refused.stderr, refused.stderr
+    assert stored(testbed, namespace)["checkpoint"].get("runId") == body["spec"]["checkpoint"].get("runId")
+    assert patch(testbed, namespace, {"checkpoint": {"snapshotEvery": 50}}).returncode == 0
 
 
 def test_a_set_event_is_immutable_and_new_ones_may_be_added(testbed: TestBed, created: str) -> None:

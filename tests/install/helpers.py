@@ -146,6 +146,7 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
                              "digest": "sha256:" + "b" * 64}},
         "logLevel": "DEBUG",
         "resyncSeconds": 2.5,
+        "clusterName": "prod-eu",
         "serviceAccount": {"create": True, "name": "durable-run-operator",
                            "annotations": {"iam.example/role": "durable-run"}},
         "rbac": {"aggregateClusterRoles": False},

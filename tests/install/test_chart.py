@@ -98,6 +98,7 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env["DURABLERUN_METRICS_PORT"]["value"] == "19090"
     assert env["DURABLERUN_HEALTH_PORT"]["value"] == "18080"
     assert env["DURABLERUN_RESYNC_SECONDS"]["value"] == "2.5"
+    assert env["DURABLERUN_CLUSTER_NAME"]["value"] == "prod-eu"
     assert env["DURABLERUN_LOG_LEVEL"]["value"] == "DEBUG"
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "readinessProbe" not in container

@@ -1,4 +1,9 @@
-"""Two processes running the same run at once: one wins every position, the other is Fenced."""
+"""Two processes running the same run at once: one wins every position, the other is Fenced.
+
+`durablerun run` takes the run id's owner record first, so a second one never starts a step (the last test);
+the first test drives two engines directly, as writers that ignore the record would, to prove the journal's
+write-once positions, the last line of defence.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,21 @@ from pathlib import Path
 from durablerun.api import Outcome
 from durablerun.stores import RunRef
 
-from .conftest import StoreSpec, sub_env, wait_until
+from .conftest import StoreSpec, cli, sub_env, wait_until
+
+# The engine alone, without the CLI's owner record: `python -c ENGINE_ONLY STORE_URI INPUT_JSON`.
+ENGINE_ONLY = """
+import json, sys
+from durablerun.engine import Run
+from durablerun.stores import RunRef, open_store
+run = Run(store=open_store(sys.argv[1]), run=RunRef.local("dup"), workflow="racing:gated",
+          input=json.loads(sys.argv[2]))
+result = run.run_attempt()
+print(f"durablerun: {result.outcome.value}: {result.message}", file=sys.stderr)
+if result.outcome.value == "Completed":
+    print(json.dumps(result.result))
+sys.exit(result.exit_code)
+"""
 
 
 def test_two_concurrent_writers_exactly_one_wins(durable_store_spec: StoreSpec,
@@ -19,10 +38,8 @@ def test_two_concurrent_writers_exactly_one_wins(durable_store_spec: StoreSpec,
     gate, ledger = tmp_path / "gate", tmp_path / "ledger"
     input_json = json.dumps({"gate": str(gate), "ledger": str(ledger), "steps": 4})
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "durablerun", "run", "racing:gated", "--run-id", "dup",
-             "--store", spec.uri, *spec.cli_args, "--input", input_json, "--quiet"],
-            env=sub_env(spec.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-c", ENGINE_ONLY, spec.uri, input_json],
+                         env=sub_env(spec.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
     # Both are inside step 0 (it waits for the gate) before either can journal it.
@@ -49,3 +66,25 @@ def test_two_concurrent_writers_exactly_one_wins(durable_store_spec: StoreSpec,
     winner_pid = json.loads(results[[p.returncode for p in procs].index(0)][0])[0]["pid"]
     assert winner.pid == winner_pid
     assert all(r.data["value"]["pid"] == winner.pid for r in records if r.kind == "step")
+
+
+def test_a_second_durablerun_run_waits_for_the_first_and_writes_nothing(durable_store_spec: StoreSpec,
+                                                                        tmp_path: Path) -> None:
+    spec = durable_store_spec
+    gate, ledger = tmp_path / "gate", tmp_path / "ledger"
+    argv = ["run", "racing:gated", "--run-id", "dup", "--store", spec.uri, *spec.cli_args,
+            "--input", json.dumps({"gate": str(gate), "ledger": str(ledger), "steps": 2}), "--quiet"]
+    first = subprocess.Popen([sys.executable, "-m", "durablerun", *argv], env=sub_env(spec.env),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: ledger.exists() and "enter" in ledger.read_text(), timeout=30,
+               what="the first run to be inside step 0")
+    second = cli(argv, env=spec.env)
+    assert second.returncode == Outcome.WAITING.exit_code, second.stderr
+    assert "held by `durablerun run` on host" in second.stderr, second.stderr
+    assert f"(pid {first.pid})" in second.stderr, second.stderr
+    assert len([ln for ln in ledger.read_text().splitlines() if ln.startswith("enter ")]) == 1, "it ran a step"
+    gate.touch()
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == Outcome.COMPLETED.exit_code, err
+    again = cli(argv, env=spec.env)  # released: taken at once, the run is already complete
+    assert again.returncode == Outcome.COMPLETED.exit_code, again.stderr

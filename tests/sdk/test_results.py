@@ -94,3 +94,42 @@ def test_inspect_opens_a_kubernetes_run_by_namespace_and_name(testbed: object, n
     assert "use NAMESPACE/NAME" in bad.stderr
     # Read-only: nothing was written.
     assert {k: store.backend.get(k) for k in store.backend.list_keys(f"{namespace}/")} == objects
+
+
+def test_inspect_opens_a_run_id_journal_by_its_identity_read_only(testbed: object, namespace: str,
+                                                                  s3_spec: StoreSpec) -> None:
+    """A DurableRun with spec.checkpoint.runId: `inspect --kubernetes` and `inspect --run-id` open the run
+    id's journal (wherever its runner is), show who holds it, and write nothing."""
+    from durablerun._private.owner import Holder, OwnerLease
+    from durablerun_testbed.testbed import TestBed
+
+    assert isinstance(testbed, TestBed)
+    bucket = s3_spec.uri.split("/")[2]
+    body = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+            "metadata": {"name": "agent", "namespace": namespace},
+            "spec": {"workflow": "racing:many_steps", "input": {"steps": 4},
+                     "checkpoint": {"uri": f"s3://{bucket}/runs", "runId": "moved-1",
+                                    "endpoint": s3_spec.options["endpoint_url"]}}}
+    testbed.kubectl("apply", "-f", "-", input=json.dumps(body))
+    store = s3_spec.open()
+    ref = RunRef.local("moved-1")
+    # A runner in another cluster holds the journal and has written it.
+    held = OwnerLease(store.backend, ref, Holder(cluster="prod-eu", namespace="team-a", name="agent", uid="u-1",
+                                                 pod="agent-a2", epoch=2), 60)
+    held.acquire()
+    assert Run(store=store, run=ref, workflow="racing:many_steps", input={"steps": 4}).run_attempt().outcome \
+        == Outcome.COMPLETED
+    objects = {k: store.backend.get(k) for k in store.backend.list_keys("_local/moved-1/")}
+
+    env = {"KUBECONFIG": str(testbed.kubeconfig), "AWS_ACCESS_KEY_ID": s3_spec.env["AWS_ACCESS_KEY_ID"],
+           "AWS_SECRET_ACCESS_KEY": s3_spec.env["AWS_SECRET_ACCESS_KEY"]}
+    for argv in (["--kubernetes", f"{namespace}/agent"],
+                 ["--run-id", "moved-1", "--store", s3_spec.uri, *s3_spec.cli_args]):
+        table = cli(["inspect", *argv], env=env)
+        assert table.returncode == 0, table.stderr
+        assert f"run       _local/moved-1   (s3://{bucket}/runs)" in table.stdout, table.stdout
+        assert "owner     held by DurableRun team-a/agent (uid u-1, pod agent-a2, epoch 2) in cluster prod-eu" \
+            in table.stdout, table.stdout
+    as_json = json.loads(cli(["inspect", "--kubernetes", f"{namespace}/agent", "--json"], env=env).stdout)
+    assert as_json["owner"]["holder"]["cluster"] == "prod-eu"
+    assert {k: store.backend.get(k) for k in store.backend.list_keys("_local/moved-1/")} == objects

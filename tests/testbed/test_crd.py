@@ -81,8 +81,8 @@ def test_printer_columns(testbed: TestBed, namespace: str) -> None:
     assert table[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "COST", "RESTARTS", "SUSPENDED", "AGE"]
     assert table[1].split()[:7] == ["columns", "Running", "plan", "3/12", "1.50", "2", "false"]
     wide = testbed.kubectl("get", "durableruns", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-6:] == ["REASON", "STEPS", "POD", "CHILDREN", "CHILD", "COST"]
-    assert wide[1].split()[-5:] == ["ProgressTimeout", "3", "columns-a3", "3/5", "0.40"]
+    assert wide[0].split()[-8:] == ["REASON", "STEPS", "POD", "CHILDREN", "CHILD", "COST", "RUN", "ID"]
+    assert wide[1].split()[-5:] == ["ProgressTimeout", "3", "columns-a3", "3/5", "0.40"]  # no run id: empty
 
 
 def test_status_fields_survive_and_unknown_ones_are_pruned(testbed: TestBed, namespace: str) -> None:

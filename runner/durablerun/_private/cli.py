@@ -37,6 +37,7 @@ from durablerun._private import codec, layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
+from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import RunInfo, Store, open_store, store_from_checkpoint
 from durablerun._version import __version__
@@ -275,6 +276,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
                 f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
                 f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
+        stored_policy = rs.read_policy()
+        owner = _hold(store, ref, api.parse_duration(Policy.model_validate(stored_policy or {}).leaseDuration)
+                      .total_seconds())
+        if owner is None:
+            return Outcome.WAITING.exit_code
         policy = _run_policy(args, rs)
     finally:
         rs.close()
@@ -287,8 +293,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json_log:
         sinks.append(JsonLinesSink(None if args.json_log == "-" else args.json_log))
     sys.path.insert(0, os.getcwd())
+    config_fields["write_guard"] = lambda: None if owner.valid() else (
+        owner.lost or f"store lease of {owner.duration:g}s lapsed without renewal")
     run = Run(store=store, run=ref, workflow=workflow, input=input_value, policy=policy,
               sinks=sinks, config=EngineConfig(**config_fields))
+    owner.start(on_lost=run.fence)
 
     def on_signal(signum: int, _frame: Any) -> None:
         # A raw write: the display may be inside a buffered write to stderr right now,
@@ -303,8 +312,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         result = run.run_attempt()
     finally:
+        owner.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if result.outcome != Outcome.FENCED:
+        owner.release()  # the next `durablerun run`, or a DurableRun with this runId, takes it at once
     label = result.outcome.value
     if result.abort_reason is not None:
         label += f" ({result.abort_reason.value})"
@@ -323,6 +335,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif result.outcome == Outcome.SUSPENDED or result.abort_reason == AbortReason.USER_REQUESTED:
         print(f"durablerun: to resume: {resume}", file=sys.stderr)
     return result.exit_code
+
+
+def _hold(store: Store, ref: layout.RunRef, lease_seconds: float) -> OwnerLease | None:
+    """Take the run id's owner record before writing anything: the same record a DurableRun with this
+    spec.checkpoint.runId holds, so a pod and this process never both write. None (said why): held elsewhere."""
+    owner = OwnerLease(store.backend, ref, Holder.local(), lease_seconds)
+    record = read_owner(store.backend, ref)
+    if record and not record.get("released") and Holder.local().supersedes(
+            Holder.from_json(record.get("holder"))) is None:
+        print(f"durablerun: run {ref} was last held by {Holder.from_json(record.get('holder')).describe()}: "
+              f"taking it over once its store lease ({record.get('durationSeconds')}s) has lapsed",
+              file=sys.stderr)
+    try:
+        owner.acquire()
+    except HeldElsewhere as held:
+        print(f"durablerun: {held}. Stop it there first (on Kubernetes: kubectl durablerun suspend NAME, "
+              "whose runner releases the journal at its next step boundary), then run this again",
+              file=sys.stderr)
+        return None
+    return owner
 
 
 def _resume_command(args: argparse.Namespace) -> str:
@@ -404,6 +436,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
     ref = layout.RunRef.local(args.run_id)
     store = _open(args)
     store.check()
+    if not store.backend.list_keys(f"{ref.path}/"):
+        print(f"no run {ref} in {store.uri}", file=sys.stderr)
+        return 1
+    owner = OwnerLease(store.backend, ref, Holder.local(), 1.0)
+    try:
+        owner.acquire(patience=0)
+    except HeldElsewhere as held:
+        raise _UsageError(f"not deleted: {held}") from None
+    owner.stop()
     deleted = store.delete_run(run=ref)
     if not deleted:
         print(f"no run {ref} in {store.uri}", file=sys.stderr)
@@ -456,7 +497,7 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
                                    ("endpoint", args.endpoint_url), ("region", args.region)) if v}
     checkpoint = checkpoint.model_copy(update=overrides)
     args.store = checkpoint.uri
-    ref = layout.RunRef.kubernetes(namespace, name, str(body["metadata"]["uid"]))
+    ref = layout.RunRef.durable_run(namespace, name, str(body["metadata"]["uid"]), checkpoint.runId)
     return store_from_checkpoint(checkpoint), ref
 
 
@@ -521,13 +562,14 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
             row["generation"] = d.get("gen")
         rows.append(row)
     status = info.status or {}
+    owner = read_owner(store.backend, ref)
     if as_json:
         print(json.dumps({
             "run": info.run, "store": store.describe(), "manifest": info.manifest,
             "totals": info.totals.to_json(), "journalRecords": info.journal_records,
             "snapshotSeq": info.snapshot_seq, "completed": info.completed,
             "generation": generation, "generationStart": loaded.base,
-            "status": status, "events": info.events, "records": rows,
+            "status": status, "events": info.events, "records": rows, "owner": owner,
         }, indent=2, default=str))
         return 0
     m = info.manifest
@@ -535,6 +577,10 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
     print(f"workflow  {m.get('workflow')}   code {m.get('code_version')}   "
           f"started {m.get('created')}")
     print(f"outcome   {_last_outcome(info)[1]}")
+    if owner:
+        who = Holder.from_json(owner.get("holder")).describe()
+        print(f"owner     {'released by' if owner.get('released') else 'held by'} {who}, last renewed "
+              f"{owner.get('renewTime')} (store lease {owner.get('durationSeconds')}s)")
     w = status.get("waitingFor")
     if status.get("outcome") == "Waiting" and w:
         if w.get("event"):

@@ -3,10 +3,12 @@
 Layout version 1. Under the store's prefix a run lives at::
 
     <prefix>/<namespace>/<name>/<uid>/     a DurableRun on Kubernetes
-    <prefix>/_local/<run-id>/              a run started by ``durablerun run --run-id``
+    <prefix>/_local/<run-id>/              a run named by a run id: ``durablerun run --run-id``,
+                                           or a DurableRun with ``spec.checkpoint.runId``
 
 (``_local`` can never clash with a Kubernetes namespace: namespaces are DNS
-labels and cannot start with an underscore.) Inside a run's root::
+labels and cannot start with an underscore. The prefix keeps the name it was
+given when only the local CLI named runs.) Inside a run's root::
 
     manifest.json              created once: layout, workflow, input + its hash, code version
     journal/<seq:012d>.json    one sealed record per journal sequence number (S3, memory)
@@ -17,6 +19,8 @@ labels and cannot start with an underscore.) Inside a run's root::
     events/<name>.json         events, first write wins
     status.json                the last attempt's outcome and what a Waiting run waits for
     policy.json                a local run's policy (budgets), recorded at its first attempt
+    owner.json                 a run id's owner record: who may write it now (compare-and-swap;
+                               :mod:`durablerun._private.owner`)
 
 Every object is sealed (see :mod:`durablerun._private.codec`).
 """
@@ -26,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from durablerun import errors
+from durablerun import api, errors
 
 LAYOUT_VERSION = 1
 SEQ_DIGITS = 12
@@ -35,7 +39,7 @@ SEGMENT_RECORDS = 4096
 
 LOCAL_NAMESPACE = "_local"
 
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN_ID_RE = re.compile(api.RUN_ID_PATTERN)
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _EVENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -73,6 +77,11 @@ class RunRef:
             )
         return cls(LOCAL_NAMESPACE, run_id, None)
 
+    @classmethod
+    def durable_run(cls, namespace: str, name: str, uid: str, run_id: str | None) -> RunRef:
+        """The journal a DurableRun continues: its ``spec.checkpoint.runId``'s, or by default its own."""
+        return cls.local(run_id) if run_id else cls.kubernetes(namespace, name, uid)
+
     @property
     def path(self) -> str:
         """The run's root relative to the store prefix (no trailing slash)."""
@@ -102,6 +111,7 @@ MANIFEST = "manifest.json"
 SNAPSHOT = "snapshot.json"
 STATUS = "status.json"
 POLICY = "policy.json"
+OWNER = "owner.json"
 JOURNAL_DIR = "journal/"
 CHUNKS_DIR = "chunks/"
 BLOBS_DIR = "blobs/"
