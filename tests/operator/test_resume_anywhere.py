@@ -63,7 +63,7 @@ def start_cluster(name: str, root: Path, s3: S3Server, namespace: str, bucket: s
     bed = TestBed(root / name, id=SESSION_ID).start(s3=s3)
     try:
         bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=120s", "crd/durableruns.durablerun.dev")
+        bed.wait_established()
         bed.kubectl("create", "namespace", namespace)
         procs.wait_for(
             lambda: bed.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
