@@ -16,7 +16,8 @@ import pytest
 from durablerun import DurableContext, EventTimeout, ResultNotSerializableError, StepError
 from durablerun._private import codec, layout
 from durablerun._private.backends import memory
-from durablerun._private.journal import Record, RunStore
+from durablerun._private.journal import RunStore
+from durablerun._private.model import Record
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import ProgressSink

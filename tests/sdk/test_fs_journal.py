@@ -9,7 +9,7 @@ import pytest
 
 from durablerun import errors
 from durablerun._private import codec, layout
-from durablerun._private.journal import Record
+from durablerun._private.model import Record
 from durablerun.stores import RunRef, open_store
 
 from .helpers import fs_segment

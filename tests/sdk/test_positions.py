@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from durablerun import DurableContext
-from durablerun._private.core import Live, pos_str, pos_tuple
-from durablerun._private.journal import Loaded, Record
+from durablerun._private.journal import Loaded
+from durablerun._private.model import Record
+from durablerun._private.replay import Live, pos_str, pos_tuple
 from durablerun.api import Outcome
 from durablerun.testing import WorkflowTest
 

@@ -12,7 +12,7 @@ import pytest
 from durablerun import errors
 from durablerun._private.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
 from durablerun._private.backends.s3 import S3Backend
-from durablerun._private.journal import Record
+from durablerun._private.model import Record
 from durablerun.stores import RunRef, Store
 
 from .conftest import StoreSpec

@@ -12,7 +12,8 @@ import pytest
 
 from durablerun import errors
 from durablerun._private import codec, layout
-from durablerun._private.journal import Record, RunStore, Totals
+from durablerun._private.journal import RunStore
+from durablerun._private.model import Record, Totals
 from durablerun.stores import RunRef, Store
 
 from .conftest import StoreSpec

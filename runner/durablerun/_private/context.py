@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any, NoReturn, TypeVar, overload
 
 from durablerun import errors
-from durablerun._private import core
+from durablerun._private import core, replay
 from durablerun._private.layout import check_event_name
 from durablerun.api import format_time, parse_time
 
@@ -202,7 +202,7 @@ class DurableContext:
 
     def idempotency_key(self) -> str:
         """Inside a step: ``<run>:<position>:<step name>``, stable across retries and resumes."""
-        frame = core.STEP.get()
+        frame = replay.STEP.get()
         if frame is None:
             raise errors.WorkflowError("ctx.idempotency_key() is only available inside a step")
         return f"{self._core.run_key}:{frame.position}:{frame.name}"

@@ -1,23 +1,12 @@
-"""One pass of a workflow over its journal: the durable step loop.
+"""The runtime of one attempt: runs the operations the workflow asks for.
 
-The idea fits in a sentence (DBOS's ``invoke_step``): for each operation the
-workflow asks for, look its *position* up in the journal; if it is there,
-return (or re-raise) what was recorded; if not, run it and record the outcome
-durably before anything else happens.
-
-Positions are assigned when an operation is *called*, in call order, so they
-are deterministic: ``"7"`` at the top level, ``"7.2.0"`` for the first
-operation of branch 2 of a ``ctx.gather`` at position 7 (each gather branch
-counts in its own scope, so the timing of concurrent branches never changes
-a position). Journal *sequence numbers* are separate: the order records were
-written in, which is what writers race for.
-
-``ctx.continue_as_new(input)`` ends a *generation* of the workflow: the
-engine calls the workflow function again with the new input, in the same
-attempt, and the journal goes on. Generation ``g > 0`` prefixes its
-positions with ``"g/"`` (``"3/7.2.0"``), so positions (and the idempotency
-keys built from them) never repeat across generations, and each generation's
-replay matches only its own records.
+:class:`AttemptCore` is what :class:`~durablerun._private.context.DurableContext`
+calls. It asks the replay layer (:mod:`durablerun._private.replay`) whether an
+operation is journaled and, when not, executes it (step functions on the
+worker threads of :mod:`durablerun._private.workers`), appends its record
+through the writer (one record at a time, in order, behind the write guard)
+and saves snapshots on a thread of its own. The loop, controls and heartbeats
+around it are the engine's (:mod:`durablerun._private.engine`).
 """
 
 from __future__ import annotations
@@ -27,224 +16,40 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import queue
 import random
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from durablerun import errors
 from durablerun._private import codec
 from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
-from durablerun._private.journal import Loaded, Record, RunStore, Totals
+from durablerun._private.journal import RunStore
+from durablerun._private.model import EngineConfig, Record, Totals
+from durablerun._private.replay import (
+    SCOPE,
+    STEP,
+    ContinueAsNew,
+    Live,
+    Scope,
+    StepFrame,
+    budget_halt,
+    budget_overshoot,
+    duration_halt,
+    gen_prefix,
+    misuse,
+    pos_str,
+)
+from durablerun._private.sinks import SinkSet
+from durablerun._private.workers import StepThreads
 from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
-if TYPE_CHECKING:
-    from durablerun._private.engine import EngineConfig
-    from durablerun._private.sinks import SinkSet
-
 T = TypeVar("T")
-
-_OP_KINDS = {
-    "step": frozenset({"step"}),
-    "value": frozenset({"value"}),
-    "sleep": frozenset({"sleep"}),
-    "wait": frozenset({"wait", "event"}),
-    "continue": frozenset({"continue"}),
-}
-
-
-def gen_prefix(gen: int) -> str:
-    """The position prefix of generation ``gen`` (none for the first)."""
-    return f"{gen}/" if gen else ""
-
-
-class ContinueAsNew(BaseException):
-    """Unwinds the workflow function after its continue_as_new record is durable.
-
-    A BaseException, so ``except Exception`` in workflow code does not stop it.
-    """
-
-
-@dataclass
-class Scope:
-    prefix: tuple[int, ...]
-    owner: asyncio.Task[Any] | None
-    counter: int = 0
-
-
-@dataclass
-class StepFrame:
-    position: str
-    name: str
-    core: AttemptCore
-    usd: Decimal = Decimal(0)
-    tokens: int = 0
-
-
-SCOPE: contextvars.ContextVar[Scope] = contextvars.ContextVar("durablerun_scope")
-STEP: contextvars.ContextVar[StepFrame | None] = contextvars.ContextVar(
-    "durablerun_step", default=None
-)
-
-
-def pos_str(pos: tuple[int, ...]) -> str:
-    return ".".join(map(str, pos))
-
-
-def pos_tuple(pos: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in pos.split("."))
-
-
-class _StepThreads:
-    """Runs sync step functions on daemon threads and hands each outcome straight to the loop.
-
-    One ``SimpleQueue`` in, one ``call_soon_threadsafe`` out. Compared with a
-    ThreadPoolExecutor behind ``asyncio.wrap_future`` a step skips the
-    concurrent Future (a Condition per call, its callbacks, the executor's
-    idle semaphore), and the worker goes straight back to blocking after it
-    posts the outcome, so the loop thread it woke rarely has to wait for the
-    GIL. A worker is started when none is idle (up to ``max_threads``), so
-    steps started together (``ctx.gather``) run in parallel. A step whose
-    awaiting task was cancelled (a stop's grace period ran out) is abandoned:
-    its thread finishes on its own and its outcome is dropped. The threads are
-    daemons: they never keep a finished process alive.
-    """
-
-    def __init__(self, max_threads: int) -> None:
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._max = max(1, max_threads)
-        self._started = 0
-        #: One token per idle worker (list append/pop are atomic under the GIL).
-        self._idle: list[None] = []
-        self._closed = False
-
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        """Start ``fn(*args, **kwargs)`` on a worker thread; call on the loop's thread."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        if self._closed:
-            fut.cancel()
-            return fut
-        try:
-            self._idle.pop()  # an idle worker takes it
-        except IndexError:
-            if self._started < self._max:
-                self._started += 1
-                threading.Thread(target=self._work, name=f"durablerun-step-{self._started - 1}",
-                                 daemon=True).start()
-        self._queue.put((loop, fut, contextvars.copy_context(), fn, args, kwargs))
-        return fut
-
-    def _work(self) -> None:
-        get, idle = self._queue.get, self._idle
-        while True:
-            job = get()
-            if job is None or self._closed:
-                return
-            _run_job(job, idle)
-            job = None  # nothing of a finished step stays alive while this thread idles
-
-    def close(self) -> None:
-        """Stop the idle workers; steps still running finish on their own, unheard."""
-        self._closed = True
-        for _ in range(self._started):
-            self._queue.put(None)
-
-
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context,
-             Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-
-
-def _run_job(job: _Job, idle: list[None]) -> None:
-    loop, fut, ctx, fn, args, kwargs = job
-    try:
-        outcome: tuple[Any, BaseException | None] = (ctx.run(fn, *args, **kwargs), None)
-    except BaseException as e:  # handed to the awaiting step, as a Future would
-        outcome = (None, e)
-    idle.append(None)  # free again before the loop wakes up and submits the next step
-    with contextlib.suppress(RuntimeError):  # a closed loop: its attempt is over
-        loop.call_soon_threadsafe(_deliver, fut, outcome)
-
-
-def _deliver(fut: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
-    if fut.done():
-        return  # cancelled: the step was abandoned
-    value, error = outcome
-    if error is None:
-        fut.set_result(value)
-    else:
-        fut.set_exception(error)
-
-
-@dataclass
-class Live:
-    """Mutable per-attempt state shared across passes of the workflow."""
-
-    loaded: Loaded
-    index: dict[str, dict[str, Record]] = field(default_factory=dict)
-    scope_max: dict[tuple[int, ...], int] = field(default_factory=dict)
-    totals: Totals = field(default_factory=Totals)
-    pending_usd: Decimal = Decimal(0)
-    pending_tokens: int = 0
-    inflight_steps: int = 0
-    last_progress: float = field(default_factory=time.monotonic)
-    sleeping: int = 0
-    #: Steps between their start and their journal record (continue_as_new waits for none).
-    open_steps: int = 0
-    #: Position prefix of the current generation ("" for the first, "3/" for the fourth).
-    prefix: str = ""
-    #: The steps the workflow expects in all (ctx.set_total_steps), if it said.
-    total_steps: int | None = None
-
-    def reset(self, prefix: str) -> None:
-        """A new generation: nothing journaled before it is looked up again."""
-        self.prefix = prefix
-        self.index = {}
-        self.scope_max = {}
-
-    def add(self, record: Record) -> None:
-        kind = record.kind
-        if kind == "continue":
-            return  # it ended the previous generation; nothing looks it up
-        pos = record.pos
-        if kind != "complete":
-            if self.prefix:
-                if not pos.startswith(self.prefix):
-                    return  # another generation's record
-                local = pos[len(self.prefix):]
-            elif "/" in pos:
-                return
-            else:
-                local = pos
-        key = f"patch:{record.name}" if kind == "patch" else kind
-        self.index.setdefault(pos, {})[key] = record
-        if kind in ("patch", "complete"):
-            return
-        t = pos_tuple(local)
-        for j in range(0, len(t), 2):
-            prefix = t[:j]
-            if self.scope_max.get(prefix, -1) < t[j]:
-                self.scope_max[prefix] = t[j]
-
-    def replaying_at(self, cur: tuple[int, ...]) -> bool:
-        """Is there any journaled operation at or after ``cur`` in its scope?"""
-        for j in range(0, len(cur), 2):
-            m = self.scope_max.get(cur[:j], -1)
-            if j == len(cur) - 1:
-                if m >= cur[j]:
-                    return True
-            elif m > cur[j]:
-                return True
-        return False
-
 
 class AttemptCore:
     """Executes workflow passes for one attempt. Created by the engine."""
@@ -271,7 +76,7 @@ class AttemptCore:
         self.attempt_id = attempt_id
         self.first_start = first_start
         self._io_pool = io_pool
-        self._step_threads = _StepThreads(config.max_sync_threads)
+        self._step_threads = StepThreads(config.max_sync_threads)
         self._tlock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
@@ -342,28 +147,6 @@ class AttemptCore:
     def peek(self) -> tuple[int, ...] | None:
         scope = SCOPE.get(None)
         return None if scope is None else (*scope.prefix, scope.counter)
-
-    def lookup(self, pos: str, family: str, name: str) -> dict[str, Record]:
-        """Journaled records of this operation at ``pos`` (empty: not yet run)."""
-        recs = self.live.index.get(pos)
-        if not recs:
-            return {}
-        ops = {k: r for k, r in recs.items() if not k.startswith("patch:")}
-        if not ops:
-            return {}
-        kinds = _OP_KINDS[family]
-        for kind, rec in ops.items():
-            if kind not in kinds or rec.name != name:
-                err = errors.DivergenceError(
-                    f"replay diverged at journal position {pos}: the journal holds "
-                    f"{kind} {rec.name!r} there, but the workflow now asks for {family} "
-                    f"{name!r}. The code changed in a way that does not fit this run's "
-                    "journal: guard the change with ctx.patched('<change-id>') (docs/sdk.md, "
-                    "'Changing a workflow'), or finish this run with the code it started with. "
-                    "Nothing journaled was changed."
-                )
-                raise Halt(HaltKind.FAIL, str(err), error=err)
-        return ops
 
     # --- journal writes --------------------------------------------------------------
     def _commit_locked(self, fields: dict[str, Any], usd: Decimal, tokens: int,
@@ -500,38 +283,15 @@ class AttemptCore:
             raise Halt(HaltKind.SUSPEND, "stopped at a step boundary as requested")
         if not step:
             return
-        live, p = self.live, self.policy
-        usd = live.totals.usd + live.pending_usd
-        tokens = live.totals.tokens + live.pending_tokens
-        # Budgets are checked here, before a new step starts: a step already running
-        # finishes and is journaled, so its cost can end past the ceiling (an overshoot).
-        if self.max_cost is not None and usd >= self.max_cost:
-            raise Halt(HaltKind.ABORT,
-                       f"cost ${usd} reached the ceiling ${self.max_cost} (policy.costCeilingUSD, "
-                       f"checked before each step starts): {self.advice('costCeilingUSD')}",
-                       reason=AbortReason.BUDGET_EXHAUSTED)
-        if p.maxTokens is not None and tokens >= p.maxTokens:
-            raise Halt(HaltKind.ABORT,
-                       f"{tokens} tokens used, limit {p.maxTokens} (policy.maxTokens, checked "
-                       f"before each step starts): {self.advice('maxTokens')}",
-                       reason=AbortReason.BUDGET_EXHAUSTED)
-        used = live.totals.steps + live.inflight_steps
-        if p.maxSteps is not None and used >= p.maxSteps:
-            running = f" and {live.inflight_steps} running" if live.inflight_steps else ""
-            raise Halt(HaltKind.ABORT,
-                       f"{_count(live.totals.steps, 'step')} journaled{running}, limit {p.maxSteps} "
-                       f"(policy.maxSteps, checked before each step starts): "
-                       f"{self.advice('maxSteps')}",
-                       reason=AbortReason.BUDGET_EXHAUSTED)
+        halt = budget_halt(self.live, self.policy, self.max_cost, self.advice)
+        if halt is not None:
+            raise halt
         self.check_duration()
 
     def check_duration(self) -> None:
-        elapsed = datetime.now(UTC) - self.first_start
-        if elapsed >= self.max_duration:
-            raise Halt(HaltKind.ABORT,
-                       f"the run has been going for {elapsed} since its first start, past "
-                       f"policy.maxDuration {self.policy.maxDuration}: {self.advice('maxDuration')}",
-                       reason=AbortReason.MAX_DURATION_EXCEEDED)
+        halt = duration_halt(self.first_start, self.max_duration, self.policy, self.advice)
+        if halt is not None:
+            raise halt
 
     def advice(self, field: str) -> str:
         """How the user raises policy ``field`` where this run runs (CLI flags, kubectl)."""
@@ -610,7 +370,7 @@ class AttemptCore:
         if self.continued is not None:
             raise ContinueAsNew()  # called before continue_as_new, awaited after it
         if gen != self.gen:
-            raise _misuse(f"step {name!r} was called in workflow generation {gen} and awaited "
+            raise misuse(f"step {name!r} was called in workflow generation {gen} and awaited "
                           f"in generation {self.gen}: await steps before ctx.continue_as_new()")
         self.live.open_steps += 1
         try:
@@ -621,7 +381,7 @@ class AttemptCore:
     async def _step(self, pos: str, name: str, fn: Callable[..., Any],
                     args: tuple[Any, ...], kwargs: dict[str, Any], retries: int | None) -> Any:
         what = f"step {name!r} (position {pos})"
-        recs = self.lookup(pos, "step", name)
+        recs = self.live.lookup(pos, "step", name)
         if recs:
             rec = recs["step"]
             if rec.data.get("ok"):
@@ -637,7 +397,7 @@ class AttemptCore:
         max_retries = self.policy.maxRetries if retries is None else retries
         live = self.live
         live.inflight_steps += 1
-        frame = StepFrame(pos, name, self)
+        frame = StepFrame(pos, name)
         started = time.monotonic()
         attempt = 0
         failure: BaseException | None = None
@@ -705,7 +465,7 @@ class AttemptCore:
 
     def value(self, kind: str, make: Callable[[], str]) -> str:
         pos = self.pstr(self.allocate(f"ctx.{kind}()"))
-        recs = self.lookup(pos, "value", kind)
+        recs = self.live.lookup(pos, "value", kind)
         if recs:
             return str(recs["value"].data["value"])
         value = make()
@@ -714,7 +474,7 @@ class AttemptCore:
 
     async def sleep(self, duration: timedelta) -> None:
         pos = self.pstr(self.allocate("ctx.sleep()"))
-        recs = self.lookup(pos, "sleep", "sleep")
+        recs = self.live.lookup(pos, "sleep", "sleep")
         if recs:
             wake = parse_time(recs["sleep"].data["wake_at"])
         else:
@@ -736,7 +496,7 @@ class AttemptCore:
         timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
     ) -> Any:
         pos = self.pstr(self.allocate("ctx.wait_for_event()"))
-        recs = self.lookup(pos, "wait", name)
+        recs = self.live.lookup(pos, "wait", name)
         end = recs.get("event")
         if end is not None:
             return self._event_outcome(end)
@@ -815,22 +575,22 @@ class AttemptCore:
     async def continue_as_new(self, new_input: Any) -> NoReturn:
         what = "ctx.continue_as_new()"
         if STEP.get() is not None:
-            raise _misuse(f"{what} was called inside a step: it ends the workflow function's "
+            raise misuse(f"{what} was called inside a step: it ends the workflow function's "
                           "current generation, so call it from the workflow function itself")
         scope = SCOPE.get(None)
         if scope is not None and scope.prefix:
-            raise _misuse(f"{what} was called inside a ctx.gather branch (position "
+            raise misuse(f"{what} was called inside a ctx.gather branch (position "
                           f"{self.pstr(scope.prefix)}): it ends the whole workflow function, not "
                           "one branch; call it from the workflow function after the gather")
         pos = self.pstr(self.allocate(what))
         if self.live.open_steps:
-            raise _misuse(f"{what} was called while {self.live.open_steps} step(s) were still "
+            raise misuse(f"{what} was called while {self.live.open_steps} step(s) were still "
                           "running: await every step (and gather) before continuing")
-        recs = self.lookup(pos, "continue", "continue_as_new")
+        recs = self.live.lookup(pos, "continue", "continue_as_new")
         if recs:
             self.continued = recs["continue"]
             raise ContinueAsNew()
-        self.check_unreached()
+        self.live.check_unreached(self.reached)
         self.check_before_new_op(step=False)
         self.check_duration()
         fields, _ = await self.encode_result(new_input, f"the input given to {what}",
@@ -861,45 +621,6 @@ class AttemptCore:
                 if isinstance(r, BaseException):
                     raise r
         return list(results)
-
-    def check_unreached(self) -> None:
-        """At completion: every journaled operation must have been reached."""
-        for pos, recs in self.live.index.items():
-            if pos in self.reached:
-                continue
-            ops = [r for k, r in recs.items() if not k.startswith("patch:")]
-            if ops:
-                err = errors.DivergenceError(
-                    f"the workflow finished without reaching journal position {pos}, which "
-                    f"holds {ops[0].kind} {ops[0].name!r}: the code changed in a way that does "
-                    "not fit this run's journal (guard changes with ctx.patched). Nothing "
-                    "journaled was changed."
-                )
-                raise Halt(HaltKind.FAIL, str(err), error=err)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def budget_overshoot(t: Totals, p: Policy) -> str | None:
-    """A budget the journaled totals went past (a running step charged it after the check)."""
-    over = []
-    if p.costCeilingUSD is not None and t.usd > Decimal(p.costCeilingUSD):
-        over.append(f"cost ${t.usd} is past policy.costCeilingUSD ${p.costCeilingUSD}")
-    if p.maxTokens is not None and t.tokens > p.maxTokens:
-        over.append(f"{t.tokens} tokens are past policy.maxTokens {p.maxTokens}")
-    if p.maxSteps is not None and t.steps > p.maxSteps:
-        over.append(f"{t.steps} steps are past policy.maxSteps {p.maxSteps}")
-    if not over:
-        return None
-    return ("budget overshoot: " + "; ".join(over) + " (budgets are checked before each step "
-            "starts; steps already running charged it)")
-
-
-def _misuse(message: str) -> Halt:
-    return Halt(HaltKind.FAIL, message, error=errors.WorkflowError(message))
-
 
 class _Raw:
     """Pre-encoded JSON spliced into a record without re-encoding."""

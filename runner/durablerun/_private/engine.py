@@ -1,4 +1,9 @@
-"""The engine: one attempt of a run, from loading the journal to exactly one outcome."""
+"""The engine: one attempt of a run, from loading the journal to exactly one outcome.
+
+The top of the runtime layer: it owns the attempt's event loop, the controls
+other threads use (stop, abort, fence), heartbeats, the progress timeout and
+the waits between passes; :mod:`durablerun._private.core` runs the operations.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ import contextvars
 import hashlib
 import importlib
 import inspect
-import json
 import sys
 import threading
 import time
@@ -16,15 +20,22 @@ import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durablerun import errors
-from durablerun._private import codec, core, layout
+from durablerun._private import codec, core, layout, replay
 from durablerun._private.context import DurableContext
 from durablerun._private.halts import Halt, HaltKind
-from durablerun._private.journal import Loaded, Record, RunStore, Totals
+from durablerun._private.journal import Loaded, RunStore
+from durablerun._private.model import (
+    AttemptResult,
+    EngineConfig,
+    Record,
+    RunStarted,
+    Totals,
+    WaitingFor,
+)
 from durablerun._private.sinks import ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
@@ -41,139 +52,6 @@ from durablerun.api import (
 
 SDK_VERSION = __version__
 Workflow = Callable[[DurableContext, Any], Any]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Tuning of the engine. Every field has a safe default."""
-
-    #: Save a snapshot every this many journal records (``checkpoint.snapshotEvery``).
-    snapshot_every: int = 100
-    #: Results bigger than this (bytes of JSON) are stored as their own object.
-    inline_result_max: int = 256 * 1024
-    #: Results bigger than this fail the step, without retries.
-    result_hard_limit: int = 64 * 1024 * 1024
-    #: Sleeps (and waits for a wake time) up to this long happen in process.
-    inline_sleep_max: timedelta = timedelta(seconds=60)
-    #: First delay between retries of a failing step; doubles per retry (with jitter).
-    retry_initial: timedelta = timedelta(seconds=1)
-    #: Upper bound of the delay between retries.
-    retry_max: timedelta = timedelta(seconds=60)
-    #: After a stop request, running steps get this long to finish and be journaled.
-    stop_grace: timedelta = timedelta(seconds=20)
-    #: Interval of heartbeat progress events.
-    heartbeat_interval: timedelta = timedelta(seconds=10)
-    #: The workflow code's version; default: a hash of the workflow module's source.
-    code_version: str | None = None
-    #: Run sync step functions in worker threads (so they can overlap and be abandoned).
-    sync_steps_in_threads: bool = True
-    #: Worker threads for sync steps.
-    max_sync_threads: int = 32
-    #: Asked before every journal write: a reason when this process may no longer
-    #: write (e.g. its lease lapsed while it was paused), None when it may. A
-    #: reason fences the attempt before anything is written.
-    write_guard: Callable[[], str | None] | None = None
-    #: How a user raises policy field ``f`` where the run runs, for abort messages
-    #: (the CLI names its flags, the runner pod a kubectl patch); None: generic advice.
-    policy_advice: Callable[[str], str] | None = None
-    #: Time the run was active before this attempt (on Kubernetes: status.activeSeconds, the time it had a
-    #: pod). Set: maxDuration counts that plus this attempt. None: it counts from the run's first start.
-    active_before: timedelta | None = None
-    #: A retried run (on Kubernetes: status.retryTime): a step whose failure was journaled before this moment
-    #: is executed again instead of replayed as a failure. None: journaled failures replay as they are.
-    rerun_failed_before: datetime | None = None
-
-
-@dataclass(frozen=True)
-class WaitingFor:
-    """What a Waiting run waits for: an event (maybe with a deadline) or a wake time."""
-
-    event: str | None = None
-    deadline: datetime | None = None
-    wake_time: datetime | None = None
-    since: datetime | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "event": self.event,
-            "deadline": format_time(self.deadline, precise=True) if self.deadline else None,
-            "wakeTime": format_time(self.wake_time, precise=True) if self.wake_time else None,
-            "since": format_time(self.since, precise=True) if self.since else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> WaitingFor | None:
-        if not data:
-            return None
-
-        def t(key: str) -> datetime | None:
-            v = data.get(key)
-            return parse_time(v) if v else None
-
-        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"))
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    """How one attempt ended. Exactly one per attempt."""
-
-    outcome: Outcome
-    message: str
-    abort_reason: AbortReason | None = None
-    #: The workflow's return value (Completed only).
-    result: Any = None
-    waiting: WaitingFor | None = None
-    totals: Totals = field(default_factory=Totals)
-    #: Journal records written so far (the next sequence number).
-    journal_records: int = 0
-    #: Qualified name of the error behind a Failed / UsageError outcome.
-    error_type: str | None = None
-    #: A budget the totals went past (a step charged it after the check before it), else None.
-    overshoot: str | None = None
-    #: Completed: where the result is stored (api.RunResult's fields: ref, size, sha256, and
-    #: inline, its JSON text, when at most api.RESULT_INLINE_MAX bytes).
-    result_info: dict[str, Any] | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return self.outcome.exit_code
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "abortReason": self.abort_reason.value if self.abort_reason else None,
-            "waitingFor": self.waiting.to_json() if self.waiting else None,
-            "cost": {"usd": str(self.totals.usd), "tokens": self.totals.tokens},
-            "steps": self.totals.steps,
-            "journalRecords": self.journal_records,
-            "errorType": self.error_type,
-            "overshoot": self.overshoot,
-            "resultRef": self.result_info["ref"] if self.result_info else None,
-        }
-
-    def termination_message(self) -> str:
-        """Compact JSON for the container's termination message (under 4 KiB)."""
-        doc = self.to_json()
-        text = json.dumps(doc, separators=(",", ":"))
-        if len(text.encode()) > 3800:
-            doc["message"] = self.message[:2000] + " ..."
-            text = json.dumps(doc, separators=(",", ":"))
-        return text
-
-
-@dataclass(frozen=True)
-class RunStarted:
-    run: str
-    attempt_id: str
-    journal_records: int
-    resumed: bool
-    objects_read: int
-    code_version: str
-    #: The workflow generation the attempt resumes (0 until ctx.continue_as_new is called).
-    generation: int = 0
-    #: Sequence number of the record the loaded journal starts at (its last continuation).
-    first_loaded: int = 0
 
 
 # --- loading workflows -------------------------------------------------------------
@@ -419,13 +297,13 @@ class Run:
         loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
         for w in loaded.warnings:
             self.sinks.warning(w)
-        live = core.Live(loaded=loaded, totals=loaded.totals)
+        live = replay.Live(loaded=loaded, totals=loaded.totals)
         cont = loaded.continuation
         generation = 0
         if cont is not None:
             # Resume in the generation the last ctx.continue_as_new started.
             generation = _generation_of(cont, self.ref)
-            live.prefix = core.gen_prefix(generation)
+            live.prefix = replay.gen_prefix(generation)
         for record in loaded.records:
             live.add(record)
         self.sinks.run_started(info=RunStarted(
@@ -456,7 +334,7 @@ class Run:
             attempt_core.close()
             self._core = None
 
-    def _make_core(self, rs: RunStore, live: core.Live, first_start: datetime,
+    def _make_core(self, rs: RunStore, live: replay.Live, first_start: datetime,
                    io_pool: ThreadPoolExecutor) -> core.AttemptCore:
         return core.AttemptCore(
             store=rs, live=live, policy=self.policy, config=self.config, sinks=self.sinks,
@@ -576,10 +454,10 @@ class Run:
                 return self._halt_result(h, live)
         ctx = DurableContext(c)
         loop = asyncio.get_running_loop()
-        scope = core.Scope((), None)
+        scope = replay.Scope((), None)
         cv = contextvars.copy_context()
-        cv.run(core.SCOPE.set, scope)
-        cv.run(core.STEP.set, None)
+        cv.run(replay.SCOPE.set, scope)
+        cv.run(replay.STEP.set, None)
 
         async def main() -> Any:
             scope.owner = asyncio.current_task()
@@ -659,7 +537,7 @@ class Run:
     async def _complete(self, c: core.AttemptCore, value: Any) -> AttemptResult:
         live = c.live
         try:
-            c.check_unreached()
+            c.live.check_unreached(c.reached)
             fields, result = await c.encode_result(value, "the workflow")
             done = await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
         except Halt as h:
@@ -705,7 +583,7 @@ class Run:
                         reason=AbortReason.PROGRESS_TIMEOUT)
         return None
 
-    def _halt_result(self, h: Halt, live: core.Live) -> AttemptResult:
+    def _halt_result(self, h: Halt, live: replay.Live) -> AttemptResult:
         kind_outcome = {
             HaltKind.SUSPEND: Outcome.SUSPENDED,
             HaltKind.ABORT: Outcome.ABORTED,
@@ -734,7 +612,7 @@ class Run:
             kind_outcome[h.kind], h.message, abort_reason=h.reason,
             error_type=_qual(h.error) if h.error else None,
             totals=totals, journal_records=live.loaded.next_seq,
-            overshoot=core.budget_overshoot(totals, self.policy))
+            overshoot=replay.budget_overshoot(totals, self.policy))
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:

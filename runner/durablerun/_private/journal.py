@@ -46,70 +46,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from durablerun import errors
 from durablerun._private import codec, layout
 from durablerun._private.backends import base
+from durablerun._private.model import Record, Totals
 from durablerun.api import format_time
-
-
-@dataclass
-class Totals:
-    """The run's journaled counters."""
-
-    usd: Decimal = Decimal(0)
-    tokens: int = 0
-    steps: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"usd": str(self.usd), "tokens": self.tokens, "steps": self.steps}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Totals:
-        if not data:
-            return cls()
-        return cls(Decimal(str(data.get("usd", "0"))), int(data.get("tokens", 0)),
-                   int(data.get("steps", 0)))
-
-    def copy(self) -> Totals:
-        return Totals(self.usd, self.tokens, self.steps)
-
-
-@dataclass
-class Record:
-    seq: int
-    data: dict[str, Any]
-    body: bytes | None = None
-    #: The decoded value was handed to the workflow once; hand out copies after that.
-    handed: bool = False
-
-    @property
-    def pos(self) -> str:
-        return str(self.data["pos"])
-
-    @property
-    def kind(self) -> str:
-        return str(self.data["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.data.get("name", ""))
-
-    def raw(self) -> bytes:
-        if self.body is None:
-            self.body = codec.dumps(self.data)
-        return self.body
-
-    def value(self) -> Any:
-        """The record's inline ``value`` as plain JSON (records written in this
-        process keep it encoded until someone asks)."""
-        value = self.data.get("value")
-        raw = getattr(value, "data", None)
-        if isinstance(raw, bytes):
-            return codec.loads(raw, what=f"record {self.seq}")
-        return value
 
 
 @dataclass

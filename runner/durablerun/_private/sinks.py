@@ -15,12 +15,10 @@ import sys
 import threading
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
+from durablerun._private.model import AttemptResult, RunStarted
 from durablerun.api import format_time
-
-if TYPE_CHECKING:
-    from durablerun._private.engine import AttemptResult, RunStarted
 
 log = logging.getLogger("durablerun")
 

@@ -15,7 +15,8 @@ from durablerun._private.backends import base
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.backends.options import S3Options
-from durablerun._private.journal import RunStore, Totals
+from durablerun._private.journal import RunStore
+from durablerun._private.model import Totals
 from durablerun.api import Checkpoint, parse_time
 
 
