@@ -17,7 +17,7 @@ from durablerun import DurableContext, EventTimeout, ResultNotSerializableError,
 from durablerun._private import codec, layout
 from durablerun._private.backends import memory
 from durablerun._private.journal import RunStore
-from durablerun._private.model import Record
+from durablerun._private.model import ContinueRecord, Record
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import ProgressSink
@@ -149,14 +149,14 @@ def test_a_loop_runs_across_generations_and_resumes_inside_each(store_spec: Stor
     # The journal: each generation's records carry its prefix; a continuation ends it.
     records = all_records(store)
     conts = [rec for rec in records if rec.kind == "continue"]
-    assert [rec.data["gen"] for rec in conts] == [1, 2, 3]
+    assert [rec.gen for rec in conts] == [1, 2, 3]
     gen = 0
     for rec in records:
-        if rec.kind == "continue":
+        if isinstance(rec, ContinueRecord):
             assert ("/" in rec.pos) == (gen > 0)
-            gen = rec.data["gen"]
+            gen = rec.gen
         elif rec.kind != "complete":
-            assert rec.pos.startswith(f"{gen}/") if gen else "/" not in rec.pos, rec.data
+            assert rec.pos.startswith(f"{gen}/") if gen else "/" not in rec.pos, rec.raw()
     # Re-running a completed run returns its result without running anything.
     again = attempt(store, wf)
     assert again.outcome == Outcome.COMPLETED
@@ -460,8 +460,9 @@ def test_an_input_over_the_hard_limit_fails_and_a_big_one_goes_to_a_blob(mem: St
     assert attempt(mem, wf, {"size": 10_000}, ref=ref, config=config).outcome == Outcome.WAITING
     cont = [rec for rec in all_records(mem, ref) if rec.kind == "continue"]
     assert len(cont) == 1
-    assert "ref" in cont[0].data
-    assert "value" not in cont[0].data
+    assert isinstance(cont[0], ContinueRecord)
+    assert cont[0].ref is not None
+    assert b'"value"' not in cont[0].raw()
     mem.put_event(run=ref, name="go", payload=None)
     done = attempt(mem, wf, {"size": 10_000}, ref=ref, config=config)
     assert done.result == 10_000

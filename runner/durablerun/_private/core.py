@@ -30,7 +30,21 @@ from durablerun import errors
 from durablerun._private import codec
 from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
 from durablerun._private.journal import RunStore
-from durablerun._private.model import EngineConfig, Record, Totals
+from durablerun._private.model import (
+    ContinueRecord,
+    Cost,
+    EngineConfig,
+    EventRecord,
+    PatchRecord,
+    Payload,
+    Record,
+    ResultRecord,
+    SleepRecord,
+    StepRecord,
+    Totals,
+    ValueRecord,
+    WaitRecord,
+)
 from durablerun._private.replay import (
     SCOPE,
     STEP,
@@ -50,6 +64,7 @@ from durablerun._private.workers import StepThreads
 from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Record)
 
 class AttemptCore:
     """Executes workflow passes for one attempt. Created by the engine."""
@@ -90,10 +105,10 @@ class AttemptCore:
         self.max_cost = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
         self.max_duration = parse_duration(policy.maxDuration)
         #: The generation being run, and the continue_as_new record that started it.
-        self.continuation: Record | None = live.loaded.continuation
-        self.gen = int(self.continuation.data.get("gen", 1)) if self.continuation else 0
+        self.continuation: ContinueRecord | None = live.loaded.continuation
+        self.gen = self.continuation.gen if self.continuation else 0
         #: Set once this generation's continue_as_new record is durable.
-        self.continued: Record | None = None
+        self.continued: ContinueRecord | None = None
 
     # --- plumbing -----------------------------------------------------------------
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -112,9 +127,9 @@ class AttemptCore:
     def new_pass(self) -> None:
         self.reached = set()
 
-    def start_generation(self, record: Record) -> None:
-        """Run generation ``record["gen"]`` next, from continuation ``record``."""
-        self.gen = int(record.data.get("gen", self.gen + 1))
+    def start_generation(self, record: ContinueRecord) -> None:
+        """Run generation ``record.gen`` next, from continuation ``record``."""
+        self.gen = record.gen
         self.continuation = record
         self.continued = None
         self.live.reset(gen_prefix(self.gen))
@@ -149,8 +164,7 @@ class AttemptCore:
         return None if scope is None else (*scope.prefix, scope.counter)
 
     # --- journal writes --------------------------------------------------------------
-    def _commit_locked(self, fields: dict[str, Any], usd: Decimal, tokens: int,
-                       step: bool) -> tuple[Record, str]:
+    def _commit_locked(self, record: R, usd: Decimal, tokens: int, step: bool) -> tuple[R, str]:
         """Assign the next sequence number and append; runs under the writer lock.
 
         Called on the loop thread for local stores and on the single writer
@@ -167,18 +181,10 @@ class AttemptCore:
             totals = Totals(live.totals.usd + usd, live.totals.tokens + tokens,
                             live.totals.steps + (1 if step else 0))
             seq = live.loaded.next_seq
-            data: dict[str, Any] = {"seq": seq, **fields, "w": self.attempt_id,
-                                    "at": round(time.time(), 6)}
-            if usd or tokens:
-                data["cost"] = {"usd": str(usd), "tokens": tokens}
-            data["totals"] = totals.to_json()
-            raw = data.pop("value") if isinstance(data.get("value"), _Raw) else None
-            if raw is not None:
-                body = codec.dumps(data)[:-1] + b',"value":' + raw.data + b"}"
-                data["value"] = raw  # decoded lazily, only if a later pass replays it
-                record = Record(seq, data, body)
-            else:
-                record = Record(seq, data)
+            record.seq, record.w, record.at, record.totals = (
+                seq, self.attempt_id, round(time.time(), 6), totals)
+            record.cost = Cost(usd, tokens) if usd or tokens else None
+            record.body = record.encode()
             try:
                 key = self.store.append(record)
             except errors.FencedError as e:
@@ -186,7 +192,7 @@ class AttemptCore:
                 raise Halt(HaltKind.FENCE, str(e), error=e) from None
             except errors.StoreError as e:
                 raise Halt(HaltKind.CRASH, str(e), error=e) from None
-            if record.kind == "continue":
+            if isinstance(record, ContinueRecord):
                 # The new generation starts here: earlier records are not kept in memory
                 # (a snapshot still being written holds its own reference to them).
                 live.loaded.rebase(record)
@@ -235,28 +241,29 @@ class AttemptCore:
                     loop.call_soon_threadsafe(self.sinks.warning, warning)
         return key, warning
 
-    def _after_commit(self, result: tuple[Record, str], step: bool) -> Record:
+    def _after_commit(self, result: tuple[R, str], step: bool) -> R:
         # Snapshots report from their own thread (_snapshot_job), never through here.
         record, key = result
         self.sinks.checkpoint_saved(seq=record.seq, key=key)
-        if step or "cost" in record.data:
+        if step or record.cost is not None:
             t = self.live.totals
             self.sinks.cost_updated(usd=t.usd, tokens=t.tokens, steps=t.steps)
         return record
 
-    async def commit(self, fields: dict[str, Any], *, usd: Decimal = Decimal(0),
-                     tokens: int = 0, step: bool = False) -> Record:
+    async def commit(self, record: R, *, usd: Decimal = Decimal(0),
+                     tokens: int = 0, step: bool = False) -> R:
+        """Append ``record`` (its seq, writer, time, cost and totals are set here); durable on return."""
         if self.store.backend.io_inline:
-            result = self._commit_locked(fields, usd, tokens, step)
+            result = self._commit_locked(record, usd, tokens, step)
         else:
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(
-                self._write_pool, self._commit_locked, fields, usd, tokens, step)
+                self._write_pool, self._commit_locked, record, usd, tokens, step)
         return self._after_commit(result, step)
 
-    def commit_now(self, fields: dict[str, Any]) -> Record:
+    def commit_now(self, record: R) -> R:
         """Synchronous commit for ctx.now()/uuid()/patched(): durable before they return."""
-        return self._after_commit(self._commit_locked(fields, Decimal(0), 0, False), False)
+        return self._after_commit(self._commit_locked(record, Decimal(0), 0, False), False)
 
     async def final_snapshot(self) -> None:
         """A snapshot of everything journaled, after any snapshot still being written."""
@@ -317,8 +324,8 @@ class AttemptCore:
 
     # --- results --------------------------------------------------------------------------
     async def encode_result(self, value: Any, what: str, verb: str = "returned",
-                            root: str = "result") -> tuple[dict[str, Any], Any]:
-        """Record fields for a result, and the value the workflow gets back."""
+                            root: str = "result") -> tuple[Payload, Any]:
+        """How a record carries a result, and the value the workflow gets back."""
         body, model = codec.encode_value(value, what=what, verb=verb, root=root)
         size = len(body)
         if size > self.config.result_hard_limit:
@@ -327,40 +334,35 @@ class AttemptCore:
                 f"{self.config.result_hard_limit:,} bytes (EngineConfig.result_hard_limit, "
                 "--max-result-bytes). Store large data elsewhere and return a reference."
             )
-        fields: dict[str, Any] = {}
+        payload = Payload(body, None, model or None)
         if size > self.config.inline_result_max:
             try:
-                fields["ref"] = await self.io(self.store.put_blob, body)
+                payload = Payload(None, await self.io(self.store.put_blob, body), model or None)
             except errors.StoreError as e:
                 # The store failed, not the step: never journal this as the step's error.
                 raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                            else HaltKind.FAIL, str(e), error=e) from None
-        else:
-            fields["value"] = _Raw(body)
-        if model:
-            fields["model"] = model
         # The workflow gets its own copy, decoded exactly as a replay would decode it.
-        return fields, codec.rebuild(codec.loads(body, what=what), model, what=what)
+        return payload, codec.rebuild(codec.loads(body, what=what), model, what=what)
 
-    async def recorded_value(self, record: Record, what: str) -> Any:
-        data = record.data
-        if "ref" in data:
+    async def recorded_value(self, record: ResultRecord, what: str) -> Any:
+        if record.ref is not None:
             try:
-                body = await self.io(self.store.get_blob, data["ref"])
+                body = await self.io(self.store.get_blob, record.ref)
             except errors.StoreError as e:
                 raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                            else HaltKind.FAIL, str(e), error=e) from None
-            return codec.decode_value(body, data.get("model"), what=what)
-        value = data.get("value")
+            return codec.decode_value(body, record.model, what=what)
         try:
-            if isinstance(value, _Raw):
-                return codec.rebuild(codec.loads(value.data, what=what), data.get("model"),
+            if record.encoded is not None:  # written in this process: decoded only now
+                return codec.rebuild(codec.loads(record.encoded, what=what), record.model,
                                      what=what)
-            if record.handed or record.body is None:
+            value = record.value
+            if record.handed:
                 # A second pass in this process: the first may have mutated its copy.
                 value = _fresh(value)
             record.handed = True
-            return codec.rebuild(value, data.get("model"), what=what)
+            return codec.rebuild(value, record.model, what=what)
         except errors.WorkflowError as e:
             raise Halt(HaltKind.FAIL, str(e), error=e) from None
 
@@ -384,13 +386,14 @@ class AttemptCore:
         recs = self.live.lookup(pos, "step", name)
         if recs:
             rec = recs["step"]
-            if rec.data.get("ok"):
+            assert isinstance(rec, StepRecord)
+            if rec.ok:
                 return await self.recorded_value(rec, what)
             retry = self.config.rerun_failed_before
-            if retry is None or float(rec.data.get("at", 0)) >= retry.timestamp():
-                err = rec.data.get("error") or {}
+            if retry is None or rec.at >= retry.timestamp():
+                err = rec.error or {}
                 raise errors.StepError(name, pos, str(err.get("type", "Error")),
-                                       str(err.get("message", "")), int(rec.data.get("attempts", 1)))
+                                       str(err.get("message", "")), rec.attempts)
             # The run was retried after this failure: run the step again. Its new record, later in the
             # journal at the same position, is the one every later replay reads.
         self.check_before_new_op(step=True)
@@ -401,7 +404,7 @@ class AttemptCore:
         started = time.monotonic()
         attempt = 0
         failure: BaseException | None = None
-        fields: dict[str, Any] = {}
+        payload = Payload(None, None, None)
         value: Any = None
         try:
             while True:
@@ -410,7 +413,7 @@ class AttemptCore:
                 token = STEP.set(frame)
                 try:
                     result = await self._invoke(fn, args, kwargs)
-                    fields, value = await self.encode_result(result, what)
+                    payload, value = await self.encode_result(result, what)
                     failure = None
                     break
                 except (Halt, asyncio.CancelledError):
@@ -427,20 +430,17 @@ class AttemptCore:
                 await self.pause(self.backoff(attempt))
         finally:
             live.inflight_steps -= 1
-        record_fields: dict[str, Any] = {"pos": pos, "kind": "step", "name": name,
-                                         "ok": failure is None}
+        record = StepRecord(pos=pos, name=name, ok=failure is None, attempts=attempt,
+                            dur=round(time.monotonic() - started, 6))
         if failure is None:
-            record_fields.update(fields)
+            record.set_result(payload)
         else:
-            record_fields["error"] = {"type": type(failure).__qualname__,
-                                      "module": type(failure).__module__,
-                                      "message": str(failure)[:4000]}
-        record_fields["attempts"] = attempt
-        record_fields["dur"] = round(time.monotonic() - started, 6)
-        record = await self.commit(record_fields, usd=frame.usd, tokens=frame.tokens, step=True)
+            record.error = {"type": type(failure).__qualname__, "module": type(failure).__module__,
+                            "message": str(failure)[:4000]}
+        record = await self.commit(record, usd=frame.usd, tokens=frame.tokens, step=True)
         live.last_progress = time.monotonic()
         self.sinks.step_completed(position=pos, name=name, seq=record.seq, ok=failure is None,
-                                  duration=record_fields["dur"])
+                                  duration=record.dur)
         if failure is not None:
             raise errors.StepError(name, pos, type(failure).__qualname__, str(failure)[:4000],
                                    attempt) from failure
@@ -467,21 +467,25 @@ class AttemptCore:
         pos = self.pstr(self.allocate(f"ctx.{kind}()"))
         recs = self.live.lookup(pos, "value", kind)
         if recs:
-            return str(recs["value"].data["value"])
+            rec = recs["value"]
+            assert isinstance(rec, ValueRecord)
+            return rec.value
         value = make()
-        self.commit_now({"pos": pos, "kind": "value", "name": kind, "value": value})
+        self.commit_now(ValueRecord(pos=pos, name=kind, value=value))
         return value
 
     async def sleep(self, duration: timedelta) -> None:
         pos = self.pstr(self.allocate("ctx.sleep()"))
         recs = self.live.lookup(pos, "sleep", "sleep")
         if recs:
-            wake = parse_time(recs["sleep"].data["wake_at"])
+            rec = recs["sleep"]
+            assert isinstance(rec, SleepRecord)
+            wake = parse_time(rec.wake_at)
         else:
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
-            await self.commit({"pos": pos, "kind": "sleep", "name": "sleep",
-                               "wake_at": format_time(wake, precise=True)})
+            await self.commit(SleepRecord(pos=pos, name="sleep",
+                                          wake_at=format_time(wake, precise=True)))
         remaining = (wake - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             return
@@ -499,38 +503,38 @@ class AttemptCore:
         recs = self.live.lookup(pos, "wait", name)
         end = recs.get("event")
         if end is not None:
+            assert isinstance(end, EventRecord)
             return self._event_outcome(end)
         start = recs.get("wait")
         if start is None:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
             written = None if deadline is None else format_time(deadline, precise=True)
-            start = await self.commit({"pos": pos, "kind": "wait", "name": name, "deadline": written})
-        raw_deadline = start.data.get("deadline")
-        deadline = parse_time(raw_deadline) if raw_deadline else None
+            start = await self.commit(WaitRecord(pos=pos, name=name, deadline=written))
+        assert isinstance(start, WaitRecord)
+        deadline = parse_time(start.deadline) if start.deadline else None
         try:
             event = await self.io(self.store.get_event, name)
         except errors.StoreError as e:
             raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                        else HaltKind.FAIL, str(e), error=e) from None
         if event is not None:
-            end = await self.commit({"pos": pos, "kind": "event", "name": name,
-                                     "ok": True, "value": event.get("payload"),
-                                        "event_id": event.get("id")})
+            end = await self.commit(EventRecord(pos=pos, name=name, ok=True,
+                                                value=event.get("payload"),
+                                                event_id=event.get("id")))
             self.live.last_progress = time.monotonic()
             return self._event_outcome(end)
         if deadline is not None and datetime.now(UTC) >= deadline:
-            end = await self.commit({"pos": pos, "kind": "event", "name": name,
-                                     "ok": False, "timeout": True})
+            end = await self.commit(EventRecord(pos=pos, name=name, ok=False, timeout=True))
             return self._event_outcome(end)
         raise Halt(HaltKind.WAIT, f"waiting for event {name!r}",
                    waiting=Waiting(event=name, deadline=deadline))
 
-    def _event_outcome(self, record: Record) -> Any:
-        if record.data.get("ok"):
-            return _fresh(record.data.get("value"))
+    def _event_outcome(self, record: EventRecord) -> Any:
+        if record.ok:
+            return _fresh(record.value)
         wait = self.live.index.get(record.pos, {}).get("wait")
-        deadline = wait.data.get("deadline") if wait else None
+        deadline = wait.deadline if isinstance(wait, WaitRecord) else None
         raise errors.EventTimeout(record.name, str(deadline))
 
     def patched(self, change_id: str) -> bool:
@@ -545,7 +549,7 @@ class AttemptCore:
             return True
         if self.live.replaying_at(cur):
             return False
-        self.commit_now({"pos": pos, "kind": "patch", "name": change_id})
+        self.commit_now(PatchRecord(pos=pos, name=change_id))
         return True
 
     def set_total_steps(self, total: int | None) -> None:
@@ -588,16 +592,18 @@ class AttemptCore:
                           "running: await every step (and gather) before continuing")
         recs = self.live.lookup(pos, "continue", "continue_as_new")
         if recs:
-            self.continued = recs["continue"]
+            rec = recs["continue"]
+            assert isinstance(rec, ContinueRecord)
+            self.continued = rec
             raise ContinueAsNew()
         self.live.check_unreached(self.reached)
         self.check_before_new_op(step=False)
         self.check_duration()
-        fields, _ = await self.encode_result(new_input, f"the input given to {what}",
-                                             verb="is", root="input")
-        record = await self.commit({"pos": pos, "kind": "continue", "name": "continue_as_new",
-                                    "gen": self.gen + 1, **fields})
-        self.continued = record
+        payload, _ = await self.encode_result(new_input, f"the input given to {what}",
+                                              verb="is", root="input")
+        record = ContinueRecord(pos=pos, name="continue_as_new", gen=self.gen + 1)
+        record.set_result(payload)
+        self.continued = await self.commit(record)
         raise ContinueAsNew()
 
     async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:
@@ -621,15 +627,6 @@ class AttemptCore:
                 if isinstance(r, BaseException):
                     raise r
         return list(results)
-
-class _Raw:
-    """Pre-encoded JSON spliced into a record without re-encoding."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
 
 def _fresh(value: Any) -> Any:
     """A private copy of a journaled value (workflows may mutate what they get)."""

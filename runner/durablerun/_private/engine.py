@@ -30,8 +30,9 @@ from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, RunStore
 from durablerun._private.model import (
     AttemptResult,
+    CompleteRecord,
+    ContinueRecord,
     EngineConfig,
-    Record,
     RunStarted,
     Totals,
     WaitingFor,
@@ -302,7 +303,7 @@ class Run:
         generation = 0
         if cont is not None:
             # Resume in the generation the last ctx.continue_as_new started.
-            generation = _generation_of(cont, self.ref)
+            generation = cont.gen
             live.prefix = replay.gen_prefix(generation)
         for record in loaded.records:
             live.add(record)
@@ -311,8 +312,8 @@ class Run:
             resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
             code_version=code_version, generation=generation, first_loaded=loaded.base))
 
-        if loaded.records and loaded.records[-1].kind == "complete":
-            done = loaded.records[-1]
+        done = loaded.records[-1] if loaded.records else None
+        if isinstance(done, CompleteRecord):
             attempt_core = self._make_core(rs, live, first_start, io_pool)
             try:
                 value = await attempt_core.recorded_value(done, "the workflow's result")
@@ -361,7 +362,7 @@ class Run:
         waits = 0
         while True:
             outcome = await self._one_pass(fn, c)
-            if isinstance(outcome, Record):
+            if isinstance(outcome, ContinueRecord):
                 # continue_as_new: its record is durable; the next generation starts now.
                 c.start_generation(outcome)
                 self.sinks.continued_as_new(generation=c.gen, seq=outcome.seq)
@@ -439,7 +440,7 @@ class Run:
         return True
 
     async def _one_pass(self, fn: Workflow,
-                        c: core.AttemptCore) -> AttemptResult | WaitingFor | Record:
+                        c: core.AttemptCore) -> AttemptResult | WaitingFor | ContinueRecord:
         """One pass of the current generation. Returns how it ended, or the
         continue_as_new record that ended the generation."""
         live = c.live
@@ -538,8 +539,10 @@ class Run:
         live = c.live
         try:
             c.live.check_unreached(c.reached)
-            fields, result = await c.encode_result(value, "the workflow")
-            done = await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
+            payload, result = await c.encode_result(value, "the workflow")
+            done = CompleteRecord(pos="end", name="result")
+            done.set_result(payload)
+            done = await c.commit(done)
         except Halt as h:
             return self._halt_result(h, live)
         except errors.DurableRunError as e:
@@ -552,9 +555,9 @@ class Run:
                              result_info=await self._io(c._io_pool, self._result_info, c.store,
                                                         done))
 
-    def _result_info(self, rs: RunStore, done: Record) -> dict[str, Any]:
+    def _result_info(self, rs: RunStore, done: CompleteRecord) -> dict[str, Any]:
         """Where the result of complete record ``done`` lives; its JSON too when small."""
-        ref = done.data.get("ref")
+        ref = done.ref
         if ref:  # a big result (above inline_result_max): its own content-addressed object
             where = layout.blob_key(str(ref["sha256"]))
             info: dict[str, Any] = {"size": int(ref["size"]), "sha256": str(ref["sha256"])}
@@ -563,7 +566,7 @@ class Run:
                 with contextlib.suppress(errors.StoreError):  # the reference is enough
                     body = rs.get_blob(ref)
         else:
-            body = codec.dumps(done.value())
+            body = done.inline_json()
             where = rs.journal().location(done.seq)
             info = {"size": len(body), "sha256": codec.sha256_hex(body)}
         if body is not None and info["size"] <= RESULT_INLINE_MAX:
@@ -631,14 +634,6 @@ class Run:
         doc.update({"attempt": self.attempt_id, "time": format_time(time.time(), precise=True),
                     "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
         return doc
-
-
-def _generation_of(record: Record, ref: layout.RunRef) -> int:
-    gen = record.data.get("gen")
-    if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
-        raise errors.CorruptionError(
-            f"continuation record {record.seq} has no valid generation number", run=str(ref))
-    return gen
 
 
 def _waiting_message(w: WaitingFor) -> str:

@@ -17,19 +17,8 @@ cheap with *snapshots*:
   the whole journal (slower, same result). A checksum mismatch anywhere is a
   loud CorruptionError.
 
-Record format (layout v1), one JSON object per journal position::
-
-    {"seq": 7, "pos": "3", "kind": "step", "name": "plan", "w": "<attempt id>",
-     "at": 1700000000.1, "ok": true, "value": ..., | "ref": {"sha256":..., "size":...},
-     "model": "pkg.mod:Model", "error": {"type":..., "message":...}, "attempts": 1,
-     "dur": 0.12, "cost": {"usd": "0.02", "tokens": 1500},
-     "totals": {"usd": "0.04", "tokens": 3000, "steps": 2}}
-
-``kind`` is one of ``step``, ``value`` (ctx.now / ctx.uuid), ``sleep``,
-``wait`` (the deadline of a wait_for_event), ``event`` (its resolution),
-``patch`` (a ctx.patched marker), ``continue`` (ctx.continue_as_new: ``gen``,
-the generation it starts, and its input as ``value``/``ref``/``model``) and
-``complete`` (the workflow's result).
+The records themselves (layout v1) are typed in :mod:`durablerun._private.model`,
+one class per kind, which owns their format; tests/sdk/golden/ pins it.
 
 Continuations bound what a resume reads. A resume starts at the run's last
 ``continue`` record: the snapshot pointer records where its chunks start
@@ -51,7 +40,7 @@ from typing import Any
 from durablerun import errors
 from durablerun._private import codec, layout
 from durablerun._private.backends import base
-from durablerun._private.model import Record, Totals
+from durablerun._private.model import ContinueRecord, Record, Totals, decode_record
 from durablerun.api import format_time
 
 
@@ -106,10 +95,10 @@ class Loaded:
         self._view = (record.seq, [record])
 
     @property
-    def continuation(self) -> Record | None:
+    def continuation(self) -> ContinueRecord | None:
         """The ``continue`` record the current generation started from, if any."""
         records = self.records
-        return records[0] if records and records[0].kind == "continue" else None
+        return records[0] if records and isinstance(records[0], ContinueRecord) else None
 
     @property
     def next_seq(self) -> int:
@@ -118,7 +107,7 @@ class Loaded:
 
     @property
     def totals(self) -> Totals:
-        return Totals.from_json(self.records[-1].data.get("totals")) if self.records else Totals()
+        return self.records[-1].totals.copy() if self.records else Totals()
 
 
 def _chunk_lines(body: bytes, where: str) -> list[bytes]:
@@ -181,14 +170,7 @@ class RunStore:
 
     def _decode_record(self, seq: int, sealed: bytes, where: str) -> Record:
         body = codec.unseal(sealed, what=where)
-        data = codec.loads(body, what=where)
-        if not isinstance(data, dict) or data.get("seq") != seq:
-            raise errors.CorruptionError(
-                f"journal record claims seq {data.get('seq') if isinstance(data, dict) else '?'}"
-                f" but is stored at {seq}",
-                key=where,
-            )
-        return Record(seq, data, body)
+        return decode_record(seq, codec.loads(body, what=where), body, where)
 
     def _read_tail(self, from_seq: int, for_writing: bool) -> tuple[list[Record], int]:
         """Decoded journal records from ``from_seq`` on, and how many objects that read."""
@@ -225,11 +207,12 @@ class RunStore:
                     raise errors.CorruptionError(
                         f"snapshot chunk holds seq {item.get('seq') if isinstance(item, dict) else '?'}"
                         f" where {seq} belongs", key=ck)
-                if item.get("kind") == "continue" and records:
+                record = decode_record(seq, item, line, ck)
+                if record.kind == "continue" and records:
                     # A snapshot always starts at the last continuation before it; should one
                     # ever hold a later one, what came before that is not needed either.
                     base, records = seq, []
-                records.append(Record(seq, item, line))
+                records.append(record)
         return records
 
     def load(self, *, for_writing: bool = False) -> Loaded:

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
+from durablerun import errors
 from durablerun._private import codec
 from durablerun.api import AbortReason, Outcome, format_time, parse_time
 
@@ -41,39 +42,257 @@ class Totals:
         return Totals(self.usd, self.tokens, self.steps)
 
 
-@dataclass
+@dataclass(slots=True)
+class Cost:
+    """Cost a record charged (a step's own, plus what was charged outside steps since the last record)."""
+
+    usd: Decimal
+    tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"usd": str(self.usd), "tokens": self.tokens}
+
+
+# --- journal records (layout v1) ------------------------------------------------------------
+#
+# One JSON object per journal position. Every record starts with ``seq``, ``pos``, ``kind``
+# and ``name``, goes on with the fields of its kind (below, in their order on the wire) and
+# ends with ``w`` (the attempt that wrote it), ``at`` (unix seconds), ``cost`` (when it
+# charged any) and ``totals`` (the run's totals with it). A result (a step's, a
+# continuation's input, the workflow's) is inline as ``value``, written last, or, when big,
+# a blob reference ``ref`` ({"sha256", "size"}); ``model`` names its pydantic class.
+# tests/sdk/golden/ pins the format: records written today are byte for byte layout v1's.
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
 class Record:
-    seq: int
-    data: dict[str, Any]
+    """A journal record; the subclasses are its kinds (``kind`` on the wire)."""
+
+    kind: ClassVar[str] = ""
+    seq: int = -1
+    pos: str
+    name: str
+    w: str = ""
+    at: float = 0.0
+    cost: Cost | None = None
+    totals: Totals = field(default_factory=Totals)
+    #: The record's JSON as stored (set when it is written or read).
     body: bytes | None = None
     #: The decoded value was handed to the workflow once; hand out copies after that.
     handed: bool = False
 
-    @property
-    def pos(self) -> str:
-        return str(self.data["pos"])
-
-    @property
-    def kind(self) -> str:
-        return str(self.data["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.data.get("name", ""))
+    def _fields(self) -> dict[str, Any]:
+        """The fields of this kind, in their order on the wire."""
+        return {}
 
     def raw(self) -> bytes:
+        """The record's JSON: as read, or encoded once."""
         if self.body is None:
-            self.body = codec.dumps(self.data)
+            self.body = self.encode()
         return self.body
 
-    def value(self) -> Any:
-        """The record's inline ``value`` as plain JSON (records written in this
-        process keep it encoded until someone asks)."""
-        value = self.data.get("value")
-        raw = getattr(value, "data", None)
-        if isinstance(raw, bytes):
-            return codec.loads(raw, what=f"record {self.seq}")
-        return value
+    def encode(self) -> bytes:
+        data: dict[str, Any] = {"seq": self.seq, "pos": self.pos, "kind": self.kind,
+                                "name": self.name, **self._fields(), "w": self.w, "at": self.at}
+        if self.cost is not None:
+            data["cost"] = self.cost.to_json()
+        data["totals"] = self.totals.to_json()
+        return codec.dumps(data)
+
+
+class Payload(NamedTuple):
+    """How a record carries a result: its JSON inline (``encoded``), or a blob ``ref``."""
+
+    encoded: bytes | None
+    ref: dict[str, Any] | None
+    model: str | None
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class ResultRecord(Record):
+    """A record that carries a result: inline ``value`` (written last) or a blob ``ref``."""
+
+    #: The result's JSON, still encoded (records written in this process).
+    encoded: bytes | None = None
+    #: The result, decoded (records read from the store).
+    value: Any = None
+    ref: dict[str, Any] | None = None
+    model: str | None = None
+
+    def _result_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.ref is not None:
+            out["ref"] = self.ref
+        if self.model is not None:
+            out["model"] = self.model
+        return out
+
+    def encode(self) -> bytes:
+        if self.ref is not None:
+            return Record.encode(self)
+        head = Record.encode(self)[:-1]
+        return head + b',"value":' + self.inline_json() + b"}"
+
+    def set_result(self, payload: Payload) -> None:
+        self.encoded, self.ref, self.model = payload
+
+    def inline_json(self) -> bytes:
+        """The inline result's JSON (not for a blob reference)."""
+        return self.encoded if self.encoded is not None else codec.dumps(self.value)
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class StepRecord(ResultRecord):
+    """``step``: a step's outcome: ``ok`` and its result, or the ``error`` it failed with."""
+
+    kind: ClassVar[str] = "step"
+    ok: bool = True
+    #: A failed step: {"type", "module", "message"}.
+    error: dict[str, Any] | None = None
+    attempts: int = 1
+    dur: float = 0.0
+
+    def _fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": self.ok}
+        if self.ok:
+            out.update(self._result_fields())
+        else:
+            out["error"] = self.error
+        out["attempts"] = self.attempts
+        out["dur"] = self.dur
+        return out
+
+    def encode(self) -> bytes:
+        return ResultRecord.encode(self) if self.ok else Record.encode(self)
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class ValueRecord(Record):
+    """``value``: what ctx.now() (``name`` "now") or ctx.uuid() ("uuid") returned."""
+
+    kind: ClassVar[str] = "value"
+    value: str = ""
+
+    def _fields(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class SleepRecord(Record):
+    """``sleep``: when a ctx.sleep() wakes up (``wake_at``, RFC 3339)."""
+
+    kind: ClassVar[str] = "sleep"
+    wake_at: str = ""
+
+    def _fields(self) -> dict[str, Any]:
+        return {"wake_at": self.wake_at}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class WaitRecord(Record):
+    """``wait``: a ctx.wait_for_event() began, with its ``deadline`` (RFC 3339, or null)."""
+
+    kind: ClassVar[str] = "wait"
+    deadline: str | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {"deadline": self.deadline}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class EventRecord(Record):
+    """``event``: the wait at the same position ended: the event's payload, or its timeout."""
+
+    kind: ClassVar[str] = "event"
+    ok: bool = True
+    value: Any = None
+    event_id: str | None = None
+    timeout: bool = False
+
+    def _fields(self) -> dict[str, Any]:
+        if self.ok:
+            return {"ok": True, "value": self.value, "event_id": self.event_id}
+        return {"ok": False, "timeout": self.timeout}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class PatchRecord(Record):
+    """``patch``: a ctx.patched() marker (``name`` is the change id)."""
+
+    kind: ClassVar[str] = "patch"
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class ContinueRecord(ResultRecord):
+    """``continue``: ctx.continue_as_new() ended a generation; ``gen`` starts, with this input."""
+
+    kind: ClassVar[str] = "continue"
+    gen: int = 1
+
+    def _fields(self) -> dict[str, Any]:
+        return {"gen": self.gen, **self._result_fields()}
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class CompleteRecord(ResultRecord):
+    """``complete``: the workflow's result (at position ``end``)."""
+
+    kind: ClassVar[str] = "complete"
+
+    def _fields(self) -> dict[str, Any]:
+        return self._result_fields()
+
+
+RECORD_KINDS: dict[str, type[Record]] = {
+    cls.kind: cls for cls in (StepRecord, ValueRecord, SleepRecord, WaitRecord, EventRecord,
+                              PatchRecord, ContinueRecord, CompleteRecord)
+}
+
+
+def decode_record(seq: int, data: Any, body: bytes, where: str) -> Record:
+    """The typed record of a stored record's JSON ``data`` (its bytes: ``body``).
+
+    Raises CorruptionError when it is not a layout-v1 record stored at ``seq``.
+    """
+    if not isinstance(data, dict) or data.get("seq") != seq:
+        claimed = data.get("seq") if isinstance(data, dict) else "?"
+        raise errors.CorruptionError(
+            f"journal record claims seq {claimed} but is stored at {seq}", key=where)
+    cls = RECORD_KINDS.get(data.get("kind"))  # type: ignore[arg-type]
+    if cls is None:
+        raise errors.CorruptionError(
+            f"journal record {seq} has unknown kind {data.get('kind')!r}", key=where)
+    cost = data.get("cost")
+    common: dict[str, Any] = {
+        "seq": seq, "pos": str(data["pos"]), "name": str(data.get("name", "")),
+        "w": str(data.get("w", "")), "at": float(data.get("at", 0)),
+        "cost": Cost(Decimal(str(cost.get("usd", "0"))), int(cost.get("tokens", 0))) if cost else None,
+        "totals": Totals.from_json(data.get("totals")), "body": body,
+    }
+    get = data.get
+    if cls is StepRecord:
+        return StepRecord(**common, ok=bool(get("ok")), value=get("value"), ref=get("ref"),
+                          model=get("model"), error=get("error"), attempts=int(get("attempts", 1)),
+                          dur=float(get("dur", 0)))
+    if cls is ValueRecord:
+        return ValueRecord(**common, value=str(data["value"]))
+    if cls is SleepRecord:
+        return SleepRecord(**common, wake_at=str(data["wake_at"]))
+    if cls is WaitRecord:
+        return WaitRecord(**common, deadline=get("deadline"))
+    if cls is EventRecord:
+        return EventRecord(**common, ok=bool(get("ok")), value=get("value"),
+                           event_id=get("event_id"), timeout=bool(get("timeout")))
+    if cls is ContinueRecord:
+        gen = get("gen")
+        if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
+            raise errors.CorruptionError(
+                f"continuation record {seq} has no valid generation number", key=where)
+        return ContinueRecord(**common, gen=gen, value=get("value"), ref=get("ref"),
+                              model=get("model"))
+    if cls is CompleteRecord:
+        return CompleteRecord(**common, value=get("value"), ref=get("ref"), model=get("model"))
+    return cls(**common)
 
 
 @dataclass(frozen=True)
