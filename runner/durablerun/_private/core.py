@@ -59,7 +59,7 @@ from durablerun._private.replay import (
     misuse,
     pos_str,
 )
-from durablerun._private.sinks import SinkSet
+from durablerun._private.sinks import EventKind, SinkSet
 from durablerun._private.workers import StepThreads
 from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
@@ -236,18 +236,20 @@ class AttemptCore:
             with contextlib.suppress(RuntimeError):
                 if key:
                     loop.call_soon_threadsafe(
-                        functools.partial(self.sinks.checkpoint_saved, seq=seq, key=key))
+                        functools.partial(self.sinks.emit, EventKind.CHECKPOINT_SAVED, seq=seq,
+                                          key=key))
                 if warning:
-                    loop.call_soon_threadsafe(self.sinks.warning, warning)
+                    loop.call_soon_threadsafe(functools.partial(
+                        self.sinks.emit, EventKind.WARNING, message=warning))
         return key, warning
 
     def _after_commit(self, result: tuple[R, str], step: bool) -> R:
         # Snapshots report from their own thread (_snapshot_job), never through here.
         record, key = result
-        self.sinks.checkpoint_saved(seq=record.seq, key=key)
+        self.sinks.emit(EventKind.CHECKPOINT_SAVED, seq=record.seq, key=key)
         if step or record.cost is not None:
             t = self.live.totals
-            self.sinks.cost_updated(usd=t.usd, tokens=t.tokens, steps=t.steps)
+            self.sinks.emit(EventKind.COST_UPDATED, usd=t.usd, tokens=t.tokens, steps=t.steps)
         return record
 
     async def commit(self, record: R, *, usd: Decimal = Decimal(0),
@@ -409,7 +411,7 @@ class AttemptCore:
         try:
             while True:
                 attempt += 1
-                self.sinks.step_started(position=pos, name=name, attempt=attempt)
+                self.sinks.emit(EventKind.STEP_STARTED, position=pos, name=name, attempt=attempt)
                 token = STEP.set(frame)
                 try:
                     result = await self._invoke(fn, args, kwargs)
@@ -439,7 +441,8 @@ class AttemptCore:
                             "message": str(failure)[:4000]}
         record = await self.commit(record, usd=frame.usd, tokens=frame.tokens, step=True)
         live.last_progress = time.monotonic()
-        self.sinks.step_completed(position=pos, name=name, seq=record.seq, ok=failure is None,
+        self.sinks.emit(EventKind.STEP_COMPLETED, position=pos, name=name, seq=record.seq,
+                        ok=failure is None,
                                   duration=record.dur)
         if failure is not None:
             raise errors.StepError(name, pos, type(failure).__qualname__, str(failure)[:4000],
@@ -559,7 +562,7 @@ class AttemptCore:
                 "ctx.set_total_steps() was called inside a step: call it from the workflow "
                 "function, which runs again on every resume")
         self.live.total_steps = total
-        self.sinks.total_steps_updated(total=total, steps=self.live.totals.steps)
+        self.sinks.emit(EventKind.TOTAL_STEPS_UPDATED, total=total, steps=self.live.totals.steps)
 
     def add_cost(self, usd: Decimal, tokens: int) -> None:
         frame = STEP.get()

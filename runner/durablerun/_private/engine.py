@@ -13,7 +13,7 @@ import contextvars
 import hashlib
 import importlib
 import inspect
-import sys
+import logging
 import threading
 import time
 import traceback
@@ -37,7 +37,7 @@ from durablerun._private.model import (
     Totals,
     WaitingFor,
 )
-from durablerun._private.sinks import ProgressSink, SinkSet
+from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
 from durablerun.api import (
@@ -52,6 +52,7 @@ from durablerun.api import (
 )
 
 SDK_VERSION = __version__
+log = logging.getLogger("durablerun")
 Workflow = Callable[[DurableContext, Any], Any]
 
 
@@ -236,7 +237,7 @@ class Run:
         finally:
             io_pool.shutdown(wait=False)
             run_store.close()
-        self.sinks.run_finished(result=result)
+        self.sinks.emit(EventKind.RUN_FINISHED, result=result)
         return result
 
     def _damaged(self, e: errors.CorruptionError) -> str:
@@ -297,7 +298,7 @@ class Run:
             first_start = datetime.now(UTC) - self.config.active_before
         loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
         for w in loaded.warnings:
-            self.sinks.warning(w)
+            self.sinks.emit(EventKind.WARNING, message=w)
         live = replay.Live(loaded=loaded, totals=loaded.totals)
         cont = loaded.continuation
         generation = 0
@@ -307,7 +308,7 @@ class Run:
             live.prefix = replay.gen_prefix(generation)
         for record in loaded.records:
             live.add(record)
-        self.sinks.run_started(info=RunStarted(
+        self.sinks.emit(EventKind.RUN_STARTED, info=RunStarted(
             run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
             resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
             code_version=code_version, generation=generation, first_loaded=loaded.base))
@@ -365,7 +366,7 @@ class Run:
             if isinstance(outcome, ContinueRecord):
                 # continue_as_new: its record is durable; the next generation starts now.
                 c.start_generation(outcome)
-                self.sinks.continued_as_new(generation=c.gen, seq=outcome.seq)
+                self.sinks.emit(EventKind.CONTINUED_AS_NEW, generation=c.gen, seq=outcome.seq)
                 waits = 0
                 stalled = self._stalled(c)
                 if stalled is not None:
@@ -504,7 +505,7 @@ class Run:
                     await task
                 break
             if now >= self._next_hb:
-                self.sinks.heartbeat(time=datetime.now(UTC))
+                self.sinks.emit(EventKind.HEARTBEAT, time=datetime.now(UTC))
                 self._next_hb = now + hb
 
         if cancelled_for is not None:
@@ -530,7 +531,7 @@ class Run:
             return AttemptResult(Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc),
                                  totals=live.totals, journal_records=live.loaded.next_seq)
         detail = "".join(traceback.format_exception(exc)[-4:]).strip()
-        print(f"durablerun: the workflow raised:\n{detail}", file=sys.stderr)
+        log.error("the workflow raised:\n%s", detail)
         return AttemptResult(
             Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
             error_type=_qual(exc), totals=live.totals, journal_records=live.loaded.next_seq)
@@ -626,7 +627,7 @@ class Run:
         try:
             await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version, c.live.total_steps))
         except errors.StoreError as e:
-            self.sinks.warning(f"could not record the attempt's outcome: {e}")
+            self.sinks.emit(EventKind.WARNING, message=f"could not record the attempt's outcome: {e}")
 
     def _status_doc(self, result: AttemptResult, code_version: str,
                     total_steps: int | None) -> dict[str, Any]:
