@@ -48,7 +48,7 @@ def test_backends_are_unaware_of_each_other_and_of_the_layers_above() -> None:
     allowed = {"durablerun._private.backends.base", "durablerun._private.backends.options",
                "durablerun._private.backends"}
     above = ("durablerun._private.journal", "durablerun._private.core", "durablerun._private.model",
-             "durablerun._private.replay", "durablerun._private.workers",
+             "durablerun._private.replay", "durablerun._private.workers", "durablerun._private.writer",
              "durablerun._private.engine", "durablerun._private.context",
              "durablerun._private.stores")
     for module, imports in _modules().items():
@@ -88,7 +88,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "durablerun._private.stores"}),
     ("progress", {"durablerun._private.sinks"}),
     ("replay", {"durablerun._private.replay"}),
-    ("runtime", {"durablerun._private.workers", "durablerun._private.core",
+    ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.core",
                  "durablerun._private.context", "durablerun._private.engine"}),
 ]
 

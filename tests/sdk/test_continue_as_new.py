@@ -743,16 +743,16 @@ def test_a_stop_request_before_the_continuation_suspends_and_the_resume_continue
 def test_a_snapshot_is_taken_at_each_continuation_and_then_every_snapshot_every_records(
     mem: Store, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from durablerun._private import core
+    from durablerun._private import writer
 
     asked: list[int | None] = []
-    real_job = core.AttemptCore._snapshot_job
+    real_job = writer.Writer._snapshot_job
 
-    def job(self: core.AttemptCore, upto: int | None, totals: Any) -> Any:
+    def job(self: writer.Writer, upto: int | None, totals: Any) -> Any:
         asked.append(upto)
         return real_job(self, upto, totals)
 
-    monkeypatch.setattr(core.AttemptCore, "_snapshot_job", job)
+    monkeypatch.setattr(writer.Writer, "_snapshot_job", job)
     ledger = Ledger()
     r = attempt(mem, looping(ledger, every=7, total=21, wait=False, history=False))
     assert r.outcome == Outcome.COMPLETED, r.message

@@ -12,12 +12,9 @@ around it are the engine's (:mod:`durablerun._private.engine`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-import functools
 import inspect
 import random
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,7 +29,6 @@ from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
 from durablerun._private.journal import RunStore
 from durablerun._private.model import (
     ContinueRecord,
-    Cost,
     EngineConfig,
     EventRecord,
     PatchRecord,
@@ -41,7 +37,6 @@ from durablerun._private.model import (
     ResultRecord,
     SleepRecord,
     StepRecord,
-    Totals,
     ValueRecord,
     WaitRecord,
 )
@@ -61,13 +56,21 @@ from durablerun._private.replay import (
 )
 from durablerun._private.sinks import EventKind, SinkSet
 from durablerun._private.workers import StepThreads
+from durablerun._private.writer import Writer
 from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
 T = TypeVar("T")
 R = TypeVar("R", bound=Record)
 
 class AttemptCore:
-    """Executes workflow passes for one attempt. Created by the engine."""
+    """Runs the operations a workflow asks for, for one attempt. Created by the engine.
+
+    One method per DurableContext operation (step, sleep, wait_for_event, now,
+    uuid, patched, add_cost, continue_as_new, gather), each reading as "replayed
+    or executed, then appended": that is why it is a few hundred lines. Replay
+    decisions are :mod:`durablerun._private.replay`'s, appends the
+    :class:`~durablerun._private.writer.Writer`'s.
+    """
 
     def __init__(
         self,
@@ -92,13 +95,9 @@ class AttemptCore:
         self.first_start = first_start
         self._io_pool = io_pool
         self._step_threads = StepThreads(config.max_sync_threads)
-        self._tlock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
-        self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-w")
+        self.writer = Writer(store=store, live=live, config=config, sinks=sinks,
+                             attempt_id=attempt_id)
         self.reached: set[str] = set()
-        self.fenced: str | None = None
-        self.closed = False
         self.stop_requested = False
         self.abort_requested: tuple[AbortReason, str] | None = None
         self.stop_event = asyncio.Event()
@@ -117,12 +116,18 @@ class AttemptCore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._io_pool, fn, *args)
 
+    @property
+    def fenced(self) -> str | None:
+        """Why this attempt may write nothing more, once it may not (the writer's flag)."""
+        return self.writer.fenced
+
+    @fenced.setter
+    def fenced(self, reason: str | None) -> None:
+        self.writer.fenced = reason
+
     def close(self) -> None:
-        with self._tlock:
-            self.closed = True
-        self._snap_pool.shutdown(wait=not self.fenced, cancel_futures=bool(self.fenced))
+        self.writer.close()
         self._step_threads.close()
-        self._write_pool.shutdown(wait=False)
 
     def new_pass(self) -> None:
         self.reached = set()
@@ -162,118 +167,6 @@ class AttemptCore:
     def peek(self) -> tuple[int, ...] | None:
         scope = SCOPE.get(None)
         return None if scope is None else (*scope.prefix, scope.counter)
-
-    # --- journal writes --------------------------------------------------------------
-    def _commit_locked(self, record: R, usd: Decimal, tokens: int, step: bool) -> tuple[R, str]:
-        """Assign the next sequence number and append; runs under the writer lock.
-
-        Called on the loop thread for local stores and on the single writer
-        thread for remote ones; either way one record at a time, in order.
-        """
-        with self._tlock:
-            if self.refuse_writes():
-                raise Halt(HaltKind.FENCE, str(self.fenced))
-            if self.closed:
-                raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
-            live = self.live
-            usd += live.pending_usd
-            tokens += live.pending_tokens
-            totals = Totals(live.totals.usd + usd, live.totals.tokens + tokens,
-                            live.totals.steps + (1 if step else 0))
-            seq = live.loaded.next_seq
-            record.seq, record.w, record.at, record.totals = (
-                seq, self.attempt_id, round(time.time(), 6), totals)
-            record.cost = Cost(usd, tokens) if usd or tokens else None
-            record.body = record.encode()
-            try:
-                key = self.store.append(record)
-            except errors.FencedError as e:
-                self.fenced = str(e)
-                raise Halt(HaltKind.FENCE, str(e), error=e) from None
-            except errors.StoreError as e:
-                raise Halt(HaltKind.CRASH, str(e), error=e) from None
-            if isinstance(record, ContinueRecord):
-                # The new generation starts here: earlier records are not kept in memory
-                # (a snapshot still being written holds its own reference to them).
-                live.loaded.rebase(record)
-            else:
-                live.loaded.records.append(record)
-            live.add(record)
-            live.totals = totals
-            live.pending_usd, live.pending_tokens = Decimal(0), 0
-            # Every snapshot_every records of a generation; a generation after the first
-            # also saves one right at its continuation, so a resume from here on reads
-            # nothing of the generation before (not even its journal tail).
-            gen_offset = 0 if live.loaded.continuation is not None else 1
-            if (seq - live.loaded.base + gen_offset) % self.config.snapshot_every == 0:
-                # Off the step's critical path: the record is already durable, and a
-                # snapshot only makes the next resume cheaper.
-                self._snap_pool.submit(self._snapshot_job, seq, totals)
-            return record, key
-
-    def refuse_writes(self) -> bool:
-        """True once this attempt may write nothing more: fenced, or its write guard says so."""
-        guard = self.config.write_guard
-        reason = guard() if guard is not None and not self.fenced else None
-        if reason:
-            self.fenced = reason
-        return bool(self.fenced)
-
-    def _snapshot_job(self, upto: int | None, totals: Totals) -> tuple[str | None, str | None]:
-        """Runs on the snapshot thread (one at a time, in order)."""
-        if self.refuse_writes():
-            return None, None
-        key: str | None = None
-        warning: str | None = None
-        try:
-            key = self.store.snapshot(self.live.loaded, totals, upto=upto)
-        except errors.StoreError as e:
-            # Snapshots only speed up resume; the journal already holds everything.
-            warning = f"snapshot failed (the journal is intact): {e}"
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            seq = self.live.loaded.snapshot_seq
-            with contextlib.suppress(RuntimeError):
-                if key:
-                    loop.call_soon_threadsafe(
-                        functools.partial(self.sinks.emit, EventKind.CHECKPOINT_SAVED, seq=seq,
-                                          key=key))
-                if warning:
-                    loop.call_soon_threadsafe(functools.partial(
-                        self.sinks.emit, EventKind.WARNING, message=warning))
-        return key, warning
-
-    def _after_commit(self, result: tuple[R, str], step: bool) -> R:
-        # Snapshots report from their own thread (_snapshot_job), never through here.
-        record, key = result
-        self.sinks.emit(EventKind.CHECKPOINT_SAVED, seq=record.seq, key=key)
-        if step or record.cost is not None:
-            t = self.live.totals
-            self.sinks.emit(EventKind.COST_UPDATED, usd=t.usd, tokens=t.tokens, steps=t.steps)
-        return record
-
-    async def commit(self, record: R, *, usd: Decimal = Decimal(0),
-                     tokens: int = 0, step: bool = False) -> R:
-        """Append ``record`` (its seq, writer, time, cost and totals are set here); durable on return."""
-        if self.store.backend.io_inline:
-            result = self._commit_locked(record, usd, tokens, step)
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(
-                self._write_pool, self._commit_locked, record, usd, tokens, step)
-        return self._after_commit(result, step)
-
-    def commit_now(self, record: R) -> R:
-        """Synchronous commit for ctx.now()/uuid()/patched(): durable before they return."""
-        return self._after_commit(self._commit_locked(record, Decimal(0), 0, False), False)
-
-    async def final_snapshot(self) -> None:
-        """A snapshot of everything journaled, after any snapshot still being written."""
-        with self._tlock:
-            upto = self.live.loaded.next_seq - 1
-            totals = self.live.totals
-        fut = self._snap_pool.submit(self._snapshot_job, upto, totals)
-        await asyncio.wrap_future(fut)
 
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
@@ -439,7 +332,7 @@ class AttemptCore:
         else:
             record.error = {"type": type(failure).__qualname__, "module": type(failure).__module__,
                             "message": str(failure)[:4000]}
-        record = await self.commit(record, usd=frame.usd, tokens=frame.tokens, step=True)
+        record = await self.writer.commit(record, usd=frame.usd, tokens=frame.tokens, step=True)
         live.last_progress = time.monotonic()
         self.sinks.emit(EventKind.STEP_COMPLETED, position=pos, name=name, seq=record.seq,
                         ok=failure is None,
@@ -474,7 +367,7 @@ class AttemptCore:
             assert isinstance(rec, ValueRecord)
             return rec.value
         value = make()
-        self.commit_now(ValueRecord(pos=pos, name=kind, value=value))
+        self.writer.commit_now(ValueRecord(pos=pos, name=kind, value=value))
         return value
 
     async def sleep(self, duration: timedelta) -> None:
@@ -487,7 +380,7 @@ class AttemptCore:
         else:
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
-            await self.commit(SleepRecord(pos=pos, name="sleep",
+            await self.writer.commit(SleepRecord(pos=pos, name="sleep",
                                           wake_at=format_time(wake, precise=True)))
         remaining = (wake - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
@@ -513,7 +406,7 @@ class AttemptCore:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
             written = None if deadline is None else format_time(deadline, precise=True)
-            start = await self.commit(WaitRecord(pos=pos, name=name, deadline=written))
+            start = await self.writer.commit(WaitRecord(pos=pos, name=name, deadline=written))
         assert isinstance(start, WaitRecord)
         deadline = parse_time(start.deadline) if start.deadline else None
         try:
@@ -522,13 +415,13 @@ class AttemptCore:
             raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                        else HaltKind.FAIL, str(e), error=e) from None
         if event is not None:
-            end = await self.commit(EventRecord(pos=pos, name=name, ok=True,
+            end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=True,
                                                 value=event.get("payload"),
                                                 event_id=event.get("id")))
             self.live.last_progress = time.monotonic()
             return self._event_outcome(end)
         if deadline is not None and datetime.now(UTC) >= deadline:
-            end = await self.commit(EventRecord(pos=pos, name=name, ok=False, timeout=True))
+            end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=False, timeout=True))
             return self._event_outcome(end)
         raise Halt(HaltKind.WAIT, f"waiting for event {name!r}",
                    waiting=Waiting(event=name, deadline=deadline))
@@ -552,7 +445,7 @@ class AttemptCore:
             return True
         if self.live.replaying_at(cur):
             return False
-        self.commit_now(PatchRecord(pos=pos, name=change_id))
+        self.writer.commit_now(PatchRecord(pos=pos, name=change_id))
         return True
 
     def set_total_steps(self, total: int | None) -> None:
@@ -575,7 +468,7 @@ class AttemptCore:
         cur = self.peek()
         if cur is not None and self.live.replaying_at(cur):
             return  # already counted in the journal record that followed it
-        with self._tlock:
+        with self.writer.lock:
             self.live.pending_usd += usd
             self.live.pending_tokens += tokens
 
@@ -606,7 +499,7 @@ class AttemptCore:
                                               verb="is", root="input")
         record = ContinueRecord(pos=pos, name="continue_as_new", gen=self.gen + 1)
         record.set_result(payload)
-        self.continued = await self.commit(record)
+        self.continued = await self.writer.commit(record)
         raise ContinueAsNew()
 
     async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:

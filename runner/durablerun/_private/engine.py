@@ -114,7 +114,16 @@ def code_version_of(fn: Callable[..., Any]) -> str:
 
 
 class Run:
-    """One durable run, driven one attempt at a time. See :mod:`durablerun.engine`."""
+    """One durable run, driven one attempt at a time. See :mod:`durablerun.engine`.
+
+    Long on purpose: it is the attempt's supervisor, one loop from loading the
+    journal to exactly one outcome (the controls other threads set, the passes,
+    heartbeats, the progress timeout, waits, how each way out becomes an
+    AttemptResult), and reads best in one place. What it drives lives below it:
+    operations in :class:`~durablerun._private.core.AttemptCore`, appends in
+    :class:`~durablerun._private.writer.Writer`, replay in
+    :mod:`durablerun._private.replay`.
+    """
 
     def __init__(
         self,
@@ -382,7 +391,7 @@ class Run:
             result = AttemptResult(
                 Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
                 totals=c.live.totals, journal_records=c.live.loaded.next_seq)
-            await c.final_snapshot()
+            await c.writer.final_snapshot()
             doc = self._status_doc(result, code_version, c.live.total_steps)
             polling_until = self._polls_until(waiting)
             if polling_until is not None:
@@ -543,7 +552,7 @@ class Run:
             payload, result = await c.encode_result(value, "the workflow")
             done = CompleteRecord(pos="end", name="result")
             done.set_result(payload)
-            done = await c.commit(done)
+            done = await c.writer.commit(done)
         except Halt as h:
             return self._halt_result(h, live)
         except errors.DurableRunError as e:
@@ -620,10 +629,10 @@ class Run:
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
-        if result.outcome == Outcome.FENCED or c.refuse_writes():
+        if result.outcome == Outcome.FENCED or c.writer.refuse_writes():
             return  # a fenced attempt writes nothing more
         with contextlib.suppress(Halt):
-            await c.final_snapshot()
+            await c.writer.final_snapshot()
         try:
             await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version, c.live.total_steps))
         except errors.StoreError as e:

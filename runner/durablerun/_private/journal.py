@@ -129,7 +129,13 @@ def _last_continuation(records: list[Record]) -> int | None:
 
 
 class RunStore:
-    """All objects of one run in one backend. Thread-compatible, not thread-safe."""
+    """All objects of one run in one backend. Thread-compatible, not thread-safe.
+
+    A few hundred lines because it is every kind of object a run has (manifest,
+    journal, snapshots and their chunks, blobs, events, status, policy), each a
+    short section over the same root and the same sealing; loading (snapshot
+    plus tail, continuations, a missing chunk) is most of it.
+    """
 
     def __init__(self, backend: base.Backend, ref: layout.RunRef) -> None:
         self.backend = backend
