@@ -60,6 +60,7 @@ from durablerun._private.writer import Writer
 from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
 T = TypeVar("T")
+_NO_PAYLOAD = Payload(None, None, None)
 R = TypeVar("R", bound=Record)
 
 class AttemptCore:
@@ -171,13 +172,14 @@ class AttemptCore:
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
         guard = self.config.write_guard
-        reason = guard() if guard is not None and not self.fenced else None
+        writer = self.writer
+        reason = guard() if guard is not None and not writer.fenced else None
         if reason:
             # A runner that wakes from a pause past its lease must not start anything (a step is a
             # side effect) before its renewal thread notices: ask the lease now, not only at the write.
-            self.fenced = reason
-        if self.fenced:
-            raise Halt(HaltKind.FENCE, self.fenced)
+            writer.fenced = reason
+        if writer.fenced:
+            raise Halt(HaltKind.FENCE, writer.fenced)
         if self.abort_requested:
             reason, message = self.abort_requested
             raise Halt(HaltKind.ABORT, message, reason=reason)
@@ -299,7 +301,7 @@ class AttemptCore:
         started = time.monotonic()
         attempt = 0
         failure: BaseException | None = None
-        payload = Payload(None, None, None)
+        payload = _NO_PAYLOAD
         value: Any = None
         try:
             while True:

@@ -163,7 +163,25 @@ class StepRecord(ResultRecord):
         return out
 
     def encode(self) -> bytes:
-        return ResultRecord.encode(self) if self.ok else Record.encode(self)
+        # The hot path (every step): one flat dict, in the order of _fields and Record.encode.
+        data: dict[str, Any] = {"seq": self.seq, "pos": self.pos, "kind": "step",
+                                "name": self.name, "ok": self.ok}
+        if not self.ok:
+            data["error"] = self.error
+        elif self.ref is not None:
+            data["ref"] = self.ref
+        if self.ok and self.model is not None:
+            data["model"] = self.model
+        data["attempts"] = self.attempts
+        data["dur"] = self.dur
+        data["w"] = self.w
+        data["at"] = self.at
+        if self.cost is not None:
+            data["cost"] = self.cost.to_json()
+        data["totals"] = self.totals.to_json()
+        if not self.ok or self.ref is not None:
+            return codec.dumps(data)
+        return codec.dumps(data)[:-1] + b',"value":' + self.inline_json() + b"}"
 
 
 @dataclass(slots=True, kw_only=True, eq=False)

@@ -79,6 +79,9 @@ class ProgressEvent:
         return {"event": self.kind.value, **f}
 
 
+_WARNING = EventKind.WARNING  # looked up once: emit runs several times per step
+
+
 class ProgressSink:
     """Receives progress events. Override :meth:`emit`, or the methods named after event kinds."""
 
@@ -127,7 +130,7 @@ class SinkSet:
         self.sinks = list(sinks)
 
     def emit(self, kind: EventKind, **fields: Any) -> None:
-        if kind is EventKind.WARNING:
+        if kind is _WARNING:
             log.warning("%s", fields["message"])
         if not self.sinks:
             return
