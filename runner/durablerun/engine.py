@@ -52,16 +52,8 @@ records the outcome in the run's ``status.json`` (not when Fenced).
 the operator puts in ``status.inputHash``.
 """
 
-from durablerun._private.engine import (
-    SDK_VERSION,
-    AttemptResult,
-    EngineConfig,
-    Run,
-    RunStarted,
-    WaitingFor,
-    load_workflow,
-)
-from durablerun._private.journal import Totals
+from durablerun._private.engine import SDK_VERSION, Run, load_workflow
+from durablerun._private.model import AttemptResult, EngineConfig, RunStarted, Totals, WaitingFor
 from durablerun.api import input_hash
 
 __all__ = [

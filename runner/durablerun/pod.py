@@ -41,8 +41,8 @@ from durablerun import api, errors
 from durablerun._private import extras
 from durablerun._private.children import PodBroker
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease
-from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
-from durablerun.sinks import JsonLinesSink, ProgressSink
+from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
 from durablerun.stores import RunRef, Store, store_from_checkpoint
 
 log = logging.getLogger("durablerun.pod")
@@ -152,42 +152,29 @@ class StatusSink(ProgressSink):
                     else value
         self.dirty.set()
 
-    def run_started(self, *, info: RunStarted) -> None:
-        self.completed = info.journal_records
-
-    def step_started(self, *, position: str, name: str, attempt: int) -> None:
-        with self.lock:
-            progress = dict(self.fields.get("progress") or {})
-            progress.update(stepName=name)
-            self.fields["progress"] = progress
-        self.dirty.set()
-
-    def step_completed(self, *, position: str, name: str, seq: int, ok: bool, duration: float) -> None:
-        with self.lock:
-            progress = dict(self.fields.get("progress") or {})
-            progress.update(step=seq, stepName=name, lastProgressTime=_now())
-            self.fields["progress"] = progress
-        self.dirty.set()
-
-    def checkpoint_saved(self, *, seq: int, key: str) -> None:
-        self.update(checkpoint={"position": seq, "key": key, "time": _now()})
-
-    def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
-        with self.lock:
-            self.fields["cost"] = {"usd": str(usd), "tokens": tokens}
-            self.steps = steps
-            progress = dict(self.fields.get("progress") or {})
-            progress.update(progress_of(steps, self.total))
-            self.fields["progress"] = progress
-        self.dirty.set()
-
-    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
-        with self.lock:
-            self.total, self.steps = total, steps
-            progress = dict(self.fields.get("progress") or {})
-            progress.update(progress_of(steps, total))
-            self.fields["progress"] = progress
-        self.dirty.set()
+    def emit(self, event: ProgressEvent) -> None:
+        f = event.fields
+        if event.kind is EventKind.RUN_STARTED:
+            self.completed = f["info"].journal_records
+        elif event.kind is EventKind.CHECKPOINT_SAVED:
+            self.update(checkpoint={"position": f["seq"], "key": f["key"], "time": _now()})
+        elif event.kind in (EventKind.STEP_STARTED, EventKind.STEP_COMPLETED,
+                            EventKind.COST_UPDATED, EventKind.TOTAL_STEPS_UPDATED):
+            with self.lock:
+                progress = dict(self.fields.get("progress") or {})
+                if event.kind is EventKind.STEP_STARTED:
+                    progress.update(stepName=f["name"])
+                elif event.kind is EventKind.STEP_COMPLETED:
+                    progress.update(step=f["seq"], stepName=f["name"], lastProgressTime=_now())
+                else:
+                    if event.kind is EventKind.COST_UPDATED:
+                        self.fields["cost"] = {"usd": str(f["usd"]), "tokens": f["tokens"]}
+                    else:
+                        self.total = f["total"]
+                    self.steps = f["steps"]
+                    progress.update(progress_of(self.steps, self.total))
+                self.fields["progress"] = progress
+            self.dirty.set()
 
     def take(self) -> dict[str, Any]:
         with self.lock:

@@ -34,8 +34,8 @@ StoreUnavailableError when the store cannot be reached after retries).
 """
 
 from durablerun._private.backends.options import S3Options
-from durablerun._private.journal import Totals
 from durablerun._private.layout import LAYOUT_VERSION, RunRef
+from durablerun._private.model import Totals
 from durablerun._private.stores import (
     CheckpointInfo,
     EventInfo,

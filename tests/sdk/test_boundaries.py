@@ -47,7 +47,8 @@ def test_the_sdk_never_imports_the_operator_or_the_test_bed() -> None:
 def test_backends_are_unaware_of_each_other_and_of_the_layers_above() -> None:
     allowed = {"durablerun._private.backends.base", "durablerun._private.backends.options",
                "durablerun._private.backends"}
-    above = ("durablerun._private.journal", "durablerun._private.core",
+    above = ("durablerun._private.journal", "durablerun._private.core", "durablerun._private.model",
+             "durablerun._private.replay", "durablerun._private.workers", "durablerun._private.writer",
              "durablerun._private.engine", "durablerun._private.context",
              "durablerun._private.stores")
     for module, imports in _modules().items():
@@ -71,3 +72,66 @@ def test_only_the_s3_backend_imports_boto() -> None:
             continue
         boto = {i for i in imports if i.split(".")[0] in ("boto3", "botocore", "mypy_boto3_s3")}
         assert not boto, (module, boto)
+
+
+# The runner's layers, lowest first (docs/architecture.md). A module may import its own layer
+# and the ones below it, never one above; a module not listed belongs to the top layer.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("contract", {"durablerun.api", "durablerun.errors", "durablerun._version",
+                  "durablerun._private", "durablerun._private.backends"}),
+    ("encoding", {"durablerun._private.codec", "durablerun._private.layout",
+                  "durablerun._private.halts", "durablerun._private.extras"}),
+    ("model", {"durablerun._private.model"}),
+    ("storage", {"durablerun._private.backends.base", "durablerun._private.backends.options",
+                 "durablerun._private.backends.fs", "durablerun._private.backends.memory",
+                 "durablerun._private.backends.s3", "durablerun._private.journal",
+                 "durablerun._private.stores", "durablerun._private.owner"}),
+    ("progress", {"durablerun._private.sinks"}),
+    ("replay", {"durablerun._private.replay"}),
+    ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.core",
+                 "durablerun._private.children", "durablerun._private.context", "durablerun._private.engine"}),
+]
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the runner modules it imports (TYPE_CHECKING imports included)."""
+    modules = set(_modules())
+    graph: dict[str, set[str]] = {}
+    for path in PKG.rglob("*.py"):
+        name = ".".join(path.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("durablerun"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in modules)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def _layer(module: str) -> int:
+    return next((i for i, (_, members) in enumerate(LAYERS) if module in members), len(LAYERS))
+
+
+def test_the_runners_layers_point_one_way() -> None:
+    upward = [(m, d) for m, deps in _graph().items() for d in deps if _layer(d) > _layer(m)]
+    assert not upward, f"imports that run up the layers (docs/architecture.md): {upward}"
+
+
+def test_the_runners_imports_have_no_circle() -> None:
+    graph = _graph()
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join([*path[path.index(module):], module]))
+        if module in done:
+            return
+        for dep in sorted(graph[module]):
+            visit(dep, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from durablerun._private.model import StepRecord
 from durablerun.api import Outcome
 from durablerun.stores import RunRef
 
@@ -62,10 +63,10 @@ def test_two_concurrent_writers_exactly_one_wins(durable_store_spec: StoreSpec,
     rs.close()
     # Every journaled position was written by one writer: the winner's attempt.
     assert [r.name for r in records if r.kind == "step"] == ["s0", "s1", "s2", "s3"]
-    assert len({r.data["w"] for r in records}) == 1
+    assert len({r.w for r in records}) == 1
     winner_pid = json.loads(results[[p.returncode for p in procs].index(0)][0])[0]["pid"]
     assert winner.pid == winner_pid
-    assert all(r.data["value"]["pid"] == winner.pid for r in records if r.kind == "step")
+    assert all(r.value["pid"] == winner.pid for r in records if isinstance(r, StepRecord))
 
 
 def test_a_second_durablerun_run_waits_for_the_first_and_writes_nothing(durable_store_spec: StoreSpec,

@@ -16,7 +16,8 @@ import pytest
 from durablerun import DurableContext, EventTimeout, ResultNotSerializableError, StepError
 from durablerun._private import codec, layout
 from durablerun._private.backends import memory
-from durablerun._private.journal import Record, RunStore
+from durablerun._private.journal import RunStore
+from durablerun._private.model import ContinueRecord, Record
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import ProgressSink
@@ -148,14 +149,14 @@ def test_a_loop_runs_across_generations_and_resumes_inside_each(store_spec: Stor
     # The journal: each generation's records carry its prefix; a continuation ends it.
     records = all_records(store)
     conts = [rec for rec in records if rec.kind == "continue"]
-    assert [rec.data["gen"] for rec in conts] == [1, 2, 3]
+    assert [rec.gen for rec in conts] == [1, 2, 3]
     gen = 0
     for rec in records:
-        if rec.kind == "continue":
+        if isinstance(rec, ContinueRecord):
             assert ("/" in rec.pos) == (gen > 0)
-            gen = rec.data["gen"]
+            gen = rec.gen
         elif rec.kind != "complete":
-            assert rec.pos.startswith(f"{gen}/") if gen else "/" not in rec.pos, rec.data
+            assert rec.pos.startswith(f"{gen}/") if gen else "/" not in rec.pos, rec.raw()
     # Re-running a completed run returns its result without running anything.
     again = attempt(store, wf)
     assert again.outcome == Outcome.COMPLETED
@@ -459,8 +460,9 @@ def test_an_input_over_the_hard_limit_fails_and_a_big_one_goes_to_a_blob(mem: St
     assert attempt(mem, wf, {"size": 10_000}, ref=ref, config=config).outcome == Outcome.WAITING
     cont = [rec for rec in all_records(mem, ref) if rec.kind == "continue"]
     assert len(cont) == 1
-    assert "ref" in cont[0].data
-    assert "value" not in cont[0].data
+    assert isinstance(cont[0], ContinueRecord)
+    assert cont[0].ref is not None
+    assert b'"value"' not in cont[0].raw()
     mem.put_event(run=ref, name="go", payload=None)
     done = attempt(mem, wf, {"size": 10_000}, ref=ref, config=config)
     assert done.result == 10_000
@@ -741,16 +743,16 @@ def test_a_stop_request_before_the_continuation_suspends_and_the_resume_continue
 def test_a_snapshot_is_taken_at_each_continuation_and_then_every_snapshot_every_records(
     mem: Store, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from durablerun._private import core
+    from durablerun._private import writer
 
     asked: list[int | None] = []
-    real_job = core.AttemptCore._snapshot_job
+    real_job = writer.Writer._snapshot_job
 
-    def job(self: core.AttemptCore, upto: int | None, totals: Any) -> Any:
+    def job(self: writer.Writer, upto: int | None, totals: Any) -> Any:
         asked.append(upto)
         return real_job(self, upto, totals)
 
-    monkeypatch.setattr(core.AttemptCore, "_snapshot_job", job)
+    monkeypatch.setattr(writer.Writer, "_snapshot_job", job)
     ledger = Ledger()
     r = attempt(mem, looping(ledger, every=7, total=21, wait=False, history=False))
     assert r.outcome == Outcome.COMPLETED, r.message

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from durablerun import DurableContext, NonRetryableError, StepError
 from durablerun._private.backends import memory
+from durablerun._private.model import Record, StepRecord
 from durablerun.api import Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.sinks import ProgressSink
@@ -26,6 +27,11 @@ from .helpers import raw_journal_bytes
 FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=5),
                     snapshot_every=4)
 REF = RunRef.local("t")
+
+
+def _step(record: Record) -> StepRecord:
+    assert isinstance(record, StepRecord), record
+    return record
 
 
 @pytest.fixture
@@ -195,7 +201,7 @@ def test_sync_and_async_steps_and_idempotency_keys(mem: Store) -> None:
     assert keys[0] == "_local/t:0:inc"
     assert keys[1:] == ["_local/t:1:flaky"] * 3
     rs = mem.run_store(REF)
-    assert rs.load().records[1].data["attempts"] == 3
+    assert _step(rs.load().records[1]).attempts == 3
 
 
 def test_exhausted_retries_fail_the_run_with_type_and_message(mem: Store) -> None:
@@ -329,8 +335,8 @@ def test_non_serializable_result_fails_naming_step_and_type(mem: Store) -> None:
     assert "builtins.object" in r.message
     assert "['when']" in r.message
     records = mem.run_store(REF).load().records
-    assert [rec.data["ok"] for rec in records] == [True, False]
-    assert records[1].data["attempts"] == 1  # not retried
+    assert [_step(rec).ok for rec in records] == [True, False]
+    assert _step(records[1]).attempts == 1  # not retried
 
 
 def test_big_results_go_by_reference_and_come_back(store_spec: StoreSpec) -> None:
@@ -345,8 +351,9 @@ def test_big_results_go_by_reference_and_come_back(store_spec: StoreSpec) -> Non
     r1 = attempt(store, wf)
     assert r1.outcome == Outcome.WAITING
     rec = store.run_store(REF).load().records[0]
-    assert "ref" in rec.data
-    assert rec.data["ref"]["size"] > 5 * 1024 * 1024
+    assert isinstance(rec, StepRecord)
+    assert rec.ref is not None
+    assert rec.ref["size"] > 5 * 1024 * 1024
     assert len(rec.raw()) < 2000  # the journal entry itself stays small
     store.put_event(run=REF, name="e", payload=None)
     r2 = attempt(store, wf)

@@ -21,7 +21,7 @@ PUBLIC = {
         "LAYOUT_VERSION", "CheckpointInfo", "EventInfo", "RunInfo", "RunRef", "S3Options",
         "Store", "Totals", "open_store", "store_from_checkpoint",
     ],
-    "durablerun.sinks": ["JsonLinesSink", "ProgressSink"],
+    "durablerun.sinks": ["EventKind", "JsonLinesSink", "ProgressEvent", "ProgressSink"],
     "durablerun.cli": ["main"],
     "durablerun.testing": ["WorkflowTest"],
     "durablerun.errors": [

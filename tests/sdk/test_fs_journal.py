@@ -9,7 +9,7 @@ import pytest
 
 from durablerun import errors
 from durablerun._private import codec, layout
-from durablerun._private.journal import Record
+from durablerun._private.model import Record, StepRecord, Totals
 from durablerun.stores import RunRef, open_store
 
 from .helpers import fs_segment
@@ -18,8 +18,7 @@ REF = RunRef.local("fs")
 
 
 def _rec(seq: int) -> Record:
-    return Record(seq, {"seq": seq, "pos": str(seq), "kind": "step", "name": f"s{seq}",
-                        "ok": True, "value": seq, "totals": {"steps": seq + 1}})
+    return StepRecord(seq=seq, pos=str(seq), name=f"s{seq}", value=seq, totals=Totals(steps=seq + 1))
 
 
 def _write(store_uri: str, n: int) -> None:

@@ -32,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from durablerun._private.model import ContinueRecord
 from durablerun.stores import RunRef
 
 from .conftest import StoreSpec, sub_env, wait_until
@@ -151,7 +152,7 @@ def run_with_kills(spec: StoreSpec, tmp: Path, segments: list[dict[str, Any]],
     # Every planned self-kill happened (each once), and each generation started once.
     assert sorted(ln.split()[1] for ln in lines if ln.startswith("die ")) == sorted(die or [])
     records = journal(spec, ref)
-    assert [r.data["gen"] for r in records if r.kind == "continue"] == list(
+    assert [r.gen for r in records if isinstance(r, ContinueRecord)] == list(
         range(1, 1 + sum(1 for s in segments if s["kind"] == "continue")))
     # Counters carried over: exactly one charge per journaled step.
     info = spec.open().read_run(run=ref)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.stores import Store
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run
-from durablerun.sinks import JsonLinesSink, ProgressSink
+from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
 from durablerun.stores import RunRef, open_store
 
 from .conftest import StoreSpec, wait_until
@@ -675,3 +676,30 @@ def test_more_sync_steps_than_threads_queue_up_and_all_complete(mem: Store) -> N
     assert r.result == [[i * i for i in range(10)], [i * i for i in range(5)]]
     assert len(threads) == 2
     assert running["max"] == 2
+
+
+def test_a_sink_gets_every_event_through_one_emit_and_nothing_is_printed_around_it(
+        mem: Store, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    events: list[ProgressEvent] = []
+
+    class Everything(ProgressSink):
+        def emit(self, event: ProgressEvent) -> None:
+            events.append(event)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("a", lambda: 1)
+        raise ValueError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="durablerun"):
+        r = attempt(mem, wf, sinks=[Everything()])
+    assert r.outcome == Outcome.FAILED
+    assert [e.kind for e in events] == [
+        EventKind.RUN_STARTED, EventKind.STEP_STARTED, EventKind.CHECKPOINT_SAVED,
+        EventKind.COST_UPDATED, EventKind.STEP_COMPLETED,
+        EventKind.CHECKPOINT_SAVED,  # the final snapshot
+        EventKind.RUN_FINISHED]
+    assert events[-1].fields["result"] is r
+    # The traceback goes to the "durablerun" logger, not straight to stderr.
+    assert "the workflow raised" in caplog.text
+    assert "ValueError: boom" in caplog.text
+    assert "boom" not in capsys.readouterr().err

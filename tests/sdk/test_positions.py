@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from durablerun import DurableContext
-from durablerun._private.core import Live, pos_str, pos_tuple
-from durablerun._private.journal import Loaded, Record
+from durablerun._private.journal import Loaded
+from durablerun._private.model import RECORD_KINDS
+from durablerun._private.replay import Live, pos_str, pos_tuple
 from durablerun.api import Outcome
 from durablerun.testing import WorkflowTest
 
@@ -17,7 +18,7 @@ def _live(*positions: str, kinds: dict[str, str] | None = None) -> Live:
     live = Live(loaded=Loaded([], [], -1, None, 0))
     for seq, pos in enumerate(positions):
         kind = (kinds or {}).get(pos, "step")
-        live.add(Record(seq, {"seq": seq, "pos": pos, "kind": kind, "name": f"n{pos}"}))
+        live.add(RECORD_KINDS[kind](seq=seq, pos=pos, name=f"n{pos}"))
     return live
 
 

@@ -12,7 +12,7 @@ import pytest
 from durablerun import errors
 from durablerun._private.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
 from durablerun._private.backends.s3 import S3Backend
-from durablerun._private.journal import Record
+from durablerun._private.model import Record, StepRecord
 from durablerun.stores import RunRef, Store
 
 from .conftest import StoreSpec
@@ -29,8 +29,7 @@ def _store(spec: StoreSpec, **overrides: Any) -> tuple[Store, S3Backend]:
 
 
 def _rec(seq: int) -> Record:
-    return Record(seq, {"seq": seq, "pos": str(seq), "kind": "step", "name": f"s{seq}",
-                        "ok": True, "value": seq, "w": "me"})
+    return StepRecord(seq=seq, pos=str(seq), name=f"s{seq}", value=seq, w="me")
 
 
 def test_a_write_whose_response_was_lost_is_not_mistaken_for_a_loss(s3_spec: StoreSpec) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from durablerun import errors
 from durablerun._private import codec, layout
-from durablerun._private.journal import Record, RunStore, Totals
+from durablerun._private.journal import RunStore
+from durablerun._private.model import Record, StepRecord, Totals
 from durablerun.stores import RunRef, Store
 
 from .conftest import StoreSpec
@@ -29,9 +30,8 @@ def store(store_spec: StoreSpec) -> Store:
 
 
 def _record(seq: int, name: str = "s", *, usd: str = "0") -> Record:
-    return Record(seq, {"seq": seq, "pos": str(seq), "kind": "step", "name": name, "ok": True,
-                        "value": {"n": seq}, "w": "test",
-                        "totals": {"usd": usd, "tokens": seq, "steps": seq + 1}})
+    return StepRecord(seq=seq, pos=str(seq), name=name, value={"n": seq}, w="test",
+                      totals=Totals(Decimal(usd), seq, seq + 1))
 
 
 # --- object primitives ----------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_snapshots_bound_the_objects_a_resume_reads(store: Store) -> None:
     assert 1 <= len(loaded.chunks) <= 5, loaded.chunks
     resumed = store.run_store(REF).load()
     assert [r.seq for r in resumed.records] == list(range(n))
-    assert [r.data["value"] for r in resumed.records] == [{"n": i} for i in range(n)]
+    assert [r.value for r in resumed.records if isinstance(r, StepRecord)] == [{"n": i} for i in range(n)]
     assert resumed.snapshot_seq == n - 1
     assert resumed.objects_read <= 8
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from durablerun import api, errors
 from durablerun._private import codec
 from durablerun._private.layout import RunRef, check_event_name
+from durablerun._private.model import CompleteRecord
 
 if TYPE_CHECKING:
-    from durablerun._private.context import DurableContext
     from durablerun._private.stores import Store
 
 NO_OPERATOR = ("needs the durable-run operator: child runs and signals are DurableRuns the operator "
@@ -42,8 +42,22 @@ class RunBroker(Protocol):
         """The result a Succeeded child journaled."""
 
 
-def _broker(ctx: DurableContext, what: str) -> RunBroker:
-    broker: RunBroker | None = getattr(ctx._core.config, "runs", None)
+class Workflow(Protocol):
+    """What child runs need of the workflow's DurableContext (which passes itself in): a protocol, so that
+    this module sits below context.py (docs/architecture.md)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def step(self) -> Callable[..., Coroutine[Any, Any, Any]]: ...
+
+    async def wait_for_event(self, name: str) -> Any: ...
+
+    def idempotency_key(self) -> str: ...
+
+
+def _broker(broker: RunBroker | None, what: str) -> RunBroker:
     if broker is None:
         raise errors.WorkflowError(f"{what} {NO_OPERATOR}")
     return broker
@@ -57,8 +71,8 @@ class ChildRun:
     wakes it when the child finishes.
     """
 
-    def __init__(self, ctx: DurableContext, name: str, run: str) -> None:
-        self._ctx, self.name, self.run = ctx, name, run
+    def __init__(self, ctx: Workflow, broker: RunBroker, name: str, run: str) -> None:
+        self._ctx, self._broker, self.name, self.run = ctx, broker, name, run
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self.result().__await__()
@@ -74,16 +88,16 @@ class ChildRun:
         if "result" in outcome:
             return outcome["result"]
         # Too big for the child's status: read it from the child's journal (the parent's store) once.
-        broker = _broker(self._ctx, "reading a child's result")
-        return await self._ctx.step(f"child-result:{self.name}", broker.read_result, self.run, str(outcome["uid"]))
+        return await self._ctx.step(f"child-result:{self.name}", self._broker.read_result, self.run,
+                                    str(outcome["uid"]))
 
     def __repr__(self) -> str:
         return f"ChildRun({self.name!r}, run={self.run!r})"
 
 
-async def start_child(ctx: DurableContext, name: str, workflow: str, input: dict[str, Any] | None,
-                      policy: dict[str, Any] | None) -> ChildRun:
-    broker = _broker(ctx, f"ctx.start_child({name!r})")
+async def start_child(ctx: Workflow, runs: RunBroker | None, name: str, workflow: str,
+                      input: dict[str, Any] | None, policy: dict[str, Any] | None) -> ChildRun:
+    broker = _broker(runs, f"ctx.start_child({name!r})")
     parent = ctx.run_id.split("/")[1]
     try:
         api.child_run_name(parent, name)
@@ -92,11 +106,11 @@ async def start_child(ctx: DurableContext, name: str, workflow: str, input: dict
     except (ValueError, TypeError) as error:
         raise errors.WorkflowError(f"ctx.start_child({name!r}): {error}") from None
     run = await ctx.step(f"start-child:{name}", broker.request_child, name, payload)
-    return ChildRun(ctx, name, str(run))
+    return ChildRun(ctx, broker, name, str(run))
 
 
-async def signal(ctx: DurableContext, run: str, event: str, value: Any) -> None:
-    broker = _broker(ctx, f"ctx.signal({run!r}, {event!r})")
+async def signal(ctx: Workflow, runs: RunBroker | None, run: str, event: str, value: Any) -> None:
+    broker = _broker(runs, f"ctx.signal({run!r}, {event!r})")
     try:
         api.valid_run_name(run)
         check_event_name(event)
@@ -163,11 +177,11 @@ def read_result(store: Store, ref: RunRef) -> Any:
     rs = store.run_store(ref)
     try:
         records = rs.load().records
-        done = records[-1] if records and records[-1].kind == "complete" else None
+        done = records[-1] if records and isinstance(records[-1], CompleteRecord) else None
         if done is None:
             raise errors.NonRetryableError(f"run {ref} has no result in {store.describe().get('uri')}: "
                                            "it has not completed")
-        body = rs.get_blob(done.data["ref"]) if "ref" in done.data else codec.dumps(done.value())
+        body = rs.get_blob(done.ref) if done.ref is not None else done.inline_json()
     finally:
         rs.close()
     return json.loads(body)

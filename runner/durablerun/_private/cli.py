@@ -33,10 +33,17 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
 
 from durablerun import api, errors
-from durablerun._private import codec, layout
+from durablerun._private import layout
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
+from durablerun._private.model import (
+    CompleteRecord,
+    ContinueRecord,
+    EventRecord,
+    ResultRecord,
+    StepRecord,
+)
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import RunInfo, Store, open_store, store_from_checkpoint
@@ -505,11 +512,11 @@ def _print_result(store: Store, ref: layout.RunRef) -> int:
     rs = store.run_store(ref)
     try:
         records = rs.load().records
-        done = records[-1] if records and records[-1].kind == "complete" else None
+        done = records[-1] if records and isinstance(records[-1], CompleteRecord) else None
         if done is None:
             print(f"run {ref} has no result: it has not completed", file=sys.stderr)
             return 1
-        body = rs.get_blob(done.data["ref"]) if "ref" in done.data else codec.dumps(done.value())
+        body = rs.get_blob(done.ref) if done.ref is not None else done.inline_json()
     finally:
         rs.close()
     print(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
@@ -548,18 +555,20 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
     finally:
         rs.close()
     cont = loaded.continuation
-    generation = int(cont.data.get("gen", 0)) if cont is not None else 0
+    generation = cont.gen if cont is not None else 0
     rows = []
     for r in records:
-        d = r.data
-        cost = d.get("cost") or {}
-        row: dict[str, Any] = {"seq": r.seq, "position": d.get("pos"), "kind": d.get("kind"),
-               "name": d.get("name"), "ok": d.get("ok"), "attempts": d.get("attempts"),
-               "duration": d.get("dur"), "at": d.get("at"), "usd": cost.get("usd"),
-               "tokens": cost.get("tokens"), "ref": d.get("ref"),
-               "error": (d.get("error") or {}).get("message")}
-        if r.kind == "continue":
-            row["generation"] = d.get("gen")
+        step = r if isinstance(r, StepRecord) else None
+        row: dict[str, Any] = {
+            "seq": r.seq, "position": r.pos, "kind": r.kind, "name": r.name,
+            "ok": r.ok if isinstance(r, StepRecord | EventRecord) else None,
+            "attempts": step.attempts if step else None, "duration": step.dur if step else None,
+            "at": r.at, "usd": str(r.cost.usd) if r.cost else None,
+            "tokens": r.cost.tokens if r.cost else None,
+            "ref": r.ref if isinstance(r, ResultRecord) else None,
+            "error": (step.error or {}).get("message") if step else None}
+        if isinstance(r, ContinueRecord):
+            row["generation"] = r.gen
         rows.append(row)
     status = info.status or {}
     owner = read_owner(store.backend, ref)

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any, NoReturn, TypeVar, overload
 
 from durablerun import errors
-from durablerun._private import children, core
+from durablerun._private import children, core, replay
 from durablerun._private.layout import check_event_name
 from durablerun.api import format_time, parse_time
 
@@ -164,14 +164,14 @@ class DurableContext:
         returns its result, or raises :class:`ChildRunFailed`. Needs the operator: a local run
         fails with a usage error.
         """
-        return await children.start_child(self, name, workflow, input, policy)
+        return await children.start_child(self, self._core.config.runs, name, workflow, input, policy)
 
     async def run_child(
         self, name: str, workflow: str, input: dict[str, Any] | None = None, *,
         policy: dict[str, Any] | None = None,
     ) -> Any:
         """``await (await ctx.start_child(...))``: start a child run and return its result."""
-        handle = await children.start_child(self, name, workflow, input, policy)
+        handle = await children.start_child(self, self._core.config.runs, name, workflow, input, policy)
         return await handle.result()
 
     async def signal(self, run: str, event: str, value: Any = None) -> None:
@@ -180,7 +180,7 @@ class DurableContext:
         The target's first value for ``event`` wins (as for ``spec.events``). Journaled: a replay
         does not send it again. Returns once the request is recorded; the operator delivers it.
         """
-        await children.signal(self, run, event, value)
+        await children.signal(self, self._core.config.runs, run, event, value)
 
     # --- deterministic values ---------------------------------------------------------------
     def now(self) -> datetime:
@@ -233,7 +233,7 @@ class DurableContext:
 
     def idempotency_key(self) -> str:
         """Inside a step: ``<run>:<position>:<step name>``, stable across retries and resumes."""
-        frame = core.STEP.get()
+        frame = replay.STEP.get()
         if frame is None:
             raise errors.WorkflowError("ctx.idempotency_key() is only available inside a step")
         return f"{self._core.run_key}:{frame.position}:{frame.name}"

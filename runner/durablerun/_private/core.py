@@ -1,253 +1,77 @@
-"""One pass of a workflow over its journal: the durable step loop.
+"""The runtime of one attempt: runs the operations the workflow asks for.
 
-The idea fits in a sentence (DBOS's ``invoke_step``): for each operation the
-workflow asks for, look its *position* up in the journal; if it is there,
-return (or re-raise) what was recorded; if not, run it and record the outcome
-durably before anything else happens.
-
-Positions are assigned when an operation is *called*, in call order, so they
-are deterministic: ``"7"`` at the top level, ``"7.2.0"`` for the first
-operation of branch 2 of a ``ctx.gather`` at position 7 (each gather branch
-counts in its own scope, so the timing of concurrent branches never changes
-a position). Journal *sequence numbers* are separate: the order records were
-written in, which is what writers race for.
-
-``ctx.continue_as_new(input)`` ends a *generation* of the workflow: the
-engine calls the workflow function again with the new input, in the same
-attempt, and the journal goes on. Generation ``g > 0`` prefixes its
-positions with ``"g/"`` (``"3/7.2.0"``), so positions (and the idempotency
-keys built from them) never repeat across generations, and each generation's
-replay matches only its own records.
+:class:`AttemptCore` is what :class:`~durablerun._private.context.DurableContext`
+calls. It asks the replay layer (:mod:`durablerun._private.replay`) whether an
+operation is journaled and, when not, executes it (step functions on the
+worker threads of :mod:`durablerun._private.workers`), appends its record
+through the writer (one record at a time, in order, behind the write guard)
+and saves snapshots on a thread of its own. The loop, controls and heartbeats
+around it are the engine's (:mod:`durablerun._private.engine`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-import functools
 import inspect
-import queue
 import random
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from durablerun import errors
 from durablerun._private import codec
 from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
-from durablerun._private.journal import Loaded, Record, RunStore, Totals
+from durablerun._private.journal import RunStore
+from durablerun._private.model import (
+    ContinueRecord,
+    EngineConfig,
+    EventRecord,
+    PatchRecord,
+    Payload,
+    Record,
+    ResultRecord,
+    SleepRecord,
+    StepRecord,
+    ValueRecord,
+    WaitRecord,
+)
+from durablerun._private.replay import (
+    SCOPE,
+    STEP,
+    ContinueAsNew,
+    Live,
+    Scope,
+    StepFrame,
+    budget_halt,
+    budget_overshoot,
+    duration_halt,
+    gen_prefix,
+    misuse,
+    pos_str,
+)
+from durablerun._private.sinks import EventKind, SinkSet
+from durablerun._private.workers import StepThreads
+from durablerun._private.writer import Writer
 from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
 
-if TYPE_CHECKING:
-    from durablerun._private.engine import EngineConfig
-    from durablerun._private.sinks import SinkSet
-
 T = TypeVar("T")
-
-_OP_KINDS = {
-    "step": frozenset({"step"}),
-    "value": frozenset({"value"}),
-    "sleep": frozenset({"sleep"}),
-    "wait": frozenset({"wait", "event"}),
-    "continue": frozenset({"continue"}),
-}
-
-
-def gen_prefix(gen: int) -> str:
-    """The position prefix of generation ``gen`` (none for the first)."""
-    return f"{gen}/" if gen else ""
-
-
-class ContinueAsNew(BaseException):
-    """Unwinds the workflow function after its continue_as_new record is durable.
-
-    A BaseException, so ``except Exception`` in workflow code does not stop it.
-    """
-
-
-@dataclass
-class Scope:
-    prefix: tuple[int, ...]
-    owner: asyncio.Task[Any] | None
-    counter: int = 0
-
-
-@dataclass
-class StepFrame:
-    position: str
-    name: str
-    core: AttemptCore
-    usd: Decimal = Decimal(0)
-    tokens: int = 0
-
-
-SCOPE: contextvars.ContextVar[Scope] = contextvars.ContextVar("durablerun_scope")
-STEP: contextvars.ContextVar[StepFrame | None] = contextvars.ContextVar(
-    "durablerun_step", default=None
-)
-
-
-def pos_str(pos: tuple[int, ...]) -> str:
-    return ".".join(map(str, pos))
-
-
-def pos_tuple(pos: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in pos.split("."))
-
-
-class _StepThreads:
-    """Runs sync step functions on daemon threads and hands each outcome straight to the loop.
-
-    One ``SimpleQueue`` in, one ``call_soon_threadsafe`` out. Compared with a
-    ThreadPoolExecutor behind ``asyncio.wrap_future`` a step skips the
-    concurrent Future (a Condition per call, its callbacks, the executor's
-    idle semaphore), and the worker goes straight back to blocking after it
-    posts the outcome, so the loop thread it woke rarely has to wait for the
-    GIL. A worker is started when none is idle (up to ``max_threads``), so
-    steps started together (``ctx.gather``) run in parallel. A step whose
-    awaiting task was cancelled (a stop's grace period ran out) is abandoned:
-    its thread finishes on its own and its outcome is dropped. The threads are
-    daemons: they never keep a finished process alive.
-    """
-
-    def __init__(self, max_threads: int) -> None:
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._max = max(1, max_threads)
-        self._started = 0
-        #: One token per idle worker (list append/pop are atomic under the GIL).
-        self._idle: list[None] = []
-        self._closed = False
-
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        """Start ``fn(*args, **kwargs)`` on a worker thread; call on the loop's thread."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        if self._closed:
-            fut.cancel()
-            return fut
-        try:
-            self._idle.pop()  # an idle worker takes it
-        except IndexError:
-            if self._started < self._max:
-                self._started += 1
-                threading.Thread(target=self._work, name=f"durablerun-step-{self._started - 1}",
-                                 daemon=True).start()
-        self._queue.put((loop, fut, contextvars.copy_context(), fn, args, kwargs))
-        return fut
-
-    def _work(self) -> None:
-        get, idle = self._queue.get, self._idle
-        while True:
-            job = get()
-            if job is None or self._closed:
-                return
-            _run_job(job, idle)
-            job = None  # nothing of a finished step stays alive while this thread idles
-
-    def close(self) -> None:
-        """Stop the idle workers; steps still running finish on their own, unheard."""
-        self._closed = True
-        for _ in range(self._started):
-            self._queue.put(None)
-
-
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context,
-             Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-
-
-def _run_job(job: _Job, idle: list[None]) -> None:
-    loop, fut, ctx, fn, args, kwargs = job
-    try:
-        outcome: tuple[Any, BaseException | None] = (ctx.run(fn, *args, **kwargs), None)
-    except BaseException as e:  # handed to the awaiting step, as a Future would
-        outcome = (None, e)
-    idle.append(None)  # free again before the loop wakes up and submits the next step
-    with contextlib.suppress(RuntimeError):  # a closed loop: its attempt is over
-        loop.call_soon_threadsafe(_deliver, fut, outcome)
-
-
-def _deliver(fut: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
-    if fut.done():
-        return  # cancelled: the step was abandoned
-    value, error = outcome
-    if error is None:
-        fut.set_result(value)
-    else:
-        fut.set_exception(error)
-
-
-@dataclass
-class Live:
-    """Mutable per-attempt state shared across passes of the workflow."""
-
-    loaded: Loaded
-    index: dict[str, dict[str, Record]] = field(default_factory=dict)
-    scope_max: dict[tuple[int, ...], int] = field(default_factory=dict)
-    totals: Totals = field(default_factory=Totals)
-    pending_usd: Decimal = Decimal(0)
-    pending_tokens: int = 0
-    inflight_steps: int = 0
-    last_progress: float = field(default_factory=time.monotonic)
-    sleeping: int = 0
-    #: Steps between their start and their journal record (continue_as_new waits for none).
-    open_steps: int = 0
-    #: Position prefix of the current generation ("" for the first, "3/" for the fourth).
-    prefix: str = ""
-    #: The steps the workflow expects in all (ctx.set_total_steps), if it said.
-    total_steps: int | None = None
-
-    def reset(self, prefix: str) -> None:
-        """A new generation: nothing journaled before it is looked up again."""
-        self.prefix = prefix
-        self.index = {}
-        self.scope_max = {}
-
-    def add(self, record: Record) -> None:
-        kind = record.kind
-        if kind == "continue":
-            return  # it ended the previous generation; nothing looks it up
-        pos = record.pos
-        if kind != "complete":
-            if self.prefix:
-                if not pos.startswith(self.prefix):
-                    return  # another generation's record
-                local = pos[len(self.prefix):]
-            elif "/" in pos:
-                return
-            else:
-                local = pos
-        key = f"patch:{record.name}" if kind == "patch" else kind
-        self.index.setdefault(pos, {})[key] = record
-        if kind in ("patch", "complete"):
-            return
-        t = pos_tuple(local)
-        for j in range(0, len(t), 2):
-            prefix = t[:j]
-            if self.scope_max.get(prefix, -1) < t[j]:
-                self.scope_max[prefix] = t[j]
-
-    def replaying_at(self, cur: tuple[int, ...]) -> bool:
-        """Is there any journaled operation at or after ``cur`` in its scope?"""
-        for j in range(0, len(cur), 2):
-            m = self.scope_max.get(cur[:j], -1)
-            if j == len(cur) - 1:
-                if m >= cur[j]:
-                    return True
-            elif m > cur[j]:
-                return True
-        return False
-
+_NO_PAYLOAD = Payload(None, None, None)
+R = TypeVar("R", bound=Record)
 
 class AttemptCore:
-    """Executes workflow passes for one attempt. Created by the engine."""
+    """Runs the operations a workflow asks for, for one attempt. Created by the engine.
+
+    One method per DurableContext operation (step, sleep, wait_for_event, now,
+    uuid, patched, add_cost, continue_as_new, gather), each reading as "replayed
+    or executed, then appended": that is why it is a few hundred lines. Replay
+    decisions are :mod:`durablerun._private.replay`'s, appends the
+    :class:`~durablerun._private.writer.Writer`'s.
+    """
 
     def __init__(
         self,
@@ -271,24 +95,20 @@ class AttemptCore:
         self.attempt_id = attempt_id
         self.first_start = first_start
         self._io_pool = io_pool
-        self._step_threads = _StepThreads(config.max_sync_threads)
-        self._tlock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
-        self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-w")
+        self._step_threads = StepThreads(config.max_sync_threads)
+        self.writer = Writer(store=store, live=live, config=config, sinks=sinks,
+                             attempt_id=attempt_id)
         self.reached: set[str] = set()
-        self.fenced: str | None = None
-        self.closed = False
         self.stop_requested = False
         self.abort_requested: tuple[AbortReason, str] | None = None
         self.stop_event = asyncio.Event()
         self.max_cost = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
         self.max_duration = parse_duration(policy.maxDuration)
         #: The generation being run, and the continue_as_new record that started it.
-        self.continuation: Record | None = live.loaded.continuation
-        self.gen = int(self.continuation.data.get("gen", 1)) if self.continuation else 0
+        self.continuation: ContinueRecord | None = live.loaded.continuation
+        self.gen = self.continuation.gen if self.continuation else 0
         #: Set once this generation's continue_as_new record is durable.
-        self.continued: Record | None = None
+        self.continued: ContinueRecord | None = None
 
     # --- plumbing -----------------------------------------------------------------
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -297,19 +117,25 @@ class AttemptCore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._io_pool, fn, *args)
 
+    @property
+    def fenced(self) -> str | None:
+        """Why this attempt may write nothing more, once it may not (the writer's flag)."""
+        return self.writer.fenced
+
+    @fenced.setter
+    def fenced(self, reason: str | None) -> None:
+        self.writer.fenced = reason
+
     def close(self) -> None:
-        with self._tlock:
-            self.closed = True
-        self._snap_pool.shutdown(wait=not self.fenced, cancel_futures=bool(self.fenced))
+        self.writer.close()
         self._step_threads.close()
-        self._write_pool.shutdown(wait=False)
 
     def new_pass(self) -> None:
         self.reached = set()
 
-    def start_generation(self, record: Record) -> None:
-        """Run generation ``record["gen"]`` next, from continuation ``record``."""
-        self.gen = int(record.data.get("gen", self.gen + 1))
+    def start_generation(self, record: ContinueRecord) -> None:
+        """Run generation ``record.gen`` next, from continuation ``record``."""
+        self.gen = record.gen
         self.continuation = record
         self.continued = None
         self.live.reset(gen_prefix(self.gen))
@@ -343,156 +169,17 @@ class AttemptCore:
         scope = SCOPE.get(None)
         return None if scope is None else (*scope.prefix, scope.counter)
 
-    def lookup(self, pos: str, family: str, name: str) -> dict[str, Record]:
-        """Journaled records of this operation at ``pos`` (empty: not yet run)."""
-        recs = self.live.index.get(pos)
-        if not recs:
-            return {}
-        ops = {k: r for k, r in recs.items() if not k.startswith("patch:")}
-        if not ops:
-            return {}
-        kinds = _OP_KINDS[family]
-        for kind, rec in ops.items():
-            if kind not in kinds or rec.name != name:
-                err = errors.DivergenceError(
-                    f"replay diverged at journal position {pos}: the journal holds "
-                    f"{kind} {rec.name!r} there, but the workflow now asks for {family} "
-                    f"{name!r}. The code changed in a way that does not fit this run's "
-                    "journal: guard the change with ctx.patched('<change-id>') (docs/sdk.md, "
-                    "'Changing a workflow'), or finish this run with the code it started with. "
-                    "Nothing journaled was changed."
-                )
-                raise Halt(HaltKind.FAIL, str(err), error=err)
-        return ops
-
-    # --- journal writes --------------------------------------------------------------
-    def _commit_locked(self, fields: dict[str, Any], usd: Decimal, tokens: int,
-                       step: bool) -> tuple[Record, str]:
-        """Assign the next sequence number and append; runs under the writer lock.
-
-        Called on the loop thread for local stores and on the single writer
-        thread for remote ones; either way one record at a time, in order.
-        """
-        with self._tlock:
-            if self.refuse_writes():
-                raise Halt(HaltKind.FENCE, str(self.fenced))
-            if self.closed:
-                raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
-            live = self.live
-            usd += live.pending_usd
-            tokens += live.pending_tokens
-            totals = Totals(live.totals.usd + usd, live.totals.tokens + tokens,
-                            live.totals.steps + (1 if step else 0))
-            seq = live.loaded.next_seq
-            data: dict[str, Any] = {"seq": seq, **fields, "w": self.attempt_id,
-                                    "at": round(time.time(), 6)}
-            if usd or tokens:
-                data["cost"] = {"usd": str(usd), "tokens": tokens}
-            data["totals"] = totals.to_json()
-            raw = data.pop("value") if isinstance(data.get("value"), _Raw) else None
-            if raw is not None:
-                body = codec.dumps(data)[:-1] + b',"value":' + raw.data + b"}"
-                data["value"] = raw  # decoded lazily, only if a later pass replays it
-                record = Record(seq, data, body)
-            else:
-                record = Record(seq, data)
-            try:
-                key = self.store.append(record)
-            except errors.FencedError as e:
-                self.fenced = str(e)
-                raise Halt(HaltKind.FENCE, str(e), error=e) from None
-            except errors.StoreError as e:
-                raise Halt(HaltKind.CRASH, str(e), error=e) from None
-            if record.kind == "continue":
-                # The new generation starts here: earlier records are not kept in memory
-                # (a snapshot still being written holds its own reference to them).
-                live.loaded.rebase(record)
-            else:
-                live.loaded.records.append(record)
-            live.add(record)
-            live.totals = totals
-            live.pending_usd, live.pending_tokens = Decimal(0), 0
-            # Every snapshot_every records of a generation; a generation after the first
-            # also saves one right at its continuation, so a resume from here on reads
-            # nothing of the generation before (not even its journal tail).
-            gen_offset = 0 if live.loaded.continuation is not None else 1
-            if (seq - live.loaded.base + gen_offset) % self.config.snapshot_every == 0:
-                # Off the step's critical path: the record is already durable, and a
-                # snapshot only makes the next resume cheaper.
-                self._snap_pool.submit(self._snapshot_job, seq, totals)
-            return record, key
-
-    def refuse_writes(self) -> bool:
-        """True once this attempt may write nothing more: fenced, or its write guard says so."""
-        guard = self.config.write_guard
-        reason = guard() if guard is not None and not self.fenced else None
-        if reason:
-            self.fenced = reason
-        return bool(self.fenced)
-
-    def _snapshot_job(self, upto: int | None, totals: Totals) -> tuple[str | None, str | None]:
-        """Runs on the snapshot thread (one at a time, in order)."""
-        if self.refuse_writes():
-            return None, None
-        key: str | None = None
-        warning: str | None = None
-        try:
-            key = self.store.snapshot(self.live.loaded, totals, upto=upto)
-        except errors.StoreError as e:
-            # Snapshots only speed up resume; the journal already holds everything.
-            warning = f"snapshot failed (the journal is intact): {e}"
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            seq = self.live.loaded.snapshot_seq
-            with contextlib.suppress(RuntimeError):
-                if key:
-                    loop.call_soon_threadsafe(
-                        functools.partial(self.sinks.checkpoint_saved, seq=seq, key=key))
-                if warning:
-                    loop.call_soon_threadsafe(self.sinks.warning, warning)
-        return key, warning
-
-    def _after_commit(self, result: tuple[Record, str], step: bool) -> Record:
-        # Snapshots report from their own thread (_snapshot_job), never through here.
-        record, key = result
-        self.sinks.checkpoint_saved(seq=record.seq, key=key)
-        if step or "cost" in record.data:
-            t = self.live.totals
-            self.sinks.cost_updated(usd=t.usd, tokens=t.tokens, steps=t.steps)
-        return record
-
-    async def commit(self, fields: dict[str, Any], *, usd: Decimal = Decimal(0),
-                     tokens: int = 0, step: bool = False) -> Record:
-        if self.store.backend.io_inline:
-            result = self._commit_locked(fields, usd, tokens, step)
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(
-                self._write_pool, self._commit_locked, fields, usd, tokens, step)
-        return self._after_commit(result, step)
-
-    def commit_now(self, fields: dict[str, Any]) -> Record:
-        """Synchronous commit for ctx.now()/uuid()/patched(): durable before they return."""
-        return self._after_commit(self._commit_locked(fields, Decimal(0), 0, False), False)
-
-    async def final_snapshot(self) -> None:
-        """A snapshot of everything journaled, after any snapshot still being written."""
-        with self._tlock:
-            upto = self.live.loaded.next_seq - 1
-            totals = self.live.totals
-        fut = self._snap_pool.submit(self._snapshot_job, upto, totals)
-        await asyncio.wrap_future(fut)
-
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
         guard = self.config.write_guard
-        reason = guard() if guard is not None and not self.fenced else None
+        writer = self.writer
+        reason = guard() if guard is not None and not writer.fenced else None
         if reason:
             # A runner that wakes from a pause past its lease must not start anything (a step is a
             # side effect) before its renewal thread notices: ask the lease now, not only at the write.
-            self.fenced = reason
-        if self.fenced:
-            raise Halt(HaltKind.FENCE, self.fenced)
+            writer.fenced = reason
+        if writer.fenced:
+            raise Halt(HaltKind.FENCE, writer.fenced)
         if self.abort_requested:
             reason, message = self.abort_requested
             raise Halt(HaltKind.ABORT, message, reason=reason)
@@ -500,38 +187,15 @@ class AttemptCore:
             raise Halt(HaltKind.SUSPEND, "stopped at a step boundary as requested")
         if not step:
             return
-        live, p = self.live, self.policy
-        usd = live.totals.usd + live.pending_usd
-        tokens = live.totals.tokens + live.pending_tokens
-        # Budgets are checked here, before a new step starts: a step already running
-        # finishes and is journaled, so its cost can end past the ceiling (an overshoot).
-        if self.max_cost is not None and usd >= self.max_cost:
-            raise Halt(HaltKind.ABORT,
-                       f"cost ${usd} reached the ceiling ${self.max_cost} (policy.costCeilingUSD, "
-                       f"checked before each step starts): {self.advice('costCeilingUSD')}",
-                       reason=AbortReason.BUDGET_EXHAUSTED)
-        if p.maxTokens is not None and tokens >= p.maxTokens:
-            raise Halt(HaltKind.ABORT,
-                       f"{tokens} tokens used, limit {p.maxTokens} (policy.maxTokens, checked "
-                       f"before each step starts): {self.advice('maxTokens')}",
-                       reason=AbortReason.BUDGET_EXHAUSTED)
-        used = live.totals.steps + live.inflight_steps
-        if p.maxSteps is not None and used >= p.maxSteps:
-            running = f" and {live.inflight_steps} running" if live.inflight_steps else ""
-            raise Halt(HaltKind.ABORT,
-                       f"{_count(live.totals.steps, 'step')} journaled{running}, limit {p.maxSteps} "
-                       f"(policy.maxSteps, checked before each step starts): "
-                       f"{self.advice('maxSteps')}",
-                       reason=AbortReason.BUDGET_EXHAUSTED)
+        halt = budget_halt(self.live, self.policy, self.max_cost, self.advice)
+        if halt is not None:
+            raise halt
         self.check_duration()
 
     def check_duration(self) -> None:
-        elapsed = datetime.now(UTC) - self.first_start
-        if elapsed >= self.max_duration:
-            raise Halt(HaltKind.ABORT,
-                       f"the run has been going for {elapsed} since its first start, past "
-                       f"policy.maxDuration {self.policy.maxDuration}: {self.advice('maxDuration')}",
-                       reason=AbortReason.MAX_DURATION_EXCEEDED)
+        halt = duration_halt(self.first_start, self.max_duration, self.policy, self.advice)
+        if halt is not None:
+            raise halt
 
     def advice(self, field: str) -> str:
         """How the user raises policy ``field`` where this run runs (CLI flags, kubectl)."""
@@ -557,8 +221,8 @@ class AttemptCore:
 
     # --- results --------------------------------------------------------------------------
     async def encode_result(self, value: Any, what: str, verb: str = "returned",
-                            root: str = "result") -> tuple[dict[str, Any], Any]:
-        """Record fields for a result, and the value the workflow gets back."""
+                            root: str = "result") -> tuple[Payload, Any]:
+        """How a record carries a result, and the value the workflow gets back."""
         body, model = codec.encode_value(value, what=what, verb=verb, root=root)
         size = len(body)
         if size > self.config.result_hard_limit:
@@ -567,40 +231,35 @@ class AttemptCore:
                 f"{self.config.result_hard_limit:,} bytes (EngineConfig.result_hard_limit, "
                 "--max-result-bytes). Store large data elsewhere and return a reference."
             )
-        fields: dict[str, Any] = {}
+        payload = Payload(body, None, model or None)
         if size > self.config.inline_result_max:
             try:
-                fields["ref"] = await self.io(self.store.put_blob, body)
+                payload = Payload(None, await self.io(self.store.put_blob, body), model or None)
             except errors.StoreError as e:
                 # The store failed, not the step: never journal this as the step's error.
                 raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                            else HaltKind.FAIL, str(e), error=e) from None
-        else:
-            fields["value"] = _Raw(body)
-        if model:
-            fields["model"] = model
         # The workflow gets its own copy, decoded exactly as a replay would decode it.
-        return fields, codec.rebuild(codec.loads(body, what=what), model, what=what)
+        return payload, codec.rebuild(codec.loads(body, what=what), model, what=what)
 
-    async def recorded_value(self, record: Record, what: str) -> Any:
-        data = record.data
-        if "ref" in data:
+    async def recorded_value(self, record: ResultRecord, what: str) -> Any:
+        if record.ref is not None:
             try:
-                body = await self.io(self.store.get_blob, data["ref"])
+                body = await self.io(self.store.get_blob, record.ref)
             except errors.StoreError as e:
                 raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                            else HaltKind.FAIL, str(e), error=e) from None
-            return codec.decode_value(body, data.get("model"), what=what)
-        value = data.get("value")
+            return codec.decode_value(body, record.model, what=what)
         try:
-            if isinstance(value, _Raw):
-                return codec.rebuild(codec.loads(value.data, what=what), data.get("model"),
+            if record.encoded is not None:  # written in this process: decoded only now
+                return codec.rebuild(codec.loads(record.encoded, what=what), record.model,
                                      what=what)
-            if record.handed or record.body is None:
+            value = record.value
+            if record.handed:
                 # A second pass in this process: the first may have mutated its copy.
                 value = _fresh(value)
             record.handed = True
-            return codec.rebuild(value, data.get("model"), what=what)
+            return codec.rebuild(value, record.model, what=what)
         except errors.WorkflowError as e:
             raise Halt(HaltKind.FAIL, str(e), error=e) from None
 
@@ -610,7 +269,7 @@ class AttemptCore:
         if self.continued is not None:
             raise ContinueAsNew()  # called before continue_as_new, awaited after it
         if gen != self.gen:
-            raise _misuse(f"step {name!r} was called in workflow generation {gen} and awaited "
+            raise misuse(f"step {name!r} was called in workflow generation {gen} and awaited "
                           f"in generation {self.gen}: await steps before ctx.continue_as_new()")
         self.live.open_steps += 1
         try:
@@ -621,36 +280,37 @@ class AttemptCore:
     async def _step(self, pos: str, name: str, fn: Callable[..., Any],
                     args: tuple[Any, ...], kwargs: dict[str, Any], retries: int | None) -> Any:
         what = f"step {name!r} (position {pos})"
-        recs = self.lookup(pos, "step", name)
+        recs = self.live.lookup(pos, "step", name)
         if recs:
             rec = recs["step"]
-            if rec.data.get("ok"):
+            assert isinstance(rec, StepRecord)
+            if rec.ok:
                 return await self.recorded_value(rec, what)
             retry = self.config.rerun_failed_before
-            if retry is None or float(rec.data.get("at", 0)) >= retry.timestamp():
-                err = rec.data.get("error") or {}
+            if retry is None or rec.at >= retry.timestamp():
+                err = rec.error or {}
                 raise errors.StepError(name, pos, str(err.get("type", "Error")),
-                                       str(err.get("message", "")), int(rec.data.get("attempts", 1)))
+                                       str(err.get("message", "")), rec.attempts)
             # The run was retried after this failure: run the step again. Its new record, later in the
             # journal at the same position, is the one every later replay reads.
         self.check_before_new_op(step=True)
         max_retries = self.policy.maxRetries if retries is None else retries
         live = self.live
         live.inflight_steps += 1
-        frame = StepFrame(pos, name, self)
+        frame = StepFrame(pos, name)
         started = time.monotonic()
         attempt = 0
         failure: BaseException | None = None
-        fields: dict[str, Any] = {}
+        payload = _NO_PAYLOAD
         value: Any = None
         try:
             while True:
                 attempt += 1
-                self.sinks.step_started(position=pos, name=name, attempt=attempt)
+                self.sinks.emit(EventKind.STEP_STARTED, position=pos, name=name, attempt=attempt)
                 token = STEP.set(frame)
                 try:
                     result = await self._invoke(fn, args, kwargs)
-                    fields, value = await self.encode_result(result, what)
+                    payload, value = await self.encode_result(result, what)
                     failure = None
                     break
                 except (Halt, asyncio.CancelledError):
@@ -667,20 +327,18 @@ class AttemptCore:
                 await self.pause(self.backoff(attempt))
         finally:
             live.inflight_steps -= 1
-        record_fields: dict[str, Any] = {"pos": pos, "kind": "step", "name": name,
-                                         "ok": failure is None}
+        record = StepRecord(pos=pos, name=name, ok=failure is None, attempts=attempt,
+                            dur=round(time.monotonic() - started, 6))
         if failure is None:
-            record_fields.update(fields)
+            record.set_result(payload)
         else:
-            record_fields["error"] = {"type": type(failure).__qualname__,
-                                      "module": type(failure).__module__,
-                                      "message": str(failure)[:4000]}
-        record_fields["attempts"] = attempt
-        record_fields["dur"] = round(time.monotonic() - started, 6)
-        record = await self.commit(record_fields, usd=frame.usd, tokens=frame.tokens, step=True)
+            record.error = {"type": type(failure).__qualname__, "module": type(failure).__module__,
+                            "message": str(failure)[:4000]}
+        record = await self.writer.commit(record, usd=frame.usd, tokens=frame.tokens, step=True)
         live.last_progress = time.monotonic()
-        self.sinks.step_completed(position=pos, name=name, seq=record.seq, ok=failure is None,
-                                  duration=record_fields["dur"])
+        self.sinks.emit(EventKind.STEP_COMPLETED, position=pos, name=name, seq=record.seq,
+                        ok=failure is None,
+                                  duration=record.dur)
         if failure is not None:
             raise errors.StepError(name, pos, type(failure).__qualname__, str(failure)[:4000],
                                    attempt) from failure
@@ -705,23 +363,27 @@ class AttemptCore:
 
     def value(self, kind: str, make: Callable[[], str]) -> str:
         pos = self.pstr(self.allocate(f"ctx.{kind}()"))
-        recs = self.lookup(pos, "value", kind)
+        recs = self.live.lookup(pos, "value", kind)
         if recs:
-            return str(recs["value"].data["value"])
+            rec = recs["value"]
+            assert isinstance(rec, ValueRecord)
+            return rec.value
         value = make()
-        self.commit_now({"pos": pos, "kind": "value", "name": kind, "value": value})
+        self.writer.commit_now(ValueRecord(pos=pos, name=kind, value=value))
         return value
 
     async def sleep(self, duration: timedelta) -> None:
         pos = self.pstr(self.allocate("ctx.sleep()"))
-        recs = self.lookup(pos, "sleep", "sleep")
+        recs = self.live.lookup(pos, "sleep", "sleep")
         if recs:
-            wake = parse_time(recs["sleep"].data["wake_at"])
+            rec = recs["sleep"]
+            assert isinstance(rec, SleepRecord)
+            wake = parse_time(rec.wake_at)
         else:
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
-            await self.commit({"pos": pos, "kind": "sleep", "name": "sleep",
-                               "wake_at": format_time(wake, precise=True)})
+            await self.writer.commit(SleepRecord(pos=pos, name="sleep",
+                                          wake_at=format_time(wake, precise=True)))
         remaining = (wake - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             return
@@ -736,41 +398,41 @@ class AttemptCore:
         timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
     ) -> Any:
         pos = self.pstr(self.allocate("ctx.wait_for_event()"))
-        recs = self.lookup(pos, "wait", name)
+        recs = self.live.lookup(pos, "wait", name)
         end = recs.get("event")
         if end is not None:
+            assert isinstance(end, EventRecord)
             return self._event_outcome(end)
         start = recs.get("wait")
         if start is None:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
             written = None if deadline is None else format_time(deadline, precise=True)
-            start = await self.commit({"pos": pos, "kind": "wait", "name": name, "deadline": written})
-        raw_deadline = start.data.get("deadline")
-        deadline = parse_time(raw_deadline) if raw_deadline else None
+            start = await self.writer.commit(WaitRecord(pos=pos, name=name, deadline=written))
+        assert isinstance(start, WaitRecord)
+        deadline = parse_time(start.deadline) if start.deadline else None
         try:
             event = await self.io(self.store.get_event, name)
         except errors.StoreError as e:
             raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
                        else HaltKind.FAIL, str(e), error=e) from None
         if event is not None:
-            end = await self.commit({"pos": pos, "kind": "event", "name": name,
-                                     "ok": True, "value": event.get("payload"),
-                                        "event_id": event.get("id")})
+            end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=True,
+                                                value=event.get("payload"),
+                                                event_id=event.get("id")))
             self.live.last_progress = time.monotonic()
             return self._event_outcome(end)
         if deadline is not None and datetime.now(UTC) >= deadline:
-            end = await self.commit({"pos": pos, "kind": "event", "name": name,
-                                     "ok": False, "timeout": True})
+            end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=False, timeout=True))
             return self._event_outcome(end)
         raise Halt(HaltKind.WAIT, f"waiting for event {name!r}",
                    waiting=Waiting(event=name, deadline=deadline))
 
-    def _event_outcome(self, record: Record) -> Any:
-        if record.data.get("ok"):
-            return _fresh(record.data.get("value"))
+    def _event_outcome(self, record: EventRecord) -> Any:
+        if record.ok:
+            return _fresh(record.value)
         wait = self.live.index.get(record.pos, {}).get("wait")
-        deadline = wait.data.get("deadline") if wait else None
+        deadline = wait.deadline if isinstance(wait, WaitRecord) else None
         raise errors.EventTimeout(record.name, str(deadline))
 
     def patched(self, change_id: str) -> bool:
@@ -785,7 +447,7 @@ class AttemptCore:
             return True
         if self.live.replaying_at(cur):
             return False
-        self.commit_now({"pos": pos, "kind": "patch", "name": change_id})
+        self.writer.commit_now(PatchRecord(pos=pos, name=change_id))
         return True
 
     def set_total_steps(self, total: int | None) -> None:
@@ -795,7 +457,7 @@ class AttemptCore:
                 "ctx.set_total_steps() was called inside a step: call it from the workflow "
                 "function, which runs again on every resume")
         self.live.total_steps = total
-        self.sinks.total_steps_updated(total=total, steps=self.live.totals.steps)
+        self.sinks.emit(EventKind.TOTAL_STEPS_UPDATED, total=total, steps=self.live.totals.steps)
 
     def add_cost(self, usd: Decimal, tokens: int) -> None:
         frame = STEP.get()
@@ -808,36 +470,38 @@ class AttemptCore:
         cur = self.peek()
         if cur is not None and self.live.replaying_at(cur):
             return  # already counted in the journal record that followed it
-        with self._tlock:
+        with self.writer.lock:
             self.live.pending_usd += usd
             self.live.pending_tokens += tokens
 
     async def continue_as_new(self, new_input: Any) -> NoReturn:
         what = "ctx.continue_as_new()"
         if STEP.get() is not None:
-            raise _misuse(f"{what} was called inside a step: it ends the workflow function's "
+            raise misuse(f"{what} was called inside a step: it ends the workflow function's "
                           "current generation, so call it from the workflow function itself")
         scope = SCOPE.get(None)
         if scope is not None and scope.prefix:
-            raise _misuse(f"{what} was called inside a ctx.gather branch (position "
+            raise misuse(f"{what} was called inside a ctx.gather branch (position "
                           f"{self.pstr(scope.prefix)}): it ends the whole workflow function, not "
                           "one branch; call it from the workflow function after the gather")
         pos = self.pstr(self.allocate(what))
         if self.live.open_steps:
-            raise _misuse(f"{what} was called while {self.live.open_steps} step(s) were still "
+            raise misuse(f"{what} was called while {self.live.open_steps} step(s) were still "
                           "running: await every step (and gather) before continuing")
-        recs = self.lookup(pos, "continue", "continue_as_new")
+        recs = self.live.lookup(pos, "continue", "continue_as_new")
         if recs:
-            self.continued = recs["continue"]
+            rec = recs["continue"]
+            assert isinstance(rec, ContinueRecord)
+            self.continued = rec
             raise ContinueAsNew()
-        self.check_unreached()
+        self.live.check_unreached(self.reached)
         self.check_before_new_op(step=False)
         self.check_duration()
-        fields, _ = await self.encode_result(new_input, f"the input given to {what}",
-                                             verb="is", root="input")
-        record = await self.commit({"pos": pos, "kind": "continue", "name": "continue_as_new",
-                                    "gen": self.gen + 1, **fields})
-        self.continued = record
+        payload, _ = await self.encode_result(new_input, f"the input given to {what}",
+                                              verb="is", root="input")
+        record = ContinueRecord(pos=pos, name="continue_as_new", gen=self.gen + 1)
+        record.set_result(payload)
+        self.continued = await self.writer.commit(record)
         raise ContinueAsNew()
 
     async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:
@@ -861,54 +525,6 @@ class AttemptCore:
                 if isinstance(r, BaseException):
                     raise r
         return list(results)
-
-    def check_unreached(self) -> None:
-        """At completion: every journaled operation must have been reached."""
-        for pos, recs in self.live.index.items():
-            if pos in self.reached:
-                continue
-            ops = [r for k, r in recs.items() if not k.startswith("patch:")]
-            if ops:
-                err = errors.DivergenceError(
-                    f"the workflow finished without reaching journal position {pos}, which "
-                    f"holds {ops[0].kind} {ops[0].name!r}: the code changed in a way that does "
-                    "not fit this run's journal (guard changes with ctx.patched). Nothing "
-                    "journaled was changed."
-                )
-                raise Halt(HaltKind.FAIL, str(err), error=err)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def budget_overshoot(t: Totals, p: Policy) -> str | None:
-    """A budget the journaled totals went past (a running step charged it after the check)."""
-    over = []
-    if p.costCeilingUSD is not None and t.usd > Decimal(p.costCeilingUSD):
-        over.append(f"cost ${t.usd} is past policy.costCeilingUSD ${p.costCeilingUSD}")
-    if p.maxTokens is not None and t.tokens > p.maxTokens:
-        over.append(f"{t.tokens} tokens are past policy.maxTokens {p.maxTokens}")
-    if p.maxSteps is not None and t.steps > p.maxSteps:
-        over.append(f"{t.steps} steps are past policy.maxSteps {p.maxSteps}")
-    if not over:
-        return None
-    return ("budget overshoot: " + "; ".join(over) + " (budgets are checked before each step "
-            "starts; steps already running charged it)")
-
-
-def _misuse(message: str) -> Halt:
-    return Halt(HaltKind.FAIL, message, error=errors.WorkflowError(message))
-
-
-class _Raw:
-    """Pre-encoded JSON spliced into a record without re-encoding."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
 
 def _fresh(value: Any) -> Any:
     """A private copy of a journaled value (workflows may mutate what they get)."""

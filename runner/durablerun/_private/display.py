@@ -8,12 +8,10 @@ import sys
 import threading
 import time
 from decimal import Decimal
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from durablerun._private.model import AttemptResult, RunStarted
 from durablerun._private.sinks import ProgressSink
-
-if TYPE_CHECKING:
-    from durablerun._private.engine import AttemptResult, RunStarted
 
 
 class PlainProgress(ProgressSink):

@@ -1,4 +1,9 @@
-"""The engine: one attempt of a run, from loading the journal to exactly one outcome."""
+"""The engine: one attempt of a run, from loading the journal to exactly one outcome.
+
+The top of the runtime layer: it owns the attempt's event loop, the controls
+other threads use (stop, abort, fence), heartbeats, the progress timeout and
+the waits between passes; :mod:`durablerun._private.core` runs the operations.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +13,31 @@ import contextvars
 import hashlib
 import importlib
 import inspect
-import json
-import sys
+import logging
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durablerun import errors
-from durablerun._private import codec, core, layout
+from durablerun._private import codec, core, layout, replay
 from durablerun._private.context import DurableContext
 from durablerun._private.halts import Halt, HaltKind
-from durablerun._private.journal import Loaded, Record, RunStore, Totals
-from durablerun._private.sinks import ProgressSink, SinkSet
+from durablerun._private.journal import Loaded, RunStore
+from durablerun._private.model import (
+    AttemptResult,
+    CompleteRecord,
+    ContinueRecord,
+    EngineConfig,
+    RunStarted,
+    Totals,
+    WaitingFor,
+)
+from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
 from durablerun.api import (
@@ -40,143 +52,8 @@ from durablerun.api import (
 )
 
 SDK_VERSION = __version__
+log = logging.getLogger("durablerun")
 Workflow = Callable[[DurableContext, Any], Any]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Tuning of the engine. Every field has a safe default."""
-
-    #: Save a snapshot every this many journal records (``checkpoint.snapshotEvery``).
-    snapshot_every: int = 100
-    #: Results bigger than this (bytes of JSON) are stored as their own object.
-    inline_result_max: int = 256 * 1024
-    #: Results bigger than this fail the step, without retries.
-    result_hard_limit: int = 64 * 1024 * 1024
-    #: Sleeps (and waits for a wake time) up to this long happen in process.
-    inline_sleep_max: timedelta = timedelta(seconds=60)
-    #: First delay between retries of a failing step; doubles per retry (with jitter).
-    retry_initial: timedelta = timedelta(seconds=1)
-    #: Upper bound of the delay between retries.
-    retry_max: timedelta = timedelta(seconds=60)
-    #: After a stop request, running steps get this long to finish and be journaled.
-    stop_grace: timedelta = timedelta(seconds=20)
-    #: Interval of heartbeat progress events.
-    heartbeat_interval: timedelta = timedelta(seconds=10)
-    #: The workflow code's version; default: a hash of the workflow module's source.
-    code_version: str | None = None
-    #: Run sync step functions in worker threads (so they can overlap and be abandoned).
-    sync_steps_in_threads: bool = True
-    #: Worker threads for sync steps.
-    max_sync_threads: int = 32
-    #: Asked before every journal write: a reason when this process may no longer
-    #: write (e.g. its lease lapsed while it was paused), None when it may. A
-    #: reason fences the attempt before anything is written.
-    write_guard: Callable[[], str | None] | None = None
-    #: How a user raises policy field ``f`` where the run runs, for abort messages
-    #: (the CLI names its flags, the runner pod a kubectl patch); None: generic advice.
-    policy_advice: Callable[[str], str] | None = None
-    #: Time the run was active before this attempt (on Kubernetes: status.activeSeconds, the time it had a
-    #: pod). Set: maxDuration counts that plus this attempt. None: it counts from the run's first start.
-    active_before: timedelta | None = None
-    #: A retried run (on Kubernetes: status.retryTime): a step whose failure was journaled before this moment
-    #: is executed again instead of replayed as a failure. None: journaled failures replay as they are.
-    rerun_failed_before: datetime | None = None
-    #: How the run asks for child runs and signals (durablerun._private.children.RunBroker): the runner pod
-    #: sets it; None (a local run): ctx.start_child and ctx.signal fail, saying they need the operator.
-    runs: Any = None
-
-
-@dataclass(frozen=True)
-class WaitingFor:
-    """What a Waiting run waits for: an event (maybe with a deadline) or a wake time."""
-
-    event: str | None = None
-    deadline: datetime | None = None
-    wake_time: datetime | None = None
-    since: datetime | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "event": self.event,
-            "deadline": format_time(self.deadline, precise=True) if self.deadline else None,
-            "wakeTime": format_time(self.wake_time, precise=True) if self.wake_time else None,
-            "since": format_time(self.since, precise=True) if self.since else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> WaitingFor | None:
-        if not data:
-            return None
-
-        def t(key: str) -> datetime | None:
-            v = data.get(key)
-            return parse_time(v) if v else None
-
-        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"))
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    """How one attempt ended. Exactly one per attempt."""
-
-    outcome: Outcome
-    message: str
-    abort_reason: AbortReason | None = None
-    #: The workflow's return value (Completed only).
-    result: Any = None
-    waiting: WaitingFor | None = None
-    totals: Totals = field(default_factory=Totals)
-    #: Journal records written so far (the next sequence number).
-    journal_records: int = 0
-    #: Qualified name of the error behind a Failed / UsageError outcome.
-    error_type: str | None = None
-    #: A budget the totals went past (a step charged it after the check before it), else None.
-    overshoot: str | None = None
-    #: Completed: where the result is stored (api.RunResult's fields: ref, size, sha256, and
-    #: inline, its JSON text, when at most api.RESULT_INLINE_MAX bytes).
-    result_info: dict[str, Any] | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return self.outcome.exit_code
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "abortReason": self.abort_reason.value if self.abort_reason else None,
-            "waitingFor": self.waiting.to_json() if self.waiting else None,
-            "cost": {"usd": str(self.totals.usd), "tokens": self.totals.tokens},
-            "steps": self.totals.steps,
-            "journalRecords": self.journal_records,
-            "errorType": self.error_type,
-            "overshoot": self.overshoot,
-            "resultRef": self.result_info["ref"] if self.result_info else None,
-        }
-
-    def termination_message(self) -> str:
-        """Compact JSON for the container's termination message (under 4 KiB)."""
-        doc = self.to_json()
-        text = json.dumps(doc, separators=(",", ":"))
-        if len(text.encode()) > 3800:
-            doc["message"] = self.message[:2000] + " ..."
-            text = json.dumps(doc, separators=(",", ":"))
-        return text
-
-
-@dataclass(frozen=True)
-class RunStarted:
-    run: str
-    attempt_id: str
-    journal_records: int
-    resumed: bool
-    objects_read: int
-    code_version: str
-    #: The workflow generation the attempt resumes (0 until ctx.continue_as_new is called).
-    generation: int = 0
-    #: Sequence number of the record the loaded journal starts at (its last continuation).
-    first_loaded: int = 0
 
 
 # --- loading workflows -------------------------------------------------------------
@@ -237,7 +114,16 @@ def code_version_of(fn: Callable[..., Any]) -> str:
 
 
 class Run:
-    """One durable run, driven one attempt at a time. See :mod:`durablerun.engine`."""
+    """One durable run, driven one attempt at a time. See :mod:`durablerun.engine`.
+
+    Long on purpose: it is the attempt's supervisor, one loop from loading the
+    journal to exactly one outcome (the controls other threads set, the passes,
+    heartbeats, the progress timeout, waits, how each way out becomes an
+    AttemptResult), and reads best in one place. What it drives lives below it:
+    operations in :class:`~durablerun._private.core.AttemptCore`, appends in
+    :class:`~durablerun._private.writer.Writer`, replay in
+    :mod:`durablerun._private.replay`.
+    """
 
     def __init__(
         self,
@@ -360,7 +246,7 @@ class Run:
         finally:
             io_pool.shutdown(wait=False)
             run_store.close()
-        self.sinks.run_finished(result=result)
+        self.sinks.emit(EventKind.RUN_FINISHED, result=result)
         return result
 
     def _damaged(self, e: errors.CorruptionError) -> str:
@@ -421,23 +307,23 @@ class Run:
             first_start = datetime.now(UTC) - self.config.active_before
         loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
         for w in loaded.warnings:
-            self.sinks.warning(w)
-        live = core.Live(loaded=loaded, totals=loaded.totals)
+            self.sinks.emit(EventKind.WARNING, message=w)
+        live = replay.Live(loaded=loaded, totals=loaded.totals)
         cont = loaded.continuation
         generation = 0
         if cont is not None:
             # Resume in the generation the last ctx.continue_as_new started.
-            generation = _generation_of(cont, self.ref)
-            live.prefix = core.gen_prefix(generation)
+            generation = cont.gen
+            live.prefix = replay.gen_prefix(generation)
         for record in loaded.records:
             live.add(record)
-        self.sinks.run_started(info=RunStarted(
+        self.sinks.emit(EventKind.RUN_STARTED, info=RunStarted(
             run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
             resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
             code_version=code_version, generation=generation, first_loaded=loaded.base))
 
-        if loaded.records and loaded.records[-1].kind == "complete":
-            done = loaded.records[-1]
+        done = loaded.records[-1] if loaded.records else None
+        if isinstance(done, CompleteRecord):
             attempt_core = self._make_core(rs, live, first_start, io_pool)
             try:
                 value = await attempt_core.recorded_value(done, "the workflow's result")
@@ -459,7 +345,7 @@ class Run:
             attempt_core.close()
             self._core = None
 
-    def _make_core(self, rs: RunStore, live: core.Live, first_start: datetime,
+    def _make_core(self, rs: RunStore, live: replay.Live, first_start: datetime,
                    io_pool: ThreadPoolExecutor) -> core.AttemptCore:
         return core.AttemptCore(
             store=rs, live=live, policy=self.policy, config=self.config, sinks=self.sinks,
@@ -486,10 +372,10 @@ class Run:
         waits = 0
         while True:
             outcome = await self._one_pass(fn, c)
-            if isinstance(outcome, Record):
+            if isinstance(outcome, ContinueRecord):
                 # continue_as_new: its record is durable; the next generation starts now.
                 c.start_generation(outcome)
-                self.sinks.continued_as_new(generation=c.gen, seq=outcome.seq)
+                self.sinks.emit(EventKind.CONTINUED_AS_NEW, generation=c.gen, seq=outcome.seq)
                 waits = 0
                 stalled = self._stalled(c)
                 if stalled is not None:
@@ -505,7 +391,7 @@ class Run:
             result = AttemptResult(
                 Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
                 totals=c.live.totals, journal_records=c.live.loaded.next_seq)
-            await c.final_snapshot()
+            await c.writer.final_snapshot()
             doc = self._status_doc(result, code_version, c.live.total_steps)
             polling_until = self._polls_until(waiting)
             if polling_until is not None:
@@ -564,7 +450,7 @@ class Run:
         return True
 
     async def _one_pass(self, fn: Workflow,
-                        c: core.AttemptCore) -> AttemptResult | WaitingFor | Record:
+                        c: core.AttemptCore) -> AttemptResult | WaitingFor | ContinueRecord:
         """One pass of the current generation. Returns how it ended, or the
         continue_as_new record that ended the generation."""
         live = c.live
@@ -579,10 +465,10 @@ class Run:
                 return self._halt_result(h, live)
         ctx = DurableContext(c)
         loop = asyncio.get_running_loop()
-        scope = core.Scope((), None)
+        scope = replay.Scope((), None)
         cv = contextvars.copy_context()
-        cv.run(core.SCOPE.set, scope)
-        cv.run(core.STEP.set, None)
+        cv.run(replay.SCOPE.set, scope)
+        cv.run(replay.STEP.set, None)
 
         async def main() -> Any:
             scope.owner = asyncio.current_task()
@@ -628,7 +514,7 @@ class Run:
                     await task
                 break
             if now >= self._next_hb:
-                self.sinks.heartbeat(time=datetime.now(UTC))
+                self.sinks.emit(EventKind.HEARTBEAT, time=datetime.now(UTC))
                 self._next_hb = now + hb
 
         if cancelled_for is not None:
@@ -654,7 +540,7 @@ class Run:
             return AttemptResult(Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc),
                                  totals=live.totals, journal_records=live.loaded.next_seq)
         detail = "".join(traceback.format_exception(exc)[-4:]).strip()
-        print(f"durablerun: the workflow raised:\n{detail}", file=sys.stderr)
+        log.error("the workflow raised:\n%s", detail)
         return AttemptResult(
             Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
             error_type=_qual(exc), totals=live.totals, journal_records=live.loaded.next_seq)
@@ -662,9 +548,11 @@ class Run:
     async def _complete(self, c: core.AttemptCore, value: Any) -> AttemptResult:
         live = c.live
         try:
-            c.check_unreached()
-            fields, result = await c.encode_result(value, "the workflow")
-            done = await c.commit({"pos": "end", "kind": "complete", "name": "result", **fields})
+            c.live.check_unreached(c.reached)
+            payload, result = await c.encode_result(value, "the workflow")
+            done = CompleteRecord(pos="end", name="result")
+            done.set_result(payload)
+            done = await c.writer.commit(done)
         except Halt as h:
             return self._halt_result(h, live)
         except errors.DurableRunError as e:
@@ -677,9 +565,9 @@ class Run:
                              result_info=await self._io(c._io_pool, self._result_info, c.store,
                                                         done))
 
-    def _result_info(self, rs: RunStore, done: Record) -> dict[str, Any]:
+    def _result_info(self, rs: RunStore, done: CompleteRecord) -> dict[str, Any]:
         """Where the result of complete record ``done`` lives; its JSON too when small."""
-        ref = done.data.get("ref")
+        ref = done.ref
         if ref:  # a big result (above inline_result_max): its own content-addressed object
             where = layout.blob_key(str(ref["sha256"]))
             info: dict[str, Any] = {"size": int(ref["size"]), "sha256": str(ref["sha256"])}
@@ -688,7 +576,7 @@ class Run:
                 with contextlib.suppress(errors.StoreError):  # the reference is enough
                     body = rs.get_blob(ref)
         else:
-            body = codec.dumps(done.value())
+            body = done.inline_json()
             where = rs.journal().location(done.seq)
             info = {"size": len(body), "sha256": codec.sha256_hex(body)}
         if body is not None and info["size"] <= RESULT_INLINE_MAX:
@@ -708,7 +596,7 @@ class Run:
                         reason=AbortReason.PROGRESS_TIMEOUT)
         return None
 
-    def _halt_result(self, h: Halt, live: core.Live) -> AttemptResult:
+    def _halt_result(self, h: Halt, live: replay.Live) -> AttemptResult:
         kind_outcome = {
             HaltKind.SUSPEND: Outcome.SUSPENDED,
             HaltKind.ABORT: Outcome.ABORTED,
@@ -737,18 +625,18 @@ class Run:
             kind_outcome[h.kind], h.message, abort_reason=h.reason,
             error_type=_qual(h.error) if h.error else None,
             totals=totals, journal_records=live.loaded.next_seq,
-            overshoot=core.budget_overshoot(totals, self.policy))
+            overshoot=replay.budget_overshoot(totals, self.policy))
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
-        if result.outcome == Outcome.FENCED or c.refuse_writes():
+        if result.outcome == Outcome.FENCED or c.writer.refuse_writes():
             return  # a fenced attempt writes nothing more
         with contextlib.suppress(Halt):
-            await c.final_snapshot()
+            await c.writer.final_snapshot()
         try:
             await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version, c.live.total_steps))
         except errors.StoreError as e:
-            self.sinks.warning(f"could not record the attempt's outcome: {e}")
+            self.sinks.emit(EventKind.WARNING, message=f"could not record the attempt's outcome: {e}")
 
     def _status_doc(self, result: AttemptResult, code_version: str,
                     total_steps: int | None) -> dict[str, Any]:
@@ -756,14 +644,6 @@ class Run:
         doc.update({"attempt": self.attempt_id, "time": format_time(time.time(), precise=True),
                     "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
         return doc
-
-
-def _generation_of(record: Record, ref: layout.RunRef) -> int:
-    gen = record.data.get("gen")
-    if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
-        raise errors.CorruptionError(
-            f"continuation record {record.seq} has no valid generation number", run=str(ref))
-    return gen
 
 
 def _waiting_message(w: WaitingFor) -> str:

@@ -17,19 +17,8 @@ cheap with *snapshots*:
   the whole journal (slower, same result). A checksum mismatch anywhere is a
   loud CorruptionError.
 
-Record format (layout v1), one JSON object per journal position::
-
-    {"seq": 7, "pos": "3", "kind": "step", "name": "plan", "w": "<attempt id>",
-     "at": 1700000000.1, "ok": true, "value": ..., | "ref": {"sha256":..., "size":...},
-     "model": "pkg.mod:Model", "error": {"type":..., "message":...}, "attempts": 1,
-     "dur": 0.12, "cost": {"usd": "0.02", "tokens": 1500},
-     "totals": {"usd": "0.04", "tokens": 3000, "steps": 2}}
-
-``kind`` is one of ``step``, ``value`` (ctx.now / ctx.uuid), ``sleep``,
-``wait`` (the deadline of a wait_for_event), ``event`` (its resolution),
-``patch`` (a ctx.patched marker), ``continue`` (ctx.continue_as_new: ``gen``,
-the generation it starts, and its input as ``value``/``ref``/``model``) and
-``complete`` (the workflow's result).
+The records themselves (layout v1) are typed in :mod:`durablerun._private.model`,
+one class per kind, which owns their format; tests/sdk/golden/ pins it.
 
 Continuations bound what a resume reads. A resume starts at the run's last
 ``continue`` record: the snapshot pointer records where its chunks start
@@ -46,70 +35,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from durablerun import errors
 from durablerun._private import codec, layout
 from durablerun._private.backends import base
+from durablerun._private.model import ContinueRecord, Record, Totals, decode_record
 from durablerun.api import format_time
-
-
-@dataclass
-class Totals:
-    """The run's journaled counters."""
-
-    usd: Decimal = Decimal(0)
-    tokens: int = 0
-    steps: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"usd": str(self.usd), "tokens": self.tokens, "steps": self.steps}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Totals:
-        if not data:
-            return cls()
-        return cls(Decimal(str(data.get("usd", "0"))), int(data.get("tokens", 0)),
-                   int(data.get("steps", 0)))
-
-    def copy(self) -> Totals:
-        return Totals(self.usd, self.tokens, self.steps)
-
-
-@dataclass
-class Record:
-    seq: int
-    data: dict[str, Any]
-    body: bytes | None = None
-    #: The decoded value was handed to the workflow once; hand out copies after that.
-    handed: bool = False
-
-    @property
-    def pos(self) -> str:
-        return str(self.data["pos"])
-
-    @property
-    def kind(self) -> str:
-        return str(self.data["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.data.get("name", ""))
-
-    def raw(self) -> bytes:
-        if self.body is None:
-            self.body = codec.dumps(self.data)
-        return self.body
-
-    def value(self) -> Any:
-        """The record's inline ``value`` as plain JSON (records written in this
-        process keep it encoded until someone asks)."""
-        value = self.data.get("value")
-        raw = getattr(value, "data", None)
-        if isinstance(raw, bytes):
-            return codec.loads(raw, what=f"record {self.seq}")
-        return value
 
 
 @dataclass
@@ -163,10 +95,10 @@ class Loaded:
         self._view = (record.seq, [record])
 
     @property
-    def continuation(self) -> Record | None:
+    def continuation(self) -> ContinueRecord | None:
         """The ``continue`` record the current generation started from, if any."""
         records = self.records
-        return records[0] if records and records[0].kind == "continue" else None
+        return records[0] if records and isinstance(records[0], ContinueRecord) else None
 
     @property
     def next_seq(self) -> int:
@@ -175,7 +107,7 @@ class Loaded:
 
     @property
     def totals(self) -> Totals:
-        return Totals.from_json(self.records[-1].data.get("totals")) if self.records else Totals()
+        return self.records[-1].totals.copy() if self.records else Totals()
 
 
 def _chunk_lines(body: bytes, where: str) -> list[bytes]:
@@ -197,7 +129,13 @@ def _last_continuation(records: list[Record]) -> int | None:
 
 
 class RunStore:
-    """All objects of one run in one backend. Thread-compatible, not thread-safe."""
+    """All objects of one run in one backend. Thread-compatible, not thread-safe.
+
+    A few hundred lines because it is every kind of object a run has (manifest,
+    journal, snapshots and their chunks, blobs, events, status, policy), each a
+    short section over the same root and the same sealing; loading (snapshot
+    plus tail, continuations, a missing chunk) is most of it.
+    """
 
     def __init__(self, backend: base.Backend, ref: layout.RunRef) -> None:
         self.backend = backend
@@ -238,14 +176,7 @@ class RunStore:
 
     def _decode_record(self, seq: int, sealed: bytes, where: str) -> Record:
         body = codec.unseal(sealed, what=where)
-        data = codec.loads(body, what=where)
-        if not isinstance(data, dict) or data.get("seq") != seq:
-            raise errors.CorruptionError(
-                f"journal record claims seq {data.get('seq') if isinstance(data, dict) else '?'}"
-                f" but is stored at {seq}",
-                key=where,
-            )
-        return Record(seq, data, body)
+        return decode_record(seq, codec.loads(body, what=where), body, where)
 
     def _read_tail(self, from_seq: int, for_writing: bool) -> tuple[list[Record], int]:
         """Decoded journal records from ``from_seq`` on, and how many objects that read."""
@@ -282,11 +213,12 @@ class RunStore:
                     raise errors.CorruptionError(
                         f"snapshot chunk holds seq {item.get('seq') if isinstance(item, dict) else '?'}"
                         f" where {seq} belongs", key=ck)
-                if item.get("kind") == "continue" and records:
+                record = decode_record(seq, item, line, ck)
+                if record.kind == "continue" and records:
                     # A snapshot always starts at the last continuation before it; should one
                     # ever hold a later one, what came before that is not needed either.
                     base, records = seq, []
-                records.append(Record(seq, item, line))
+                records.append(record)
         return records
 
     def load(self, *, for_writing: bool = False) -> Loaded:

@@ -1,32 +1,93 @@
-"""Progress sinks: where an attempt reports what it is doing.
+"""Progress: where an attempt reports what it is doing.
 
-A sink subclasses :class:`ProgressSink` and overrides the callbacks it cares
-about. Callbacks run on the attempt's event loop thread, synchronously: keep
-them fast (buffer and ship from a thread of your own if a call can block,
-as a Kubernetes status sink must). An exception in a sink is logged and
-otherwise ignored; it never changes the run.
+One event type (:class:`ProgressEvent`: a kind and its fields) and one call,
+``emit``. A sink subclasses :class:`ProgressSink` and overrides either
+``emit`` (every event, one object) or the methods named after the event kinds
+it cares about (the default ``emit`` calls them). Sinks run on the attempt's
+event loop thread, synchronously: keep them fast (buffer and ship from a
+thread of your own if a call can block, as a Kubernetes status sink must). An
+exception in a sink is logged and otherwise ignored; it never changes the run.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
+from durablerun._private.model import AttemptResult, RunStarted
 from durablerun.api import format_time
-
-if TYPE_CHECKING:
-    from durablerun._private.engine import AttemptResult, RunStarted
 
 log = logging.getLogger("durablerun")
 
 
+class EventKind(enum.StrEnum):
+    """What happened; each kind's fields are the keyword arguments of its ProgressSink method."""
+
+    #: ``info`` (RunStarted): the attempt loaded the journal and is about to run the workflow.
+    RUN_STARTED = "run_started"
+    #: ``position``, ``name``, ``attempt`` (counts retries from 1): a step is about to execute.
+    STEP_STARTED = "step_started"
+    #: ``position``, ``name``, ``seq``, ``ok``, ``duration``: a step's outcome is journaled at ``seq``.
+    STEP_COMPLETED = "step_completed"
+    #: ``seq``, ``key``: a journal record (or a snapshot covering up to ``seq``) is durable at ``key``.
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    #: ``usd``, ``tokens``, ``steps``: the run's journaled totals changed.
+    COST_UPDATED = "cost_updated"
+    #: ``generation``, ``seq``: ``ctx.continue_as_new`` journaled its record; ``generation`` starts.
+    CONTINUED_AS_NEW = "continued_as_new"
+    #: ``total``, ``steps``: the workflow declared its expected steps (``ctx.set_total_steps``).
+    TOTAL_STEPS_UPDATED = "total_steps_updated"
+    #: ``time``: the attempt is alive (every ``EngineConfig.heartbeat_interval``).
+    HEARTBEAT = "heartbeat"
+    #: ``message``: something the operator of the run should know; the run goes on.
+    WARNING = "warning"
+    #: ``result`` (AttemptResult): the attempt ended (completed, failed, aborted, waiting, ...).
+    RUN_FINISHED = "run_finished"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """One progress event: its kind and its fields (see :class:`EventKind`)."""
+
+    kind: EventKind
+    fields: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as :class:`JsonLinesSink` writes it (without the time stamp)."""
+        f = self.fields
+        if self.kind is EventKind.RUN_STARTED:
+            info: RunStarted = f["info"]
+            return {"event": "run_started", "run": info.run, "attempt": info.attempt_id,
+                    "replayed": info.journal_records, "resumed": info.resumed,
+                    "generation": info.generation}
+        if self.kind is EventKind.RUN_FINISHED:
+            result: AttemptResult = f["result"]
+            return {"event": "run_finished", "outcome": result.outcome.value,
+                    "message": result.message,
+                    "abort_reason": result.abort_reason.value if result.abort_reason else None}
+        if self.kind is EventKind.HEARTBEAT:
+            return {"event": "heartbeat"}
+        if self.kind is EventKind.TOTAL_STEPS_UPDATED:
+            return {"event": "total_steps", **f}
+        return {"event": self.kind.value, **f}
+
+
+_WARNING = EventKind.WARNING  # looked up once: emit runs several times per step
+
+
 class ProgressSink:
-    """Base class with a no-op for every progress event."""
+    """Receives progress events. Override :meth:`emit`, or the methods named after event kinds."""
+
+    def emit(self, event: ProgressEvent) -> None:
+        """Receive one event; by default, call the method named after its kind with its fields."""
+        getattr(self, event.kind.value)(**event.fields)
 
     def run_started(self, *, info: RunStarted) -> None:
         """The attempt loaded the journal and is about to run the workflow."""
@@ -62,54 +123,23 @@ class ProgressSink:
         """The attempt ended with ``result.outcome`` (completed, failed, aborted, ...)."""
 
 
-class SinkSet(ProgressSink):
-    """Fans every callback out to several sinks, shielding the run from their errors."""
+class SinkSet:
+    """The attempt's sinks: one ``emit`` fans an event out, shielding the run from their errors."""
 
     def __init__(self, sinks: list[ProgressSink]) -> None:
         self.sinks = list(sinks)
 
-    def _each(self, method: str, *args: Any, **kwargs: Any) -> None:
+    def emit(self, kind: EventKind, **fields: Any) -> None:
+        if kind is _WARNING:
+            log.warning("%s", fields["message"])
         if not self.sinks:
             return
+        event = ProgressEvent(kind, fields)
         for sink in self.sinks:
             try:
-                getattr(sink, method)(*args, **kwargs)
+                sink.emit(event)
             except Exception:
-                log.exception("progress sink %r failed in %s", sink, method)
-
-    def run_started(self, *, info: RunStarted) -> None:
-        self._each("run_started", info=info)
-
-    def step_started(self, *, position: str, name: str, attempt: int) -> None:
-        self._each("step_started", position=position, name=name, attempt=attempt)
-
-    def step_completed(
-        self, *, position: str, name: str, seq: int, ok: bool, duration: float
-    ) -> None:
-        self._each("step_completed", position=position, name=name, seq=seq, ok=ok,
-                   duration=duration)
-
-    def checkpoint_saved(self, *, seq: int, key: str) -> None:
-        self._each("checkpoint_saved", seq=seq, key=key)
-
-    def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
-        self._each("cost_updated", usd=usd, tokens=tokens, steps=steps)
-
-    def continued_as_new(self, *, generation: int, seq: int) -> None:
-        self._each("continued_as_new", generation=generation, seq=seq)
-
-    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
-        self._each("total_steps_updated", total=total, steps=steps)
-
-    def heartbeat(self, *, time: datetime) -> None:
-        self._each("heartbeat", time=time)
-
-    def warning(self, message: str) -> None:
-        log.warning("%s", message)
-        self._each("warning", message)
-
-    def run_finished(self, *, result: AttemptResult) -> None:
-        self._each("run_finished", result=result)
+                log.exception("progress sink %r failed in %s", sink, kind.value)
 
 
 class JsonLinesSink(ProgressSink):
@@ -130,50 +160,14 @@ class JsonLinesSink(ProgressSink):
         self._checkpoints = checkpoints
         self._lock = threading.Lock()
 
-    def _emit(self, event: str, **fields: Any) -> None:
-        line = {"time": format_time(datetime.now(UTC), precise=True), "event": event}
-        line.update(fields)
+    def emit(self, event: ProgressEvent) -> None:
+        if event.kind is EventKind.CHECKPOINT_SAVED and not self._checkpoints:
+            return
+        line = {"time": format_time(datetime.now(UTC), precise=True), **event.to_json()}
         text = json.dumps(line, default=str, separators=(",", ":"))
         with self._lock:
             self._stream.write(text + "\n")
             self._stream.flush()
-
-    def run_started(self, *, info: RunStarted) -> None:
-        self._emit("run_started", run=info.run, attempt=info.attempt_id,
-                   replayed=info.journal_records, resumed=info.resumed,
-                   generation=info.generation)
-
-    def step_started(self, *, position: str, name: str, attempt: int) -> None:
-        self._emit("step_started", position=position, name=name, attempt=attempt)
-
-    def step_completed(
-        self, *, position: str, name: str, seq: int, ok: bool, duration: float
-    ) -> None:
-        self._emit("step_completed", position=position, name=name, seq=seq, ok=ok,
-                   duration=duration)
-
-    def checkpoint_saved(self, *, seq: int, key: str) -> None:
-        if self._checkpoints:
-            self._emit("checkpoint_saved", seq=seq, key=key)
-
-    def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
-        self._emit("cost_updated", usd=str(usd), tokens=tokens, steps=steps)
-
-    def continued_as_new(self, *, generation: int, seq: int) -> None:
-        self._emit("continued_as_new", generation=generation, seq=seq)
-
-    def total_steps_updated(self, *, total: int | None, steps: int) -> None:
-        self._emit("total_steps", total=total, steps=steps)
-
-    def heartbeat(self, *, time: datetime) -> None:
-        self._emit("heartbeat")
-
-    def warning(self, message: str) -> None:
-        self._emit("warning", message=message)
-
-    def run_finished(self, *, result: AttemptResult) -> None:
-        self._emit("run_finished", outcome=result.outcome.value, message=result.message,
-                   abort_reason=result.abort_reason.value if result.abort_reason else None)
 
     def close(self) -> None:
         if self._own:

@@ -15,7 +15,8 @@ from durablerun._private.backends import base
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.backends.options import S3Options
-from durablerun._private.journal import RunStore, Totals
+from durablerun._private.journal import RunStore
+from durablerun._private.model import Totals, decode_record
 from durablerun.api import Checkpoint, parse_time
 
 
@@ -137,12 +138,12 @@ class Store:
 
             seq, sealed = tail[-1]
             key = rs.key(layout.journal_key(seq))
-            last = codec.loads(codec.unseal(sealed, what=key), what=key)
-            totals = Totals.from_json(last.get("totals"))
-            at = last.get("at")
+            body = codec.unseal(sealed, what=key)
+            last = decode_record(seq, codec.loads(body, what=key), body, key)
+            totals = last.totals
             checkpoint = CheckpointInfo(
-                seq, key, datetime.fromtimestamp(float(at), UTC) if at else None)
-            completed = last.get("kind") == "complete"
+                seq, key, datetime.fromtimestamp(last.at, UTC) if last.at else None)
+            completed = last.kind == "complete"
         records = (tail[-1][0] + 1) if tail else snap_seq + 1
         return RunInfo(run.key, True, manifest or {}, totals, records, checkpoint,
                        snap_seq if snapshot is not None else None, status, completed, events)

@@ -8,8 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from durablerun._private.backends import memory
-from durablerun._private.engine import AttemptResult, EngineConfig, Run, Workflow
+from durablerun._private.engine import Run, Workflow
 from durablerun._private.layout import RunRef
+from durablerun._private.model import AttemptResult, EngineConfig
 from durablerun._private.stores import Store, open_store
 from durablerun.api import Outcome, Policy
 

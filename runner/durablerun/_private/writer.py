@@ -1,0 +1,168 @@
+"""The writer of one attempt: appends its records, one at a time and in order, and saves snapshots.
+
+Part of the runtime layer. Every record goes through :meth:`Writer.commit`
+(or :meth:`Writer.commit_now`), which asks the write guard first (a runner
+whose lease lapsed writes nothing more), assigns the next sequence number,
+stamps the record (writer, time, cost, totals) and appends it: on the loop
+thread for a local store, on the one writer thread for a remote one. Every
+``snapshot_every`` records (and at each continuation) a snapshot is saved on
+a thread of its own, off the step's critical path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import TypeVar
+
+from durablerun import errors
+from durablerun._private.halts import Halt, HaltKind
+from durablerun._private.journal import RunStore
+from durablerun._private.model import ContinueRecord, Cost, EngineConfig, Record, Totals
+from durablerun._private.replay import Live
+from durablerun._private.sinks import EventKind, SinkSet
+
+R = TypeVar("R", bound=Record)
+
+
+class Writer:
+    """Appends one attempt's records in order, behind the write guard; snapshots on its own thread."""
+
+    def __init__(self, *, store: RunStore, live: Live, config: EngineConfig, sinks: SinkSet,
+                 attempt_id: str) -> None:
+        self.store = store
+        self.live = live
+        self.config = config
+        self.sinks = sinks
+        self.attempt_id = attempt_id
+        #: Held while a record is appended (and while pending cost is added to).
+        self.lock = threading.Lock()
+        self._loop = asyncio.get_running_loop()
+        self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
+        self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-w")
+        #: Why this attempt may write nothing more (lease lost, another writer won), once it may not.
+        self.fenced: str | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """No more appends; a snapshot still being saved finishes unless the attempt is fenced."""
+        with self.lock:
+            self.closed = True
+        self._snap_pool.shutdown(wait=not self.fenced, cancel_futures=bool(self.fenced))
+        self._write_pool.shutdown(wait=False)
+
+    def _append_locked(self, record: R, usd: Decimal, tokens: int, step: bool) -> tuple[R, str]:
+        """Assign the next sequence number and append; runs under the writer lock.
+
+        Called on the loop thread for local stores and on the single writer
+        thread for remote ones; either way one record at a time, in order.
+        """
+        with self.lock:
+            if self.refuse_writes():
+                raise Halt(HaltKind.FENCE, str(self.fenced))
+            if self.closed:
+                raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
+            live = self.live
+            usd += live.pending_usd
+            tokens += live.pending_tokens
+            totals = Totals(live.totals.usd + usd, live.totals.tokens + tokens,
+                            live.totals.steps + (1 if step else 0))
+            seq = live.loaded.next_seq
+            record.seq, record.w, record.at, record.totals = (
+                seq, self.attempt_id, round(time.time(), 6), totals)
+            record.cost = Cost(usd, tokens) if usd or tokens else None
+            record.body = record.encode()
+            try:
+                key = self.store.append(record)
+            except errors.FencedError as e:
+                self.fenced = str(e)
+                raise Halt(HaltKind.FENCE, str(e), error=e) from None
+            except errors.StoreError as e:
+                raise Halt(HaltKind.CRASH, str(e), error=e) from None
+            if isinstance(record, ContinueRecord):
+                # The new generation starts here: earlier records are not kept in memory
+                # (a snapshot still being written holds its own reference to them).
+                live.loaded.rebase(record)
+            else:
+                live.loaded.records.append(record)
+            live.add(record)
+            live.totals = totals
+            live.pending_usd, live.pending_tokens = Decimal(0), 0
+            # Every snapshot_every records of a generation; a generation after the first
+            # also saves one right at its continuation, so a resume from here on reads
+            # nothing of the generation before (not even its journal tail).
+            gen_offset = 0 if live.loaded.continuation is not None else 1
+            if (seq - live.loaded.base + gen_offset) % self.config.snapshot_every == 0:
+                # Off the step's critical path: the record is already durable, and a
+                # snapshot only makes the next resume cheaper.
+                self._snap_pool.submit(self._snapshot_job, seq, totals)
+            return record, key
+
+    def refuse_writes(self) -> bool:
+        """True once this attempt may write nothing more: fenced, or its write guard says so."""
+        guard = self.config.write_guard
+        reason = guard() if guard is not None and not self.fenced else None
+        if reason:
+            self.fenced = reason
+        return bool(self.fenced)
+
+    def _snapshot_job(self, upto: int | None, totals: Totals) -> tuple[str | None, str | None]:
+        """Runs on the snapshot thread (one at a time, in order)."""
+        if self.refuse_writes():
+            return None, None
+        key: str | None = None
+        warning: str | None = None
+        try:
+            key = self.store.snapshot(self.live.loaded, totals, upto=upto)
+        except errors.StoreError as e:
+            # Snapshots only speed up resume; the journal already holds everything.
+            warning = f"snapshot failed (the journal is intact): {e}"
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            seq = self.live.loaded.snapshot_seq
+            with contextlib.suppress(RuntimeError):
+                if key:
+                    loop.call_soon_threadsafe(
+                        functools.partial(self.sinks.emit, EventKind.CHECKPOINT_SAVED, seq=seq,
+                                          key=key))
+                if warning:
+                    loop.call_soon_threadsafe(functools.partial(
+                        self.sinks.emit, EventKind.WARNING, message=warning))
+        return key, warning
+
+    def _after_commit(self, result: tuple[R, str], step: bool) -> R:
+        # Snapshots report from their own thread (_snapshot_job), never through here.
+        record, key = result
+        self.sinks.emit(EventKind.CHECKPOINT_SAVED, seq=record.seq, key=key)
+        if step or record.cost is not None:
+            t = self.live.totals
+            self.sinks.emit(EventKind.COST_UPDATED, usd=t.usd, tokens=t.tokens, steps=t.steps)
+        return record
+
+    async def commit(self, record: R, *, usd: Decimal = Decimal(0),
+                     tokens: int = 0, step: bool = False) -> R:
+        """Append ``record`` (its seq, writer, time, cost and totals are set here); durable on return."""
+        if self.store.backend.io_inline:
+            result = self._append_locked(record, usd, tokens, step)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(
+                self._write_pool, self._append_locked, record, usd, tokens, step)
+        return self._after_commit(result, step)
+
+    def commit_now(self, record: R) -> R:
+        """Synchronous commit for ctx.now()/uuid()/patched(): durable before they return."""
+        return self._after_commit(self._append_locked(record, Decimal(0), 0, False), False)
+
+    async def final_snapshot(self) -> None:
+        """A snapshot of everything journaled, after any snapshot still being written."""
+        with self.lock:
+            upto = self.live.loaded.next_seq - 1
+            totals = self.live.totals
+        fut = self._snap_pool.submit(self._snapshot_job, upto, totals)
+        await asyncio.wrap_future(fut)

@@ -1,0 +1,124 @@
+"""The layout-v1 journal format is a promise: journals written by earlier code replay, and the
+records written today are byte for byte the ones layout v1 wrote.
+
+``tests/sdk/golden/`` was written once by the layout-v1 code (``python tests/sdk/test_golden.py``
+from before typed records) and is never regenerated: a change that makes these tests fail
+changes the wire format, and needs a new layout version instead.
+
+* ``golden/v1-fs/``: a filesystem store holding run ``_local/kinds`` of
+  ``workflows/golden_kinds.py`` (every record kind: step with inline value, model,
+  blob reference, error and cost; value; sleep; wait; event with payload and with
+  timeout; patch; continue; and, after the test sends ``finish``, complete), with
+  its manifest, journal segment, snapshot pointer, chunks, blob, events and status,
+  left Waiting for event ``finish``.
+* ``golden/v1-records.txt``: the body of every journal record of that run once
+  completed, one per line, with what differs from run to run (times, attempt ids,
+  durations, uuids, event ids) replaced by ``*``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from durablerun.api import Outcome
+from durablerun.engine import EngineConfig, Run
+from durablerun.stores import RunRef, Store, open_store
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+REF = RunRef.local("kinds")
+INPUT = {"topic": "t"}
+FINISH = {"ok": True}
+CONFIG = EngineConfig(snapshot_every=4, inline_result_max=200, code_version="golden",
+                      retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=1))
+EXPECTED = {"n": 2, "read": ["T-A", "T-B"], "approval": {"by": "dana"}, "found": "t-a", "big": 300,
+            "failed": "NonRetryableError", "late": True, "new": True, "now": True, "uuid": 36,
+            "final": FINISH}
+
+_VOLATILE = [
+    (re.compile(rb'"(w|event_id)":"[0-9a-f]+"'), rb'"\1":"*"'),
+    (re.compile(rb'"(at|dur)":[0-9.e+-]+'), rb'"\1":"*"'),
+    (re.compile(rb'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"'), rb'"*"'),
+    (re.compile(rb'"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"'), rb'"*"'),
+]
+
+
+def _attempt(store: Store) -> Any:
+    return Run(store=store, run=REF, workflow="golden_kinds:run", input=INPUT,
+               config=CONFIG).run_attempt()
+
+
+def _write_until_finish(store: Store) -> None:
+    """The first attempt: everything up to the wait for ``finish``."""
+    store.put_event(run=REF, name="approval", payload={"by": "dana"})
+    result = _attempt(store)
+    assert result.outcome == Outcome.WAITING, result
+    assert result.waiting is not None
+    assert result.waiting.event == "finish"
+
+
+def _finish(store: Store) -> Any:
+    import golden_kinds
+
+    golden_kinds.EXECUTED.clear()
+    store.put_event(run=REF, name="finish", payload=FINISH)
+    return _attempt(store)
+
+
+def _records(store: Store) -> bytes:
+    """Every journal record's body, volatile values starred, one per line."""
+    from durablerun._private import codec
+
+    lines = []
+    for seq, sealed in store.backend.journal(REF.path + "/").read(0):
+        body = codec.unseal(sealed, what=str(seq))
+        for pattern, repl in _VOLATILE:
+            body = pattern.sub(repl, body)
+        lines.append(body)
+    return b"\n".join(lines) + b"\n"
+
+
+def test_a_layout_v1_journal_replays_every_record_kind(tmp_path: Path) -> None:
+    shutil.copytree(GOLDEN / "v1-fs", tmp_path / "store")
+    store = open_store(f"file://{tmp_path / 'store'}")
+    import golden_kinds
+
+    result = _finish(store)
+    assert result.outcome == Outcome.COMPLETED, result
+    assert result.result == EXPECTED
+    assert golden_kinds.EXECUTED == [], "a journaled step ran again"
+    assert (result.totals.steps, str(result.totals.usd), result.totals.tokens) == (7, "0.30", 127)
+
+
+def test_todays_code_writes_the_records_layout_v1_wrote(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path / 'store'}")
+    _write_until_finish(store)
+    result = _finish(store)
+    assert result.outcome == Outcome.COMPLETED, result
+    assert result.result == EXPECTED
+    assert _records(store) == (GOLDEN / "v1-records.txt").read_bytes()
+
+
+def _write_golden() -> None:  # pragma: no cover - run by hand, once per layout version
+    target = GOLDEN / "v1-fs"
+    if target.exists():
+        raise SystemExit(f"{target} exists: golden files are written once per layout version")
+    store = open_store(f"file://{target}")
+    _write_until_finish(store)
+    store.close()
+    scratch = GOLDEN / "scratch"
+    shutil.copytree(target, scratch)
+    done = open_store(f"file://{scratch}")
+    assert _finish(done).result == EXPECTED
+    (GOLDEN / "v1-records.txt").write_bytes(_records(done))
+    done.close()
+    shutil.rmtree(scratch)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "workflows"))
+    _write_golden()
