@@ -7,7 +7,9 @@ and Anthropic messages (``POST /v1/messages``) from one script: turn *n* of a
 conversation (the number of assistant messages the request already holds) gets
 ``script[n]``, either tool calls or a final text, with the token usage the
 script gives. So a replayed or resumed agent gets the same answer for the same
-turn, as from a deterministic model.
+turn, as from a deterministic model. Anthropic messages can also stream (as
+server-sent events, whole: clients such as pydantic-ai's always stream);
+OpenAI requests cannot.
 
 Every request is logged (``requests``: api, turn, model, tool results seen);
 tests wait on the log (``wait_for``) and may hold one turn's answer
@@ -138,8 +140,8 @@ class LLMServer:
             self._cond.notify_all()
 
     def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if body.get("stream"):
-            return 400, _error(api, "this test server does not stream: call the model without stream")
+        if body.get("stream") and api == "openai":
+            return 400, _error(api, "this test server streams Anthropic messages only: call OpenAI without stream")
         messages = body.get("messages") or []
         n = sum(1 for m in messages if m.get("role") == "assistant")
         self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
@@ -170,7 +172,11 @@ class LLMServer:
                 if path.endswith("/chat/completions"):
                     self._send(*server.answer("openai", body))
                 elif path.endswith("/messages"):
-                    self._send(*server.answer("anthropic", body))
+                    status, payload = server.answer("anthropic", body)
+                    if body.get("stream") and status == 200:
+                        self._stream(_anthropic_events(payload))
+                    else:
+                        self._send(status, payload)
                 else:
                     self._send(404, {"error": {"message": f"no such endpoint {path}"}})
 
@@ -184,6 +190,17 @@ class LLMServer:
                     self.wfile.write(data)
                 except OSError:
                     pass  # the client was killed while its request was held
+
+            def _stream(self, events: list[dict[str, Any]]) -> None:
+                data = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -240,6 +257,28 @@ def _anthropic_response(body: dict[str, Any], n: int, turn: Turn, usage_in: int)
         "usage": {"input_tokens": usage_in - turn.cached_tokens, "output_tokens": turn.output_tokens,
                   "cache_read_input_tokens": turn.cached_tokens, "cache_creation_input_tokens": 0},
     }
+
+
+def _anthropic_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole message as Anthropic's server-sent events (clients that always stream, like pydantic-ai's)."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            events += [{"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                       {"type": "content_block_delta", "index": i,
+                        "delta": {"type": "text_delta", "text": block["text"]}}]
+        else:
+            events += [{"type": "content_block_start", "index": i,
+                        "content_block": {**block, "input": {}}},
+                       {"type": "content_block_delta", "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}]
+        events.append({"type": "content_block_stop", "index": i})
+    events += [{"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]}},
+               {"type": "message_stop"}]
+    return events
 
 
 def load_script(path: str) -> tuple[list[Turn], bool]:

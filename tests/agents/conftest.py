@@ -41,6 +41,19 @@ def llm_server() -> Iterator[Callable[..., LLMServer]]:
         server.stop()
 
 
+@pytest.fixture(params=["fs", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """CLI arguments and environment for a store a subprocess can share: the filesystem, or S3 on the
+    test bed's real MinIO."""
+    if request.param == "fs":
+        return ["--store", f"file://{tmp_path / 'store'}"], {}
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    env = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key,
+           "AWS_REGION": server.region}
+    return ["--store", f"s3://{bucket}/runs", "--endpoint-url", server.endpoint_url], env
+
+
 def sub_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "runner"), str(WORKFLOWS), env.get("PYTHONPATH", "")])

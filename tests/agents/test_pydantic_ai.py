@@ -1,7 +1,8 @@
 """pydantic-ai agents as workflows: each model request and tool call is a journaled step.
 
-Against the real pydantic-ai and openai packages and a scripted model server on
-loopback; the workflow runs in the real CLI (filesystem store) and is SIGKILLed.
+Against the real pydantic-ai, openai and anthropic packages and a scripted model
+server on loopback; the workflow runs in the real CLI (filesystem store and the
+test bed's MinIO) and is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
+from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from durablerun import DurableContext, Outcome, Policy
@@ -35,11 +38,13 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_a_killed_agent_resumes_without_asking_a_finished_turn_again(llm_server: Any, tmp_path: Path) -> None:
+def test_a_killed_agent_resumes_without_asking_a_finished_turn_again(
+        llm_server: Any, store: tuple[list[str], dict[str, str]], tmp_path: Path) -> None:
     server = llm_server(SCRIPT)
     tools = tmp_path / "tools.log"
-    env = {"LLM_BASE_URL": server.openai_base_url, "TOOL_LOG": str(tools)}
-    args = ["run", "pai_research:research", "--run-id", "r1", "--store", f"file://{tmp_path / 'store'}",
+    store_args, store_env = store
+    env = {"LLM_BASE_URL": server.openai_base_url, "TOOL_LOG": str(tools), **store_env}
+    args = ["run", "pai_research:research", "--run-id", "r1", *store_args,
             "--input", json.dumps({"question": "compare consensus protocols"}), "--quiet"]
     # Turn 2's answer is held: when it is asked, turns 0 and 1 and their tool calls are journaled
     # (each step is durable before the next starts), and turn 2 is in flight when the kill lands.
@@ -61,8 +66,7 @@ def test_a_killed_agent_resumes_without_asking_a_finished_turn_again(llm_server:
     # The resumed request carries the replayed tool results, as the first attempt's did.
     assert server.requests[3]["tool_results"] == server.requests[2]["tool_results"]
 
-    inspected = json.loads(cli(["inspect", "--run-id", "r1", "--store", f"file://{tmp_path / 'store'}",
-                                "--json"], env, tmp_path).stdout)
+    inspected = json.loads(cli(["inspect", "--run-id", "r1", *store_args, "--json"], env, tmp_path).stdout)
     steps = [r["name"] for r in inspected["records"] if r["kind"] == "step"]
     model, tool = "researcher__model.request", "researcher__function_toolset__<agent>.call_tool:search"
     assert steps == [model, tool, tool, model, tool, model, tool, model]
@@ -139,3 +143,26 @@ def test_a_token_budget_stops_the_agent_between_steps(llm_server: Any, max_token
     assert done.result == SCRIPT[-1]["text"]
     assert server.turns() == [0, 1, 2, 3]
     assert ran == ["raft", "paxos", "viewstamped replication", "epaxos"]
+
+
+def test_an_anthropic_agent_is_charged_for_cache_reads_at_their_price(llm_server: Any) -> None:
+    server = llm_server([{"tool_calls": [{"name": "search", "args": {"query": "q"}}],
+                          "input_tokens": 10_000, "output_tokens": 100, "cached_tokens": 9000},
+                         {"text": "done", "input_tokens": 10_500, "output_tokens": 50, "cached_tokens": 9000}])
+    model = AnthropicModel("claude-haiku-4-5",
+                           provider=AnthropicProvider(base_url=server.anthropic_base_url, api_key="k"))
+    agent = Agent(model, name="claude", capabilities=[DurableRunDurability()])
+
+    @agent.tool_plain
+    def search(query: str) -> str:
+        return "found"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return (await run(ctx, agent, "go")).output
+
+    done = WorkflowTest(wf).attempt()
+    assert done.result == "done", done.message
+    assert [r["api"] for r in server.requests] == ["anthropic", "anthropic"]
+    # claude-haiku-4-5: $1 in, $0.10 cache read, $5 out per 1M.
+    assert done.totals.usd == ((1000 + 1500) * 1 + 2 * 9000 * Decimal("0.10") + 150 * 5) / 1_000_000
+    assert done.totals.tokens == 10_100 + 10_550
