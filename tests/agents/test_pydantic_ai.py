@@ -166,3 +166,25 @@ def test_an_anthropic_agent_is_charged_for_cache_reads_at_their_price(llm_server
     # claude-haiku-4-5: $1 in, $0.10 cache read, $5 out per 1M.
     assert done.totals.usd == ((1000 + 1500) * 1 + 2 * 9000 * Decimal("0.10") + 150 * 5) / 1_000_000
     assert done.totals.tokens == 10_100 + 10_550
+
+
+def test_a_resumed_agent_run_keeps_its_run_id(llm_server: Any) -> None:
+    server = llm_server([{"text": "hello"}])
+    model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    agent = Agent(model, name="stable", capabilities=[DurableRunDurability()])
+    seen: list[tuple[str, str | None]] = []
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        result = await run(ctx, agent, "hi")
+        seen.append((result.run_id, result.all_messages()[-1].run_id))
+        await ctx.wait_for_event("go")
+        return result.output
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    t.send_event("go")
+    assert t.attempt().result == "hello"
+    # The replay is the same agent run to pydantic-ai: same run id, on the replayed messages too.
+    assert seen[0] == seen[1]
+    assert seen[0][0] == seen[0][1]
+    assert len(server.requests) == 1

@@ -29,6 +29,7 @@ Needs ``pip install 'durable-run[pydantic-ai]'``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from durablerun._private.extras import require
@@ -44,6 +45,7 @@ from pydantic_ai.durable_exec import (  # noqa: E402
     JournalCallableOperationBackend,
     ModelRequestId,
     RoleBasedOperationConfig,
+    conversation_id_from_run_id,
 )
 from pydantic_ai.run import AgentRunResult  # noqa: E402
 from pydantic_ai.tools import AgentDepsT  # noqa: E402
@@ -58,6 +60,20 @@ __all__ = ["DurableRunDurability", "run"]
 def _serialization_failure(exc: Exception) -> BaseException:
     # A value that cannot become JSON never will: fail the step at once instead of retrying.
     return errors.NonRetryableError(f"a pydantic-ai value cannot be journaled as JSON: {exc}")
+
+
+class _AgentBridge(Bridge):
+    """The bridge of one agent run, with the run's id and start time, recorded once (ctx.uuid, ctx.now)."""
+
+    def __init__(self, ctx: DurableContext) -> None:
+        super().__init__(ctx, "pydantic-ai")
+        self.run_id = str(ctx.uuid())
+        self.started = ctx.now()
+
+
+def _agent_bridge() -> _AgentBridge | None:
+    bridge = CURRENT.get()
+    return bridge if isinstance(bridge, _AgentBridge) else None
 
 
 class _Backend(JournalCallableOperationBackend[int | None]):
@@ -130,7 +146,19 @@ class DurableRunDurability(BaseDurabilityCapability[AgentDepsT]):
 
     @property
     def in_durable_context(self) -> bool:
-        return CURRENT.get() is not None
+        return _agent_bridge() is not None
+
+    # Replay-stable identity and clock, so a resumed agent run is the same run to pydantic-ai.
+    def get_default_run_id(self) -> str | None:
+        bridge = _agent_bridge()
+        return bridge.run_id if bridge is not None else None
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        return conversation_id_from_run_id(run_id) if self.in_durable_context else None
+
+    async def get_run_start_time(self, run_id: str) -> datetime | None:
+        bridge = _agent_bridge()
+        return bridge.started if bridge is not None else None
 
     def get_durable_operation_backend(self) -> _Backend:
         assert self._backend is not None, "the capability is bound when the agent is built"
@@ -147,4 +175,4 @@ async def run(ctx: DurableContext, agent: AbstractAgent[Any, Any], *args: Any, *
         raise errors.WorkflowError(
             f"agent {getattr(agent, 'name', None)!r} has no DurableRunDurability capability: build it with "
             "Agent(..., capabilities=[DurableRunDurability()]) so its model requests and tool calls are steps")
-    return await Bridge(ctx, "pydantic-ai").run(agent.run(*args, **kwargs))
+    return await _AgentBridge(ctx).run(agent.run(*args, **kwargs))
