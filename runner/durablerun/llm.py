@@ -32,10 +32,14 @@ from durablerun import errors
 from durablerun._private import core
 from durablerun._private.context import DurableContext
 
-__all__ = ["PRICES", "PRICES_AS_OF", "Price", "Usage", "charge", "charge_response", "cost", "metered",
-           "price_for", "read_usage", "set_price"]
+__all__ = ["PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
+           "metered", "price_for", "read_usage", "set_price"]
 
 _M = Decimal(1_000_000)
+
+
+class UnpricedModelError(errors.ConfigError, errors.NonRetryableError):
+    """A model with no price: the step fails at once (a retry would pay for the call again)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ def price_for(model: str) -> Price:
             candidate = _ALIASES.get(candidate, candidate)
             if candidate in table:
                 return table[candidate]
-    raise errors.ConfigError(
+    raise UnpricedModelError(
         f"no price for model {model!r}, so its calls cannot count against a cost budget: add one with "
         f"durablerun.llm.set_price({name!r}, input=..., output=...) or in {_ENV} "
         f"(USD per million tokens; docs/agents.md)")
@@ -271,6 +275,8 @@ def _metered_call(fn: Any) -> Any:
             raise errors.WorkflowError(
                 "a metered client's calls must run inside a step (ctx.step): outside one the call is "
                 "not journaled and runs again on every resume")
+        if isinstance(kwargs.get("model"), str):
+            price_for(kwargs["model"])  # an unpriced model fails before the call is paid for
         result = fn(*args, **kwargs)
         if hasattr(result, "__await__"):
             async def charged() -> Any:

@@ -10,8 +10,12 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from pydantic_ai import Agent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 from durablerun import ConfigError, DurableContext, Outcome, Policy, llm
+from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
 
 M = Decimal(1_000_000)
@@ -137,3 +141,31 @@ def test_usage_of_the_responses_api_is_read() -> None:
     usage = llm.read_usage({"model": "gpt-5", "usage": {"input_tokens": 100, "output_tokens": 20,
                                                          "input_tokens_details": {"cached_tokens": 40}}})
     assert usage == llm.Usage("gpt-5", 100, 20, 40)
+
+
+def test_a_metered_call_to_an_unpriced_model_fails_the_step_before_it_is_sent(llm_server: Any) -> None:
+    server = llm_server([{"text": "x"}])
+    client = llm.metered(openai.OpenAI(base_url=server.openai_base_url, api_key="k"))
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("ask", lambda: client.chat.completions.create(model="my-llama", messages=[]))
+
+    done = WorkflowTest(wf).attempt()
+    assert done.outcome == Outcome.FAILED
+    assert "no price for model 'my-llama'" in (done.message or "")
+    assert "failed after 1 attempt" in (done.message or "")  # not retried
+    assert server.requests == []
+
+
+def test_an_agent_on_an_unpriced_model_fails_after_one_call_not_four(llm_server: Any) -> None:
+    server = llm_server([{"text": "x"}])
+    model = OpenAIChatModel("my-llama", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    agent = Agent(model, name="local", capabilities=[DurableRunDurability()])
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return (await run(ctx, agent, "hi")).output
+
+    done = WorkflowTest(wf).attempt()
+    assert done.outcome == Outcome.FAILED
+    assert "no price for model 'my-llama'" in (done.message or "")
+    assert len(server.requests) == 1
