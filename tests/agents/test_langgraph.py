@@ -12,7 +12,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+from langchain_core.messages import AnyMessage
+from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 
 from durablerun import DurableContext, Outcome
@@ -105,6 +108,42 @@ def test_two_interrupts_in_one_super_step_wait_for_two_events() -> None:
     done = t.run_to_end(events={"fan.interrupt-0": "x", "fan.interrupt-1": "y"})
     assert done.outcome == Outcome.COMPLETED, done.message
     assert done.result == ["x", "y"]
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def test_langchain_chat_model_calls_in_nodes_are_charged_once(llm_server: Any) -> None:
+    server = llm_server([{"text": "hello", "input_tokens": 2000, "output_tokens": 100, "cached_tokens": 1000},
+                         {"text": "bye", "input_tokens": 3000, "output_tokens": 100}])
+    model = ChatOpenAI(model="gpt-4.1", base_url=server.openai_base_url, api_key="k", max_retries=0)
+
+    def chat(state: Chat) -> Chat:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    b = StateGraph(Chat)
+    b.add_node("first", chat)
+    b.add_node("second", chat)
+    b.add_edge(START, "first")
+    b.add_edge("first", "second")
+    b.add_edge("second", END)
+    graph = b.compile()
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        state = await run_graph(ctx, graph, {"messages": [("user", "hi")]}, name="chat")
+        await ctx.wait_for_event("done")
+        return [m.content for m in state["messages"]]
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    t.send_event("done")
+    done = t.attempt()
+    assert done.result == ["hi", "hello", "bye"]
+    # gpt-4.1: $2 in, $0.50 cached in, $8 out per 1M; the replay charged nothing again.
+    assert done.totals.usd == (1000 * 2 + 1000 * Decimal("0.50") + 3000 * 2 + 200 * 8) / Decimal(1_000_000)
+    assert done.totals.tokens == 5200
+    assert len(server.requests) == 2
 
 
 def test_a_graph_that_is_not_compiled_is_refused() -> None:

@@ -11,7 +11,9 @@ step named ``<name>.super-step-<n>`` whose result is what LangGraph's
 checkpointer wrote during it (its own serialized checkpoints and pending
 writes, through the ``BaseCheckpointSaver`` interface). A resume rebuilds the
 checkpointer from the journal and goes on from the first super-step that was
-not journaled: nodes of finished super-steps do not run again.
+not journaled: nodes of finished super-steps do not run again. The model
+messages nodes write (LangChain's ``AIMessage`` with its ``usage_metadata``)
+are charged to their super-step (durablerun.llm's price table).
 
 A node that calls ``langgraph.types.interrupt(value)`` ends its super-step
 waiting: the run waits for an event (``ctx.wait_for_event``, no pod while it
@@ -41,13 +43,14 @@ from durablerun._private.extras import require
 
 require("langgraph", "the LangGraph integration", "langgraph")
 
+from langchain_core.messages import AIMessage  # noqa: E402
 from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.pregel import Pregel  # noqa: E402
 from langgraph.types import Command, Interrupt  # noqa: E402
 
-from durablerun import errors  # noqa: E402
+from durablerun import errors, llm  # noqa: E402
 from durablerun._private.context import DurableContext  # noqa: E402
 
 __all__ = ["run_graph"]
@@ -64,6 +67,8 @@ class _JournalSaver(InMemorySaver):
         for entry in journaled:
             self._apply(entry)
         self.new: list[dict[str, Any]] = []
+        #: The values nodes wrote since this saver was built (their model messages are charged).
+        self.written: list[Any] = []
 
     def _dump(self, value: Any) -> list[str]:
         kind, data = self.serde.dumps_typed(value)
@@ -88,6 +93,7 @@ class _JournalSaver(InMemorySaver):
 
     def put_writes(self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = "") -> None:
         writes = list(writes)
+        self.written += [v for _, v in writes]
         self.new.append({"op": "writes", "config": _plain(config), "task_id": task_id, "task_path": task_path,
                          "writes": [[c, self._dump(v)] for c, v in writes]})
         super().put_writes(config, writes, task_id, task_path)
@@ -97,6 +103,20 @@ def _plain(config: RunnableConfig) -> RunnableConfig:
     """The part of a checkpoint config a checkpointer keys on (the rest is runtime objects)."""
     conf = config.get("configurable", {})
     return {"configurable": {k: conf[k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id") if k in conf}}
+
+
+def _charge_messages(values: list[Any]) -> None:
+    """Charge the model messages nodes wrote (LangChain chat models report usage on their AIMessage)."""
+    for value in values:
+        for msg in value if isinstance(value, list | tuple) else [value]:
+            usage = getattr(msg, "usage_metadata", None) if isinstance(msg, AIMessage) else None
+            model = msg.response_metadata.get("model_name") if usage else None
+            if usage and model:
+                details = usage.get("input_token_details") or {}
+                # LangChain's input_tokens count cache reads and writes, like durablerun.llm.Usage.
+                llm.charge(llm.Usage(str(model), int(usage.get("input_tokens") or 0),
+                                     int(usage.get("output_tokens") or 0), int(details.get("cache_read") or 0),
+                                     int(details.get("cache_creation") or 0)))
 
 
 def _default_event(name: str) -> Callable[[Interrupt, int], str]:
@@ -137,6 +157,7 @@ async def run_graph(ctx: DurableContext, graph: Pregel[Any, Any, Any, Any], inpu
         # interrupt_after every node: LangGraph stops after one super-step, its checkpoint written.
         await graph.copy(update={"checkpointer": saver}).ainvoke(
             step_input, _THREAD, interrupt_after="*", durability="sync")
+        _charge_messages(saver.written)
         return saver.new
 
     n = 0
