@@ -15,6 +15,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from durablerun import ConfigError, DurableContext, Outcome, Policy, llm
+from durablerun._private import llm as llm_impl
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
 
@@ -24,7 +25,7 @@ M = Decimal(1_000_000)
 @pytest.fixture(autouse=True)
 def _clean_prices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DURABLERUN_LLM_PRICES", raising=False)
-    monkeypatch.setattr(llm, "_overrides", {})
+    monkeypatch.setattr(llm_impl, "_overrides", {})
 
 
 def test_openai_calls_charge_their_step(llm_server: Any) -> None:

@@ -50,7 +50,8 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.pregel import Pregel  # noqa: E402
 from langgraph.types import Command, Interrupt  # noqa: E402
 
-from durablerun import errors, llm  # noqa: E402
+from durablerun import errors  # noqa: E402
+from durablerun._private import llm  # noqa: E402
 from durablerun._private.context import DurableContext  # noqa: E402
 
 __all__ = ["run_graph"]

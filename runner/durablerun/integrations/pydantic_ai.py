@@ -50,7 +50,8 @@ from pydantic_ai.durable_exec import (  # noqa: E402
 from pydantic_ai.run import AgentRunResult  # noqa: E402
 from pydantic_ai.tools import AgentDepsT  # noqa: E402
 
-from durablerun import errors, llm  # noqa: E402
+from durablerun import errors  # noqa: E402
+from durablerun._private import llm  # noqa: E402
 from durablerun._private.context import DurableContext  # noqa: E402
 from durablerun.integrations._bridge import CURRENT, Bridge  # noqa: E402
 
