@@ -37,6 +37,8 @@ class Bridge:
         self._requests: asyncio.Queue[tuple[str, Callable[[], Awaitable[Any]], int | None,
                                             asyncio.Future[Any]]] = asyncio.Queue()
         self._running: str | None = None
+        #: The library's tasks awaiting a step: ended with the library's run, never left running.
+        self._waiters: set[asyncio.Task[Any]] = set()
         #: The first attempt-ending signal a step raised, re-raised whatever the library made of it.
         self.halt: Halt | None = None
 
@@ -51,11 +53,21 @@ class Bridge:
                 "order. Run them one at a time (docs/agents.md).")
         ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._running = name
+        waiter = asyncio.current_task()
+        if waiter is not None:
+            self._waiters.add(waiter)
+        step: Coroutine[Any, Any, T] | None = None
         try:
             self._requests.put_nowait((name, fn, retries, ready))
-            return await self._guarded(await ready)
+            step = await ready
+            return await self._guarded(step)
+        except asyncio.CancelledError:
+            if step is None and ready.done() and not ready.cancelled():
+                ready.result().close()  # cancelled between its position and its start: never ran
+            raise
         finally:
             self._running = None
+            self._waiters.discard(waiter)
 
     async def _guarded(self, coro: Awaitable[T]) -> T:
         try:
@@ -92,6 +104,8 @@ class Bridge:
                     raise self.halt from None
                 raise
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            # A step the library left running (its run failed meanwhile) ends with it, as a cancelled step.
+            stray = [t for t in (task, *self._waiters) if not t.done()]
+            for t in stray:
+                t.cancel()
+            await asyncio.gather(*stray, return_exceptions=True)
