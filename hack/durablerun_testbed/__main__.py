@@ -1,4 +1,4 @@
-"""python -m durablerun_testbed {node,sandbox} ..."""
+"""python -m durablerun_testbed {node,sandbox,llm-server} ..."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox"):
-        print("usage: python -m durablerun_testbed {node|sandbox} ...", file=sys.stderr)
+    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox", "llm-server"):
+        print("usage: python -m durablerun_testbed {node|sandbox|llm-server} ...", file=sys.stderr)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
+    if command == "llm-server":
+        from durablerun_testbed import llmserver
+
+        return llmserver.main(rest)
     if command == "node":
         from durablerun_testbed import processnode
 

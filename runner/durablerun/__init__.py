@@ -11,8 +11,10 @@ Write a workflow against :class:`DurableContext`::
 Public modules: ``durablerun`` (this: the workflow API and its errors),
 ``durablerun.engine`` (running attempts: what the CLI and the runner pod use),
 ``durablerun.stores`` (journal stores), ``durablerun.sinks`` (progress sinks),
-``durablerun.errors``, ``durablerun.api`` (the DurableRun contract), ``durablerun.cli`` and
-``durablerun.testing``. Everything under ``durablerun._private`` is internal.
+``durablerun.errors``, ``durablerun.api`` (the DurableRun contract), ``durablerun.cli``,
+``durablerun.testing``, ``durablerun.llm`` (LLM cost from model responses) and
+``durablerun.agents`` (agent helpers); the agent frameworks' adapters are in
+``durablerun.integrations`` (extras). Everything under ``durablerun._private`` is internal.
 """
 
 from durablerun._private.context import DurableContext

@@ -79,7 +79,8 @@ def test_the_wheel_and_sdist_carry_the_metadata_users_rely_on(dist: Path) -> Non
     by_extra = {extra: {r.name for r in requires if r.marker and r.marker.evaluate({"extra": extra})}
                 for extra in meta.get_all("Provides-Extra") or []}
     assert by_extra == {"s3": {"boto3"}, "pod": {"kubernetes"},
-                        "operator": {"kopf", "kubernetes", "prometheus-client"}}, by_extra
+                        "operator": {"kopf", "kubernetes", "prometheus-client"},
+                        "pydantic-ai": {"pydantic-ai-slim"}, "langgraph": {"langgraph"}}, by_extra
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -197,10 +198,13 @@ def test_a_feature_of_a_missing_extra_names_the_extra(lean: Path, tmp_path: Path
 
 
 def test_importing_the_sdk_loads_neither_boto3_nor_the_kubernetes_client() -> None:
-    """Where the extras are installed (this venv), importing the SDK's public modules still loads neither."""
+    """Where the extras are installed (this venv), importing the SDK's public modules loads none of them
+    (nor an agent framework or an LLM client)."""
     probe = subprocess.run([sys.executable, "-c", (
         "import json, sys, durablerun, durablerun.engine, durablerun.stores, durablerun.testing, durablerun.kubectl\n"
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'boto3', 'botocore', 'kubernetes'})))")],
+        "import durablerun.llm, durablerun.integrations\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'boto3', 'botocore', 'kubernetes',"
+        " 'pydantic_ai', 'langgraph', 'langchain_core', 'openai', 'anthropic'})))")],
         capture_output=True, text=True, timeout=60, check=False)
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout) == []

@@ -1,0 +1,307 @@
+"""A scripted model server on loopback speaking the providers' wire formats.
+
+No model provider is reachable from here, so tests and the agent examples talk
+to this server with the real SDKs (openai, anthropic, pydantic-ai, langchain)
+pointed at it. It answers OpenAI chat completions (``POST /v1/chat/completions``)
+and Anthropic messages (``POST /v1/messages``) from one script: turn *n* of a
+conversation (the number of assistant messages the request already holds) gets
+``script[n]``, either tool calls or a final text, with the token usage the
+script gives. So a replayed or resumed agent gets the same answer for the same
+turn, as from a deterministic model. Anthropic messages can also stream (as
+server-sent events, whole: clients such as pydantic-ai's always stream);
+OpenAI requests cannot.
+
+Every request is logged (``requests``: api, turn, model, tool results seen);
+tests wait on the log (``wait_for``) and may hold one turn's answer
+(``hold_turn``) to kill a run while that request is in flight.
+
+    python -m durablerun_testbed llm-server --script script.json [--port 8931]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+#: Usage of a turn the script gives none for: enough to price, different per turn.
+DEFAULT_INPUT_TOKENS = 1000
+DEFAULT_OUTPUT_TOKENS = 200
+
+
+@dataclass
+class Turn:
+    """One scripted answer: ``text`` (final) or ``tool_calls`` ([{"name", "args"}])."""
+
+    text: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    input_tokens: int | None = None
+    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    cached_tokens: int = 0
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Turn:
+        unknown = set(raw) - {"text", "tool_calls", "input_tokens", "output_tokens", "cached_tokens"}
+        if unknown:
+            raise ValueError(f"script turn has unknown keys {sorted(unknown)}: {raw}")
+        if ("text" in raw) == ("tool_calls" in raw):
+            raise ValueError(f"a script turn needs exactly one of 'text' or 'tool_calls': {raw}")
+        return cls(**raw)
+
+
+class LLMServer:
+    """The server; ``start()`` binds 127.0.0.1 on a free port (or ``port``)."""
+
+    def __init__(self, script: list[Turn], *, repeat_last: bool = False, port: int = 0) -> None:
+        if not script:
+            raise ValueError("the script needs at least one turn")
+        self.script = script
+        #: Past the script, answer with its last turn again (a runaway agent that never stops).
+        self.repeat_last = repeat_last
+        self.requests: list[dict[str, Any]] = []
+        self.hold_turn: int | None = None
+        self._released = threading.Event()
+        self._cond = threading.Condition()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LLMServer:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="llm-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._released.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> LLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- for tests ------------------------------------------------------------------
+    def hold(self, turn: int) -> None:
+        """Answer requests for ``turn`` only after ``release()`` (a request in flight to kill)."""
+        self.hold_turn = turn
+        self._released.clear()
+
+    def release(self) -> None:
+        self.hold_turn = None
+        self._released.set()
+
+    def turns(self, api: str | None = None) -> list[int]:
+        with self._cond:
+            return [r["turn"] for r in self.requests if api is None or r["api"] == api]
+
+    def wait_for(self, condition: Callable[[list[dict[str, Any]]], bool], *, timeout: float,
+                 what: str) -> None:
+        """Wait until ``condition(requests)`` holds; AssertionError after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not condition(self.requests):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
+                                         f"requests so far: {self.requests}")
+                self._cond.wait(left)
+
+    # --- answering ------------------------------------------------------------------
+    def _turn(self, n: int) -> Turn:
+        if n < len(self.script):
+            return self.script[n]
+        if self.repeat_last:
+            return self.script[-1]
+        raise LookupError(f"the script has {len(self.script)} turns; the request is for turn {n}")
+
+    def _log(self, entry: dict[str, Any]) -> None:
+        with self._cond:
+            self.requests.append(entry)
+            self._cond.notify_all()
+
+    def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("stream") and api == "openai":
+            return 400, _error(api, "this test server streams Anthropic messages only: call OpenAI without stream")
+        messages = body.get("messages") or []
+        n = sum(1 for m in messages if m.get("role") == "assistant")
+        self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
+                   "tool_results": _tool_results(api, messages)})
+        if self.hold_turn == n:
+            self._released.wait(timeout=120)
+        try:
+            turn = self._turn(n)
+        except LookupError as e:
+            return 400, _error(api, str(e))
+        usage_in = turn.input_tokens if turn.input_tokens is not None else DEFAULT_INPUT_TOKENS + 100 * n
+        if api == "openai":
+            return 200, _openai_response(body, n, turn, usage_in)
+        return 200, _anthropic_response(body, n, turn, usage_in)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    self._send(400, {"error": {"message": "body is not JSON"}})
+                    return
+                path = self.path.split("?", 1)[0]
+                if path.endswith("/chat/completions"):
+                    self._send(*server.answer("openai", body))
+                elif path.endswith("/messages"):
+                    status, payload = server.answer("anthropic", body)
+                    if body.get("stream") and status == 200:
+                        self._stream(_anthropic_events(payload))
+                    else:
+                        self._send(status, payload)
+                else:
+                    self._send(404, {"error": {"message": f"no such endpoint {path}"}})
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass  # the client was killed while its request was held
+
+            def _stream(self, events: list[dict[str, Any]]) -> None:
+                data = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+def _error(api: str, message: str) -> dict[str, Any]:
+    if api == "anthropic":
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    return {"error": {"message": message, "type": "invalid_request_error"}}
+
+
+def _tool_results(api: str, messages: list[dict[str, Any]]) -> list[str]:
+    """The tool results the request carries (to check what a tool returned)."""
+    out: list[str] = []
+    for m in messages:
+        if api == "openai" and m.get("role") == "tool":
+            out.append(str(m.get("content")))
+        elif api == "anthropic" and isinstance(m.get("content"), list):
+            out += [str(c.get("content")) for c in m["content"] if c.get("type") == "tool_result"]
+    return out
+
+
+def _openai_response(body: dict[str, Any], n: int, turn: Turn, usage_in: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {"id": f"call_{n}_{i}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c.get("args", {}))}}
+            for i, c in enumerate(turn.tool_calls)]
+    return {
+        "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1_700_000_000 + n,
+        "model": body.get("model", "unknown"),
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if turn.tool_calls else "stop"}],
+        "usage": {"prompt_tokens": usage_in, "completion_tokens": turn.output_tokens,
+                  "total_tokens": usage_in + turn.output_tokens,
+                  "prompt_tokens_details": {"cached_tokens": turn.cached_tokens}},
+    }
+
+
+def _anthropic_response(body: dict[str, Any], n: int, turn: Turn, usage_in: int) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if turn.text is not None:
+        content.append({"type": "text", "text": turn.text})
+    content += [{"type": "tool_use", "id": f"toolu_{n}_{i}", "name": c["name"], "input": c.get("args", {})}
+                for i, c in enumerate(turn.tool_calls)]
+    return {
+        "id": f"msg_{n}", "type": "message", "role": "assistant", "model": body.get("model", "unknown"),
+        "content": content, "stop_reason": "tool_use" if turn.tool_calls else "end_turn",
+        "stop_sequence": None,
+        # Anthropic counts cache reads apart from input_tokens (OpenAI counts them inside).
+        "usage": {"input_tokens": usage_in - turn.cached_tokens, "output_tokens": turn.output_tokens,
+                  "cache_read_input_tokens": turn.cached_tokens, "cache_creation_input_tokens": 0},
+    }
+
+
+def _anthropic_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole message as Anthropic's server-sent events (clients that always stream, like pydantic-ai's)."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            events += [{"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                       {"type": "content_block_delta", "index": i,
+                        "delta": {"type": "text_delta", "text": block["text"]}}]
+        else:
+            events += [{"type": "content_block_start", "index": i,
+                        "content_block": {**block, "input": {}}},
+                       {"type": "content_block_delta", "index": i,
+                        "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}]
+        events.append({"type": "content_block_stop", "index": i})
+    events += [{"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]}},
+               {"type": "message_stop"}]
+    return events
+
+
+def load_script(path: str) -> tuple[list[Turn], bool]:
+    """A script file: {"turns": [...], "repeat_last": false}."""
+    with open(path) as f:
+        raw = json.load(f)
+    return [Turn.parse(t) for t in raw["turns"]], bool(raw.get("repeat_last", False))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m durablerun_testbed llm-server",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--script", required=True, help='JSON file: {"turns": [...], "repeat_last": false}')
+    parser.add_argument("--port", type=int, default=8931)
+    args = parser.parse_args(argv)
+    turns, repeat = load_script(args.script)
+    server = LLMServer(turns, repeat_last=repeat, port=args.port).start()
+    print(f"OpenAI base URL {server.openai_base_url}, Anthropic base URL {server.anthropic_base_url}; "
+          "Ctrl-C stops", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,156 @@
+"""The implementation of durablerun.agents (see its docstring)."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from durablerun import errors
+from durablerun._private.context import DurableContext
+
+__all__ = ["Saga", "SideEffect", "Tool", "bound_history", "tool"]
+
+class SideEffect(enum.StrEnum):
+    """What a tool does to the world, which decides how a call is replayed."""
+
+    #: Pure computation: runs inline, again on every replay (it must give the same answer).
+    NONE = "none"
+    #: Reads something that may change: a step; a replay returns what was read the first time.
+    READ = "read"
+    #: Changes state you own (a database row): a step, retried on failure; it can run twice if the
+    #: process dies after the write and before the journal record, so key it if it is not idempotent.
+    WRITE = "write"
+    #: Acts on the world outside (an email, a payment): a step, never retried unless it takes an
+    #: idempotency key the other side deduplicates on (a retry after a lost answer would act twice).
+    EXTERNAL = "external"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool function with its declared side effect; call it with ``await t(ctx, *args, **kwargs)``."""
+
+    fn: Callable[..., Any]
+    name: str
+    side_effect: SideEffect
+    requires_key: bool
+    retries: int | None
+
+    async def __call__(self, ctx: DurableContext, *args: Any, idempotency_key: str | None = None,
+                       **kwargs: Any) -> Any:
+        if self.requires_key:
+            if not isinstance(idempotency_key, str) or not idempotency_key:
+                raise errors.WorkflowError(
+                    f"tool {self.name!r} ({self.side_effect} side effect) requires an idempotency key and got "
+                    f"none: call it with idempotency_key=... (a key the other side deduplicates on, derived "
+                    f"from your data, e.g. f'refund-{{order_id}}')")
+            kwargs["idempotency_key"] = idempotency_key
+        if self.side_effect is SideEffect.NONE:
+            result = self.fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        retries = self.retries
+        if retries is None and self.side_effect is SideEffect.EXTERNAL and not self.requires_key:
+            retries = 0
+        return await ctx.step(f"tool:{self.name}", self.fn, *args, retries=retries, **kwargs)
+
+
+def tool(side_effect: SideEffect | str, *, idempotency_key: bool = False, name: str | None = None,
+         retries: int | None = None) -> Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool's side effect (``none``, ``read``, ``write``, ``external``).
+
+    With ``idempotency_key=True`` every call must pass ``idempotency_key=...``, which the function
+    receives as its keyword argument of that name; a call without one is refused before it runs.
+    ``retries`` overrides the step's retries (default: the run's policy; none for an ``external``
+    tool without a key).
+    """
+    try:
+        kind = SideEffect(side_effect)
+    except ValueError:
+        raise errors.WorkflowError(
+            f"side_effect must be one of {', '.join(repr(k.value) for k in SideEffect)}, got {side_effect!r}"
+        ) from None
+
+    def wrap(fn: Callable[..., Any]) -> Tool:
+        return Tool(fn, name or fn.__name__, kind, idempotency_key, retries)
+    return wrap
+
+
+@dataclass
+class _Compensation:
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class Saga:
+    """Compensations that undo finished steps, run in reverse order when the block fails.
+
+    ::
+
+        async with Saga(ctx) as saga:
+            flight = await ctx.step("book-flight", book_flight, trip)
+            saga.add("cancel-flight", cancel_flight, flight["id"])
+            hotel = await ctx.step("book-hotel", book_hotel, trip)
+            saga.add("cancel-hotel", cancel_hotel, hotel["id"])
+            await ctx.step("charge", charge_card, trip)       # fails: cancel-hotel, then cancel-flight
+
+    Registering is plain workflow code: a replay registers the same compensations as it passes the
+    same steps. Each compensation is a step (retried, journaled), so a crash while compensating
+    resumes where it stopped. Then the block's exception is raised again; a compensation that fails
+    for good raises :class:`~durablerun.errors.StepError` with the original error as its context.
+    An abort (a budget, a user abort) ends the attempt before any new step, compensations
+    included: they run on failures, not on aborts.
+    """
+
+    ctx: DurableContext
+    compensations: list[_Compensation] = field(default_factory=list)
+
+    def add(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+        """Register ``fn(*args, **kwargs)`` as the step ``compensate:<name>`` to run if the block fails."""
+        self.compensations.append(_Compensation(name, fn, args, kwargs))
+
+    async def __aenter__(self) -> Saga:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return  # completed, or the attempt is ending (a halt, cancellation): nothing to undo here
+        await self.compensate()
+
+    async def compensate(self) -> None:
+        """Run the registered compensations now, last first (each once, as a step)."""
+        while self.compensations:
+            c = self.compensations.pop()
+            await self.ctx.step(f"compensate:{c.name}", c.fn, *c.args, **c.kwargs)
+
+
+def _approx_tokens(message: Any) -> int:
+    """About four characters of JSON per token."""
+    return len(json.dumps(message, default=str)) // 4 + 1
+
+
+async def bound_history(ctx: DurableContext, messages: list[Any], *, max_tokens: int,
+                        summarize: Callable[[list[Any]], Any], keep_last: int = 4,
+                        count_tokens: Callable[[Any], int] = _approx_tokens,
+                        name: str = "summarize") -> list[Any]:
+    """``messages`` within ``max_tokens``: the oldest folded into one summary message by a step.
+
+    When the history is over budget, everything but the last ``keep_last`` messages (a previous
+    summary included, so summaries are progressive) goes to ``summarize(older) -> message``, run as
+    the step ``name``; the result is ``[summary, *last]``. The step is journaled, so a replay builds
+    the same history without summarizing again; ``summarize`` may call a model (and charge it).
+    """
+    if max_tokens <= 0 or keep_last < 0:
+        raise errors.WorkflowError("bound_history needs max_tokens > 0 and keep_last >= 0")
+    if sum(count_tokens(m) for m in messages) <= max_tokens or len(messages) <= keep_last + 1:
+        return list(messages)
+    split = len(messages) - keep_last
+    summary = await ctx.step(name, summarize, list(messages[:split]))
+    return [summary, *messages[split:]]

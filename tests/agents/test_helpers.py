@@ -1,0 +1,207 @@
+"""The agent helpers: tools that declare side effects, sagas, bounded history (durablerun.agents)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durablerun import DurableContext, NonRetryableError, Outcome, StepError, WorkflowError
+from durablerun.agents import Saga, bound_history, tool
+from durablerun.testing import WorkflowTest
+
+from .conftest import cli, kill, launch
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.01)
+
+# --- tools ------------------------------------------------------------------------------------------
+
+
+def test_each_side_effect_kind_replays_as_documented() -> None:
+    calls: dict[str, int] = {"none": 0, "read": 0, "write": 0}
+    stock = {"n": 5}
+
+    @tool("none")
+    def add(a: int, b: int) -> int:
+        calls["none"] += 1
+        return a + b
+
+    @tool("read")
+    def read_stock() -> int:
+        calls["read"] += 1
+        return stock["n"]
+
+    @tool("write", idempotency_key=True)
+    def reserve(n: int, *, idempotency_key: str) -> str:
+        calls["write"] += 1
+        return f"{idempotency_key}:{n}"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        seen = await read_stock(ctx)
+        total = await add(ctx, seen, 1)
+        receipt = await reserve(ctx, total, idempotency_key="order-7")
+        await ctx.wait_for_event("go")
+        return [seen, total, receipt]
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    stock["n"] = 99  # the world changed; a replay must not see it
+    t.send_event("go", True)
+    done = t.attempt()
+    assert done.result == [5, 6, "order-7:6"]
+    # none ran again on the replay; read and write did not.
+    assert calls == {"none": 2, "read": 1, "write": 1}
+
+
+def test_a_tool_that_requires_a_key_refuses_to_run_without_one() -> None:
+    sent: list[str] = []
+
+    @tool("external", idempotency_key=True)
+    def send_email(to: str, *, idempotency_key: str) -> None:
+        sent.append(to)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await send_email(ctx, "ada@example.com")
+
+    done = WorkflowTest(wf).attempt()
+    assert done.outcome == Outcome.FAILED
+    assert "tool 'send_email' (external side effect) requires an idempotency key" in (done.message or "")
+    assert sent == []
+
+
+def test_an_external_tool_without_a_key_is_not_retried() -> None:
+    attempts: list[int] = []
+
+    @tool("external")
+    def charge() -> None:
+        attempts.append(1)
+        raise ConnectionError("lost the answer")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await charge(ctx)
+
+    done = WorkflowTest(wf).attempt()
+    assert done.outcome == Outcome.FAILED
+    assert len(attempts) == 1
+
+
+def test_an_unknown_side_effect_is_refused() -> None:
+    with pytest.raises(WorkflowError, match="side_effect must be one of 'none', 'read', 'write', 'external'"):
+        tool("delete")
+
+# --- saga -------------------------------------------------------------------------------------------
+
+
+def test_compensations_run_in_reverse_and_a_crash_while_compensating_resumes_it(tmp_path: Path) -> None:
+    log, go = tmp_path / "steps.log", tmp_path / "go"
+    env = {"STEP_LOG": str(log), "GO_FILE": str(go)}
+    args = ["run", "saga_trip:trip", "--run-id", "s1", "--store", f"file://{tmp_path / 'store'}", "--quiet"]
+    first = launch(args, env, tmp_path)
+    try:
+        wait_until(lambda: "cancel flight-1 started" in _lines(log), "the flight's compensation to start")
+    finally:
+        kill(first)
+    assert _lines(log) == ["book flight", "book hotel", "charge", "cancel hotel-1 started", "cancel hotel-1 done",
+                           "cancel flight-1 started"]
+    go.touch()
+    done = cli(args, env, tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "card declined" in done.stderr
+    # Only the compensation in flight at the kill ran again; nothing journaled did.
+    assert _lines(log)[6:] == ["cancel flight-1 started", "cancel flight-1 done"]
+    records = json.loads(cli(["inspect", "--run-id", "s1", "--store", f"file://{tmp_path / 'store'}", "--json"],
+                             env, tmp_path).stdout)["records"]
+    assert [r["name"] for r in records if r["kind"] == "step"] == [
+        "book-flight", "book-hotel", "charge", "compensate:cancel-hotel", "compensate:cancel-flight"]
+
+
+def test_a_completed_saga_compensates_nothing() -> None:
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            saga.add("never", lambda: pytest.fail("compensated a success"))
+            return await ctx.step("ok", lambda: 1)
+
+    assert WorkflowTest(wf).attempt().result == 1
+
+
+def test_compensation_steps_are_journaled_once() -> None:
+    log: list[str] = []
+
+    def fail() -> None:
+        raise NonRetryableError("no")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        try:
+            async with Saga(ctx) as saga:
+                saga.add("a", log.append, "undo a")
+                saga.add("b", log.append, "undo b")
+                await ctx.step("fail", fail)
+        except StepError as e:
+            await ctx.wait_for_event("ack")
+            return f"compensated after {e.step}"
+        return "unreachable"
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    assert log == ["undo b", "undo a"]
+    done = t.run_to_end(events={"ack": True})
+    assert done.result == "compensated after fail"
+    assert log == ["undo b", "undo a"]
+
+# --- bounded history --------------------------------------------------------------------------------
+
+
+def test_history_stays_in_budget_and_replays_the_same() -> None:
+    summaries: list[int] = []
+
+    def summarize(older: list[dict[str, Any]]) -> dict[str, Any]:
+        summaries.append(len(older))
+        # Progressive: a previous summary is among the older messages and is folded in.
+        turns = sum(m.get("turns", 1) for m in older)
+        return {"role": "system", "content": f"summary of {turns} turns", "turns": turns}
+
+    async def agent(ctx: DurableContext, input: Any) -> Any:
+        history: list[dict[str, Any]] = []
+        for turn in range(12):
+            history = [*history, {"role": "user", "content": f"turn {turn}: " + "x" * 10}]
+            history = await bound_history(ctx, history, max_tokens=60, keep_last=2, summarize=summarize,
+                                          count_tokens=lambda m: len(m["content"]))
+            if turn == 6:
+                await ctx.wait_for_event("half")
+        return history
+
+    t = WorkflowTest(agent)
+    assert t.attempt().outcome == Outcome.WAITING
+    first_attempt = list(summaries)
+    t.send_event("half", True)
+    done = t.attempt()
+    assert done.outcome == Outcome.COMPLETED, done.message
+    history = done.result
+    assert sum(len(m["content"]) for m in history) <= 60
+    assert history[0] == {"role": "system", "content": "summary of 10 turns", "turns": 10}
+    assert [m["content"][:7] for m in history[1:]] == ["turn 10", "turn 11"]
+    # The replay took the first attempt's summaries from the journal: summarize ran only for later turns,
+    # and every call of it is one journaled step.
+    assert first_attempt
+    assert len(summaries) == len([n for n in done_steps(t) if n == "summarize"]) > len(first_attempt)
+
+
+def done_steps(t: WorkflowTest) -> list[str]:
+    rs = t.store.run_store(t.ref)
+    try:
+        return [r.name for r in rs.read_all() if r.kind == "step"]
+    finally:
+        rs.close()

@@ -1,0 +1,190 @@
+"""pydantic-ai agents as workflows: each model request and tool call is a journaled step.
+
+Against the real pydantic-ai, openai and anthropic packages and a scripted model
+server on loopback; the workflow runs in the real CLI (filesystem store and the
+test bed's MinIO) and is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.models.anthropic import AnthropicModel
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
+from pydantic_ai.providers.openai import OpenAIProvider
+
+from durablerun import DurableContext, Outcome, Policy
+from durablerun.integrations.pydantic_ai import DurableRunDurability, run
+from durablerun.testing import WorkflowTest
+
+from .conftest import cli, kill, launch
+
+SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "search", "args": {"query": "raft"}},
+                    {"name": "search", "args": {"query": "paxos"}}]},
+    {"tool_calls": [{"name": "search", "args": {"query": "viewstamped replication"}}]},
+    {"tool_calls": [{"name": "search", "args": {"query": "epaxos"}}]},
+    {"text": "Consensus: raft, paxos, VR, epaxos."},
+]
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_killed_agent_resumes_without_asking_a_finished_turn_again(
+        llm_server: Any, store: tuple[list[str], dict[str, str]], tmp_path: Path) -> None:
+    server = llm_server(SCRIPT)
+    tools = tmp_path / "tools.log"
+    store_args, store_env = store
+    env = {"LLM_BASE_URL": server.openai_base_url, "TOOL_LOG": str(tools), **store_env}
+    args = ["run", "pai_research:research", "--run-id", "r1", *store_args,
+            "--input", json.dumps({"question": "compare consensus protocols"}), "--quiet"]
+    # Turn 2's answer is held: when it is asked, turns 0 and 1 and their tool calls are journaled
+    # (each step is durable before the next starts), and turn 2 is in flight when the kill lands.
+    server.hold(2)
+    first = launch(args, env, tmp_path)
+    try:
+        server.wait_for(lambda reqs: any(r["turn"] == 2 for r in reqs), timeout=60, what="turn 2 to be asked")
+    finally:
+        kill(first)
+    server.release()
+    assert _lines(tools) == ["raft", "paxos", "viewstamped replication"]
+
+    done = cli(args, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"answer": "Consensus: raft, paxos, VR, epaxos."}
+    # The turn in flight at the kill is asked again; no completed turn is.
+    assert server.turns() == [0, 1, 2, 2, 3]
+    assert _lines(tools) == ["raft", "paxos", "viewstamped replication", "epaxos"]
+    # The resumed request carries the replayed tool results, as the first attempt's did.
+    assert server.requests[3]["tool_results"] == server.requests[2]["tool_results"]
+
+    inspected = json.loads(cli(["inspect", "--run-id", "r1", *store_args, "--json"], env, tmp_path).stdout)
+    steps = [r["name"] for r in inspected["records"] if r["kind"] == "step"]
+    model, tool = "researcher__model.request", "researcher__function_toolset__<agent>.call_tool:search"
+    assert steps == [model, tool, tool, model, tool, model, tool, model]
+    # Tokens of the four journaled turns only (the killed request was never journaled nor charged):
+    # the server's default usage is 1000 + 100 * turn in, 200 out; gpt-4o-mini is $0.15 / $0.60 per 1M.
+    assert inspected["totals"]["tokens"] == sum(1000 + 100 * t + 200 for t in range(4))
+    assert Decimal(inspected["totals"]["usd"]) == (sum(1000 + 100 * t for t in range(4)) * Decimal("0.15")
+                                                   + 4 * 200 * Decimal("0.60")) / 1_000_000
+
+
+def test_a_runaway_agent_is_stopped_by_the_cost_budget(llm_server: Any, tmp_path: Path) -> None:
+    """An agent that never stops calling tools, on gpt-4o, with --max-cost: no accounting code anywhere."""
+    server = llm_server([{"tool_calls": [{"name": "search", "args": {"query": "more"}}]}], repeat_last=True)
+    tools = tmp_path / "tools.log"
+    env = {"LLM_BASE_URL": server.openai_base_url, "TOOL_LOG": str(tools), "LLM_MODEL": "gpt-4o"}
+    done = cli(["run", "pai_research:research", "--run-id", "runaway", "--store", f"file://{tmp_path / 's'}",
+                "--input", json.dumps({"question": "everything"}), "--quiet", "--max-cost", "0.01"], env, tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "policy.costCeilingUSD" in done.stderr
+    # $2.50 / $10 per 1M: turn n costs 2.5e-6 * (1000 + 100 n) + 10e-6 * 200, so the third turn
+    # ($0.01425 in all) passes $0.01 and the budget stops the next step, the tool call it asked for.
+    assert server.turns() == [0, 1, 2]
+    assert _lines(tools) == ["more", "more"]
+    status = json.loads(cli(["inspect", "--run-id", "runaway", "--store", f"file://{tmp_path / 's'}", "--json"],
+                            env, tmp_path).stdout)
+    assert Decimal(status["totals"]["usd"]) == Decimal("0.01425")
+
+
+def test_outside_a_durable_run_the_agent_runs_as_usual(llm_server: Any) -> None:
+    server = llm_server([{"text": "plain"}])
+    model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    agent = Agent(model, name="plain", capabilities=[DurableRunDurability()])
+    assert agent.run_sync("hi").output == "plain"
+
+
+def test_run_needs_the_capability(llm_server: Any) -> None:
+    server = llm_server([{"text": "x"}])
+    model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    bare = Agent(model, name="bare")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return (await run(ctx, bare, "hi")).output
+
+    result = WorkflowTest(wf).attempt()
+    assert result.outcome == Outcome.FAILED
+    assert "has no DurableRunDurability capability" in (result.message or "")
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("max_tokens", [2500])
+def test_a_token_budget_stops_the_agent_between_steps(llm_server: Any, max_tokens: int) -> None:
+    server = llm_server(SCRIPT)
+    model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    agent = Agent(model, name="budgeted", capabilities=[DurableRunDurability()])
+    ran: list[str] = []
+
+    @agent.tool_plain
+    def search(query: str) -> str:
+        ran.append(query)
+        return "ok"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return (await run(ctx, agent, "go")).output
+
+    t = WorkflowTest(wf, policy=Policy(maxTokens=max_tokens))
+    first = t.attempt()
+    # Turn 0 (1200 tokens) and its two tool calls, turn 1 (1300): 2500 reached before the next step.
+    assert first.outcome == Outcome.ABORTED, first.message
+    assert server.turns() == [0, 1]
+    assert ran == ["raft", "paxos"]
+    # Raising the budget resumes it from the journal: no turn is asked twice, no tool runs twice.
+    done = t.attempt(policy=Policy(maxTokens=100_000))
+    assert done.outcome == Outcome.COMPLETED, done.message
+    assert done.result == SCRIPT[-1]["text"]
+    assert server.turns() == [0, 1, 2, 3]
+    assert ran == ["raft", "paxos", "viewstamped replication", "epaxos"]
+
+
+def test_an_anthropic_agent_is_charged_for_cache_reads_at_their_price(llm_server: Any) -> None:
+    server = llm_server([{"tool_calls": [{"name": "search", "args": {"query": "q"}}],
+                          "input_tokens": 10_000, "output_tokens": 100, "cached_tokens": 9000},
+                         {"text": "done", "input_tokens": 10_500, "output_tokens": 50, "cached_tokens": 9000}])
+    model = AnthropicModel("claude-haiku-4-5",
+                           provider=AnthropicProvider(base_url=server.anthropic_base_url, api_key="k"))
+    agent = Agent(model, name="claude", capabilities=[DurableRunDurability()])
+
+    @agent.tool_plain
+    def search(query: str) -> str:
+        return "found"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return (await run(ctx, agent, "go")).output
+
+    done = WorkflowTest(wf).attempt()
+    assert done.result == "done", done.message
+    assert [r["api"] for r in server.requests] == ["anthropic", "anthropic"]
+    # claude-haiku-4-5: $1 in, $0.10 cache read, $5 out per 1M.
+    assert done.totals.usd == ((1000 + 1500) * 1 + 2 * 9000 * Decimal("0.10") + 150 * 5) / 1_000_000
+    assert done.totals.tokens == 10_100 + 10_550
+
+
+def test_a_resumed_agent_run_keeps_its_run_id(llm_server: Any) -> None:
+    server = llm_server([{"text": "hello"}])
+    model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    agent = Agent(model, name="stable", capabilities=[DurableRunDurability()])
+    seen: list[tuple[str, str | None]] = []
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        result = await run(ctx, agent, "hi")
+        seen.append((result.run_id, result.all_messages()[-1].run_id))
+        await ctx.wait_for_event("go")
+        return result.output
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    t.send_event("go")
+    assert t.attempt().result == "hello"
+    # The replay is the same agent run to pydantic-ai: same run id, on the replayed messages too.
+    assert seen[0] == seen[1]
+    assert seen[0][0] == seen[0][1]
+    assert len(server.requests) == 1
