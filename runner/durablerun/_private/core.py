@@ -460,10 +460,7 @@ class AttemptCore:
         self.sinks.emit(EventKind.TOTAL_STEPS_UPDATED, total=total, steps=self.live.totals.steps)
 
     def add_cost(self, usd: Decimal, tokens: int) -> None:
-        frame = STEP.get()
-        if frame is not None:
-            frame.usd += usd
-            frame.tokens += tokens
+        if charge_step(usd, tokens):
             return
         if self.continued is not None:
             raise ContinueAsNew()  # the generation is over: nothing after it counts
@@ -557,3 +554,17 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 def new_uuid() -> str:
     return str(uuid.uuid4())
 
+
+def in_step() -> bool:
+    """Whether this code runs inside a step (ctx.step's function)."""
+    return STEP.get() is not None
+
+
+def charge_step(usd: Decimal, tokens: int) -> bool:
+    """Charge the step running in this context (its journal record carries the cost); False outside a step."""
+    frame = STEP.get()
+    if frame is None:
+        return False
+    frame.usd += usd
+    frame.tokens += tokens
+    return True

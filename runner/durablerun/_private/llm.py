@@ -206,14 +206,12 @@ def charge(usage: Usage, ctx: DurableContext | None = None) -> Decimal:
     Without ``ctx`` it must be called inside a step (it charges that step).
     """
     usd = cost(usage)
-    if ctx is None:
-        frame = core.STEP.get()
-        if frame is None:
-            raise errors.WorkflowError(
-                "durablerun.llm.charge() without ctx must be called inside a step (ctx.step); "
-                "outside one pass ctx")
-        ctx = DurableContext(frame.core)
-    ctx.add_cost(usd=usd, tokens=usage.tokens)
+    if ctx is not None:
+        ctx.add_cost(usd=usd, tokens=usage.tokens)
+    elif not core.charge_step(usd, usage.tokens):
+        raise errors.WorkflowError(
+            "durablerun.llm.charge() without ctx must be called inside a step (ctx.step); "
+            "outside one pass ctx")
     return usd
 
 
@@ -252,7 +250,7 @@ def _metered_call(fn: Any) -> Any:
             raise errors.WorkflowError(
                 "a metered client does not meter streamed responses: call durablerun.llm.charge_response() "
                 "with the final message (or use the unwrapped client)")
-        if core.STEP.get() is None:
+        if not core.in_step():
             # Refused before the call: outside a step it would be made (and paid for) again on every resume.
             raise errors.WorkflowError(
                 "a metered client's calls must run inside a step (ctx.step): outside one the call is "
