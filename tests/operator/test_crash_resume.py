@@ -53,7 +53,12 @@ def test_crash_resumes_in_a_new_pod(operator: Operator, runs: RunEnv, how: str) 
 
 @pytest.mark.parametrize("how", ["pod-deleted", "node-lost", "evicted"])
 def test_disruptions_do_not_consume_max_restarts(operator: Operator, runs: RunEnv, how: str) -> None:
-    pod = start_and_wait_for_step(runs, "disrupted", "s1", maxRestarts=0)
+    # s2 runs until released, so the disruption lands while the attempt is at work (a timed run could finish
+    # first on a loaded machine, and the run would succeed with no disruption to count).
+    runs.apply(runs.manifest("disrupted", "optest_flows:steps", {"steps": STEPS, "sleep": 0.4, "hold": "s2"},
+                             policy={"maxRestarts": 0}))
+    procs.wait_for(lambda: "start s2" in runs.ledger(), timeout=60, what="step s2 to start")
+    pod = str(runs.get("disrupted")["status"]["pod"])
     assert runs.testbed.node
     if how == "pod-deleted":
         runs.testbed.kubectl("delete", "pod", pod, "-n", runs.namespace, "--wait=false")
@@ -63,6 +68,7 @@ def test_disruptions_do_not_consume_max_restarts(operator: Operator, runs: RunEn
         core = client.CoreV1Api(runs.testbed.api_client())
         core.create_namespaced_pod_eviction(pod, runs.namespace, client.V1Eviction(
             metadata=client.V1ObjectMeta(name=pod, namespace=runs.namespace)))
+    (runs.ledger_dir / "release-s2").touch()
     run = runs.wait_phase("disrupted", "Succeeded", timeout=90)
     assert run["status"]["restarts"] == 0
     assert run["status"]["disruptions"] == 1

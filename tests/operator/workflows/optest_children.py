@@ -6,26 +6,11 @@ Every step execution appends to the ledger (optest_flows._record), so a test cou
 from __future__ import annotations
 
 import json
-import os
-import time
 from typing import Any
 
-from optest_flows import LEDGER, _record, work
+from optest_flows import _record, hold, work
 
 from durablerun import ChildRunFailed, DurableContext
-
-
-def hold(name: str) -> str:
-    """A step that runs until the test creates ``release-<name>`` beside the ledger, so a test that kills its
-    pod knows the step was in flight (a timed step may finish first on a loaded machine)."""
-    _record(f"start {name}")
-    release, deadline = os.path.join(os.path.dirname(LEDGER), f"release-{name}"), time.monotonic() + 300
-    while not os.path.exists(release):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: {release} never appeared")
-        time.sleep(0.05)
-    _record(f"done {name}")
-    return name.upper()
 
 
 def combine(results: list[Any]) -> dict[str, Any]:

@@ -33,13 +33,30 @@ def work(name: str, seconds: float) -> str:
     return name.upper()
 
 
+def hold(name: str) -> str:
+    """A step that runs until the test creates ``release-<name>`` beside the ledger, so a test that kills its
+    pod knows the step was in flight (a timed step may finish first on a loaded machine)."""
+    _record(f"start {name}")
+    release, deadline = os.path.join(os.path.dirname(LEDGER), f"release-{name}"), time.monotonic() + 300
+    while not os.path.exists(release):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: {release} never appeared")
+        time.sleep(0.05)
+    _record(f"done {name}")
+    return name.upper()
+
+
 async def steps(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     """``input.steps`` steps of ``input.sleep`` seconds, each charging ``input.usd``
-    (``input.declare_total``: the workflow declares how many steps it takes)."""
+    (``input.declare_total``: the workflow declares how many steps it takes; ``input.hold``: the name of
+    a step that runs until the test releases it, see ``hold``)."""
     results = []
     if input.get("declare_total"):
         ctx.set_total_steps(int(input.get("steps", 5)))
     for i in range(int(input.get("steps", 5))):
+        if input.get("hold") == f"s{i}":
+            results.append(await ctx.step(f"s{i}", hold, f"s{i}"))
+            continue
         results.append(await ctx.step(f"s{i}", work, f"s{i}", float(input.get("sleep", 0.2))))
         if input.get("usd"):
             ctx.add_cost(usd=Decimal(str(input["usd"])), tokens=int(input.get("tokens", 0)))
