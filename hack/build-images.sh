@@ -151,7 +151,8 @@ runner_ref() { cut -d' ' -f2 "$CURRENT/runner.current"; }
 
 # build_workflow NAME DIR REF: FROM the runner image, with DIR's contents in
 # /app (on the image's PYTHONPATH), as docs/install.md shows: DIR is the folder
-# you would put on PYTHONPATH to run the workflow locally.
+# you would put on PYTHONPATH to run the workflow locally; its requirements.txt,
+# if any, is pip-installed into the image.
 build_workflow() {
   local name="$1" dir="$2" ref="$3" h
   build_project_image runner
@@ -167,9 +168,17 @@ build_workflow() {
   trap 'rm -rf "$work"' RETURN
   mkdir "$work/app"
   (cd "$dir" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - .) | tar -xf - -C "$work/app"
-  printf 'FROM %s\nCOPY --chown=65532:65532 app/ /app/\n' "$(runner_ref)" >"$work/Containerfile"
+  {
+    printf 'FROM %s\nCOPY --chown=65532:65532 app/ /app/\n' "$(runner_ref)"
+    # DIR/requirements.txt: the workflows' own packages, into the image's venv (root's), as docs/install.md
+    # shows; pip reads it in /app, so its -c/-r lines may name other files of DIR.
+    if [[ -f "$work/app/requirements.txt" ]]; then
+      printf 'USER root\nRUN pip install --no-cache-dir -r /app/requirements.txt\nUSER 65532:65532\n'
+    fi
+  } >"$work/Containerfile"
   ensure_local "$(runner_ref)" "$(cut -d' ' -f1 "$CURRENT/runner.current")"
-  buildah build --quiet --pull=never --format=oci -f "$work/Containerfile" -t "$ref" "$work" >/dev/null
+  buildah build --quiet --pull=never --network=host --format=oci "${build_volumes[@]}" \
+    -f "$work/Containerfile" -t "$ref" "$work" >/dev/null
   finish "$name" "$h" "$ref"
 }
 

@@ -55,9 +55,11 @@ class Turn:
 
 
 class LLMServer:
-    """The server; ``start()`` binds 127.0.0.1 on a free port (or ``port``)."""
+    """The server; binds ``host`` (loopback, or the real node's bridge address so pods reach it) on a free
+    port (or ``port``)."""
 
-    def __init__(self, script: list[Turn], *, repeat_last: bool = False, port: int = 0) -> None:
+    def __init__(self, script: list[Turn], *, repeat_last: bool = False, port: int = 0,
+                 host: str = "127.0.0.1") -> None:
         if not script:
             raise ValueError("the script needs at least one turn")
         self.script = script
@@ -67,7 +69,8 @@ class LLMServer:
         self.hold_turn: int | None = None
         self._released = threading.Event()
         self._cond = threading.Condition()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self.host = host
+        self._httpd = ThreadingHTTPServer((host, port), self._handler())
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -78,11 +81,11 @@ class LLMServer:
 
     @property
     def openai_base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     @property
     def anthropic_base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> LLMServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="llm-server", daemon=True)
