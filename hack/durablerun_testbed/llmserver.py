@@ -15,7 +15,7 @@ Every request is logged (``requests``: api, turn, model, tool results seen);
 tests wait on the log (``wait_for``) and may hold one turn's answer
 (``hold_turn``) to kill a run while that request is in flight.
 
-    python -m durablerun_testbed llm-server --script script.json [--port 8931]
+    python -m durablerun_testbed llm-server --script script.json [--port 8931] [--host ADDRESS]
 """
 
 from __future__ import annotations
@@ -296,9 +296,11 @@ def main(argv: list[str]) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--script", required=True, help='JSON file: {"turns": [...], "repeat_last": false}')
     parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (the sandbox's bridge address, for pods on its real node)")
     args = parser.parse_args(argv)
     turns, repeat = load_script(args.script)
-    server = LLMServer(turns, repeat_last=repeat, port=args.port).start()
+    server = LLMServer(turns, repeat_last=repeat, port=args.port, host=args.host).start()
     print(f"OpenAI base URL {server.openai_base_url}, Anthropic base URL {server.anthropic_base_url}; "
           "Ctrl-C stops", flush=True)
     try:

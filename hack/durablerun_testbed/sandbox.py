@@ -175,9 +175,12 @@ def _start_operator(bed: TestBed, directory: Path) -> tuple[procs.ManagedProcess
 
 
 def describe(state: SandboxState) -> str:
+    gateway = ipaddress.IPv4Network(state.subnet).network_address + 1 if state.node == "real" else None
     node = (f"  real node:    kubelet + containerd, pods on {state.subnet} (bridge {state.bridge});\n"
-            f"                the operator runs in namespace {OPERATOR_NAMESPACE} (helm release durable-run)\n"
-            f"  your code:    {PYTHON} sandbox image DIR   (prints the image to name in spec.template)\n"
+            f"                the operator runs in namespace {OPERATOR_NAMESPACE} (helm release durable-run);\n"
+            f"                pods reach this machine at {gateway} only (serve a model there: llm-server --host)\n"
+            f"  your code:    {PYTHON} sandbox image DIR   (prints the image to name in spec.template;\n"
+            f"                DIR/requirements.txt is pip-installed)\n"
             f"  crash a pod:  {PYTHON} sandbox node kill NAMESPACE POD"
             if state.node == "real" else
             f"  process node: {state.node_url}\n"
