@@ -1,5 +1,8 @@
 """durable-run's Grafana dashboard: runs by phase, progress, cost, restarts, aborts, staleness, operator health.
 
+Built with the Grafana Foundation SDK (its typed builders for Grafana 11.6), so a misspelt option or a value of
+the wrong kind fails ``make generate`` (and mypy) instead of being ignored by Grafana.
+
 Every query goes through the ``$datasource`` variable, every per-run query is
 filtered by ``$job`` and ``$namespace``. ``$job`` is read from
 durablerun_build_info, so the dashboard needs no assumption about how the
@@ -8,403 +11,314 @@ operator's scrape job is named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol, Self, TypeVar
+
+from grafana_foundation_sdk.builders import bargauge, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as models
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from monitoring import config
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RUN = config.RUN
 SEL = 'job=~"$job", namespace=~"$namespace"'
 OP = 'job=~"$job"'
 PER_RUN = "{{namespace}}/{{name}}"
+
+Thresholds = Sequence[tuple[float | None, str]]
 
 
 def _max(metric: str, selector: str = SEL, by: str = RUN) -> str:
     return f"max by ({by}) ({metric}{{{selector}}})"
 
 
-@dataclass
-class Query:
-    expr: str
-    legend: str = ""
-    instant: bool = False
-    table: bool = False
-
-    def target(self, ref_id: str) -> dict[str, Any]:
-        return {
-            "datasource": DATASOURCE,
-            "refId": ref_id,
-            "expr": self.expr,
-            "legendFormat": self.legend or "__auto",
-            "instant": self.instant,
-            "range": not self.instant,
-            "format": "table" if self.table else "time_series",
-        }
+def query(expr: str, legend: str = "__auto", *, instant: bool = False, table: bool = False) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).legend_format(legend).datasource(DATASOURCE)
+    q = q.instant() if instant else q.range()
+    return q.format(PromQueryFormat.TABLE if table else PromQueryFormat.TIME_SERIES)
 
 
-@dataclass
-class Panel:
-    title: str
-    kind: str
-    description: str
-    queries: list[Query]
-    width: int = 12
-    height: int = 8
-    unit: str = "short"
-    min: float | None = None
-    max: float | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    custom: dict[str, Any] = field(default_factory=dict)
-    thresholds: list[tuple[float | None, str]] = field(default_factory=lambda: [(None, "green")])
-    transformations: list[dict[str, Any]] = field(default_factory=list)
-    overrides: list[dict[str, Any]] = field(default_factory=list)
+class _Panel(Protocol):
+    """What every panel builder of the SDK has (they share no base class that says so)."""
 
-    def render(self, panel_id: int, x: int, y: int) -> dict[str, Any]:
-        defaults: dict[str, Any] = {
-            "unit": self.unit,
-            "thresholds": {"mode": "absolute",
-                           "steps": [{"color": color, "value": value} for value, color in self.thresholds]},
-            "custom": self.custom,
-        }
-        if self.min is not None:
-            defaults["min"] = self.min
-        if self.max is not None:
-            defaults["max"] = self.max
-        return {
-            "id": panel_id,
-            "type": self.kind,
-            "title": self.title,
-            "description": self.description,
-            "datasource": DATASOURCE,
-            "gridPos": {"h": self.height, "w": self.width, "x": x, "y": y},
-            "targets": [q.target(chr(ord("A") + i)) for i, q in enumerate(self.queries)],
-            "fieldConfig": {"defaults": defaults, "overrides": self.overrides},
-            "options": self.options,
-            "transformations": self.transformations,
-        }
+    def title(self, title: str) -> Self: ...
+    def description(self, description: str) -> Self: ...
+    def datasource(self, datasource: models.DataSourceRef) -> Self: ...
+    def with_target(self, target: cogbuilder.Builder[cogvariants.Dataquery]) -> Self: ...
+    def span(self, w: int) -> Self: ...
+    def height(self, h: int) -> Self: ...
+    def unit(self, unit: str) -> Self: ...
+    def thresholds(self, thresholds: cogbuilder.Builder[models.ThresholdsConfig]) -> Self: ...
 
 
-def _row(title: str, panel_id: int, y: int) -> dict[str, Any]:
-    return {"id": panel_id, "type": "row", "title": title, "collapsed": False, "panels": [],
-            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}}
+P = TypeVar("P", bound=_Panel)
 
 
-def _timeseries(stack: bool = False, bars: bool = False) -> dict[str, Any]:
-    custom: dict[str, Any] = {"drawStyle": "bars" if bars else "line", "fillOpacity": 30 if stack or bars else 10,
-                              "lineWidth": 1, "showPoints": "never"}
+def _panel(panel: P, title: str, description: str, queries: Sequence[prometheus.Dataquery], *, width: int = 12,
+           height: int = 8, unit: str = "short", thresholds: Thresholds = ((None, "green"),)) -> P:
+    """What every panel sets: queries A, B, ... through $datasource, size, unit, thresholds (explicit, as
+    Grafana's default thresholds paint 80 and above red)."""
+    panel = panel.title(title).description(description).datasource(DATASOURCE).span(width).height(height).unit(unit)
+    for i, q in enumerate(queries):
+        panel = panel.with_target(q.ref_id(chr(ord("A") + i)))
+    steps = [models.Threshold(value=value, color=color) for value, color in thresholds]
+    return panel.thresholds(dashboard_builders.ThresholdsConfig().mode(models.ThresholdsMode.ABSOLUTE).steps(steps))
+
+
+def _reduce_last() -> common_builders.ReduceDataOptions:
+    return common_builders.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+
+
+def _timeseries(title: str, description: str, queries: Sequence[prometheus.Dataquery], *, stack: bool = False,
+                bars: bool = False, width: int = 12, height: int = 8, unit: str = "short",
+                thresholds: Thresholds = ((None, "green"),)) -> timeseries.Panel:
+    panel = _panel(timeseries.Panel(), title, description, queries, width=width, height=height, unit=unit,
+                   thresholds=thresholds)
+    panel = (panel.draw_style(common.GraphDrawStyle.BARS if bars else common.GraphDrawStyle.LINE)
+             .fill_opacity(30 if stack or bars else 10).line_width(1).show_points(common.VisibilityMode.NEVER)
+             .legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST)
+                     .placement(common.LegendPlacement.BOTTOM).show_legend(True))
+             .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+                      .sort(common.SortOrder.DESCENDING)))
     if stack:
-        custom["stacking"] = {"mode": "normal", "group": "A"}
-    return custom
+        panel = panel.stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL).group("A"))
+    return panel
 
 
-LEGEND = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-          "tooltip": {"mode": "multi", "sort": "desc"}}
-TABLE_OPTIONS = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}
+def _bargauge(title: str, description: str, q: prometheus.Dataquery, *, display: common.BarGaugeDisplayMode,
+              width: int = 12, unit: str = "short", thresholds: Thresholds = ((None, "green"),)) -> bargauge.Panel:
+    return (_panel(bargauge.Panel(), title, description, [q], width=width, unit=unit, thresholds=thresholds)
+            .display_mode(display).orientation(common.VizOrientation.HORIZONTAL).reduce_options(_reduce_last()))
 
 
-def _table_transforms(rename: dict[str, str], hide: tuple[str, ...] = ("Time",)) -> list[dict[str, Any]]:
-    """Instant table queries -> one row per run, columns renamed."""
-    return [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {"excludeByName": dict.fromkeys(hide, True), "renameByName": rename}},
-    ]
+def _table(title: str, description: str, queries: Sequence[prometheus.Dataquery], rename: dict[str, str],
+           *, hide: tuple[str, ...] = ("Time",), sort_by: str | None = None, width: int = 12, height: int = 8,
+           unit: str = "short", thresholds: Thresholds = ((None, "green"),)) -> table.Panel:
+    """Instant table queries -> one row per run (merged), columns renamed, ``hide`` hidden."""
+    panel = (_panel(table.Panel(), title, description, queries, width=width, height=height, unit=unit,
+                    thresholds=thresholds)
+             .show_header(True).cell_height(common.TableCellHeight.SM)
+             .footer(common_builders.TableFooterOptions().show(False))
+             .transformations([
+                 models.DataTransformerConfig(id_val="merge", options={}),
+                 models.DataTransformerConfig(id_val="organize", options={
+                     "excludeByName": dict.fromkeys(hide, True), "renameByName": rename}),
+             ]))
+    if sort_by is not None:
+        panel = panel.sort_by([common_builders.TableSortByFieldState().display_name(sort_by).desc(True)])
+    return panel
 
 
-def _stale_table() -> Panel:
-    return Panel(
-        title="Staleness of active runs",
-        kind="table",
-        description=(
-            "Seconds since each unfinished run last completed a step, last wrote its journal, and (while "
-            "Running) last renewed its lease. Computed when Prometheus scrapes, not when the operator last "
-            "reconciled."
-        ),
-        queries=[
-            Query(_max("durablerun_run_seconds_since_progress"), instant=True, table=True),
-            Query(_max("durablerun_run_seconds_since_checkpoint"), instant=True, table=True),
-            Query(_max("durablerun_run_seconds_since_lease_renewal"), instant=True, table=True),
+def _stale_table() -> table.Panel:
+    return _table(
+        "Staleness of active runs",
+        "Seconds since each unfinished run last completed a step, last wrote its journal, and (while "
+        "Running) last renewed its lease. Computed when Prometheus scrapes, not when the operator last "
+        "reconciled.",
+        [
+            query(_max("durablerun_run_seconds_since_progress"), instant=True, table=True),
+            query(_max("durablerun_run_seconds_since_checkpoint"), instant=True, table=True),
+            query(_max("durablerun_run_seconds_since_lease_renewal"), instant=True, table=True),
         ],
-        width=12, height=9, unit="s",
-        thresholds=[(None, "green"), (300, "yellow"), (600, "red")],
-        custom={"cellOptions": {"type": "color-text"}},
-        options=TABLE_OPTIONS | {"sortBy": [{"displayName": "since progress", "desc": True}]},
-        transformations=_table_transforms(
-            {"Value #A": "since progress", "Value #B": "since checkpoint", "Value #C": "since lease renewal"}
-        ),
-    )
+        {"Value #A": "since progress", "Value #B": "since checkpoint", "Value #C": "since lease renewal"},
+        sort_by="since progress", height=9, unit="s", thresholds=((None, "green"), (300, "yellow"), (600, "red")),
+    ).cell_options(common.TableColorTextCellOptions())
 
 
-def rows() -> list[tuple[str, list[Panel]]]:
+PanelBuilder = bargauge.Panel | stat.Panel | table.Panel | timeseries.Panel
+
+
+def rows() -> list[tuple[str, list[PanelBuilder]]]:
     """The dashboard, row by row; panels fill each row left to right (24 columns)."""
     quantiles = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"))
     return [
         ("Runs", [
-            Panel(
-                title="Runs by phase", kind="stat",
-                description="How many DurableRuns are in each phase now.",
-                queries=[Query(f"sum by (phase) (durablerun_run_phase{{{SEL}}})", legend="{{phase}}", instant=True)],
-                width=10, height=6,
-                options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                         "colorMode": "value", "graphMode": "none", "textMode": "value_and_name",
-                         "orientation": "auto", "justifyMode": "auto"},
-            ),
-            Panel(
-                title="Runs by phase over time", kind="timeseries",
-                description="Runs in each phase, stacked.",
-                queries=[Query(f"sum by (phase) (durablerun_run_phase{{{SEL}}})", legend="{{phase}}")],
-                width=14, height=6, custom=_timeseries(stack=True), options=LEGEND,
-            ),
+            _panel(stat.Panel(), "Runs by phase", "How many DurableRuns are in each phase now.",
+                   [query(f"sum by (phase) (durablerun_run_phase{{{SEL}}})", "{{phase}}", instant=True)],
+                   width=10, height=6)
+            .reduce_options(_reduce_last()).color_mode(common.BigValueColorMode.VALUE)
+            .graph_mode(common.BigValueGraphMode.NONE).text_mode(common.BigValueTextMode.VALUE_AND_NAME)
+            .orientation(common.VizOrientation.AUTO).justify_mode(common.BigValueJustifyMode.AUTO),
+            _timeseries("Runs by phase over time", "Runs in each phase, stacked.",
+                        [query(f"sum by (phase) (durablerun_run_phase{{{SEL}}})", "{{phase}}")],
+                        width=14, height=6, stack=True),
         ]),
         ("Progress and cost", [
-            Panel(
-                title="Progress per run", kind="bargauge",
-                description="Completed steps as a share of the run's total steps (for runs that declare a total).",
-                queries=[Query(_max("durablerun_run_progress_ratio"), legend=PER_RUN, instant=True)],
-                unit="percentunit", min=0, max=1,
-                thresholds=[(None, "blue"), (1, "green")],
-                options={"displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True,
-                         "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
-            ),
-            Panel(
-                title="Budget used per run", kind="bargauge",
-                description="Cost, its child runs' included, as a share of the run's policy.costCeilingUSD "
-                            "(runs with a ceiling). At 100% the run is aborted (BudgetExhausted).",
-                queries=[Query(f"({_max('durablerun_run_cost_usd')} + ({_max('durablerun_run_children_cost_usd')}"
-                               f" or {_max('durablerun_run_cost_usd')} * 0)) / "
-                               f"{_max('durablerun_run_cost_ceiling_usd')}", legend=PER_RUN, instant=True)],
-                unit="percentunit", min=0, max=1,
-                thresholds=[(None, "green"), (config.BUDGET_RATIO, "orange"), (1, "red")],
-                options={"displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True,
-                         "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
-            ),
-            Panel(
-                title="Cost by namespace", kind="timeseries",
-                description="Sum of the cost of the DurableRuns that exist, per namespace, over time "
-                            "(a deleted run's cost leaves the sum).",
-                queries=[Query(f"sum by (namespace) (durablerun_run_cost_usd{{{SEL}}})", legend="{{namespace}}")],
-                width=8, unit="currencyUSD", custom=_timeseries(stack=True), options=LEGEND,
-            ),
-            Panel(
-                title="Top runs by cost", kind="bargauge",
-                description="The ten most expensive runs now.",
-                queries=[Query(f"topk(10, {_max('durablerun_run_cost_usd')})", legend=PER_RUN, instant=True)],
-                width=8, unit="currencyUSD",
-                options={"displayMode": "basic", "orientation": "horizontal",
-                         "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
-            ),
-            Panel(
-                title="Tokens by namespace", kind="timeseries",
-                description="Sum of the tokens used by the DurableRuns that exist, per namespace.",
-                queries=[Query(f"sum by (namespace) (durablerun_run_tokens{{{SEL}}})", legend="{{namespace}}")],
-                width=8, custom=_timeseries(stack=True), options=LEGEND,
-            ),
+            _bargauge("Progress per run",
+                      "Completed steps as a share of the run's total steps (for runs that declare a total).",
+                      query(_max("durablerun_run_progress_ratio"), PER_RUN, instant=True),
+                      display=common.BarGaugeDisplayMode.GRADIENT, unit="percentunit",
+                      thresholds=((None, "blue"), (1, "green")))
+            .min(0).max(1).show_unfilled(True),
+            _bargauge("Budget used per run",
+                      "Cost, its child runs' included, as a share of the run's policy.costCeilingUSD "
+                      "(runs with a ceiling). At 100% the run is aborted (BudgetExhausted).",
+                      query(f"({_max('durablerun_run_cost_usd')} + ({_max('durablerun_run_children_cost_usd')}"
+                            f" or {_max('durablerun_run_cost_usd')} * 0)) / "
+                            f"{_max('durablerun_run_cost_ceiling_usd')}", PER_RUN, instant=True),
+                      display=common.BarGaugeDisplayMode.GRADIENT, unit="percentunit",
+                      thresholds=((None, "green"), (config.BUDGET_RATIO, "orange"), (1, "red")))
+            .min(0).max(1).show_unfilled(True),
+            _timeseries("Cost by namespace",
+                        "Sum of the cost of the DurableRuns that exist, per namespace, over time "
+                        "(a deleted run's cost leaves the sum).",
+                        [query(f"sum by (namespace) (durablerun_run_cost_usd{{{SEL}}})", "{{namespace}}")],
+                        width=8, unit="currencyUSD", stack=True),
+            _bargauge("Top runs by cost", "The ten most expensive runs now.",
+                      query(f"topk(10, {_max('durablerun_run_cost_usd')})", PER_RUN, instant=True),
+                      display=common.BarGaugeDisplayMode.BASIC, width=8, unit="currencyUSD"),
+            _timeseries("Tokens by namespace", "Sum of the tokens used by the DurableRuns that exist, per namespace.",
+                        [query(f"sum by (namespace) (durablerun_run_tokens{{{SEL}}})", "{{namespace}}")],
+                        width=8, stack=True),
         ]),
         ("Restarts and aborts", [
-            Panel(
-                title="Restarts by reason", kind="timeseries",
-                description="Restarts the operator made, by cause: Crash, OOMKilled and LeaseExpired use the "
-                            "run's maxRestarts; Evicted, Preempted, NodeLost and PodDeleted its maxDisruptions.",
-                queries=[Query(f"sum by (reason) (increase(durablerun_run_restarts_total{{{SEL}}}[$__rate_interval]))",
-                               legend="{{reason}}")],
-                custom=_timeseries(stack=True, bars=True), options=LEGEND,
-            ),
-            Panel(
-                title="Runs that restarted", kind="table",
-                description="status.restarts (crashes, OOM kills, expired leases) and status.disruptions "
-                            "(evictions, preemptions, lost nodes, deleted pods) of every run that has any.",
-                queries=[
-                    Query(_max("durablerun_run_status_restarts") + " > 0", instant=True, table=True),
-                    Query(_max("durablerun_run_status_disruptions") + " > 0", instant=True, table=True),
-                ],
-                options=TABLE_OPTIONS | {"sortBy": [{"displayName": "restarts", "desc": True}]},
-                transformations=_table_transforms({"Value #A": "restarts", "Value #B": "disruptions"}),
-            ),
-            Panel(
-                title="Aborted runs", kind="table",
-                description="Every DurableRun in phase Aborted, with status.abortReason and its cost. "
-                            "DurableRunAborted (or, for an abort by request, DurableRunAbortedByUser) fires for each.",
-                queries=[
-                    Query(f'max by ({RUN}, reason) (durablerun_run_abort_reason{{{SEL}}}) == 1',
+            _timeseries("Restarts by reason",
+                        "Restarts the operator made, by cause: Crash, OOMKilled and LeaseExpired use the "
+                        "run's maxRestarts; Evicted, Preempted, NodeLost and PodDeleted its maxDisruptions.",
+                        [query(f"sum by (reason) (increase(durablerun_run_restarts_total{{{SEL}}}"
+                               "[$__rate_interval]))", "{{reason}}")],
+                        stack=True, bars=True),
+            _table("Runs that restarted",
+                   "status.restarts (crashes, OOM kills, expired leases) and status.disruptions "
+                   "(evictions, preemptions, lost nodes, deleted pods) of every run that has any.",
+                   [query(_max("durablerun_run_status_restarts") + " > 0", instant=True, table=True),
+                    query(_max("durablerun_run_status_disruptions") + " > 0", instant=True, table=True)],
+                   {"Value #A": "restarts", "Value #B": "disruptions"}, sort_by="restarts"),
+            _table("Aborted runs",
+                   "Every DurableRun in phase Aborted, with status.abortReason and its cost. "
+                   "DurableRunAborted (or, for an abort by request, DurableRunAbortedByUser) fires for each.",
+                   [query(f"max by ({RUN}, reason) (durablerun_run_abort_reason{{{SEL}}}) == 1",
                           instant=True, table=True),
-                    Query(f"{_max('durablerun_run_cost_usd')} and on ({RUN}) "
-                          f"max by ({RUN}) (durablerun_run_abort_reason{{{SEL}}}) == 1",
-                          instant=True, table=True),
-                ],
-                width=12, height=9, unit="currencyUSD",
-                options=TABLE_OPTIONS,
-                transformations=_table_transforms({"Value #B": "cost"}, hide=("Time", "Value #A")),
-            ),
-            Panel(
-                title="Finished runs by outcome", kind="timeseries",
-                description="Runs that finished, by outcome (Succeeded, Failed, Aborted), and aborts by reason.",
-                queries=[
-                    Query(f"sum by (outcome) (increase(durablerun_run_completions_total{{{SEL}}}[$__rate_interval]))",
-                          legend="{{outcome}}"),
-                    Query(f"sum by (reason) (increase(durablerun_run_aborts_total{{{SEL}}}[$__rate_interval]))",
-                          legend="aborted: {{reason}}"),
-                ],
-                width=12, height=9, custom=_timeseries(bars=True), options=LEGEND,
-            ),
+                    query(f"{_max('durablerun_run_cost_usd')} and on ({RUN}) "
+                          f"max by ({RUN}) (durablerun_run_abort_reason{{{SEL}}}) == 1", instant=True, table=True)],
+                   {"Value #B": "cost"}, hide=("Time", "Value #A"), height=9, unit="currencyUSD"),
+            _timeseries("Finished runs by outcome",
+                        "Runs that finished, by outcome (Succeeded, Failed, Aborted), and aborts by reason.",
+                        [query(f"sum by (outcome) (increase(durablerun_run_completions_total{{{SEL}}}"
+                               "[$__rate_interval]))", "{{outcome}}"),
+                         query(f"sum by (reason) (increase(durablerun_run_aborts_total{{{SEL}}}[$__rate_interval]))",
+                               "aborted: {{reason}}")],
+                        height=9, bars=True),
         ]),
         ("Staleness", [
             _stale_table(),
-            Panel(
-                title="Lease age / lease duration", kind="timeseries",
-                description="Age of each Running run's lease as a multiple of its duration. Above 1 the lease "
-                            f"has expired and the operator should replace the runner; above {config.LEASE_STALE_FACTOR}"
-                            " DurableRunLeaseStale fires.",
-                queries=[Query(f"{_max('durablerun_run_seconds_since_lease_renewal')} / "
-                               f"{_max('durablerun_run_lease_duration_seconds')}", legend=PER_RUN)],
-                height=9, custom=_timeseries() | {"thresholdsStyle": {"mode": "line"}},
-                thresholds=[(None, "green"), (1, "orange"), (config.LEASE_STALE_FACTOR, "red")],
-                options=LEGEND,
-            ),
-            Panel(
-                title="Seconds since last progress", kind="timeseries",
-                description="Seconds since each unfinished run last completed a step (or started, if it never "
-                            "did), against its policy.progressTimeout (dashed).",
-                queries=[
-                    Query(_max("durablerun_run_seconds_since_progress"), legend=PER_RUN),
-                    Query(_max("durablerun_run_progress_timeout_seconds") + f" and on ({RUN}) "
-                          + _max("durablerun_run_seconds_since_progress"), legend="timeout " + PER_RUN),
-                ],
-                width=12, unit="s", custom=_timeseries(), options=LEGEND,
-                overrides=[{"matcher": {"id": "byRegexp", "options": "timeout .*"},
-                            "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}],
-            ),
-            Panel(
-                title="Seconds since last checkpoint", kind="timeseries",
-                description="Seconds since each unfinished run last wrote its journal.",
-                queries=[Query(_max("durablerun_run_seconds_since_checkpoint"), legend=PER_RUN)],
-                width=12, unit="s", custom=_timeseries(), options=LEGEND,
-            ),
+            _timeseries("Lease age / lease duration",
+                        "Age of each Running run's lease as a multiple of its duration. Above 1 the lease "
+                        "has expired and the operator should replace the runner; above "
+                        f"{config.LEASE_STALE_FACTOR} DurableRunLeaseStale fires.",
+                        [query(f"{_max('durablerun_run_seconds_since_lease_renewal')} / "
+                               f"{_max('durablerun_run_lease_duration_seconds')}", PER_RUN)],
+                        height=9, thresholds=((None, "green"), (1, "orange"), (config.LEASE_STALE_FACTOR, "red")))
+            .thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.LINE)),
+            _timeseries("Seconds since last progress",
+                        "Seconds since each unfinished run last completed a step (or started, if it never "
+                        "did), against its policy.progressTimeout (dashed).",
+                        [query(_max("durablerun_run_seconds_since_progress"), PER_RUN),
+                         query(_max("durablerun_run_progress_timeout_seconds") + f" and on ({RUN}) "
+                               + _max("durablerun_run_seconds_since_progress"), "timeout " + PER_RUN)],
+                        unit="s")
+            .override_by_regexp("timeout .*", [models.DynamicConfigValue(
+                id_val="custom.lineStyle", value=common.LineStyle(fill="dash", dash=[10, 10]))]),
+            _timeseries("Seconds since last checkpoint", "Seconds since each unfinished run last wrote its journal.",
+                        [query(_max("durablerun_run_seconds_since_checkpoint"), PER_RUN)], unit="s"),
         ]),
         ("Resume and operator", [
-            Panel(
-                title="Resume latency", kind="timeseries",
-                description="From the end of a run's previous pod until its next attempt holds the lease "
-                            "(backoff, scheduling, start-up and journal replay).",
-                queries=[
-                    Query(f"histogram_quantile({q}, sum by (le) "
-                          f"(rate(durablerun_resume_latency_seconds_bucket{{{OP}}}[$__rate_interval])))", legend=name)
-                    for q, name in quantiles
-                ],
-                width=8, unit="s", custom=_timeseries(), options=LEGEND,
-            ),
-            Panel(
-                title="Operator up", kind="stat",
-                description="1 while Prometheus scrapes the operator. DurableRunOperatorDown fires when "
-                            "durablerun_build_info is absent for 5 minutes.",
-                queries=[Query(f"sum(up{{{OP}}})", legend="up", instant=True),
-                         Query(f"count by (version) (durablerun_build_info{{{OP}}})", legend="version {{version}}",
-                               instant=True)],
-                width=4, thresholds=[(None, "red"), (1, "green")],
-                options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                         "colorMode": "background", "graphMode": "none", "textMode": "value_and_name"},
-            ),
-            Panel(
-                title="Reconciles", kind="timeseries",
-                description="Reconciles per second, reconciles that ended in an error, and reconcile duration.",
-                queries=[
-                    Query(f"sum(rate(durablerun_reconcile_duration_seconds_count{{{OP}}}[$__rate_interval]))",
-                          legend="reconciles/s"),
-                    Query(f"sum(rate(durablerun_reconcile_errors_total{{{OP}}}[$__rate_interval]))",
-                          legend="errors/s"),
-                    *[Query(f"histogram_quantile({q}, sum by (le) "
-                            f"(rate(durablerun_reconcile_duration_seconds_bucket{{{OP}}}[$__rate_interval])))",
-                            legend=f"{name} seconds") for q, name in quantiles[1:]],
-                ],
-                width=6, custom=_timeseries(), options=LEGEND,
-            ),
-            Panel(
-                title="Operator memory and CPU", kind="timeseries",
-                description="Resident memory (left) and CPU cores used (right) of the operator process.",
-                queries=[
-                    Query(f"sum by (instance) (process_resident_memory_bytes{{{OP}}})", legend="memory {{instance}}"),
-                    Query(f"sum by (instance) (rate(process_cpu_seconds_total{{{OP}}}[$__rate_interval]))",
-                          legend="cpu {{instance}}"),
-                ],
-                width=6, unit="bytes", custom=_timeseries(), options=LEGEND,
-                overrides=[{"matcher": {"id": "byRegexp", "options": "cpu .*"},
-                            "properties": [{"id": "unit", "value": "short"},
-                                           {"id": "custom.axisPlacement", "value": "right"}]}],
-            ),
-            Panel(
-                title="Firing durable-run alerts", kind="table",
-                description="Alerts of durable-run's rules that are firing now (needs the PrometheusRule or "
-                            "deploy/monitoring/durablerun-rules.yaml loaded into this Prometheus).",
-                queries=[Query('max by (alertname, severity, namespace, name, reason, budget) '
-                               '(ALERTS{alertname=~"DurableRun.*", alertstate="firing"})', instant=True, table=True)],
-                width=24, height=7, options=TABLE_OPTIONS,
-                transformations=_table_transforms({}, hide=("Time", "Value")),
-            ),
+            _timeseries("Resume latency",
+                        "From the end of a run's previous pod until its next attempt holds the lease "
+                        "(backoff, scheduling, start-up and journal replay).",
+                        [query(f"histogram_quantile({q}, sum by (le) "
+                               f"(rate(durablerun_resume_latency_seconds_bucket{{{OP}}}[$__rate_interval])))", name)
+                         for q, name in quantiles],
+                        width=8, unit="s"),
+            _panel(stat.Panel(), "Operator up",
+                   "1 while Prometheus scrapes the operator. DurableRunOperatorDown fires when "
+                   "durablerun_build_info is absent for 5 minutes.",
+                   [query(f"sum(up{{{OP}}})", "up", instant=True),
+                    query(f"count by (version) (durablerun_build_info{{{OP}}})", "version {{version}}", instant=True)],
+                   width=4, thresholds=((None, "red"), (1, "green")))
+            .reduce_options(_reduce_last()).color_mode(common.BigValueColorMode.BACKGROUND)
+            .graph_mode(common.BigValueGraphMode.NONE).text_mode(common.BigValueTextMode.VALUE_AND_NAME),
+            _timeseries("Reconciles",
+                        "Reconciles per second, reconciles that ended in an error, and reconcile duration.",
+                        [query(f"sum(rate(durablerun_reconcile_duration_seconds_count{{{OP}}}[$__rate_interval]))",
+                               "reconciles/s"),
+                         query(f"sum(rate(durablerun_reconcile_errors_total{{{OP}}}[$__rate_interval]))", "errors/s"),
+                         *[query(f"histogram_quantile({q}, sum by (le) "
+                                 f"(rate(durablerun_reconcile_duration_seconds_bucket{{{OP}}}[$__rate_interval])))",
+                                 f"{name} seconds") for q, name in quantiles[1:]]],
+                        width=6),
+            _timeseries("Operator memory and CPU",
+                        "Resident memory (left) and CPU cores used (right) of the operator process.",
+                        [query(f"sum by (instance) (process_resident_memory_bytes{{{OP}}})", "memory {{instance}}"),
+                         query(f"sum by (instance) (rate(process_cpu_seconds_total{{{OP}}}[$__rate_interval]))",
+                               "cpu {{instance}}")],
+                        width=6, unit="bytes")
+            .override_by_regexp("cpu .*", [models.DynamicConfigValue(id_val="unit", value="short"),
+                                           models.DynamicConfigValue(id_val="custom.axisPlacement",
+                                                                     value=common.AxisPlacement.RIGHT)]),
+            _table("Firing durable-run alerts",
+                   "Alerts of durable-run's rules that are firing now (needs the PrometheusRule or "
+                   "deploy/monitoring/durablerun-rules.yaml loaded into this Prometheus).",
+                   [query('max by (alertname, severity, namespace, name, reason, budget) '
+                          '(ALERTS{alertname=~"DurableRun.*", alertstate="firing"})', instant=True, table=True)],
+                   {}, hide=("Time", "Value"), width=24, height=7),
         ]),
     ]
 
 
-def _variables() -> list[dict[str, Any]]:
-    def query_variable(name: str, label: str, query: str, all_value: str | None) -> dict[str, Any]:
-        variable = {
-            "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
-            "query": {"query": query, "refId": f"{name}-variable"}, "definition": query,
-            "refresh": 2, "includeAll": True, "multi": True,
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-            "sort": 1, "regex": "", "hide": 0, "options": [],
-        }
-        if all_value is not None:
-            variable["allValue"] = all_value
-        return variable
+def _variables() -> list[cogbuilder.Builder[models.VariableModel]]:
+    def query_variable(name: str, label: str, expr: str) -> dashboard_builders.QueryVariable:
+        return (dashboard_builders.QueryVariable(name).label(label).datasource(DATASOURCE)
+                .query({"query": expr, "refId": f"{name}-variable"})
+                .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED).include_all(True).multi(True)
+                .current(models.VariableOption(selected=True, text=["All"], value=["$__all"]))
+                .sort(models.VariableSort.ALPHABETICAL_ASC).regex("").hide(models.VariableHide.DONT_HIDE)
+                .options([]))
 
     return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
+        dashboard_builders.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        .regex("").hide(models.VariableHide.DONT_HIDE),
         # "All" jobs means the jobs found (never ".+": up{job=~".+"} is every target).
-        query_variable("job", "Operator job", "label_values(durablerun_build_info, job)", None),
+        query_variable("job", "Operator job", "label_values(durablerun_build_info, job)"),
         # "All" namespaces: ".+", short and also right for runs created after the page loaded.
-        query_variable("namespace", "Namespace", 'label_values(durablerun_run_phase{job=~"$job"}, namespace)', ".+"),
+        query_variable("namespace", "Namespace", 'label_values(durablerun_run_phase{job=~"$job"}, namespace)')
+        .all_value(".+"),
     ]
 
 
-def build() -> dict[str, Any]:
-    panels: list[dict[str, Any]] = []
-    next_id, y = 1, 0
+def build() -> dict[str, object]:
+    """The dashboard as Grafana's JSON model (nested SDK objects: serialize with the SDK's JSONEncoder)."""
+    board = (
+        dashboard_builders.Dashboard(config.DASHBOARD_TITLE)
+        .uid(config.DASHBOARD_UID)
+        .description("Durable runs on Kubernetes: phases, progress, cost, restarts, aborts, staleness and "
+                     "the durable-run operator's health. Metrics: docs/metrics.md.")
+        .tags(["durable-run"]).editable().tooltip(models.DashboardCursorSync.CROSSHAIR)
+        .refresh("30s").version(1).time("now-6h", "now").timezone("browser")
+        .fiscal_year_start_month(0).live_now(False).week_start("")
+        .annotation(dashboard_builders.AnnotationQuery().name("Annotations & Alerts").built_in(1)
+                    .datasource(models.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+                    .enable(True).hide(True).icon_color("rgba(0, 211, 255, 1)").type("dashboard"))
+        .link(dashboard_builders.DashboardLink("Runbooks").type(models.DashboardLinkType.LINK)
+              .url(config.RUNBOOK_BASE_URL).target_blank(True).icon("doc")
+              .tooltip("What to do when a durable-run alert fires")
+              .as_dropdown(False).include_vars(False).keep_time(False).tags([]))
+        .variables(_variables())
+    )
+    # The SDK lays panels out: each row's panels left to right after the row, a new line once 24 columns are
+    # full. It does not move a panel that would overflow: keep each line's widths summing to 24
+    # (tests/observability/test_dashboard.py checks no panel crosses the edge or overlaps another).
+    next_id = 1
     for title, row_panels in rows():
-        panels.append(_row(title, next_id, y))
-        next_id, y = next_id + 1, y + 1
-        x, row_height = 0, 0
+        board = board.with_row(dashboard_builders.Row(title).id(next_id))
+        next_id += 1
         for panel in row_panels:
-            if x + panel.width > 24:
-                x, y, row_height = 0, y + row_height, 0
-            panels.append(panel.render(next_id, x, y))
+            board = board.with_panel(panel.id(next_id))
             next_id += 1
-            x += panel.width
-            row_height = max(row_height, panel.height)
-        y += row_height
-    return {
-        "uid": config.DASHBOARD_UID,
-        "title": config.DASHBOARD_TITLE,
-        "description": "Durable runs on Kubernetes: phases, progress, cost, restarts, aborts, staleness and "
-                       "the durable-run operator's health. Metrics: docs/metrics.md.",
-        "tags": ["durable-run"],
-        "editable": True,
-        "graphTooltip": 1,
-        "refresh": "30s",
-        "schemaVersion": 39,
-        "version": 1,
-        "time": {"from": "now-6h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
-            "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
-        }]},
-        "links": [{"title": "Runbooks", "type": "link", "url": config.RUNBOOK_BASE_URL, "targetBlank": True,
-                   "icon": "doc", "tooltip": "What to do when a durable-run alert fires", "asDropdown": False,
-                   "includeVars": False, "keepTime": False, "tags": []}],
-        "templating": {"list": _variables()},
-        "panels": panels,
-    }
+    return board.build().to_json()

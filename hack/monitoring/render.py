@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from monitoring import alerts, dashboard
 
@@ -33,4 +34,4 @@ def rules_yaml() -> str:
 def dashboard_json() -> str:
     """The Grafana dashboard; JSON has no comments, so the note is a key Grafana ignores."""
     body = {"__generated": GENERATED_NOTE, **dashboard.build()}
-    return json.dumps(body, indent=2) + "\n"
+    return json.dumps(body, indent=2, cls=JSONEncoder) + "\n"

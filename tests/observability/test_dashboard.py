@@ -123,6 +123,15 @@ def test_the_panels_the_issue_asks_for(dashboard: dict[str, Any]) -> None:
     assert {t["legendFormat"] for t in resume["targets"]} == {"p50", "p90", "p99"}
 
 
+def test_staleness_cells_take_their_threshold_colour(dashboard: dict[str, Any]) -> None:
+    stale = next(p for p in panels(dashboard) if p["title"] == "Staleness of active runs")
+    defaults = stale["fieldConfig"]["defaults"]
+    assert defaults["custom"]["cellOptions"] == {"type": "color-text"}
+    assert defaults["unit"] == "s"
+    assert [(s["value"], s["color"]) for s in defaults["thresholds"]["steps"]] == [
+        (None, "green"), (300, "yellow"), (600, "red")]
+
+
 def test_rules_and_dashboard_use_only_metrics_that_exist() -> None:
     exposed = exposed_names()
     for path in (RULES, DASHBOARD):
