@@ -126,7 +126,8 @@ def test_the_review_agent_waits_for_its_review_and_every_example_is_listed(tmp_p
     assert json.loads(done.stdout)["status"] == "published"
     readme = (REPO / "examples" / "README.md").read_text()
     examples = sorted(p.name for p in (REPO / "examples").iterdir() if (p / "__init__.py").exists())
-    assert examples == ["code_migration", "research_agent", "review_agent", "supervisor"]
+    assert examples == ["agent_research", "approval_graph", "code_migration", "research_agent", "review_agent",
+                        "supervisor"]
     for name in examples:
         assert f"[`{name}`]({name}/)" in readme, name
 
