@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +313,30 @@ def test_an_abort_while_compensating_a_failure_still_undoes_everything() -> None
     again = t.attempt()
     assert (again.outcome, again.message) == (result.outcome, result.message)
     assert log == ["cancel hotel", "cancel flight", "cancel car"]
+
+def test_a_compensation_outlasting_max_duration_is_not_cancelled() -> None:
+    log: list[str] = []
+
+    def slow_cancel() -> None:
+        time.sleep(2.5)  # longer than the engine's once-a-second maxDuration check while a step runs
+        log.append("cancel flight")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            await ctx.step("book-flight", log.append, "book flight")
+            saga.add("cancel-flight", slow_cancel)
+            await ctx.wait_for_event("go")
+            await ctx.step("charge", log.append, "charge")
+        return "booked"
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    t.send_event("go", True)
+    # The next attempt starts past policy.maxDuration (8h): the charge is refused, the flight cancelled.
+    t.config = dataclasses.replace(t.config, active_before=timedelta(hours=9))
+    result = t.attempt()
+    assert (result.outcome, result.abort_reason) == (Outcome.ABORTED, AbortReason.MAX_DURATION_EXCEEDED)
+    assert log == ["book flight", "cancel flight"]
 
 # --- bounded history --------------------------------------------------------------------------------
 
