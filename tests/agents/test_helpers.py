@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from durablerun import DurableContext, NonRetryableError, Outcome, StepError, WorkflowError
+from durablerun import AbortReason, DurableContext, NonRetryableError, Outcome, Policy, StepError, WorkflowError
 from durablerun.agents import Saga, bound_history, tool
+from durablerun.engine import Run
 from durablerun.testing import WorkflowTest
 
 from .conftest import cli, kill, launch
@@ -160,6 +164,179 @@ def test_compensation_steps_are_journaled_once() -> None:
     done = t.run_to_end(events={"ack": True})
     assert done.result == "compensated after fail"
     assert log == ["undo b", "undo a"]
+
+STAYS_ABORTED = "inside a Saga, which undid the work before it, so this run stays Aborted whatever the limits"
+
+
+def test_a_budget_abort_compensates_in_reverse_and_a_raised_limit_does_not_redo_the_work() -> None:
+    log: list[str] = []
+
+    def act(what: str) -> None:
+        log.append(what)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            await ctx.step("book-flight", act, "book flight")
+            ctx.add_cost(tokens=100)
+            saga.add("cancel-flight", act, "cancel flight")
+            await ctx.step("book-hotel", act, "book hotel")
+            ctx.add_cost(tokens=100)
+            saga.add("cancel-hotel", act, "cancel hotel")
+            await ctx.step("charge", act, "charge")
+        return "booked"
+
+    t = WorkflowTest(wf, policy=Policy(maxTokens=200))
+    first = t.attempt()
+    assert first.outcome == Outcome.ABORTED
+    assert first.abort_reason == AbortReason.BUDGET_EXHAUSTED
+    assert "200 tokens used, limit 200 (policy.maxTokens" in (first.message or "")
+    assert STAYS_ABORTED in (first.message or "")
+    assert log == ["book flight", "book hotel", "cancel hotel", "cancel flight"]
+    # Raising the limit does not charge after the bookings were cancelled: the run stays Aborted, as it was.
+    again = t.attempt(policy=Policy(maxTokens=10_000))
+    assert (again.outcome, again.abort_reason, again.message) == (first.outcome, first.abort_reason, first.message)
+    assert log == ["book flight", "book hotel", "cancel hotel", "cancel flight"]
+    assert done_steps(t) == ["book-flight", "book-hotel", "charge", "compensate:cancel-hotel",
+                             "compensate:cancel-flight"]
+
+
+def test_a_budget_abort_outside_a_saga_still_resumes_when_the_limit_is_raised() -> None:
+    log: list[str] = []
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            saga.add("never", lambda: pytest.fail("compensated a finished block"))
+            await ctx.step("inside", log.append, "inside")
+        ctx.add_cost(tokens=100)
+        await ctx.step("after", log.append, "after")
+        return "done"
+
+    t = WorkflowTest(wf, policy=Policy(maxTokens=100))
+    aborted = t.attempt()
+    assert aborted.outcome == Outcome.ABORTED
+    assert STAYS_ABORTED not in (aborted.message or "")
+    assert t.attempt(policy=Policy(maxTokens=1000)).result == "done"
+    assert log == ["inside", "after"]
+
+
+def test_a_budget_abort_kill_while_compensating_resumes_the_compensation(tmp_path: Path) -> None:
+    log, go = tmp_path / "steps.log", tmp_path / "go"
+    env = {"STEP_LOG": str(log), "GO_FILE": str(go)}
+    store = ["--store", f"file://{tmp_path / 'store'}"]
+    args = ["run", "saga_trip:trip_on_budget", "--run-id", "b1", *store, "--max-cost", "2", "--quiet"]
+    first = launch(args, env, tmp_path)
+    try:
+        wait_until(lambda: "cancel flight-1 started" in _lines(log), "the flight's compensation to start")
+    finally:
+        kill(first)
+    assert _lines(log) == ["book flight", "book hotel", "cancel hotel-1 started", "cancel hotel-1 done",
+                           "cancel flight-1 started"]
+    go.touch()
+    done = cli(args, env, tmp_path)
+    assert done.returncode == Outcome.ABORTED.exit_code, done.stderr
+    assert "Aborted (BudgetExhausted)" in done.stderr
+    assert "cost $2 reached the ceiling $2" in done.stderr
+    assert STAYS_ABORTED in done.stderr
+    # Only the compensation in flight at the kill ran again; the charge never ran.
+    assert _lines(log)[5:] == ["cancel flight-1 started", "cancel flight-1 done"]
+    records = json.loads(cli(["inspect", "--run-id", "b1", *store, "--json"], env, tmp_path).stdout)["records"]
+    steps = [(r["name"], r["ok"]) for r in records if r["kind"] == "step"]
+    assert steps == [("book-flight", True), ("book-hotel", True), ("charge", False),
+                     ("compensate:cancel-hotel", True), ("compensate:cancel-flight", True)]
+
+
+def test_a_user_abort_compensates_and_stays_final() -> None:
+    log: list[str] = []
+    hotel_booking = threading.Event()
+    aborted = threading.Event()
+
+    def book_hotel() -> None:
+        hotel_booking.set()
+        assert aborted.wait(30), "the test did not abort the run"
+        log.append("book hotel")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            await ctx.step("book-flight", log.append, "book flight")
+            saga.add("cancel-flight", log.append, "cancel flight")
+            await ctx.step("book-hotel", book_hotel)
+            saga.add("cancel-hotel", log.append, "cancel hotel")
+            await ctx.step("charge", log.append, "charge")
+        return "booked"
+
+    t = WorkflowTest(wf)
+    run = Run(store=t.store, run=t.ref, workflow=wf, config=t.config)
+    out: list[Any] = []
+    runner = threading.Thread(target=lambda: out.append(run.run_attempt()), daemon=True)
+    runner.start()
+    assert hotel_booking.wait(30), "the hotel step did not start"
+    run.request_abort(AbortReason.USER_REQUESTED, "aborted by request: no longer needed")
+    aborted.set()
+    runner.join(30)
+    assert out, "the attempt did not end"
+    result = out[0]
+    assert (result.outcome, result.abort_reason) == (Outcome.ABORTED, AbortReason.USER_REQUESTED)
+    assert (result.message or "").startswith("aborted by request: no longer needed; but it stopped 'charge'")
+    # The step running at the abort finished and was journaled, then the abort stopped the charge.
+    assert log == ["book flight", "book hotel", "cancel hotel", "cancel flight"]
+    # The next attempt (no abort requested now) replays the abort rather than charging.
+    again = t.attempt()
+    assert (again.outcome, again.abort_reason, again.message) == (result.outcome, result.abort_reason,
+                                                                  result.message)
+    assert log == ["book flight", "book hotel", "cancel hotel", "cancel flight"]
+
+
+def test_an_abort_while_compensating_a_failure_still_undoes_everything() -> None:
+    log: list[str] = []
+    runs: list[Run] = []
+
+    def fail() -> None:
+        raise NonRetryableError("card declined")
+
+    def undo_hotel() -> None:
+        log.append("cancel hotel")
+        runs[0].request_abort(AbortReason.USER_REQUESTED, "aborted by request: stop")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            saga.add("cancel-car", log.append, "cancel car")
+            saga.add("cancel-flight", log.append, "cancel flight")
+            saga.add("cancel-hotel", undo_hotel)
+            await ctx.step("charge", fail)
+        return "booked"
+
+    t = WorkflowTest(wf)
+    runs.append(Run(store=t.store, run=t.ref, workflow=wf, config=t.config))
+    result = runs[0].run_attempt()
+    assert (result.outcome, result.abort_reason) == (Outcome.ABORTED, AbortReason.USER_REQUESTED)
+    assert log == ["cancel hotel", "cancel flight", "cancel car"]
+    again = t.attempt()
+    assert (again.outcome, again.message) == (result.outcome, result.message)
+    assert log == ["cancel hotel", "cancel flight", "cancel car"]
+
+def test_a_compensation_outlasting_max_duration_is_not_cancelled() -> None:
+    log: list[str] = []
+
+    def slow_cancel() -> None:
+        time.sleep(2.5)  # longer than the engine's once-a-second maxDuration check while a step runs
+        log.append("cancel flight")
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            await ctx.step("book-flight", log.append, "book flight")
+            saga.add("cancel-flight", slow_cancel)
+            await ctx.wait_for_event("go")
+            await ctx.step("charge", log.append, "charge")
+        return "booked"
+
+    t = WorkflowTest(wf)
+    assert t.attempt().outcome == Outcome.WAITING
+    t.send_event("go", True)
+    # The next attempt starts past policy.maxDuration (8h): the charge is refused, the flight cancelled.
+    t.config = dataclasses.replace(t.config, active_before=timedelta(hours=9))
+    result = t.attempt()
+    assert (result.outcome, result.abort_reason) == (Outcome.ABORTED, AbortReason.MAX_DURATION_EXCEEDED)
+    assert log == ["book flight", "cancel flight"]
 
 # --- bounded history --------------------------------------------------------------------------------
 

@@ -12,12 +12,13 @@ around it are the engine's (:mod:`durablerun._private.engine`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -41,12 +42,14 @@ from durablerun._private.model import (
     WaitRecord,
 )
 from durablerun._private.replay import (
+    ABORT_MARK,
     SCOPE,
     STEP,
     ContinueAsNew,
     Live,
     Scope,
     StepFrame,
+    abort_mark,
     budget_halt,
     budget_overshoot,
     duration_halt,
@@ -62,6 +65,13 @@ from durablerun.api import AbortReason, Policy, format_time, parse_duration, par
 T = TypeVar("T")
 _NO_PAYLOAD = Payload(None, None, None)
 R = TypeVar("R", bound=Record)
+
+#: How many Saga blocks enclose the running workflow code (durablerun.agents.Saga): an abort that stops
+#: an operation inside one is journaled there (AttemptCore.mark_abort).
+SAGAS: contextvars.ContextVar[int] = contextvars.ContextVar("durablerun_sagas", default=0)
+#: Set while a Saga compensates after an abort: its steps may start although the run is aborting.
+COMPENSATING: contextvars.ContextVar[bool] = contextvars.ContextVar("durablerun_compensating",
+                                                                    default=False)
 
 class AttemptCore:
     """Runs the operations a workflow asks for, for one attempt. Created by the engine.
@@ -109,6 +119,8 @@ class AttemptCore:
         self.gen = self.continuation.gen if self.continuation else 0
         #: Set once this generation's continue_as_new record is durable.
         self.continued: ContinueRecord | None = None
+        #: Sagas compensating after an abort right now (the supervisor leaves maxDuration to them).
+        self.compensating_now = 0
 
     # --- plumbing -----------------------------------------------------------------
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -180,17 +192,57 @@ class AttemptCore:
             writer.fenced = reason
         if writer.fenced:
             raise Halt(HaltKind.FENCE, writer.fenced)
-        if self.abort_requested:
+        # A Saga undoing its work after an abort: neither the abort nor a budget (often what caused
+        # it) may stop the undoing; a stop or a fence still does (the next attempt resumes it).
+        compensating = COMPENSATING.get()
+        if self.abort_requested and not compensating:
             reason, message = self.abort_requested
             raise Halt(HaltKind.ABORT, message, reason=reason)
         if self.stop_requested:
             raise Halt(HaltKind.SUSPEND, "stopped at a step boundary as requested")
-        if not step:
+        if not step or compensating:
             return
         halt = budget_halt(self.live, self.policy, self.max_cost, self.advice)
         if halt is not None:
             raise halt
         self.check_duration()
+
+    @contextlib.contextmanager
+    def compensating(self) -> Iterator[None]:
+        """Let the steps started in this block run while the run aborts (a Saga's compensations)."""
+        token = COMPENSATING.set(True)
+        self.compensating_now += 1
+        try:
+            yield
+        finally:
+            self.compensating_now -= 1
+            COMPENSATING.reset(token)
+
+    async def mark_abort(self, pos: str, name: str, halt: Halt) -> None:
+        """Journal that an abort stopped operation ``name`` at ``pos`` inside a Saga block.
+
+        The Saga is about to undo the work before it; without the marker a resumed run (a crash while
+        compensating, a raised limit) would run the refused operation and those after it after all.
+        Replaying the marker aborts again (replay.abort_mark). Not counted as a step.
+        """
+        if halt.kind != HaltKind.ABORT or not SAGAS.get() or COMPENSATING.get():
+            return
+        if abort_mark(self.live.index.get(pos, {})) is not None:
+            return  # replayed: the marker is already there
+        reason = (halt.reason or AbortReason.USER_REQUESTED).value
+        # Its advice ("raise the limit to continue") no longer holds once the Saga undoes the work.
+        halt.message += (f"; but it stopped {name!r} (position {pos}) inside a Saga, which undid "
+                         "the work before it, so this run stays Aborted whatever the limits: start a "
+                         "new run to try again")
+        await self.writer.commit(StepRecord(pos=pos, name=name, ok=False, attempts=0, error={
+            "type": ABORT_MARK, "module": "durablerun", "message": halt.message, "reason": reason}))
+
+    async def _marking_aborts(self, pos: str, name: str, op: Awaitable[T]) -> T:
+        try:
+            return await op
+        except Halt as h:
+            await self.mark_abort(pos, name, h)
+            raise
 
     def check_duration(self) -> None:
         halt = duration_halt(self.first_start, self.max_duration, self.policy, self.advice)
@@ -273,7 +325,8 @@ class AttemptCore:
                           f"in generation {self.gen}: await steps before ctx.continue_as_new()")
         self.live.open_steps += 1
         try:
-            return await self._step(pos, name, fn, args, kwargs, retries)
+            return await self._marking_aborts(pos, name,
+                                              self._step(pos, name, fn, args, kwargs, retries))
         finally:
             self.live.open_steps -= 1
 
@@ -374,6 +427,9 @@ class AttemptCore:
 
     async def sleep(self, duration: timedelta) -> None:
         pos = self.pstr(self.allocate("ctx.sleep()"))
+        await self._marking_aborts(pos, "sleep", self._sleep(pos, duration))
+
+    async def _sleep(self, pos: str, duration: timedelta) -> None:
         recs = self.live.lookup(pos, "sleep", "sleep")
         if recs:
             rec = recs["sleep"]
@@ -398,6 +454,12 @@ class AttemptCore:
         timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
     ) -> Any:
         pos = self.pstr(self.allocate("ctx.wait_for_event()"))
+        return await self._marking_aborts(pos, name, self._wait_for_event(pos, name, timeout))
+
+    async def _wait_for_event(
+        self, pos: str, name: str,
+        timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
+    ) -> Any:
         recs = self.live.lookup(pos, "wait", name)
         end = recs.get("event")
         if end is not None:

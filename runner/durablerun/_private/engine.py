@@ -503,7 +503,7 @@ class Run:
                                      "grace period were cancelled and will run again")
             elif (stalled := self._stalled(c, progress_timeout)) is not None:
                 cancelled_for = stalled
-            else:
+            elif not c.compensating_now:  # a Saga undoing its work is not stopped by maxDuration
                 try:
                     c.check_duration()
                 except Halt as h:

@@ -37,7 +37,7 @@ from typing import Any
 from durablerun import errors
 from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded
-from durablerun._private.model import Record, Totals
+from durablerun._private.model import Record, StepRecord, Totals
 from durablerun.api import AbortReason, Policy
 
 _OP_KINDS = {
@@ -76,6 +76,22 @@ class StepFrame:
     name: str
     usd: Decimal = Decimal(0)
     tokens: int = 0
+
+
+#: The error type of an abort marker: a step record journaled where an abort stopped a Saga's block
+#: (see core.AttemptCore.mark_abort). Replaying that position aborts again, with the same reason and
+#: message, so the Saga resumes its compensations and the work it undid is never done again.
+ABORT_MARK = "durablerun.Aborted"
+
+
+def abort_mark(recs: dict[str, Record]) -> Halt | None:
+    """The abort journaled at this position, if an abort marker is there."""
+    rec = recs.get("step")
+    err = rec.error if isinstance(rec, StepRecord) and not rec.ok else None
+    if err and err.get("type") == ABORT_MARK and err.get("module") == "durablerun":
+        return Halt(HaltKind.ABORT, str(err.get("message", "")),
+                    reason=AbortReason(str(err.get("reason", AbortReason.USER_REQUESTED.value))))
+    return None
 
 
 SCOPE: contextvars.ContextVar[Scope] = contextvars.ContextVar("durablerun_scope")
@@ -161,6 +177,9 @@ class Live:
         ops = {k: r for k, r in recs.items() if not k.startswith("patch:")}
         if not ops:
             return {}
+        halt = abort_mark(ops)
+        if halt is not None:
+            raise halt
         kinds = _OP_KINDS[family]
         for kind, rec in ops.items():
             if kind not in kinds or rec.name != name:

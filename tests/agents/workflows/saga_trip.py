@@ -1,4 +1,5 @@
-"""A trip booking saga (tests/agents): the charge fails, the bookings are compensated.
+"""A trip booking saga (tests/agents): the charge fails (trip) or the budget stops it (trip_on_budget),
+and the bookings are compensated.
 
 Every step appends to STEP_LOG; cancelling the flight waits for the file GO_FILE
 (so a test can SIGKILL the run while that compensation is in flight).
@@ -45,4 +46,21 @@ async def trip(ctx: DurableContext, input: Any) -> Any:
         hotel = await ctx.step("book-hotel", book, "hotel")
         saga.add("cancel-hotel", cancel, hotel)
         await ctx.step("charge", charge)
+    return "booked"
+
+
+def pay() -> None:
+    _log("charge")
+
+
+async def trip_on_budget(ctx: DurableContext, input: Any) -> Any:
+    """Each booking costs $1: with --max-cost 2 the charge is refused, and the bookings are undone."""
+    async with Saga(ctx) as saga:
+        flight = await ctx.step("book-flight", book, "flight")
+        ctx.add_cost(usd=1)
+        saga.add("cancel-flight", cancel, flight)
+        hotel = await ctx.step("book-hotel", book, "hotel")
+        ctx.add_cost(usd=1)
+        saga.add("cancel-hotel", cancel, hotel)
+        await ctx.step("charge", pay)
     return "booked"
