@@ -18,6 +18,7 @@ import pytest
 
 from durablerun import api
 from durablerun._private import owner as owner_record
+from durablerun._private.model import Record, StepRecord
 from durablerun.stores import RunRef, open_store
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
@@ -113,7 +114,7 @@ def owner(runs: RunEnv, run_id: str) -> dict[str, Any]:
     return record
 
 
-def journal(runs: RunEnv, run_id: str) -> list[dict[str, Any]]:
+def journal(runs: RunEnv, run_id: str) -> list[Record]:
     """Every record of the run id's journal, in order."""
     s3 = runs.testbed.s3
     assert s3
@@ -121,18 +122,18 @@ def journal(runs: RunEnv, run_id: str) -> list[dict[str, Any]]:
                        access_key=s3.access_key, secret_key=s3.secret_key)
     rs = store.run_store(RunRef.local(run_id))
     try:
-        return [r.data for r in rs.read_all()]
+        return list(rs.read_all())
     finally:
         rs.close()
 
 
 def writers(runs: RunEnv, run_id: str) -> set[str]:
     """The attempt ids that wrote the journal."""
-    return {str(record.get("w")) for record in journal(runs, run_id)}
+    return {record.w for record in journal(runs, run_id)}
 
 
 def journaled_steps(runs: RunEnv, run_id: str) -> list[str]:
-    return [str(record["name"]) for record in journal(runs, run_id) if record.get("kind") == "step"]
+    return [record.name for record in journal(runs, run_id) if isinstance(record, StepRecord)]
 
 
 def assert_no_completed_step_ran_again(runs: RunEnv, completed: list[str], steps: int = STEPS) -> None:

@@ -98,7 +98,7 @@ def _check_self_kill(spec: StoreSpec, ref: RunRef, segments: list[dict[str, Any]
     records = journal(spec, ref)
     conts = [r for r in records if r.kind == "continue"]
     if when == "after":
-        assert records[-1].kind == "continue", (point, records[-1].data)
+        assert records[-1].kind == "continue", (point, records[-1])
         assert len(conts) == before + 1, point
     else:
         assert len(conts) == before, point
