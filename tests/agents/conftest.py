@@ -77,3 +77,15 @@ def kill(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL, proc.returncode
+
+
+def kill_with_turn_in_flight(server: LLMServer, turn: int, args: list[str], env: dict[str, str], cwd: Path) -> None:
+    """Run the CLI with model turn ``turn``'s answer held, SIGKILL it once that turn is asked, then release it:
+    every earlier turn is journaled by then (each step is durable before the next starts)."""
+    server.hold(turn)
+    proc = launch(args, env, cwd)
+    try:
+        server.wait_for(lambda reqs: any(r["turn"] == turn for r in reqs), timeout=60, what=f"turn {turn} to be asked")
+    finally:
+        kill(proc)
+    server.release()

@@ -22,7 +22,7 @@ from durablerun import DurableContext, Outcome
 from durablerun.integrations.langgraph import run_graph
 from durablerun.testing import WorkflowTest
 
-from .conftest import cli, kill, launch
+from .conftest import cli, kill_with_turn_in_flight
 
 SCRIPT = [{"text": "draft: durable agents"}, {"text": "review: looks right"}, {"text": "published!"}]
 
@@ -41,13 +41,7 @@ def test_a_killed_graph_resumes_waits_for_approval_with_no_process_and_finishes(
             "--input", json.dumps({"topic": "durable agents"}), "--quiet"]
     # The review's model call (turn 1) is held: the draft and the parallel checks are journaled
     # super-steps by then, and the review's super-step is in flight when the kill lands.
-    server.hold(1)
-    first = launch(args, env, tmp_path)
-    try:
-        server.wait_for(lambda reqs: any(r["turn"] == 1 for r in reqs), timeout=60, what="the review's call")
-    finally:
-        kill(first)
-    server.release()
+    kill_with_turn_in_flight(server, 1, args, env, tmp_path)
     assert sorted(_lines(nodes)) == ["draft", "fact_check", "review", "style_check"]
 
     waiting = cli(args, env, tmp_path)

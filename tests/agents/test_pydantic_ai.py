@@ -23,7 +23,7 @@ from durablerun import DurableContext, Outcome, Policy
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
 
-from .conftest import cli, kill, launch
+from .conftest import cli, kill_with_turn_in_flight
 
 SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "search", "args": {"query": "raft"}},
@@ -48,13 +48,7 @@ def test_a_killed_agent_resumes_without_asking_a_finished_turn_again(
             "--input", json.dumps({"question": "compare consensus protocols"}), "--quiet"]
     # Turn 2's answer is held: when it is asked, turns 0 and 1 and their tool calls are journaled
     # (each step is durable before the next starts), and turn 2 is in flight when the kill lands.
-    server.hold(2)
-    first = launch(args, env, tmp_path)
-    try:
-        server.wait_for(lambda reqs: any(r["turn"] == 2 for r in reqs), timeout=60, what="turn 2 to be asked")
-    finally:
-        kill(first)
-    server.release()
+    kill_with_turn_in_flight(server, 2, args, env, tmp_path)
     assert _lines(tools) == ["raft", "paxos", "viewstamped replication"]
 
     done = cli(args, env, tmp_path)
