@@ -354,6 +354,7 @@ class _Transition:
         self.new.completionTime = api.format_time(self.now)
         self.new.waitingFor = None
         self.new.nextAttemptTime = None
+        self.new.aborting = None
         if phase == api.Phase.ABORTED:
             assert abort is not None
             self.plan.abort_reason = abort.value
@@ -420,7 +421,9 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         _running(t, current, create_failure)
     elif phase.finished:
         _finished(t)
-    elif _user_abort(t) or _limits_exceeded(t):
+    elif phase == api.Phase.PENDING and _finishing_abort(t):
+        _start(t, older, stuck_seconds)  # the aborted attempt crashed: the next one finishes undoing its work
+    elif _user_abort(t) or _limits_exceeded(t) or _abort_decided(t):
         pass
     elif spec.suspend:
         if phase != api.Phase.SUSPENDED:
@@ -459,8 +462,11 @@ def quiet_until(run: RunView) -> datetime | None:
     """
     status, spec, policy = run.status, run.spec, run.spec.policy
     phase = status.phase
-    if (run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers
-            or api.ANNOTATION_ABORT in run.annotations):
+    if run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers:
+        return None
+    if phase != api.Phase.RUNNING and status.aborting:
+        return None  # the aborting attempt is over: the run is Aborted now, or its next attempt starts
+    if api.ANNOTATION_ABORT in run.annotations and not status.aborting:
         return None
     if pending_requests(run):
         return None
@@ -480,6 +486,8 @@ def quiet_until(run: RunView) -> datetime | None:
         progress = max((m for m in (api.parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
         began = attempt_start(status)
         used_up = began + max_duration - timedelta(seconds=status.activeSeconds) if began else NEVER
+        if status.aborting:  # maxDuration may be what it is aborting for: the grace's deadline comes instead
+            used_up = api.parse_time(status.aborting.deadline) or NEVER
         return min(renewed + lease_validity(run), progress + api.parse_duration(policy.progressTimeout), used_up)
     if timedelta(seconds=status.activeSeconds) > max_duration:
         return None  # out of active time (a retried run, a lowered maxDuration): abort it now
@@ -577,8 +585,8 @@ def _running(t: _Transition, pod: PodView | None, create_failure: CreateFailure 
     if pod.ending is not None:
         _ended(t, pod.ending, pod)
         return
-    if _user_abort(t, pod) or _limits_exceeded(t, pod):
-        return
+    if (_user_abort(t, pod) or _limits_exceeded(t, pod)) and t.new.aborting is None:
+        return  # finished Aborted; an attempt given time to end by itself still holds its lease
     validity = lease_validity(t.run)
     renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
     reference = renewed or pod.running_since
@@ -637,7 +645,7 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
         t.new.waitingFor = api.WaitingFor(
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
             since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
-            holder=waiting.get("holder"),
+            holder=waiting.get("holder"), compensations=waiting.get("compensations") or None,
         )
         event = str(waiting.get("event") or "")
         t.new.message = (f"waiting for child run {t.run.name}-{event[len(api.CHILD_EVENT_PREFIX):]} to finish (no pod)"
@@ -668,6 +676,11 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
         if t.new.restarts > policy.maxRestarts:
             t.finish(api.Phase.ABORTED, f"{ending.message}; {t.new.restarts} restarts exceed "
                      f"policy.maxRestarts={policy.maxRestarts}", api.AbortReason.RETRY_LIMIT_EXCEEDED)
+        elif _finishing_abort(t):
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"{ending.message}: restarting at once to finish aborting (restart " \
+                            f"{t.new.restarts} of {policy.maxRestarts})"
+            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
         else:
             delay = policy.backoff.delay(t.new.restarts)
             t.new.phase = api.Phase.BACKOFF
@@ -686,10 +699,60 @@ def _user_abort(t: _Transition, pod: PodView | None = None) -> bool:
 
 
 def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView | None) -> None:
+    """Abort the run. A live attempt holding its lease first gets policy.abortGracePeriod to end Aborted by
+    itself (its Sagas undo their work meanwhile); then, or at once for one that cannot, it is fenced."""
+    status = t.run.status
+    aborting = status.aborting
+    grace = api.parse_duration(t.run.spec.policy.abortGracePeriod)
+    if aborting is None and grace > timedelta(0) and reason != api.AbortReason.PROGRESS_TIMEOUT:
+        deadline = api.format_time(t.now + grace)
+        if _holds_its_lease(t, pod):
+            t.new.aborting = api.Aborting(reason=reason, message=message, deadline=deadline)
+            t.new.message = (f"aborting: {message}; the runner stops at its next operation and undoes its work "
+                             f"(Sagas) until {deadline} (policy.abortGracePeriod)")
+            t.event("Aborting", t.new.message)
+            return
+        undo = status.waitingFor.compensations if status.phase == api.Phase.WAITING and status.waitingFor else None
+        if undo:
+            t.new.aborting = api.Aborting(reason=reason, message=message, deadline=deadline)
+            t.new.phase = api.Phase.PENDING
+            t.new.message = (f"aborting: {message}; starting an attempt to run the {undo} Saga compensation(s) "
+                             f"registered before the wait, until {deadline} (policy.abortGracePeriod)")
+            t.event("Aborting", t.new.message)
+            return
+    if aborting is not None:
+        if pod is not None and t.now < (api.parse_time(aborting.deadline) or t.now):
+            return  # the runner is ending by itself
+        reason, message = aborting.reason, aborting.message
+        if pod is not None:
+            message += (f"; pod {pod.name} did not end within policy.abortGracePeriod="
+                        f"{t.run.spec.policy.abortGracePeriod}, so it was stopped")
     t.fence()
     if pod is not None and not pod.deleting:
         t.plan.delete_pods.append(pod.name)
     t.finish(api.Phase.ABORTED, message, reason)
+
+
+def _abort_decided(t: _Transition) -> bool:
+    """An abort given to the runner whose attempt is over: it ends the run now (no pod, no more time)."""
+    aborting = t.run.status.aborting
+    if aborting is None:
+        return False
+    _abort(t, aborting.reason, aborting.message, None)
+    return True
+
+
+def _finishing_abort(t: _Transition) -> bool:
+    """An abort the runner was given time to carry out, still within it."""
+    aborting = t.new.aborting
+    return aborting is not None and t.now < (api.parse_time(aborting.deadline) or t.now)
+
+
+def _holds_its_lease(t: _Transition, pod: PodView | None) -> bool:
+    """Whether the attempt's runner is up and can carry an abort out (one not started yet has done nothing)."""
+    status = t.run.status
+    return (pod is not None and not pod.deleting and status.lease.epoch == status.epoch
+            and status.lease.renewTime is not None)
 
 
 def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:

@@ -288,6 +288,13 @@ class Policy(_Model):
         "it; the operator replaces a runner whose lease has expired.",
         positive=True,
     )
+    abortGracePeriod: str = _duration_field(
+        "30s",
+        "How long a running attempt gets to end by itself when the run is aborted from outside (the "
+        "durablerun.dev/abort annotation, maxDuration, the child runs' cost): it stops at its next operation, "
+        "its Sagas undo their work, and it ends Aborted. After this the operator fences the attempt and "
+        "deletes its pod. 0s: at once, without undoing anything.",
+    )
 
 
 #: A run id: names a journal in a store (``durablerun run --run-id`` and ``spec.checkpoint.runId``).
@@ -495,6 +502,19 @@ class WaitingFor(_Model):
         description="Who holds the run's journal (spec.checkpoint.runId) in the store: the run waits until that "
                     "holder releases it or its store lease expires, then takes it over.",
     )
+    compensations: int | None = Field(
+        default=None, ge=1,
+        description="Saga compensations registered and not run when the wait began: an abort while the run waits "
+                    "starts an attempt to run them (policy.abortGracePeriod).",
+    )
+
+
+class Aborting(_Model):
+    """An abort from outside that the running attempt is given policy.abortGracePeriod to carry out itself."""
+
+    reason: AbortReason = Field(description="The abort's reason; the run ends Aborted with it.")
+    message: str = Field(description="Why, for humans.")
+    deadline: str = Field(description="When the operator fences the attempt if it has not ended by then.")
 
 
 #: A Succeeded run's result goes into status.result.inline up to this many bytes of JSON.
@@ -563,6 +583,7 @@ class DurableRunStatus(_Model):
     checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
     waitingFor: WaitingFor | None = Field(default=None, description="What a Waiting run waits for.")
     abortReason: AbortReason | None = Field(default=None, description="Why the run was Aborted.")
+    aborting: Aborting | None = Field(default=None, description=Aborting.__doc__)
     outcome: Outcome | None = Field(default=None, description="How the last attempt ended.")
     message: str | None = Field(default=None, description="Human-readable detail of the current phase.")
     inputHash: str | None = Field(default=None, description="sha256 of spec.input at the first attempt.")

@@ -11,8 +11,8 @@ One attempt of the run, fenced by a lease held through the DurableRun's status:
    cost and checkpoint position; a refused renewal fences the attempt at once;
    a renewal that cannot reach the API server is retried until the lease would
    lapse, then the attempt is fenced too. Each renewal's reply is the whole
-   DurableRun, so ``spec.suspend``, new ``spec.events`` and an abort request
-   reach the runner within a third of the lease;
+   DurableRun, so ``spec.suspend``, new ``spec.events`` and the operator's abort
+   (``status.aborting``) reach the runner within a third of the lease;
 5. write the outcome to status and to the termination message, and exit with
    the outcome's exit code. SIGTERM stops at the next step boundary (Suspended).
 
@@ -528,9 +528,12 @@ def _attempt(identity: Identity) -> int:
         _deliver_events(store, ref, latest_spec.get("events") or {}, delivered)
         if latest_spec.get("suspend"):
             run.request_stop()
-        reason = ((latest.get("metadata") or {}).get("annotations") or {}).get(api.ANNOTATION_ABORT)
-        if reason is not None:
-            run.request_abort(api.AbortReason.USER_REQUESTED, f"aborted by request: {reason}")
+        # The operator's abort (a user's, maxDuration, the children's cost): end Aborted at the next operation,
+        # letting Sagas undo their work, before its deadline (policy.abortGracePeriod) fences this attempt.
+        aborting = (latest.get("status") or {}).get("aborting")
+        if aborting:
+            abort = api.Aborting.model_validate(aborting)
+            run.request_abort(abort.reason, abort.message)
 
     lease.on_spec.append(on_spec)
     on_spec(body)

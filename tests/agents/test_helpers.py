@@ -382,3 +382,51 @@ def done_steps(t: WorkflowTest) -> list[str]:
         return [r.name for r in rs.read_all() if r.kind == "step"]
     finally:
         rs.close()
+
+
+def test_a_run_aborted_while_it_waits_inside_a_saga_compensates_on_its_next_attempt() -> None:
+    log: list[str] = []
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            saga.add("never", lambda: pytest.fail("compensated a finished block"))
+        async with Saga(ctx) as saga:
+            await ctx.step("book-flight", log.append, "book flight")
+            saga.add("cancel-flight", log.append, "cancel flight")
+            await ctx.step("book-hotel", log.append, "book hotel")
+            saga.add("cancel-hotel", log.append, "cancel hotel")
+            await ctx.wait_for_event("approval", timeout=timedelta(days=2))
+            await ctx.step("charge", log.append, "charge")
+        return "booked"
+
+    t = WorkflowTest(wf)
+    waiting = t.attempt()
+    assert waiting.outcome == Outcome.WAITING
+    assert waiting.waiting is not None
+    # The wait reports what an abort would have to undo (the operator starts an attempt for it).
+    assert waiting.waiting.compensations == 2
+    assert waiting.to_json()["waitingFor"]["compensations"] == 2
+    # The attempt the operator starts with the abort: the wait aborts instead of waiting again, the Saga undoes.
+    run = Run(store=t.store, run=t.ref, workflow=wf, config=t.config)
+    run.request_abort(AbortReason.USER_REQUESTED, "aborted by request: trip cancelled")
+    aborted = run.run_attempt()
+    assert (aborted.outcome, aborted.abort_reason) == (Outcome.ABORTED, AbortReason.USER_REQUESTED)
+    assert (aborted.message or "").startswith("aborted by request: trip cancelled; but it stopped 'approval'")
+    assert log == ["book flight", "book hotel", "cancel hotel", "cancel flight"]
+    # The approval arriving afterwards changes nothing: the journaled abort replays.
+    t.send_event("approval", True)
+    assert t.attempt().outcome == Outcome.ABORTED
+    assert log == ["book flight", "book hotel", "cancel hotel", "cancel flight"]
+
+
+def test_a_wait_outside_any_saga_reports_nothing_to_undo() -> None:
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        async with Saga(ctx) as saga:
+            saga.add("never", lambda: pytest.fail("compensated a finished block"))
+            await ctx.step("inside", lambda: 1)
+        return await ctx.wait_for_event("go")
+
+    waiting = WorkflowTest(wf).attempt()
+    assert waiting.waiting is not None
+    assert waiting.waiting.compensations == 0
+    assert "compensations" not in waiting.to_json()["waitingFor"]

@@ -143,6 +143,17 @@ def test_a_pod_creation_that_may_pass_is_a_restart_bounded_by_max_restarts() -> 
 # --- the table -------------------------------------------------------------------------
 
 ABSENT = object()  # in an expected status: the field must not be there
+MAX_DURATION_ABORTING = {"reason": "MaxDurationExceeded", "message": "over maxDuration", "deadline": at(150)}
+
+
+class _AnyText(str):
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+    __hash__ = str.__hash__
+
+
+ANY_TEXT = _AnyText("any text")
 
 
 def apply(run_body: dict[str, Any], plan: decide.Plan) -> dict[str, Any]:
@@ -304,9 +315,37 @@ TRANSITIONS: dict[str, Any] = {
         body(running()), [ended(3, report={"outcome": "Aborted", "message": "cost ceiling",
                                            "abortReason": "BudgetExhausted"})],
         status={"phase": "Aborted", "abortReason": "BudgetExhausted"}, abort_reason="BudgetExhausted"),
-    "a run over maxDuration is aborted even if its runner hangs": case(
+    "a run over maxDuration gives its runner abortGracePeriod to end Aborted by itself": case(
         body(running(), spec={"policy": {**POLICY, "maxDuration": "100s"}}), [runner_pod()],
-        status={**FENCED, "phase": "Aborted", "abortReason": "MaxDurationExceeded"},
+        status={"epoch": 2, "phase": "Running", "aborting": {
+            "reason": "MaxDurationExceeded", "deadline": at(150), "message": ANY_TEXT}},
+        events=["Aborting"], delete_pods=[]),
+    "a run over maxDuration is aborted even if its runner hangs": case(
+        body(running(aborting=MAX_DURATION_ABORTING), spec={"policy": {**POLICY, "maxDuration": "100s"}}),
+        [runner_pod()], seconds=150,
+        status={**FENCED, "phase": "Aborted", "abortReason": "MaxDurationExceeded", "aborting": ABSENT},
+        abort_reason="MaxDurationExceeded", delete_pods=["run-a2"]),
+    "a runner that ends Aborted within the grace aborts the run with its reason": case(
+        body(running(aborting=MAX_DURATION_ABORTING), spec={"policy": {**POLICY, "maxDuration": "100s"}}),
+        [ended(3, report={"outcome": "Aborted", "message": "undone by 2 compensations",
+                          "abortReason": "MaxDurationExceeded"})], seconds=140,
+        status={**FENCED, "phase": "Aborted", "abortReason": "MaxDurationExceeded", "aborting": ABSENT,
+                "message": "undone by 2 compensations"},
+        events=["Aborted"], abort_reason="MaxDurationExceeded", delete_pods=[]),
+    "a runner that crashes while aborting restarts at once to finish undoing": case(
+        body(running(aborting=MAX_DURATION_ABORTING)), [ended(1)], seconds=130,
+        status={**FENCED, "phase": "Pending", "restarts": 1, "aborting": MAX_DURATION_ABORTING},
+        events=["Restarting"], restart_reason="Crash"),
+    "the next attempt of an aborting run starts without waiting": case(
+        body({"phase": "Pending", "aborting": MAX_DURATION_ABORTING}, spec={"policy": {**POLICY, "maxDuration": "1s"}}),
+        seconds=130, status={"phase": "Running", "attempt": 2}, create_pod_epoch=2),
+    "an aborting run past its grace is aborted without another attempt": case(
+        body({"phase": "Pending", "aborting": MAX_DURATION_ABORTING}), seconds=150,
+        status={"phase": "Aborted", "abortReason": "MaxDurationExceeded", "aborting": ABSENT},
+        create_pod_epoch=None),
+    "an abortGracePeriod of 0s fences the running attempt at once": case(
+        body(running(), spec={"policy": {**POLICY, "maxDuration": "100s", "abortGracePeriod": "0s"}}),
+        [runner_pod()], status={**FENCED, "phase": "Aborted", "abortReason": "MaxDurationExceeded"},
         abort_reason="MaxDurationExceeded", delete_pods=["run-a2"]),
     "a run with no completed step for progressTimeout is aborted": case(
         body(running(), spec={"policy": {**POLICY, "progressTimeout": "1m"}}), [runner_pod()], seconds=155,
@@ -348,11 +387,34 @@ TRANSITIONS: dict[str, Any] = {
     "lifting spec.suspend resumes the run": case(
         body({"phase": "Suspended"}), status={"phase": "Pending"}, events=["Resumed"]),
     # aborts, and resuming an aborted run
-    "the abort annotation aborts a running run and deletes its pod": case(
+    "the abort annotation asks the running attempt to end Aborted within the grace": case(
         body(running(), annotations={api.ANNOTATION_ABORT: "wrong input"}), [runner_pod()],
+        status={"epoch": 2, "phase": "Running", "aborting": {
+            "reason": "UserRequested", "message": "aborted by request: wrong input", "deadline": at(150)}},
+        events=["Aborting"], delete_pods=[]),
+    "the abort annotation fences a running attempt that does not end within the grace": case(
+        body(running(aborting={"reason": "UserRequested", "message": "aborted by request: wrong input",
+                               "deadline": at(150)}), annotations={api.ANNOTATION_ABORT: "wrong input"}),
+        [runner_pod()], seconds=151,
+        status={**FENCED, "phase": "Aborted", "abortReason": "UserRequested", "aborting": ABSENT,
+                "message": "aborted by request: wrong input; pod run-a2 did not end within "
+                           "policy.abortGracePeriod=30s, so it was stopped"},
+        events=["Aborted"], abort_reason="UserRequested", delete_pods=["run-a2"]),
+    "the abort annotation fences at once an attempt that does not hold its lease yet": case(
+        body(running(lease={}), annotations={api.ANNOTATION_ABORT: "wrong input"}), [runner_pod()],
         status={**FENCED, "phase": "Aborted", "abortReason": "UserRequested",
                 "message": "aborted by request: wrong input"},
         events=["Aborted"], abort_reason="UserRequested", delete_pods=["run-a2"]),
+    "a waiting attempt reports the Saga compensations an abort would run": case(
+        body(running()), [ended(4, report={"outcome": "Waiting", "message": "waiting", "waitingFor": {
+            "event": "approve", "since": at(100), "compensations": 2}})],
+        status={"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(100), "compensations": 2}}),
+    "the abort annotation on a run waiting inside a Saga starts an attempt to undo its work": case(
+        body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0), "compensations": 2}},
+             annotations={api.ANNOTATION_ABORT: "trip cancelled"}),
+        status={"phase": "Pending", "aborting": {
+            "reason": "UserRequested", "message": "aborted by request: trip cancelled", "deadline": at(150)}},
+        events=["Aborting"], create_pod_epoch=None),
     "the abort annotation aborts a waiting run": case(
         body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}},
              annotations={api.ANNOTATION_ABORT: ""}),

@@ -71,6 +71,14 @@ CLOCKED = {
     "running: maxDuration runs out first": (
         body(running(), spec={"policy": {**POLICY, "maxDuration": "150s"}}), [runner_pod()],
         T0 + timedelta(seconds=150)),
+    "running, aborting: the runner's grace runs out first (not the maxDuration it aborts for)": (
+        body(running(aborting={"reason": "MaxDurationExceeded", "message": "m", "deadline": at(130)}),
+             spec={"policy": {**POLICY, "maxDuration": "100s"}}),
+        [runner_pod()], T0 + timedelta(seconds=130)),
+    "running, aborting on request: the grace runs out first": (
+        body(running(aborting={"reason": "UserRequested", "message": "m", "deadline": at(130)}),
+             annotations={api.ANNOTATION_ABORT: "stop"}),
+        [runner_pod()], T0 + timedelta(seconds=130)),
     "backoff": (body({"phase": "Backoff", "nextAttemptTime": at(30)}), [], T0 + timedelta(seconds=30)),
     "waiting for a wake time": (
         body({"phase": "Waiting", "waitingFor": {"wakeTime": at(600), "since": at(0)}}), [],
@@ -112,6 +120,9 @@ ACT_NOW = {
     "without the operator's finalizer": body(running(), finalizers=()),
     "with an abort request": body(running(), annotations={api.ANNOTATION_ABORT: "stop"}),
     "pending": body({"phase": "Pending"}),
+    "waiting after an attempt that was aborting": body(
+        {"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)},
+         "aborting": {"reason": "UserRequested", "message": "m", "deadline": at(900)}}),
     "new": {**body({}), "status": None},
     "running, lease not yet acquired": body(running(lease={})),
     "waiting, its event arrived": body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}},

@@ -121,6 +121,7 @@ class Saga:
     def add(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         """Register ``fn(*args, **kwargs)`` as the step ``compensate:<name>`` to run if the block fails."""
         self.compensations.append(_Compensation(name, fn, args, kwargs))
+        self.ctx._core.open_compensations += 1
 
     async def __aenter__(self) -> Saga:
         self._entered.append(core.SAGAS.set(core.SAGAS.get() + 1))
@@ -137,6 +138,9 @@ class Saga:
                     raise
             elif isinstance(exc, Halt):
                 await self._compensate_after(exc)
+            elif exc is None:  # completed: nothing of it is left to undo
+                self.ctx._core.open_compensations -= len(self.compensations)
+                self.compensations.clear()
             # Otherwise completed, or the attempt is ending another way (a stop, a fence, a
             # cancellation): a resume carries on from the journal, nothing to undo now.
         finally:
@@ -155,6 +159,7 @@ class Saga:
             c = self.compensations[-1]
             await self.ctx.step(f"compensate:{c.name}", c.fn, *c.args, **c.kwargs)
             self.compensations.pop()  # only once done: one refused by an abort runs after it
+            self.ctx._core.open_compensations -= 1
 
 
 def _approx_tokens(message: Any) -> int:

@@ -121,6 +121,9 @@ class AttemptCore:
         self.continued: ContinueRecord | None = None
         #: Sagas compensating after an abort right now (the supervisor leaves maxDuration to them).
         self.compensating_now = 0
+        #: Compensations registered in open Sagas this pass: a wait reports them, so that an abort
+        #: while the run waits (no pod) gets an attempt to run them.
+        self.open_compensations = 0
 
     # --- plumbing -----------------------------------------------------------------
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
@@ -144,6 +147,7 @@ class AttemptCore:
 
     def new_pass(self) -> None:
         self.reached = set()
+        self.open_compensations = 0
 
     def start_generation(self, record: ContinueRecord) -> None:
         """Run generation ``record.gen`` next, from continuation ``record``."""
@@ -243,6 +247,12 @@ class AttemptCore:
         except Halt as h:
             await self.mark_abort(pos, name, h)
             raise
+
+    def _abort_instead_of_waiting(self) -> None:
+        """A wait resumed by an attempt started to abort (a run aborted while waiting) aborts there."""
+        if self.abort_requested and not COMPENSATING.get():
+            reason, message = self.abort_requested
+            raise Halt(HaltKind.ABORT, message, reason=reason)
 
     def check_duration(self) -> None:
         halt = duration_halt(self.first_start, self.max_duration, self.policy, self.advice)
@@ -446,6 +456,7 @@ class AttemptCore:
         if remaining <= self.config.inline_sleep_max.total_seconds():
             await self.pause(remaining)
             return
+        self._abort_instead_of_waiting()
         raise Halt(HaltKind.WAIT, f"sleeping until {format_time(wake, precise=True)}", waiting=Waiting(wake_time=wake))
 
     async def wait_for_event(
@@ -487,6 +498,7 @@ class AttemptCore:
         if deadline is not None and datetime.now(UTC) >= deadline:
             end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=False, timeout=True))
             return self._event_outcome(end)
+        self._abort_instead_of_waiting()
         raise Halt(HaltKind.WAIT, f"waiting for event {name!r}",
                    waiting=Waiting(event=name, deadline=deadline))
 

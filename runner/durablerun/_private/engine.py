@@ -531,7 +531,8 @@ class Run:
         if isinstance(exc, Halt):
             if exc.kind == HaltKind.WAIT and exc.waiting is not None:
                 w = exc.waiting
-                return WaitingFor(w.event, w.deadline, w.wake_time, datetime.now(UTC))
+                return WaitingFor(w.event, w.deadline, w.wake_time, datetime.now(UTC),
+                                  compensations=c.open_compensations)
             return self._halt_result(exc, live)
         if isinstance(exc, asyncio.CancelledError):
             return AttemptResult(Outcome.SUSPENDED, "the workflow was cancelled",

@@ -365,14 +365,19 @@ class WaitingFor:
     deadline: datetime | None = None
     wake_time: datetime | None = None
     since: datetime | None = None
+    #: Saga compensations registered and not run when the wait began (what an abort meanwhile undoes).
+    compensations: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "event": self.event,
             "deadline": format_time(self.deadline, precise=True) if self.deadline else None,
             "wakeTime": format_time(self.wake_time, precise=True) if self.wake_time else None,
             "since": format_time(self.since, precise=True) if self.since else None,
         }
+        if self.compensations:
+            doc["compensations"] = self.compensations
+        return doc
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> WaitingFor | None:

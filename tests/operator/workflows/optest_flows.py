@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import DurableContext
+from durablerun.agents import Saga
 
 LEDGER = os.environ.get("LEDGER", "/tmp/ledger/ledger.txt")
 
@@ -118,3 +119,20 @@ async def fragile(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     middle = await ctx.step("fragile", breaking, "fragile", retries=0)
     last = await ctx.step("finish", work, "finish", 0.05)
     return {"steps": [first, middle, last]}
+
+
+async def booking(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Two bookings a Saga undoes if the run fails or is aborted, a payment that runs until the test releases
+    it (``<tag>-pay``; with ``input.approval``, a wait for the event ``approval`` instead), and a confirmation.
+    Ledger entries carry ``input.tag``, so runs can share a ledger."""
+    tag = input["tag"]
+    async with Saga(ctx) as saga:
+        for what in ("flight", "hotel"):
+            await ctx.step(f"book-{what}", work, f"{tag}-book-{what}", 0.05)
+            saga.add(f"cancel-{what}", work, f"{tag}-cancel-{what}", 0.05)
+        if input.get("approval"):
+            await ctx.wait_for_event("approval")
+        else:
+            await ctx.step("pay", hold, f"{tag}-pay")
+        await ctx.step("confirm", work, f"{tag}-confirm", 0.05)
+    return {"booked": True}
