@@ -148,6 +148,14 @@ def check_trial(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str) -> No
     assert seen["Restarting"] == status["restarts"], seen
 
 
+def history(runs: RunEnv, pods: PodRecorder, trial: Paused) -> str:
+    """What happened to a failed trial's run: its Events and how each of its pods ended."""
+    seen = [f"{e['reason']}: {e['message']}" for e in sorted(
+        runs.events(trial.name), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")]
+    endings = {pod: ending for pod, ending in pods.endings.items() if pod.startswith(f"{trial.name}-a")}
+    return f"events: {seen}\n  pod endings: {endings}"
+
+
 def test_paused_runner_wakes_fenced_and_writes_nothing(start_operator: StartOperator, runs: RunEnv,
                                                        pods: PodRecorder, tally: Tally) -> None:
     start_operator()
@@ -180,7 +188,8 @@ def test_paused_runner_wakes_fenced_and_writes_nothing(start_operator: StartOper
                 check_trial(runs, pods, trial, roots[trial.name])
             except AssertionError as error:
                 failures += 1
-                failed.append(f"{trial.name} ({trial.mode}, paused {trial.pod}): {error}")
+                failed.append(f"{trial.name} ({trial.mode}, paused {trial.pod}): {error}\n"
+                              f"  {history(runs, pods, trial)}")
     tally.add("runner paused past its lease, then continued", trials, failures)
     print(f"runner paused past its lease: {trials} trials, {failures} failures")
     assert not failed, "\n".join(failed)

@@ -130,7 +130,9 @@ def check_run(runs: RunEnv, pods: PodRecorder, operator_samples: Any, run: Tortu
     assert status["restarts"] == len(crashed), (status["restarts"], crashed)
     assert status["disruptions"] == 0
     pods.check_one_pod_per_epoch(run.name, status["attempt"])
-    seen = events(runs, run.name)
+    # The operator posts a transition's Events after its status: wait for the last one.
+    seen = procs.wait_for(lambda: (s := events(runs, run.name))["Succeeded"] and s, timeout=30,
+                          what="the Succeeded Event")
     assert seen["AttemptStarted"] == status["attempt"], seen
     assert seen["Restarting"] == status["restarts"], seen
     assert seen["Succeeded"] == 1, seen

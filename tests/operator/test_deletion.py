@@ -29,12 +29,13 @@ def test_deleting_a_running_run(operator: Operator, runs: RunEnv, retention: str
     runs.testbed.kubectl("delete", "dr", "doomed", "-n", runs.namespace, "--wait=true", "--timeout=90s", timeout=120)
     # Its pods go with it (the purge pod, if any, by garbage collection of what the run owned).
     procs.wait_for(lambda: not runs.pods("doomed"), timeout=60, what="every pod of the run to be gone")
-    reasons = [e["reason"] for e in runs.events("doomed")]
     if retention == "Retain":
         assert journal_keys(runs, "doomed"), "retention Retain lost the journal"
     else:
         assert journal_keys(runs, "doomed") == []
-        assert "JournalDeleted" in reasons, reasons
+        # The operator posts a transition's Events after it: wait for this one.
+        procs.wait_for(lambda: "JournalDeleted" in [e["reason"] for e in runs.events("doomed")], timeout=30,
+                       what="the JournalDeleted Event")
 
 
 def test_finished_run_is_deleted_after_its_ttl(operator: Operator, runs: RunEnv) -> None:

@@ -43,9 +43,10 @@ def test_run_succeeds_and_kubectl_shows_it(operator: Operator, runs: RunEnv) -> 
     assert json.loads(shown.stdout) == json.loads(result["inline"])
     table = runs.testbed.kubectl("get", "dr", "-n", runs.namespace).stdout.splitlines()
     assert table[1].split()[:2] == ["happy", "Succeeded"]
-    reasons = [e["reason"] for e in runs.events("happy")]
+    # The operator posts a transition's Events after its status: wait for the last one.
+    reasons = procs.wait_for(lambda: "Succeeded" in (r := [e["reason"] for e in runs.events("happy")]) and r,
+                             timeout=30, what="the Succeeded Event")
     assert "AttemptStarted" in reasons
-    assert "Succeeded" in reasons
 
 
 def test_a_declared_total_shows_as_done_of_total_and_as_the_ratio_while_running(operator: Operator,
