@@ -131,6 +131,28 @@ def test_a_conditional_write_that_gets_409_is_retried(s3_spec: StoreSpec) -> Non
     assert [r.seq for r in rs.load().records] == [0]
 
 
+@pytest.mark.parametrize(("status", "code"), [(499, "ClientDisconnected"), (429, "SlowDown"),
+                                            (408, "RequestTimeout")])
+def test_a_server_that_drops_or_throttles_a_write_is_unavailable_not_a_failure(
+        s3_spec: StoreSpec, status: int, code: str) -> None:
+    """MinIO answers 499 ClientDisconnected to a request cut off as it goes down: the attempt must crash and be
+    restarted (StoreUnavailableError), not fail the run for good."""
+    store, backend = _store(s3_spec, max_attempts=1)
+
+    class Raw:
+        def stream(self, **kwargs: Any) -> Any:
+            yield f"<Error><Code>{code}</Code><Message>cut off</Message></Error>".encode()
+
+    def refuse(request: Any, **kwargs: Any) -> Any:
+        return botocore.awsrequest.AWSResponse(request.url, status, {}, Raw())
+
+    rs = store.run_store(REF)
+    rs.load(for_writing=True)
+    backend._client.meta.events.register("before-send.s3.PutObject", refuse)
+    with pytest.raises(errors.StoreUnavailableError, match=code):
+        rs.append(_rec(0))
+
+
 def test_server_side_encryption_is_requested_on_every_write(s3_spec: StoreSpec) -> None:
     _, backend = _store(s3_spec, server_side_encryption="aws:kms", kms_key_id="key-1", max_attempts=1)
     seen: list[dict[str, str]] = []

@@ -48,6 +48,10 @@ CONFLICT_ATTEMPTS = 5
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _PRECONDITION = {"PreconditionFailed", "412"}
 _CONFLICT = {"ConditionalRequestConflict", "409", "OperationAborted"}
+# Worth another attempt though not a 5xx: throttling, a request the server timed out, and MinIO's
+# ClientDisconnected (499), which a server going down mid-request answers.
+_TRANSIENT = {"RequestTimeout", "SlowDown", "TooManyRequests", "ClientDisconnected"}
+_TRANSIENT_STATUS = {408, 429, 499}
 _NO_BUCKET = {"NoSuchBucket"}
 _ACCESS = {
     "AccessDenied",
@@ -158,7 +162,7 @@ class S3Backend(base.Backend):
                     "(If-None-Match, If-Match) need S3 or a recent S3-compatible server",
                     bucket=self.bucket, key=key, op=what,
                 ) from e
-            if status >= 500 or code in _CONFLICT:
+            if status >= 500 or code in _CONFLICT or code in _TRANSIENT or status in _TRANSIENT_STATUS:
                 raise errors.StoreUnavailableError(
                     f"S3 {what} failed: {code} {e}", bucket=self.bucket, key=key
                 ) from e
