@@ -140,12 +140,24 @@ def check_trial(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str) -> No
     if trial.attempt_id is not None and outcome["attempt"] == trial.attempt_id:
         written = datetime.fromisoformat(outcome["time"].replace("Z", "+00:00")).timestamp()
         assert written < trial.paused_at, f"the fenced runner recorded an outcome after the pause: {outcome}"
-    check_executions(Ledger.read(runs, trial.name), torture_flows.step_names(trial.input), {trial.pod or ""})
+    check_executions(Ledger.read(runs, trial.name), torture_flows.step_names(trial.input),
+                     {trial.pod or ""} | cut_off(runs, pods, trial))
     # The expired lease is counted once, as LeaseExpired; no other restart, no pod twice per epoch.
     pods.check_one_pod_per_epoch(trial.name, status["attempt"])
     seen = events(runs, trial.name)
     assert seen["LeaseExpired"] >= 1, seen
     assert seen["Restarting"] == status["restarts"], seen
+
+
+def cut_off(runs: RunEnv, pods: PodRecorder, trial: Paused) -> set[str]:
+    """Later attempts the fencing itself stopped, whose step in flight may run again (at least once, by design):
+    one fenced by a write the paused runner had under way when it froze, which landed when it woke (exit 5),
+    and one whose own lease the operator saw expire on a loaded machine (a LeaseExpired Event naming it)."""
+    later = [p for p in pods.pods_of(trial.name) if p != trial.pod]
+    fenced = {p for p in later if ((pods.ending(p) or {}).get("exitCode")) == 5}
+    expired = {p for p in later for e in runs.events(trial.name)
+               if e["reason"] == "LeaseExpired" and f"pod {p} " in e["message"]}
+    return fenced | expired
 
 
 def history(runs: RunEnv, pods: PodRecorder, trial: Paused) -> str:
