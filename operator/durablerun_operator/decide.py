@@ -712,17 +712,14 @@ def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView |
                              f"(Sagas) until {deadline} (policy.abortGracePeriod)")
             t.event("Aborting", t.new.message)
             return
-        undo = status.waitingFor.compensations if status.phase == api.Phase.WAITING and status.waitingFor else None
-        if undo:
-            t.new.aborting = api.Aborting(reason=reason, message=message, deadline=deadline)
-            t.new.phase = api.Phase.PENDING
-            t.new.message = (f"aborting: {message}; starting an attempt to run the {undo} Saga compensation(s) "
-                             f"registered before the wait, until {deadline} (policy.abortGracePeriod)")
-            t.event("Aborting", t.new.message)
+        if _undo_the_wait(t, api.Aborting(reason=reason, message=message, deadline=deadline)):
             return
     if aborting is not None:
-        if pod is not None and t.now < (api.parse_time(aborting.deadline) or t.now):
-            return  # the runner is ending by itself
+        if t.now < (api.parse_time(aborting.deadline) or t.now):
+            if pod is not None:
+                return  # the runner is ending by itself
+            if _undo_the_wait(t, aborting):
+                return  # it began to wait before it read the abort
         reason, message = aborting.reason, aborting.message
         if pod is not None:
             message += (f"; pod {pod.name} did not end within policy.abortGracePeriod="
@@ -731,6 +728,20 @@ def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView |
     if pod is not None and not pod.deleting:
         t.plan.delete_pods.append(pod.name)
     t.finish(api.Phase.ABORTED, message, reason)
+
+
+def _undo_the_wait(t: _Transition, aborting: api.Aborting) -> bool:
+    """A run waiting inside a Saga (no pod): start an attempt that aborts at the wait and compensates."""
+    status = t.run.status
+    undo = status.waitingFor.compensations if status.phase == api.Phase.WAITING and status.waitingFor else None
+    if not undo:
+        return False
+    t.new.aborting = aborting
+    t.new.phase = api.Phase.PENDING
+    t.new.message = (f"aborting: {aborting.message}; starting an attempt to run the {undo} Saga compensation(s) "
+                     f"registered before the wait, until {aborting.deadline} (policy.abortGracePeriod)")
+    t.event("Aborting", t.new.message)
+    return True
 
 
 def _abort_decided(t: _Transition) -> bool:

@@ -415,6 +415,10 @@ TRANSITIONS: dict[str, Any] = {
         status={"phase": "Pending", "aborting": {
             "reason": "UserRequested", "message": "aborted by request: trip cancelled", "deadline": at(150)}},
         events=["Aborting"], create_pod_epoch=None),
+    "a run that began to wait inside a Saga before it read the abort gets the attempt to undo its work": case(
+        body({"phase": "Waiting", "aborting": MAX_DURATION_ABORTING,
+              "waitingFor": {"event": "approve", "since": at(100), "compensations": 1}}), seconds=130,
+        status={"phase": "Pending", "aborting": MAX_DURATION_ABORTING}, events=["Aborting"]),
     "the abort annotation aborts a waiting run": case(
         body({"phase": "Waiting", "waitingFor": {"event": "approve", "since": at(0)}},
              annotations={api.ANNOTATION_ABORT: ""}),
