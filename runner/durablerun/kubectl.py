@@ -127,7 +127,8 @@ def cmd_suspend(kube: Kubectl, args: argparse.Namespace) -> int:
 
 def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
     kube.annotate(args.run, api.ANNOTATION_ABORT, args.reason)
-    print(f"{KIND_REF}/{args.run} abort requested: {args.reason}")
+    print(f"{KIND_REF}/{args.run} abort requested: {args.reason} (a running attempt gets "
+          "spec.policy.abortGracePeriod to stop and undo its work)")
     return 0
 
 
@@ -330,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("payload", nargs="?", default="{}", help="JSON or @file (default {})")
     command("suspend", "set spec.suspend: the attempt stops at its next step boundary")
     command("resume", "clear spec.suspend")
-    p = command("abort", f"abort the run (annotation {api.ANNOTATION_ABORT}=REASON)")
+    p = command("abort", f"abort the run (annotation {api.ANNOTATION_ABORT}=REASON); a running attempt gets "
+                         "spec.policy.abortGracePeriod to stop and let its Sagas undo their work")
     p.add_argument("--reason", default="requested with kubectl durablerun", help="why (shown in the status)")
     command("retry", f"retry a Failed or Aborted run from its journal (annotation {api.ANNOTATION_RETRY} set "
                      f"to a new value; lifts {api.ANNOTATION_ABORT})")
