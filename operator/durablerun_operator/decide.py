@@ -715,7 +715,7 @@ def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView |
         if _undo_the_wait(t, api.Aborting(reason=reason, message=message, deadline=deadline)):
             return
     if aborting is not None:
-        if t.now < (api.parse_time(aborting.deadline) or t.now):
+        if _within_grace(t, aborting):
             if pod is not None:
                 return  # the runner is ending by itself
             if _undo_the_wait(t, aborting):
@@ -755,8 +755,11 @@ def _abort_decided(t: _Transition) -> bool:
 
 def _finishing_abort(t: _Transition) -> bool:
     """An abort the runner was given time to carry out, still within it."""
-    aborting = t.new.aborting
-    return aborting is not None and t.now < (api.parse_time(aborting.deadline) or t.now)
+    return t.new.aborting is not None and _within_grace(t, t.new.aborting)
+
+
+def _within_grace(t: _Transition, aborting: api.Aborting) -> bool:
+    return t.now < (api.parse_time(aborting.deadline) or t.now)
 
 
 def _holds_its_lease(t: _Transition, pod: PodView | None) -> bool:

@@ -155,8 +155,8 @@ def cut_off(runs: RunEnv, pods: PodRecorder, trial: Paused) -> set[str]:
     and one whose own lease the operator saw expire on a loaded machine (a LeaseExpired Event naming it)."""
     later = [p for p in pods.pods_of(trial.name) if p != trial.pod]
     fenced = {p for p in later if ((pods.ending(p) or {}).get("exitCode")) == 5}
-    expired = {p for p in later for e in runs.events(trial.name)
-               if e["reason"] == "LeaseExpired" and f"pod {p} " in e["message"]}
+    expiries = [e["message"] for e in runs.events(trial.name) if e["reason"] == "LeaseExpired"]
+    expired = {p for p in later if any(f"pod {p} " in message for message in expiries)}
     return fenced | expired
 
 

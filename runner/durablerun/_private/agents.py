@@ -141,8 +141,8 @@ class Saga:
             elif exc is None:  # completed: nothing of it is left to undo
                 self.ctx._core.open_compensations -= len(self.compensations)
                 self.compensations.clear()
-            # Otherwise completed, or the attempt is ending another way (a stop, a fence, a
-            # cancellation): a resume carries on from the journal, nothing to undo now.
+            # Otherwise the attempt is ending another way (a stop, a fence, a wait, a cancellation):
+            # a resume carries on from the journal, nothing to undo now.
         finally:
             core.SAGAS.reset(self._entered.pop())
 

@@ -198,13 +198,10 @@ class AttemptCore:
             raise Halt(HaltKind.FENCE, writer.fenced)
         # A Saga undoing its work after an abort: neither the abort nor a budget (often what caused
         # it) may stop the undoing; a stop or a fence still does (the next attempt resumes it).
-        compensating = COMPENSATING.get()
-        if self.abort_requested and not compensating:
-            reason, message = self.abort_requested
-            raise Halt(HaltKind.ABORT, message, reason=reason)
+        self._raise_requested_abort()
         if self.stop_requested:
             raise Halt(HaltKind.SUSPEND, "stopped at a step boundary as requested")
-        if not step or compensating:
+        if not step or COMPENSATING.get():
             return
         halt = budget_halt(self.live, self.policy, self.max_cost, self.advice)
         if halt is not None:
@@ -248,8 +245,11 @@ class AttemptCore:
             await self.mark_abort(pos, name, h)
             raise
 
-    def _abort_instead_of_waiting(self) -> None:
-        """A wait resumed by an attempt started to abort (a run aborted while waiting) aborts there."""
+    def _raise_requested_abort(self) -> None:
+        """Raise the abort requested of the run, unless a Saga is undoing its work after one.
+
+        Before every new operation, and where a resumed wait would otherwise wait again (the attempt the
+        operator starts for a run aborted while it waited)."""
         if self.abort_requested and not COMPENSATING.get():
             reason, message = self.abort_requested
             raise Halt(HaltKind.ABORT, message, reason=reason)
@@ -456,7 +456,7 @@ class AttemptCore:
         if remaining <= self.config.inline_sleep_max.total_seconds():
             await self.pause(remaining)
             return
-        self._abort_instead_of_waiting()
+        self._raise_requested_abort()
         raise Halt(HaltKind.WAIT, f"sleeping until {format_time(wake, precise=True)}", waiting=Waiting(wake_time=wake))
 
     async def wait_for_event(
@@ -498,7 +498,7 @@ class AttemptCore:
         if deadline is not None and datetime.now(UTC) >= deadline:
             end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=False, timeout=True))
             return self._event_outcome(end)
-        self._abort_instead_of_waiting()
+        self._raise_requested_abort()
         raise Halt(HaltKind.WAIT, f"waiting for event {name!r}",
                    waiting=Waiting(event=name, deadline=deadline))
 
