@@ -140,6 +140,13 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
         mounts.append({"name": "durablerun-tmp", "mountPath": "/tmp"})
         pod_spec.setdefault("volumes", []).append({"name": "durablerun-tmp", "emptyDir": {}})
 
+    if settings.webhook_url:
+        # The namespace's keys for ctx.webhook_url; optional, so a namespace the ingress does not serve
+        # still runs (its ctx.webhook_url says what to configure).
+        mounts.append({"name": "durablerun-webhook-keys", "mountPath": api.WEBHOOK_KEYS_PATH, "readOnly": True})
+        pod_spec.setdefault("volumes", []).append(
+            {"name": "durablerun-webhook-keys", "secret": {"secretName": api.WEBHOOK_KEYS_SECRET, "optional": True}})
+
     pod_security = pod_spec.setdefault("securityContext", {})
     pod_security.setdefault("runAsNonRoot", True)
     pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
@@ -176,6 +183,8 @@ def _runner_env(run: dict[str, Any], epoch: int, settings: Settings) -> list[dic
     ]
     if settings.cluster_name:
         env.append({"name": api.Env.CLUSTER, "value": settings.cluster_name})
+    if settings.webhook_url:
+        env.append({"name": api.Env.WEBHOOK_URL, "value": settings.webhook_url})
     secret = checkpoint.get("credentialsSecret")
     if secret:
         # The operator never reads the Secret: the kubelet injects it into the runner.

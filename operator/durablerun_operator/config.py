@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from durablerun import __version__
+from durablerun import __version__, api
 
 
 def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any:
@@ -38,6 +38,9 @@ class Settings:
     #: This cluster's name (DURABLERUN_CLUSTER_NAME), handed to runners: a run with spec.checkpoint.runId
     #: records it in the store's owner record, so that a run in another cluster names whom it waits for.
     cluster_name: str = ""
+    #: The webhook ingress's public base URL (DURABLERUN_WEBHOOK_URL, the chart's webhooks.url); when set,
+    #: runner pods get it and the namespace's signing keys, so ctx.webhook_url works (docs/web.md).
+    webhook_url: str = ""
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -52,5 +55,6 @@ class Settings:
                 "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds, float
             ),
             cluster_name=os.environ.get("DURABLERUN_CLUSTER_NAME", ""),
+            webhook_url=os.environ.get(api.Env.WEBHOOK_URL, ""),
             namespaces=namespaces,
         )

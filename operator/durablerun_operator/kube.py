@@ -8,6 +8,7 @@ a refused test means someone else changed the object first, reported as
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from datetime import UTC, datetime
@@ -93,7 +94,7 @@ class Kube:
             if error.status == 404:
                 return None
             if error.status in (400, 409, 422):  # e.g. an event set meanwhile: decide again on fresh facts
-                raise Conflict(f"{namespace}/{name} refused the change: {error.reason}") from None
+                raise Conflict(f"{namespace}/{name} refused the change: {error.reason}: {_message(error)}") from None
             raise
 
     def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,6 +220,18 @@ class Kube:
             if error.status != 409:
                 raise
 
+    # --- Secrets (the webhook ingress's keys and sources only) -------------------------
+
+    def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """A Secret's entries, decoded; None if it does not exist or may not be read."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as error:
+            if error.status in (403, 404):
+                return None
+            raise
+        return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+
     # --- Events --------------------------------------------------------------------
 
     def post_event(self, run: dict[str, Any], kind: str, reason: str, message: str) -> None:
@@ -239,6 +252,14 @@ class Kube:
             self.core.create_namespaced_event(meta["namespace"], event)
         except ApiException as error:  # an Event is best effort: never fail a transition for it
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], error.reason)
+
+
+def _message(error: ApiException) -> str:
+    """The API server's own words (a Status message: which admission rule refused, say)."""
+    try:
+        return str(json.loads(error.body or "{}").get("message", ""))
+    except ValueError:
+        return ""
 
 
 def _now() -> str:

@@ -138,6 +138,17 @@ class Env:
     # The cluster's name (the operator's DURABLERUN_CLUSTER_NAME), recorded in the store's owner record of
     # a run with spec.checkpoint.runId so that another cluster's run can say whom it waits for.
     CLUSTER = "DURABLERUN_CLUSTER"
+    # The webhook ingress's public base URL (the chart's webhooks.url), set when the ingress is on:
+    # ctx.webhook_url builds capability URLs under it, signed with the key mounted at WEBHOOK_KEYS_PATH.
+    WEBHOOK_URL = "DURABLERUN_WEBHOOK_URL"
+
+
+# The webhook ingress (docs/web.md). In each namespace it serves, the chart's Secret of signing keys
+# for capability URLs (mounted read-only into runner pods at WEBHOOK_KEYS_PATH), and the user's Secret
+# of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing, hmac.ocr).
+WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
+WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
+WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
 
 
 # --- times and input hashes ---------------------------------------------------

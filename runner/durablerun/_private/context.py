@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid as uuid_mod
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
@@ -9,7 +10,7 @@ from decimal import Decimal
 from typing import Any, NoReturn, TypeVar, overload
 
 from durablerun import errors
-from durablerun._private import children, core, replay
+from durablerun._private import children, core, replay, webhooks
 from durablerun._private.layout import check_event_name
 from durablerun.api import format_time, parse_time
 
@@ -181,6 +182,21 @@ class DurableContext:
         does not send it again. Returns once the request is recorded; the operator delivers it.
         """
         await children.signal(self, self._core.config.runs, run, event, value)
+
+    def webhook_url(self, event: str, ttl: timedelta | float = timedelta(days=7)) -> str:
+        """A URL that sends ``event`` to this run when an outside system POSTs JSON to it, until ``ttl``.
+
+        Hand it to a CI system, a payment provider or a person; then ``ctx.wait_for_event(event)``.
+        The URL carries a token signed for this namespace, run and event only (docs/web.md); the
+        webhook ingress turns the POST's body into the event, first write wins. Recorded once: a
+        replay returns the same URL. Needs the chart's webhook ingress (``webhooks.enabled``).
+        """
+        check_event_name(event)
+        lifetime = ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+        if lifetime <= timedelta(0):
+            raise errors.WorkflowError(f"ctx.webhook_url: ttl must be positive, got {ttl!r}")
+        return self._core.value(
+            "webhook_url", lambda: webhooks.capability_url(event, lifetime, os.environ, datetime.now(UTC)))
 
     # --- deterministic values ---------------------------------------------------------------
     def now(self) -> datetime:

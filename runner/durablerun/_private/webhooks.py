@@ -1,0 +1,146 @@
+"""Capability URLs: a token that lets whoever holds it send one event to one run, until it expires.
+
+The token format has one definition, here: the SDK signs (``ctx.webhook_url``) and the webhook
+ingress verifies (``durablerun_operator.ingress``). A token is ``<claims>.<signature>``, both
+unpadded base64url: the claims are compact JSON naming the namespace, the run and its uid, the event, the
+expiry (Unix seconds) and the id of the key that signed it; the signature is HMAC-SHA256 of the
+encoded claims with that key. Keys live in a namespace's ``durablerun-webhook-keys`` Secret
+(docs/web.md): one entry per key id and ``current`` naming the one to sign with, so a key can be
+rotated by adding a new one and moving ``current``, without breaking URLs signed with the old one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+from durablerun import api, errors
+
+#: The Secret entry that names the key id new tokens are signed with.
+CURRENT = "current"
+# A key id is a Secret entry's name that is not ``current``.
+_KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+
+
+class TokenError(ValueError):
+    """The token is malformed, tampered with, signed by an unknown key or expired.
+
+    The ingress answers every case the same way: whoever holds a bad token learns nothing.
+    """
+
+
+@dataclass(frozen=True)
+class Claims:
+    namespace: str
+    run: str
+    uid: str  # the run's uid: a run deleted and created again under the same name is another run
+    event: str
+    expires: int  # Unix seconds
+    key_id: str
+
+    def encode(self) -> bytes:
+        fields = {"ns": self.namespace, "run": self.run, "uid": self.uid, "ev": self.event, "exp": self.expires,
+                  "kid": self.key_id}
+        return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def sign(claims: Claims, key: bytes) -> str:
+    body = _b64(claims.encode())
+    return body + "." + _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+
+
+def read_claims(token: str) -> Claims:
+    """The token's claims, unverified: the ingress needs the namespace and key id to find the key."""
+    body, dot, _ = token.partition(".")
+    if not dot:
+        raise TokenError("not a token")
+    try:
+        fields = json.loads(_unb64(body))
+        return Claims(namespace=str(fields["ns"]), run=str(fields["run"]), uid=str(fields["uid"]),
+                      event=str(fields["ev"]),
+                      expires=int(fields["exp"]), key_id=str(fields["kid"]))
+    except (binascii.Error, ValueError, KeyError, TypeError) as error:
+        raise TokenError("not a token") from error
+
+
+def verify(token: str, keys: dict[str, bytes], now: datetime) -> Claims:
+    """The claims of a token signed by one of ``keys`` (key id → key) and not expired at ``now``."""
+    claims = read_claims(token)
+    key = keys.get(claims.key_id)
+    if key is None:
+        raise TokenError("unknown key")
+    body, _, signature = token.partition(".")
+    expected = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+    if not hmac.compare_digest(expected, signature):
+        raise TokenError("bad signature")
+    if now.timestamp() >= claims.expires:
+        raise TokenError("expired")
+    return claims
+
+
+def load_keys(entries: dict[str, bytes]) -> tuple[str, dict[str, bytes]]:
+    """(current key id, key id → key) from a keys Secret's entries; ValueError naming what is wrong."""
+    current = entries.get(CURRENT, b"").decode().strip()
+    keys = {name: value for name, value in entries.items() if name != CURRENT and _KEY_ID.match(name)}
+    if not current:
+        raise ValueError(f"the webhook keys have no {CURRENT!r} entry naming the key to sign with")
+    if current not in keys:
+        raise ValueError(f"the webhook keys' {CURRENT!r} entry names key {current!r}, which they do not hold")
+    if len(keys[current]) < 16:
+        raise ValueError(f"webhook key {current!r} is shorter than 16 bytes: use at least 32 random bytes")
+    return current, keys
+
+
+def read_key_dir(directory: Path) -> tuple[str, dict[str, bytes]]:
+    """The keys as the kubelet mounts the Secret: one file per entry."""
+    entries = {p.name: p.read_bytes().strip() for p in directory.iterdir()
+               if p.is_file() and not p.name.startswith(".")}
+    return load_keys(entries)
+
+
+def url(base: str, token: str) -> str:
+    """The capability URL the ingress serves for ``token``."""
+    return f"{base.rstrip('/')}/v1/hooks/{quote(token, safe='.-_')}"
+
+
+def capability_url(event: str, lifetime: timedelta, environ: Mapping[str, str], now: datetime) -> str:
+    """A capability URL for ``event`` of the run this pod runs, signed with the namespace's current key.
+
+    Raises ``WorkflowError`` saying what to set when the webhook ingress is not configured here.
+    """
+    base = environ.get(api.Env.WEBHOOK_URL, "")
+    namespace, run = environ.get(api.Env.NAMESPACE, ""), environ.get(api.Env.NAME, "")
+    uid = environ.get(api.Env.UID, "")
+    if not base or not namespace or not run or not uid:
+        raise errors.WorkflowError(
+            "ctx.webhook_url needs the webhook ingress: run the workflow as a DurableRun with the chart's "
+            f"webhooks.enabled=true and webhooks.url set (the operator then sets {api.Env.WEBHOOK_URL})")
+    keys_dir = Path(api.WEBHOOK_KEYS_PATH)
+    try:
+        current, keys = read_key_dir(keys_dir)
+    except FileNotFoundError:
+        raise errors.WorkflowError(
+            f"ctx.webhook_url: no signing keys at {keys_dir}: namespace {namespace!r} has no Secret "
+            f"{api.WEBHOOK_KEYS_SECRET!r}; add the namespace to the chart's webhooks.namespaces") from None
+    except ValueError as error:
+        raise errors.WorkflowError(f"ctx.webhook_url: Secret {api.WEBHOOK_KEYS_SECRET!r}: {error}") from None
+    claims = Claims(namespace=namespace, run=run, uid=uid, event=event, expires=int((now + lifetime).timestamp()),
+                    key_id=current)
+    return url(base, sign(claims, keys[current]))

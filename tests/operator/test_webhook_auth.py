@@ -1,0 +1,138 @@
+"""Capability tokens and per-source signatures: pure checks, one table per scheme."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from durablerun._private import webhooks
+from durablerun_operator.ingress import auth
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+KEY = b"k" * 32
+KEYS = {"k1": KEY, "k0": b"o" * 32}
+CLAIMS = webhooks.Claims(namespace="team-a", run="review", uid="u-1", event="approved",
+                         expires=int((NOW + timedelta(hours=1)).timestamp()), key_id="k1")
+
+
+def test_a_token_round_trips_and_names_its_run() -> None:
+    token = webhooks.sign(CLAIMS, KEY)
+    assert webhooks.verify(token, KEYS, NOW) == CLAIMS
+
+
+def _other(**change: object) -> str:
+    fields = {**CLAIMS.__dict__, **change}
+    return webhooks.sign(webhooks.Claims(**fields), KEY)  # type: ignore[arg-type]
+
+
+def _retarget(token: str, **change: object) -> str:
+    """The claims changed, the signature kept: what a tamperer can do."""
+    fields = {**CLAIMS.__dict__, **change}
+    body = webhooks.sign(webhooks.Claims(**fields), b"x" * 32).split(".")[0]  # type: ignore[arg-type]
+    return body + "." + token.split(".")[1]
+
+
+@pytest.mark.parametrize(("token", "why"), [
+    (_retarget(webhooks.sign(CLAIMS, KEY), run="payroll"), "bad signature"),
+    (_retarget(webhooks.sign(CLAIMS, KEY), event="other"), "bad signature"),
+    (_retarget(webhooks.sign(CLAIMS, KEY), expires=2**40), "bad signature"),
+    (_other(expires=int(NOW.timestamp())), "expired"),
+    (_other(key_id="k9"), "unknown key"),
+    (webhooks.sign(CLAIMS, b"z" * 32), "bad signature"),
+    ("not-a-token", "not a token"),
+    ("e30.", "not a token"),  # {} : no claims
+])
+def test_a_bad_token_is_refused(token: str, why: str) -> None:
+    with pytest.raises(webhooks.TokenError, match=why):
+        webhooks.verify(token, KEYS, NOW)
+
+
+def test_a_rotated_key_still_verifies_what_it_signed() -> None:
+    old = webhooks.sign(webhooks.Claims(**{**CLAIMS.__dict__, "key_id": "k0"}), KEYS["k0"])
+    assert webhooks.verify(old, KEYS, NOW).key_id == "k0"
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    ({"k1": KEY}, "no 'current' entry"),
+    ({"current": b"k2", "k1": KEY}, "names key 'k2'"),
+    ({"current": b"k1", "k1": b"short"}, "shorter than 16 bytes"),
+])
+def test_a_broken_keys_secret_says_what_to_fix(entries: dict[str, bytes], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        webhooks.load_keys(entries)
+
+
+def test_webhook_url_outside_a_pod_says_what_to_configure() -> None:
+    from durablerun import errors
+    with pytest.raises(errors.WorkflowError, match=r"webhooks\.enabled"):
+        webhooks.capability_url("done", timedelta(hours=1), {}, NOW)
+
+
+SECRET = b"whsec_test"
+BODY = b'{"action": "completed", "workflow_run": {"conclusion": "success"}}'
+T = int(NOW.timestamp())
+
+
+def _hex(message: bytes) -> str:
+    return hmac.new(SECRET, message, hashlib.sha256).hexdigest()
+
+
+@pytest.mark.parametrize(("scheme", "headers", "ok"), [
+    ("github", {"X-Hub-Signature-256": "sha256=" + _hex(BODY)}, True),
+    ("github", {"x-hub-signature-256": "sha256=" + _hex(BODY)}, True),  # header names are case-insensitive
+    ("github", {"X-Hub-Signature-256": "sha256=" + _hex(BODY + b" ")}, False),
+    ("github", {}, False),
+    ("stripe", {"Stripe-Signature": f"t={T},v1={_hex(f'{T}.'.encode() + BODY)}"}, True),
+    ("stripe", {"Stripe-Signature": f"t={T},v1=00,v1={_hex(f'{T}.'.encode() + BODY)}"}, True),
+    ("stripe", {"Stripe-Signature": f"t={T - 301},v1={_hex(f'{T - 301}.'.encode() + BODY)}"}, False),  # replayed
+    ("stripe", {"Stripe-Signature": f"t={T},v1={_hex(BODY)}"}, False),
+    ("hmac", {auth.HMAC_TIMESTAMP: str(T), auth.HMAC_SIGNATURE: "sha256=" + _hex(f"{T}.".encode() + BODY)}, True),
+    ("hmac", {auth.HMAC_TIMESTAMP: str(T + 400),
+              auth.HMAC_SIGNATURE: "sha256=" + _hex(f"{T + 400}.".encode() + BODY)}, False),  # from the future
+    ("hmac", {auth.HMAC_TIMESTAMP: "yesterday", auth.HMAC_SIGNATURE: "sha256=00"}, False),
+    ("hmac", {auth.HMAC_SIGNATURE: "sha256=" + _hex(BODY)}, False),
+])
+def test_source_signatures(scheme: str, headers: dict[str, str], ok: bool) -> None:
+    verify = auth.VERIFIERS[scheme]
+    if ok:
+        verify(SECRET, BODY, headers, float(T))
+    else:
+        with pytest.raises(auth.Refused):
+            verify(SECRET, BODY, headers, float(T))
+
+
+@pytest.mark.parametrize(("source", "scheme"), [
+    ("github.ci", "github"), ("stripe.billing", "stripe"), ("hmac.ocr", "hmac")])
+def test_source_names_carry_their_scheme(source: str, scheme: str) -> None:
+    assert auth.check_source_name(source) == scheme
+
+
+@pytest.mark.parametrize("source", ["github", "slack.x", "hmac.", "hmac.a/b", ""])
+def test_a_bad_source_name_says_the_rule(source: str) -> None:
+    with pytest.raises(ValueError, match=r"<scheme>\.<name>"):
+        auth.check_source_name(source)
+
+
+@pytest.mark.parametrize(("body", "path", "value"), [
+    (BODY, "", {"action": "completed", "workflow_run": {"conclusion": "success"}}),
+    (BODY, "workflow_run.conclusion", "success"),
+    (b'{"items": [{"id": 7}]}', "items.0.id", 7),
+])
+def test_the_event_value_is_the_body_or_the_part_the_path_selects(body: bytes, path: str, value: object) -> None:
+    assert auth.event_value(body, path) == value
+
+
+@pytest.mark.parametrize(("body", "path", "status", "message"), [
+    (b"<xml/>", "", 415, "not JSON"),
+    (b"\xff\xfe", "", 415, "not JSON"),
+    (BODY, "workflow_run.status", 422, "nothing at 'status'"),
+    (b'{"items": []}', "items.0", 422, "nothing at '0'"),
+])
+def test_a_body_that_cannot_be_an_event_names_why(body: bytes, path: str, status: int, message: str) -> None:
+    with pytest.raises(auth.BadBody) as caught:
+        auth.event_value(body, path)
+    assert caught.value.status == status
+    assert message in caught.value.reason

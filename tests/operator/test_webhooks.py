@@ -1,0 +1,220 @@
+"""The webhook ingress on the test bed: real HTTP over loopback, the chart's RBAC and admission policy.
+
+The ingress runs as the chart renders it would (its ServiceAccount, Role, keys Secret and
+ValidatingAdmissionPolicy applied from `helm template`), with a real token of that ServiceAccount;
+the operator hands runners the ingress's URL, and a workflow's ``ctx.webhook_url`` is POSTed to.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durablerun._private import webhooks
+from durablerun_operator.ingress import auth
+from durablerun_testbed import procs
+from durablerun_testbed.testbed import TestBed
+from tests.conftest import SESSION_ID
+from tests.install.helpers import Helm, dump, service_account_kubectl
+
+from .conftest import RunEnv, StartOperator
+
+
+@dataclass
+class Ingress:
+    url: str
+    metrics_url: str
+    account: str
+    namespace: str
+    kubeconfig: Path
+
+    def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(self.url + path, data=body, method="POST",
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def outcomes(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as reply:
+            text = reply.read().decode()
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("durablerun_webhook_requests_total{"):
+                outcome = line.split('outcome="')[1].split('"')[0]
+                found[outcome] = float(line.rsplit(" ", 1)[1])
+        return found
+
+
+@pytest.fixture
+def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path) -> Iterator[Ingress]:
+    """The chart's webhook objects applied to the test bed, and the ingress running as its ServiceAccount."""
+    port, metrics_port = procs.free_port(), procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    release = "wh-" + uuid.uuid4().hex[:6]
+    helm = Helm(tmp_path / "helm")
+    (tmp_path / "helm").mkdir()
+    rendered = helm.template(release, namespace, {"webhooks": {"enabled": True, "url": url,
+                                                               "namespaces": [namespace]}},
+                             "--show-only", "templates/webhooks.yaml")
+    wanted = [o for o in rendered if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Secret",
+                                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    testbed.kubectl("apply", "-f", "-", input=dump(wanted))
+    account = next(o for o in wanted if o["kind"] == "ServiceAccount")["metadata"]["name"]
+    as_ingress = service_account_kubectl(testbed, account, namespace, tmp_path)
+    process = procs.ManagedProcess(
+        "webhooks", [sys.executable, "-m", "durablerun_operator.ingress", "--namespace", namespace,
+                     "--address", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
+                     "--rate", "1000", "--burst", "2000"],
+        log_path=testbed_root / "logs" / f"webhooks-{release}.log",
+        env={**testbed.env(), "KUBECONFIG": str(as_ingress.kubeconfig)}, testbed_id=SESSION_ID)
+    server = Ingress(url, f"http://127.0.0.1:{metrics_port}/metrics", account, namespace, as_ingress.kubeconfig)
+
+    def healthy() -> bool:
+        process.check_alive()
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
+    procs.wait_for(healthy, timeout=30, what="the webhook ingress's /healthz")
+    yield server
+    process.stop()
+    for policy in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        testbed.kubectl("delete", policy, f"{release}-durable-run-webhooks", "--ignore-not-found", check=False)
+
+
+def _keys(testbed: TestBed, namespace: str) -> tuple[str, dict[str, bytes]]:
+    secret = json.loads(testbed.kubectl("get", "secret", "durablerun-webhook-keys", "-n", namespace,
+                                        "-o", "json").stdout)
+    return webhooks.load_keys({k: base64.b64decode(v) for k, v in secret["data"].items()})
+
+
+def _url_of(runs: RunEnv) -> str:
+    return procs.wait_for(lambda: next((line.split(" ", 1)[1] for line in runs.ledger() if line.startswith("url ")),
+                                       None), timeout=90, what="the workflow's webhook URL in the ledger")
+
+
+def test_a_capability_url_wakes_its_waiting_run_once(
+        runs: RunEnv, ingress: Ingress, start_operator: StartOperator, testbed: TestBed) -> None:
+    start_operator(DURABLERUN_WEBHOOK_URL=ingress.url)
+    runs.apply(runs.manifest("hooked", "optest_hooks:hooked"))
+    runs.wait_phase("hooked", "Waiting", timeout=90)
+    url = _url_of(runs)
+    assert url.startswith(ingress.url + "/v1/hooks/")
+    path = url[len(ingress.url):]
+    token = path.rsplit("/", 1)[1]
+    claims = webhooks.read_claims(token)
+    assert (claims.namespace, claims.run, claims.event) == (runs.namespace, "hooked", "done")
+
+    # Refused alike, whatever is wrong: tampered, expired, for another run, unknown key.
+    current, keys = _keys(testbed, runs.namespace)
+    expired = webhooks.sign(webhooks.Claims(**{**claims.__dict__, "expires": int(time.time()) - 1}), keys[current])
+    body, signature = token.split(".")
+    other = webhooks.sign(webhooks.Claims(**{**claims.__dict__, "run": "payroll"}), b"x" * 32).split(".")[0]
+    for bad in (expired, other + "." + signature, body + "." + signature[:-2] + "AA", "garbage"):
+        assert ingress.post(f"/v1/hooks/{bad}", b'{"ok": true}') == (401, {"error": "unauthorized"})
+    assert runs.get("hooked")["spec"].get("events", {}) == {}
+
+    # Bad bodies from an authenticated caller name what is wrong and change nothing.
+    status, answer = ingress.post(path, b"<xml/>")
+    assert status == 415
+    assert "not JSON" in answer["error"]
+    status, answer = ingress.post(path, b"x" * (256 * 1024 + 1))
+    assert status == 413
+    assert "262144 bytes" in answer["error"]
+
+    assert ingress.post(path, b'{"approved": true, "by": "ci"}')[0] == 202
+    done = runs.wait_phase("hooked", "Succeeded", timeout=90)
+    assert done["spec"]["events"] == {"done": {"approved": True, "by": "ci"}}
+    # A second delivery changes nothing; another value is refused (events are write-once).
+    assert ingress.post(path, b'{"approved": true, "by": "ci"}')[0] == 200
+    status, answer = ingress.post(path, b'{"approved": false}')
+    assert status == 409
+    assert "write-once" in answer["error"]
+    assert runs.get("hooked")["spec"]["events"] == {"done": {"approved": True, "by": "ci"}}
+    assert any(e["reason"] == "EventReceived" and "capability URL" in e["message"] for e in runs.events("hooked"))
+    outcomes = ingress.outcomes()
+    assert {k: outcomes[k] for k in ("delivered", "duplicate", "conflict", "unauthorized", "too_large")} == {
+        "delivered": 1.0, "duplicate": 1.0, "conflict": 1.0, "unauthorized": 4.0, "too_large": 1.0}
+
+
+def _sign(secret: bytes, message: bytes) -> str:
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+SIGNERS: dict[str, Callable[[bytes, bytes, int], dict[str, str]]] = {
+    "github": lambda secret, body, t: {"X-Hub-Signature-256": "sha256=" + _sign(secret, body)},
+    "stripe": lambda secret, body, t: {"Stripe-Signature": f"t={t},v1={_sign(secret, f'{t}.'.encode() + body)}"},
+    "hmac": lambda secret, body, t: {auth.HMAC_TIMESTAMP: str(t),
+                                     auth.HMAC_SIGNATURE: "sha256=" + _sign(secret, f"{t}.".encode() + body)},
+}
+
+
+@pytest.mark.parametrize("scheme", ["github", "stripe", "hmac"])
+def test_a_signed_source_sends_an_event(runs: RunEnv, ingress: Ingress, testbed: TestBed, scheme: str) -> None:
+    secret = b"whsec-" + uuid.uuid4().hex.encode()
+    source = f"{scheme}.ci"
+    testbed.kubectl("create", "secret", "generic", "durablerun-webhook-sources", "-n", runs.namespace,
+                    f"--from-literal={source}={secret.decode()}")
+    run = runs.manifest("target", "optest_flows:approval")
+    run["spec"]["suspend"] = True  # no pod needed: events may arrive before the run waits
+    runs.apply(run)
+    body = b'{"workflow_run": {"conclusion": "success", "id": 7}}'
+    path = f"/v1/namespaces/{runs.namespace}/runs/target/events/review?source={source}&path=workflow_run"
+    now = int(time.time())
+
+    wrong = SIGNERS[scheme](b"not-the-secret", body, now)
+    assert ingress.post(path, body, wrong) == (401, {"error": "unauthorized"})
+    assert ingress.post(path.replace("runs/target", "runs/missing"), body, wrong) == (401, {"error": "unauthorized"})
+    if scheme != "github":  # GitHub signs no timestamp; its replays change nothing (write-once)
+        old = SIGNERS[scheme](secret, body, now - 600)
+        assert ingress.post(path, body, old) == (401, {"error": "unauthorized"})
+    status, answer = ingress.post(path.replace("source=", "source=slack"), body, wrong)
+    assert status == 400
+    assert "<scheme>.<name>" in answer["error"]
+
+    assert ingress.post(path, body, SIGNERS[scheme](secret, body, now))[0] == 202
+    assert runs.get("target")["spec"]["events"] == {"review": {"conclusion": "success", "id": 7}}
+    status, _ = ingress.post(path.replace("runs/target", "runs/missing"), body, SIGNERS[scheme](secret, body, now))
+    assert status == 410
+    assert any(e["reason"] == "EventReceived" and source in e["message"] and secret.decode() not in e["message"]
+               for e in runs.events("target"))
+
+
+def test_the_ingress_account_may_only_add_events(runs: RunEnv, ingress: Ingress) -> None:
+    from tests.install.helpers import Kubectl
+
+    run = runs.manifest("guarded", "optest_flows:approval")
+    run["spec"]["suspend"] = True
+    runs.apply(run)
+    as_ingress = Kubectl(ingress.kubeconfig)
+
+    def patch(body: dict[str, Any]) -> str:
+        result = as_ingress("patch", "dr", "guarded", "-n", runs.namespace, "--type", "merge", "-p", json.dumps(body),
+                            check=False)
+        return result.stderr if result.returncode else "allowed"
+
+    assert "may only add events" in patch({"spec": {"suspend": False}})
+    assert "may only add events" in patch({"spec": {"workflow": "evil:flow"}})
+    assert "labels, annotations or finalizers" in patch({"metadata": {"annotations": {"durablerun.dev/abort": "x"}}})
+    assert patch({"spec": {"events": {"review": {"approved": True}}}}) == "allowed"
+    assert not as_ingress.can_i("delete", "durableruns", runs.namespace)
+    assert not as_ingress.can_i("list", "secrets", runs.namespace)
+    assert as_ingress.can_i("get", "secrets/durablerun-webhook-sources", runs.namespace)
