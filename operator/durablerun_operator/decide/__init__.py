@@ -11,177 +11,23 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from durablerun import api
 from durablerun_operator import builders
-from durablerun_operator.decide.facts import (
-    R, CreateFailure, Ending, PodView, RunView, pending_requests, retry_requested,
-)
+from durablerun_operator.decide import clocks, transition
+from durablerun_operator.decide.clocks import CLOCK_SKEW_MARGIN, NEVER, quiet_until
+from durablerun_operator.decide.facts import R, CreateFailure, Ending, PodView, RunView, retry_requested
+from durablerun_operator.decide.transition import Plan
 
-
-# The runner stamps renewTime with its clock, the operator compares it with its own: a lease counts as
-# expired only this long after it ran out, so a runner clock a little behind is not taken for a hang.
-CLOCK_SKEW_MARGIN = timedelta(seconds=2)
+__all__ = ["CLOCK_SKEW_MARGIN", "NEVER", "CreateFailure", "Plan", "PodView", "RunView", "decide", "now_utc",
+           "quiet_until", "related_names"]
 
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
-
-
-# --- what the operator does -----------------------------------------------------------
-
-
-@dataclass
-class Plan:
-    """One transition: a guarded status patch, then pod actions, Events and metrics."""
-
-    patch: list[dict[str, Any]] = field(default_factory=list)
-    create_pod_epoch: int | None = None
-    create_purge_pod: bool = False
-    delete_pods: list[str] = field(default_factory=list)
-    release_pods: list[str] = field(default_factory=list)
-    add_run_finalizer: bool = False
-    remove_run_finalizer: bool = False
-    delete_run: bool = False
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    restart_reason: str | None = None
-    abort_reason: str | None = None
-    completion: str | None = None
-    # Child runs and signals (after the status patch): this run's own new spec.events (child outcomes),
-    # DurableRuns to create (children), merge patches of other runs by name (signals, suspend, abort).
-    add_events: dict[str, Any] = field(default_factory=dict)
-    create_runs: list[dict[str, Any]] = field(default_factory=list)
-    patch_runs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-
-    @property
-    def touches_runs(self) -> bool:
-        return bool(self.create_runs or self.patch_runs)
-
-    @property
-    def touches_pods(self) -> bool:
-        return bool(self.create_pod_epoch is not None or self.create_purge_pod or self.delete_pods
-                    or self.release_pods)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.patch or self.touches_pods or self.add_run_finalizer or self.remove_run_finalizer
-                    or self.delete_run or self.add_events or self.touches_runs)
-
-
-def status_patch(
-    old: dict[str, Any] | None, new: api.DurableRunStatus, *, guard: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """A JSON patch from ``old`` to ``new`` whose ``test`` ops pin ``guard`` (path -> value).
-
-    A concurrent change to any guarded field makes the API server refuse the
-    whole patch: the decision is then made again on fresh facts.
-    """
-    new_doc = new.model_dump(mode="json", exclude_none=True)
-    if old is None:
-        return [{"op": "test", "path": path, "value": value} for path, value in guard.items()] + [
-            {"op": "add", "path": "/status", "value": new_doc}
-        ]
-    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
-    for key in sorted(set(old) | set(new_doc)):
-        if key in api.RUNNER_REQUEST_FIELDS:
-            continue  # the runner's alone: a stale copy written back could drop a request it just added
-        if key not in new_doc:
-            ops.append({"op": "remove", "path": f"/status/{key}"})
-        elif old.get(key) != new_doc[key]:
-            ops.append({"op": "add", "path": f"/status/{key}", "value": new_doc[key]})
-    return ops
-
-
-def _conditions(status: api.DurableRunStatus, now: datetime, generation: int) -> list[api.Condition]:
-    """Job-style conditions derived from the phase: Progressing, Suspended, Complete, Failed."""
-    phase = status.phase
-    wanted = {
-        "Progressing": phase in (api.Phase.PENDING, api.Phase.RUNNING, api.Phase.BACKOFF, api.Phase.WAITING),
-        "Suspended": phase == api.Phase.SUSPENDED,
-        "Complete": phase == api.Phase.SUCCEEDED,
-        "Failed": phase in (api.Phase.FAILED, api.Phase.ABORTED),
-    }
-    old = {c.type: c for c in status.conditions}
-    reason = (status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
-              else "JournalHeld" if phase == api.Phase.WAITING and status.waitingFor and status.waitingFor.holder
-              else (phase.value if phase else "Unknown"))
-    out = []
-    stamp = api.format_time(now)
-    for kind, true in wanted.items():
-        value = "True" if true else "False"
-        previous = old.get(kind)
-        changed = previous is None or previous.status != value
-        out.append(api.Condition(
-            type=kind, status=value, reason=reason, message=(status.message or "")[:1024],
-            lastTransitionTime=(stamp if changed or not previous else previous.lastTransitionTime) or stamp,
-            observedGeneration=generation,
-        ))
-    return out
-
-
-class _Transition:
-    """Builds the next status from the current one, with guards and side effects."""
-
-    def __init__(self, run: RunView, now: datetime, related: Mapping[str, RunView | None] | None = None) -> None:
-        self.run, self.now = run, now
-        self.new = run.status.model_copy(deep=True)
-        self.plan = Plan()
-        self.related: Mapping[str, RunView | None] = related or {}
-        self.children = _children(run, self.related)
-        self.children_total = _children_total(self.children)
-        self.guard: dict[str, Any] = {}
-        if run.raw_status is not None:
-            self.guard["/status/epoch"] = run.status.epoch
-            if run.raw_status.get("phase") is not None:
-                self.guard["/status/phase"] = run.raw_status["phase"]
-        else:
-            self.guard["/metadata/resourceVersion"] = run.body["metadata"]["resourceVersion"]
-
-    def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.plan.events.append(("Warning" if warning else "Normal", reason, message))
-
-    def fence(self) -> None:
-        """Leave the current attempt: bump the epoch, so its pod can no longer write."""
-        self.new.epoch = self.run.status.epoch + 1
-        self.new.lease = api.Lease()
-
-    def finish(self, phase: api.Phase, message: str, abort: api.AbortReason | None = None) -> None:
-        self.new.phase = phase
-        self.new.message = message
-        self.new.abortReason = abort
-        self.new.completionTime = api.format_time(self.now)
-        self.new.waitingFor = None
-        self.new.nextAttemptTime = None
-        self.new.aborting = None
-        if phase == api.Phase.ABORTED:
-            assert abort is not None
-            self.plan.abort_reason = abort.value
-            self.plan.completion = phase.value
-            self.event("Aborted", f"{abort.value}: {message}", warning=True)
-        elif phase == api.Phase.FAILED:
-            self.plan.completion = phase.value
-            self.event("Failed", message, warning=True)
-        else:
-            self.plan.completion = phase.value
-            self.event("Succeeded", message)
-
-    def done(self) -> Plan:
-        old = self.run.status
-        if old.phase == api.Phase.RUNNING and self.new.phase != api.Phase.RUNNING:
-            # The attempt is over: add its time with a pod (until the pod ended, if we know when).
-            ended = (api.parse_time(self.new.lastPodEndTime) if self.new.lastPodEndTime != old.lastPodEndTime
-                     else None) or self.now
-            self.new.activeSeconds = int(active_time(old, ended).total_seconds())
-            self.new.attemptStartTime = None
-        if self.new != self.run.status or self.run.raw_status is None:
-            self.new.observedGeneration = self.run.generation
-            self.new.conditions = _conditions(self.new, self.now, self.run.generation)
-            self.plan.patch = status_patch(self.run.raw_status, self.new, guard=self.guard)
-        return self.plan
 
 
 def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0,
@@ -191,7 +37,9 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
 
     ``related``: the runs, by name, its child requests and pending signals name (None: no such run).
     """
-    t = _Transition(run, now, related)
+    related = related or {}
+    children = _children(run, related)
+    t = transition.Transition(run, now, related, children, _children_total(children))
     status, spec = run.status, run.spec
     purge = next((p for p in pods if p.name == builders.purge_pod_name(run.name)), None)
     pods = [p for p in pods if p is not purge]
@@ -250,94 +98,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     return t.done()
 
 
-NEVER = datetime.max.replace(tzinfo=UTC)
-
-
-def quiet_until(run: RunView) -> datetime | None:
-    """Before when ``decide`` has nothing to do for this run, if its pods stay as they are; None: decide now.
-
-    The clock is the only thing that changes a run's decision without a new
-    version of the run or of one of its pods: a lease, a progress timeout, a
-    maxDuration, a backoff, a wake time or a TTL running out. The reconciler
-    uses this to leave steady runs alone (every lease renewal is a new version
-    of the run) and to come back exactly when the earliest of them passes.
-    """
-    status, spec, policy = run.status, run.spec, run.spec.policy
-    phase = status.phase
-    if run.deleting or phase is None or api.RUN_FINALIZER not in run.finalizers:
-        return None
-    if phase != api.Phase.RUNNING and status.aborting:
-        return None  # the aborting attempt is over: the run is Aborted now, or its next attempt starts
-    if api.ANNOTATION_ABORT in run.annotations and not status.aborting:
-        return None
-    if pending_requests(run):
-        return None
-    max_duration = api.parse_duration(policy.maxDuration)
-    if phase.finished:
-        if (status.observedGeneration or 0) < run.generation or retry_requested(run):
-            return None  # the user changed the spec (an aborted run may resume) or asked for a retry
-        completed = api.parse_time(status.completionTime)
-        if spec.ttlSecondsAfterFinished is None or completed is None:
-            return NEVER
-        return completed + timedelta(seconds=spec.ttlSecondsAfterFinished)
-    if phase == api.Phase.RUNNING:
-        renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
-        if renewed is None:
-            return None  # the lease is not held yet: its deadline counts from the pod's start
-        acquired = api.parse_time(status.lease.acquireTime)
-        progress = max((m for m in (api.parse_time(status.progress.lastProgressTime), acquired) if m), default=renewed)
-        began = attempt_start(status)
-        used_up = began + max_duration - timedelta(seconds=status.activeSeconds) if began else NEVER
-        if status.aborting:  # maxDuration may be what it is aborting for: the grace's deadline comes instead
-            used_up = api.parse_time(status.aborting.deadline) or NEVER
-        return min(renewed + lease_validity(run), progress + api.parse_duration(policy.progressTimeout), used_up)
-    if timedelta(seconds=status.activeSeconds) > max_duration:
-        return None  # out of active time (a retried run, a lowered maxDuration): abort it now
-    if spec.suspend != (phase == api.Phase.SUSPENDED):
-        return None
-    if phase == api.Phase.SUSPENDED:
-        return NEVER  # no pod, so no active time: nothing on the clock
-    if phase == api.Phase.BACKOFF:
-        return api.parse_time(status.nextAttemptTime)
-    if phase == api.Phase.WAITING:
-        waiting = status.waitingFor or api.WaitingFor()
-        if waiting.event and waiting.event in spec.events:
-            return None
-        moments = [m for m in (api.parse_time(waiting.wakeTime), api.parse_time(waiting.deadline)) if m]
-        return min(moments, default=NEVER)
-    return None  # Pending: start the next attempt
-
-
-def attempt_start(status: api.DurableRunStatus) -> datetime | None:
-    """When the current attempt (if Running) started; the lease's acquisition for a status without it."""
-    if status.phase != api.Phase.RUNNING:
-        return None
-    if status.attemptStartTime:
-        return api.parse_time(status.attemptStartTime)
-    return api.parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
-
-
-def active_time(status: api.DurableRunStatus, now: datetime) -> timedelta:
-    """The time the run has had a pod, over all its attempts: what maxDuration is held against."""
-    began = attempt_start(status)
-    current = max(now - began, timedelta(0)) if began else timedelta(0)
-    return timedelta(seconds=status.activeSeconds) + current
-
-
-def lease_validity(run: RunView) -> timedelta:
-    """How long after its last renewal (or its pod's start) the current lease counts as expired.
-
-    The runner renews on the duration it published in status.lease.durationSeconds, so that is the
-    one to judge it by (the policy may have been edited since the pod started); the policy's only
-    until the lease is held. Plus the clock-skew margin.
-    """
-    lease = run.status.lease
-    published = lease.durationSeconds if lease.epoch == run.status.epoch else None
-    duration = timedelta(seconds=published) if published else api.parse_duration(run.spec.policy.leaseDuration)
-    return duration + CLOCK_SKEW_MARGIN
-
-
-def _admit(t: _Transition) -> None:
+def _admit(t: transition.Transition) -> None:
     t.new = api.DurableRunStatus(
         phase=api.Phase.PENDING, epoch=1, attempt=0,
         inputHash=api.input_hash(t.run.spec.input), startTime=api.format_time(t.now),
@@ -345,7 +106,7 @@ def _admit(t: _Transition) -> None:
     )
 
 
-def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
+def _start(t: transition.Transition, older: list[PodView], stuck_seconds: float) -> None:
     status = t.run.status
     if status.inputHash and status.inputHash != api.input_hash(t.run.spec.input):
         t.fence()
@@ -373,7 +134,7 @@ def _start(t: _Transition, older: list[PodView], stuck_seconds: float) -> None:
     t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
 
 
-def _running(t: _Transition, pod: PodView | None, create_failure: CreateFailure | None) -> None:
+def _running(t: transition.Transition, pod: PodView | None, create_failure: CreateFailure | None) -> None:
     status = t.run.status
     if pod is None:
         if status.lease.epoch == status.epoch:
@@ -389,14 +150,14 @@ def _running(t: _Transition, pod: PodView | None, create_failure: CreateFailure 
         return
     if (_user_abort(t, pod) or _limits_exceeded(t, pod)) and t.new.aborting is None:
         return  # finished Aborted; an attempt given time to end by itself still holds its lease
-    validity = lease_validity(t.run)
+    validity = clocks.lease_validity(t.run)
     renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
     reference = renewed or pod.running_since
     if reference is not None and t.now - reference > validity:
         what = "renewed" if renewed else "acquired"
         t.guard["/status/lease"] = status.lease.model_dump(mode="json", exclude_none=True)
         t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(validity)} "
-                f"(lease duration plus a {api.format_duration(CLOCK_SKEW_MARGIN)} clock-skew margin)",
+                f"(lease duration plus a {api.format_duration(clocks.CLOCK_SKEW_MARGIN)} clock-skew margin)",
                 warning=True)
         _ended(t, Ending(R.LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing it (hung, paused "
                          "or partitioned)"), pod, delete=True)
@@ -409,7 +170,7 @@ def _running(t: _Transition, pod: PodView | None, create_failure: CreateFailure 
             t.event(pod.waiting_reason, message, warning=True)
 
 
-def _create_failed(t: _Transition, failure: CreateFailure) -> None:
+def _create_failed(t: transition.Transition, failure: CreateFailure) -> None:
     """The attempt's pod could not be created: never a Running run without a pod."""
     message = f"FailedCreate: pod {t.run.status.pod} could not be created: {failure.message}"
     t.event("FailedCreate", message, warning=True)
@@ -421,7 +182,7 @@ def _create_failed(t: _Transition, failure: CreateFailure) -> None:
         _ended(t, Ending(R.CRASH, message), None)
 
 
-def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = False) -> None:
+def _ended(t: transition.Transition, ending: Ending, pod: PodView | None, delete: bool = False) -> None:
     """The current attempt is over: fence it, record why, and decide what comes next."""
     status, policy = t.run.status, t.run.spec.policy
     t.fence()
@@ -492,7 +253,7 @@ def _ended(t: _Transition, ending: Ending, pod: PodView | None, delete: bool = F
             t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
 
 
-def _user_abort(t: _Transition, pod: PodView | None = None) -> bool:
+def _user_abort(t: transition.Transition, pod: PodView | None = None) -> bool:
     reason = t.run.annotations.get(api.ANNOTATION_ABORT)
     if reason is None:
         return False
@@ -500,7 +261,7 @@ def _user_abort(t: _Transition, pod: PodView | None = None) -> bool:
     return True
 
 
-def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView | None) -> None:
+def _abort(t: transition.Transition, reason: api.AbortReason, message: str, pod: PodView | None) -> None:
     """Abort the run. A live attempt holding its lease first gets policy.abortGracePeriod to end Aborted by
     itself (its Sagas undo their work meanwhile); then, or at once for one that cannot, it is fenced."""
     status = t.run.status
@@ -532,7 +293,7 @@ def _abort(t: _Transition, reason: api.AbortReason, message: str, pod: PodView |
     t.finish(api.Phase.ABORTED, message, reason)
 
 
-def _undo_the_wait(t: _Transition, aborting: api.Aborting) -> bool:
+def _undo_the_wait(t: transition.Transition, aborting: api.Aborting) -> bool:
     """A run waiting inside a Saga (no pod): start an attempt that aborts at the wait and compensates."""
     status = t.run.status
     undo = status.waitingFor.compensations if status.phase == api.Phase.WAITING and status.waitingFor else None
@@ -546,7 +307,7 @@ def _undo_the_wait(t: _Transition, aborting: api.Aborting) -> bool:
     return True
 
 
-def _abort_decided(t: _Transition) -> bool:
+def _abort_decided(t: transition.Transition) -> bool:
     """An abort given to the runner whose attempt is over: it ends the run now (no pod, no more time)."""
     aborting = t.run.status.aborting
     if aborting is None:
@@ -555,26 +316,26 @@ def _abort_decided(t: _Transition) -> bool:
     return True
 
 
-def _finishing_abort(t: _Transition) -> bool:
+def _finishing_abort(t: transition.Transition) -> bool:
     """An abort the runner was given time to carry out, still within it."""
     return t.new.aborting is not None and _within_grace(t, t.new.aborting)
 
 
-def _within_grace(t: _Transition, aborting: api.Aborting) -> bool:
+def _within_grace(t: transition.Transition, aborting: api.Aborting) -> bool:
     return t.now < (api.parse_time(aborting.deadline) or t.now)
 
 
-def _holds_its_lease(t: _Transition, pod: PodView | None) -> bool:
+def _holds_its_lease(t: transition.Transition, pod: PodView | None) -> bool:
     """Whether the attempt's runner is up and can carry an abort out (one not started yet has done nothing)."""
     status = t.run.status
     return (pod is not None and not pod.deleting and status.lease.epoch == status.epoch
             and status.lease.renewTime is not None)
 
 
-def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
+def _limits_exceeded(t: transition.Transition, pod: PodView | None = None) -> bool:
     """maxDuration and progressTimeout hold even when the runner is hung."""
     status, policy = t.run.status, t.run.spec.policy
-    if active_time(status, t.now) > api.parse_duration(policy.maxDuration):
+    if clocks.active_time(status, t.now) > api.parse_duration(policy.maxDuration):
         _abort(t, api.AbortReason.MAX_DURATION_EXCEEDED,
                f"the run has had a pod for longer than policy.maxDuration={policy.maxDuration} (waits, "
                "sleeps, suspension and backoff do not count); raise it to resume", pod)
@@ -599,7 +360,7 @@ def _limits_exceeded(t: _Transition, pod: PodView | None = None) -> bool:
     return False
 
 
-def _waiting(t: _Transition) -> None:
+def _waiting(t: transition.Transition) -> None:
     waiting = t.run.status.waitingFor or api.WaitingFor()
     if waiting.event and waiting.event in t.run.spec.events:
         t.new.phase = api.Phase.PENDING
@@ -615,7 +376,7 @@ def _waiting(t: _Transition) -> None:
             return
 
 
-def _finished(t: _Transition) -> None:
+def _finished(t: transition.Transition) -> None:
     status, spec = t.run.status, t.run.spec
     if retry_requested(t.run):
         _retry(t)
@@ -634,7 +395,7 @@ def _finished(t: _Transition) -> None:
             t.plan.delete_run = True
 
 
-def _retry(t: _Transition) -> None:
+def _retry(t: transition.Transition) -> None:
     """Start the run again from its journal: completed steps replay, failed ones run again."""
     status, value = t.run.status, t.run.annotations[api.ANNOTATION_RETRY]
     t.new.retry = value
@@ -658,7 +419,7 @@ def _retry(t: _Transition) -> None:
     t.event("Retrying", t.new.message)
 
 
-def _abort_lifted(t: _Transition) -> bool:
+def _abort_lifted(t: transition.Transition) -> bool:
     """Whether the policy now allows what made the run abort (the user raised a limit)."""
     status, policy = t.run.status, t.run.spec.policy
     reason = status.abortReason
@@ -672,13 +433,13 @@ def _abort_lifted(t: _Transition) -> bool:
                 and (policy.maxTokens is None or status.cost.tokens < policy.maxTokens)
                 and (policy.maxSteps is None or status.progress.completedSteps < policy.maxSteps))
     if reason == api.AbortReason.MAX_DURATION_EXCEEDED:
-        return active_time(status, t.now) < api.parse_duration(policy.maxDuration)
+        return clocks.active_time(status, t.now) < api.parse_duration(policy.maxDuration)
     if reason == api.AbortReason.RETRY_LIMIT_EXCEEDED:
         return status.restarts <= policy.maxRestarts and status.disruptions <= policy.maxDisruptions
     return reason == api.AbortReason.PROGRESS_TIMEOUT
 
 
-def _deleting(t: _Transition, pods: list[PodView], purge: PodView | None) -> Plan:
+def _deleting(t: transition.Transition, pods: list[PodView], purge: PodView | None) -> transition.Plan:
     """The DurableRun is being deleted: stop its pods, apply the retention policy, then let it go."""
     if t.run.raw_status is not None and t.run.status.phase and not t.run.status.phase.finished \
             and t.run.status.lease.epoch == t.run.status.epoch:
@@ -772,7 +533,7 @@ def child_outcome(child: RunView) -> dict[str, Any]:
     return out
 
 
-def _family(t: _Transition) -> None:
+def _family(t: transition.Transition) -> None:
     """Create requested children, report their outcomes, pass suspension and endings on, deliver signals."""
     run, status, new = t.run, t.run.status, t.new
     phase = new.phase or status.phase
@@ -801,7 +562,7 @@ def _family(t: _Transition) -> None:
     _signals(t)
 
 
-def _missing_child(t: _Transition, child: str, request: api.ChildRequest, ended: bool) -> None:
+def _missing_child(t: transition.Transition, child: str, request: api.ChildRequest, ended: bool) -> None:
     run = t.run
     event = api.child_event(child)
     if ended or event in run.spec.events:
@@ -831,7 +592,7 @@ def _missing_child(t: _Transition, child: str, request: api.ChildRequest, ended:
         t.event("ChildStarted", f"child run {name} ({request.workflow})")
 
 
-def _propagate(t: _Transition, child: RunView, active: bool, ended: bool) -> None:
+def _propagate(t: transition.Transition, child: RunView, active: bool, ended: bool) -> None:
     """A suspended parent suspends its running children; an ended one aborts them; both are lifted with it.
 
     Each patch carries the child's resourceVersion: had the child changed since it was read (it just
@@ -859,7 +620,7 @@ def _propagate(t: _Transition, child: RunView, active: bool, ended: bool) -> Non
         t.event("ChildResumed", f"child run {name} resumes with this run")
 
 
-def _signals(t: _Transition) -> None:
+def _signals(t: transition.Transition) -> None:
     status = t.run.status
     for key, request in status.signalRequests.items():
         if key in status.signals:
