@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from durablerun import __version__
+from durablerun import __version__, api
 
 
 def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any:
@@ -35,8 +35,9 @@ class Settings:
     #: attempt starts anyway (DURABLERUN_STUCK_TERMINATING_SECONDS). Its node is
     #: presumed lost; the epoch already fences it.
     stuck_terminating_seconds: float = 60.0
-    #: This cluster's name (DURABLERUN_CLUSTER_NAME), handed to runners: a run with spec.checkpoint.runId
-    #: records it in the store's owner record, so that a run in another cluster names whom it waits for.
+    #: This cluster's name (DURABLERUN_CLUSTER, or its earlier name DURABLERUN_CLUSTER_NAME when that is unset),
+    #: handed to runners: a run with spec.checkpoint.runId records it in the store's owner record, so that a run
+    #: in another cluster names whom it waits for.
     cluster_name: str = ""
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
@@ -51,6 +52,7 @@ class Settings:
             stuck_terminating_seconds=_env_number(
                 "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds, float
             ),
-            cluster_name=os.environ.get("DURABLERUN_CLUSTER_NAME", ""),
+            cluster_name=os.environ.get(api.OperatorEnv.CLUSTER) or os.environ.get(api.OperatorEnv.CLUSTER_OLD_NAME)
+            or "",
             namespaces=namespaces,
         )
