@@ -45,12 +45,12 @@ class Settings:
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> Settings:
         return cls(
-            runner_image=os.environ.get("DURABLERUN_RUNNER_IMAGE") or cls.runner_image,
-            metrics_port=_env_number("DURABLERUN_METRICS_PORT", cls.metrics_port, int),
-            health_port=_env_number("DURABLERUN_HEALTH_PORT", cls.health_port, int),
-            resync_seconds=_env_number("DURABLERUN_RESYNC_SECONDS", cls.resync_seconds, float),
+            runner_image=os.environ.get(api.OperatorEnv.RUNNER_IMAGE) or cls.runner_image,
+            metrics_port=_env_number(api.OperatorEnv.METRICS_PORT, cls.metrics_port, int),
+            health_port=_env_number(api.OperatorEnv.HEALTH_PORT, cls.health_port, int),
+            resync_seconds=_env_number(api.OperatorEnv.RESYNC_SECONDS, cls.resync_seconds, float),
             stuck_terminating_seconds=_env_number(
-                "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds, float
+                api.OperatorEnv.STUCK_TERMINATING_SECONDS, cls.stuck_terminating_seconds, float
             ),
             cluster_name=os.environ.get(api.OperatorEnv.CLUSTER) or os.environ.get(api.OperatorEnv.CLUSTER_OLD_NAME)
             or "",

@@ -68,6 +68,10 @@ LABEL_PARENT = f"{GROUP}/parent"
 # operator lifts what it set (and only that) when the parent resumes or is retried.
 ANNOTATION_SUSPENDED_BY_PARENT = f"{GROUP}/suspended-by-parent"
 ANNOTATION_ABORTED_BY_PARENT = f"{GROUP}/aborted-by-parent"
+# The operator's own marks on pods it made: one it deleted itself (any other deletion is a disruption), and
+# the pod that deletes a run's journal (retention Delete).
+ANNOTATION_DELETED_BY_OPERATOR = f"{GROUP}/deleted-by-operator"
+LABEL_PURGE = f"{GROUP}/purge"
 
 
 class Phase(enum.StrEnum):

@@ -30,7 +30,7 @@ API server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 
 from durablerun import api
 from durablerun_operator import builders
@@ -41,12 +41,7 @@ from durablerun_operator.decide.family import related_names
 from durablerun_operator.decide.transition import Plan
 
 __all__ = ["CLOCK_SKEW_MARGIN", "NEVER", "CreateFailure", "Ending", "Plan", "PodView", "RunView", "decide",
-           "now_utc", "quiet_until", "related_names"]
-
-
-def now_utc() -> datetime:
-    """The reconciler's clock; decide itself is handed ``now``."""
-    return datetime.now(UTC)
+           "quiet_until", "related_names"]
 
 
 def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0,
@@ -76,8 +71,8 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
             if pod.has_finalizer:
                 t.plan.release_pods.append(pod.name)
                 if pod.ending is not None and pod.ending.outcome == api.Outcome.FENCED:
-                    t.event("Fenced", f"pod {pod.name} (epoch {pod.epoch}) stopped without writing: a newer "
-                            f"attempt owns the run ({pod.ending.message})", warning=True)
+                    t.event(api.Outcome.FENCED.value, f"pod {pod.name} (epoch {pod.epoch}) stopped without writing: "
+                            f"a newer attempt owns the run ({pod.ending.message})", warning=True)
             if not pod.deleting and not (status.phase and status.phase.finished and pod.name == status.pod):
                 t.plan.delete_pods.append(pod.name)
         elif not pod.deleting:
@@ -98,7 +93,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         if phase != api.Phase.SUSPENDED:
             t.new.phase = api.Phase.SUSPENDED
             t.new.message = "suspended: spec.suspend is true"
-            t.event("Suspended", "spec.suspend is true: no pod runs until it is false")
+            t.event(api.Phase.SUSPENDED.value, "spec.suspend is true: no pod runs until it is false")
     elif phase == api.Phase.PENDING:
         lifecycle.start(t, older, stuck_seconds)
     elif phase == api.Phase.BACKOFF:

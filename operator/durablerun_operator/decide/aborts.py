@@ -29,7 +29,7 @@ def _abort(t: transition.Transition, reason: api.AbortReason, message: str, pod:
     itself (its Sagas undo their work meanwhile); then, or at once for one that cannot, it is fenced."""
     status = t.run.status
     aborting = status.aborting
-    grace = api.parse_duration(t.run.spec.policy.abortGracePeriod)
+    grace = t.run.spec.policy.abort_grace_period
     if aborting is None and grace > timedelta(0) and reason != api.AbortReason.PROGRESS_TIMEOUT:
         deadline = api.format_time(t.now + grace)
         if _holds_its_lease(t, pod):
@@ -98,7 +98,7 @@ def _holds_its_lease(t: transition.Transition, pod: facts.PodView | None) -> boo
 def limits_exceeded(t: transition.Transition, pod: facts.PodView | None = None) -> bool:
     """maxDuration and progressTimeout hold even when the runner is hung."""
     status, policy = t.run.status, t.run.spec.policy
-    if clocks.active_time(status, t.now) > api.parse_duration(policy.maxDuration):
+    if clocks.active_time(status, t.now) > policy.max_duration:
         _abort(t, api.AbortReason.MAX_DURATION_EXCEEDED,
                f"the run has had a pod for longer than policy.maxDuration={policy.maxDuration} (waits, "
                "sleeps, suspension and backoff do not count); raise it to resume", pod)
@@ -114,7 +114,7 @@ def limits_exceeded(t: transition.Transition, pod: facts.PodView | None = None) 
         progress = api.parse_time(status.progress.lastProgressTime)
         acquired = api.parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
         reference = max((m for m in (progress, acquired) if m is not None), default=None)
-        timeout = api.parse_duration(policy.progressTimeout)
+        timeout = policy.progress_timeout
         if reference is not None and t.now - reference > timeout:
             t.guard["/status/progress"] = status.progress.model_dump(mode="json", exclude_none=True)
             _abort(t, api.AbortReason.PROGRESS_TIMEOUT,
@@ -138,7 +138,7 @@ def abort_lifted(t: transition.Transition) -> bool:
                 and (policy.maxTokens is None or status.cost.tokens < policy.maxTokens)
                 and (policy.maxSteps is None or status.progress.completedSteps < policy.maxSteps))
     if reason == api.AbortReason.MAX_DURATION_EXCEEDED:
-        return clocks.active_time(status, t.now) < api.parse_duration(policy.maxDuration)
+        return clocks.active_time(status, t.now) < policy.max_duration
     if reason == api.AbortReason.RETRY_LIMIT_EXCEEDED:
         return status.restarts <= policy.maxRestarts and status.disruptions <= policy.maxDisruptions
     return reason == api.AbortReason.PROGRESS_TIMEOUT

@@ -45,7 +45,7 @@ def lease_validity(run: facts.RunView) -> timedelta:
     """
     lease = run.status.lease
     published = lease.durationSeconds if lease.epoch == run.status.epoch else None
-    duration = timedelta(seconds=published) if published else api.parse_duration(run.spec.policy.leaseDuration)
+    duration = timedelta(seconds=published) if published else run.spec.policy.lease_duration
     return duration + CLOCK_SKEW_MARGIN
 
 
@@ -68,7 +68,7 @@ def quiet_until(run: facts.RunView) -> datetime | None:
         return None
     if facts.pending_requests(run):
         return None
-    max_duration = api.parse_duration(policy.maxDuration)
+    max_duration = policy.max_duration
     if phase.finished:
         if (status.observedGeneration or 0) < run.generation or facts.retry_requested(run):
             return None  # the user changed the spec (an aborted run may resume) or asked for a retry
@@ -86,7 +86,7 @@ def quiet_until(run: facts.RunView) -> datetime | None:
         used_up = began + max_duration - timedelta(seconds=status.activeSeconds) if began else NEVER
         if status.aborting:  # maxDuration may be what it is aborting for: the grace's deadline comes instead
             used_up = api.parse_time(status.aborting.deadline) or NEVER
-        return min(renewed + lease_validity(run), progress + api.parse_duration(policy.progressTimeout), used_up)
+        return min(renewed + lease_validity(run), progress + policy.progress_timeout, used_up)
     if timedelta(seconds=status.activeSeconds) > max_duration:
         return None  # out of active time (a retried run, a lowered maxDuration): abort it now
     if spec.suspend != (phase == api.Phase.SUSPENDED):

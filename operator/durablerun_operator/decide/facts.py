@@ -75,8 +75,9 @@ class PodView:
         limit = builders.memory_limit(pod)
         view = cls(
             name=meta["name"], uid=meta["uid"], epoch=int(labels.get(api.LABEL_EPOCH, "0")),
-            phase=status.get("phase") or "Pending", deleting=deleting, deletion_time=deletion_time,
-            deleted_by_operator=builders.ANNOTATION_DELETED_BY_OPERATOR in annotations,
+            phase=status.get("phase") or "Pending",  # literal-ok: the pod's phase, Kubernetes' word
+            deleting=deleting, deletion_time=deletion_time,
+            deleted_by_operator=api.ANNOTATION_DELETED_BY_OPERATOR in annotations,
             has_finalizer=api.POD_FINALIZER in (meta.get("finalizers") or []),
             running_since=api.parse_time((state.get("running") or {}).get("startedAt")),
             waiting_reason=(state.get("waiting") or {}).get("reason"),
@@ -112,7 +113,7 @@ def _with_ending(
     terminated = state.get("terminated")
     if terminated:
         ending = _terminated_ending(terminated, view, disruption)
-    elif view.phase in ("Failed", "Succeeded"):
+    elif view.phase in ("Failed", "Succeeded"):  # literal-ok: the pod's phases, Kubernetes' words
         # The pod ended without a container status: evicted by its kubelet, say.
         ending = Ending(disruption or R.CRASH, f"pod {view.name} ended: {pod.get('status', {}).get('message', '')}")
     elif view.deleting and view.deletion_time is not None and (

@@ -132,12 +132,12 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
         event = str(waiting.get("event") or "")
         t.new.message = (f"waiting for child run {t.run.name}-{event[len(api.CHILD_EVENT_PREFIX):]} to finish (no pod)"
                          if event.startswith(api.CHILD_EVENT_PREFIX) else ending.message)
-        t.event("Waiting", t.new.message)
+        t.event(api.Phase.WAITING.value, t.new.message)
     elif outcome == api.Outcome.SUSPENDED:
         if t.run.spec.suspend:
             t.new.phase = api.Phase.SUSPENDED
             t.new.message = "suspended at a step boundary: spec.suspend is true"
-            t.event("Suspended", t.new.message)
+            t.event(api.Phase.SUSPENDED.value, t.new.message)
         else:
             t.new.phase = api.Phase.PENDING
             t.new.message = f"the runner stopped cleanly ({ending.message}); resuming"

@@ -81,10 +81,11 @@ def conditions(status: api.DurableRunStatus, now: datetime, generation: int) -> 
     """Job-style conditions derived from the phase: Progressing, Suspended, Complete, Failed."""
     phase = status.phase
     wanted = {
-        "Progressing": phase in (api.Phase.PENDING, api.Phase.RUNNING, api.Phase.BACKOFF, api.Phase.WAITING),
-        "Suspended": phase == api.Phase.SUSPENDED,
-        "Complete": phase == api.Phase.SUCCEEDED,
-        "Failed": phase in (api.Phase.FAILED, api.Phase.ABORTED),
+        api.ConditionType.PROGRESSING: phase in (api.Phase.PENDING, api.Phase.RUNNING, api.Phase.BACKOFF,
+                                                 api.Phase.WAITING),
+        api.ConditionType.SUSPENDED: phase == api.Phase.SUSPENDED,
+        api.ConditionType.COMPLETE: phase == api.Phase.SUCCEEDED,
+        api.ConditionType.FAILED: phase in (api.Phase.FAILED, api.Phase.ABORTED),
     }
     old = {c.type: c for c in status.conditions}
     reason = (status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
@@ -97,7 +98,7 @@ def conditions(status: api.DurableRunStatus, now: datetime, generation: int) -> 
         previous = old.get(kind)
         changed = previous is None or previous.status != value
         out.append(api.Condition(
-            type=kind, status=value, reason=reason, message=(status.message or "")[:1024],
+            type=kind.value, status=value, reason=reason, message=(status.message or "")[:1024],
             lastTransitionTime=(stamp if changed or not previous else previous.lastTransitionTime) or stamp,
             observedGeneration=generation,
         ))
@@ -139,17 +140,12 @@ class Transition:
         self.new.waitingFor = None
         self.new.nextAttemptTime = None
         self.new.aborting = None
+        self.plan.completion = phase.value  # Succeeded, Failed or Aborted: the Event's reason too
         if phase == api.Phase.ABORTED:
             assert abort is not None
             self.plan.abort_reason = abort.value
-            self.plan.completion = phase.value
-            self.event("Aborted", f"{abort.value}: {message}", warning=True)
-        elif phase == api.Phase.FAILED:
-            self.plan.completion = phase.value
-            self.event("Failed", message, warning=True)
-        else:
-            self.plan.completion = phase.value
-            self.event("Succeeded", message)
+            message = f"{abort.value}: {message}"
+        self.event(phase.value, message, warning=phase != api.Phase.SUCCEEDED)
 
     def done(self) -> Plan:
         old = self.run.status
