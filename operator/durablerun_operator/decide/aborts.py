@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from durablerun import api
 from durablerun_operator.decide import clocks, facts, transition
 
+
 def user_abort(t: transition.Transition, pod: facts.PodView | None = None) -> bool:
     reason = t.run.annotations.get(api.ANNOTATION_ABORT)
     if reason is None:

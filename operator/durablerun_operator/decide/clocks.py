@@ -17,6 +17,7 @@ from durablerun_operator.decide import facts
 # expired only this long after it ran out, so a runner clock a little behind is not taken for a hang.
 CLOCK_SKEW_MARGIN = timedelta(seconds=2)
 
+# quiet_until's answer for a run the clock alone will never change (finished without a TTL, suspended).
 NEVER = datetime.max.replace(tzinfo=UTC)
 
 

@@ -20,6 +20,7 @@ from durablerun import api
 from durablerun_operator import builders
 from durablerun_operator.decide import facts, transition
 
+
 def related_names(run: facts.RunView) -> set[str]:
     """The runs ``decide`` needs to see besides this one: its requested children, its pending signals' targets."""
     names = set()

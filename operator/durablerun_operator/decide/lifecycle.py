@@ -17,6 +17,7 @@ from durablerun import api
 from durablerun_operator import builders
 from durablerun_operator.decide import aborts, clocks, facts, transition
 
+
 def admit(t: transition.Transition) -> None:
     t.new = api.DurableRunStatus(
         phase=api.Phase.PENDING, epoch=1, attempt=0,

@@ -16,6 +16,7 @@ from typing import Any
 from durablerun import api
 from durablerun_operator.decide import clocks, facts
 
+
 @dataclass
 class Plan:
     """One transition: a guarded status patch, then pod actions, Events and metrics."""
