@@ -18,7 +18,6 @@ from typing import Any
 from durablerun import api
 from durablerun_operator import builders
 
-
 R = api.RestartReason
 _DISRUPTION_REASONS = {
     "EvictionByEvictionAPI": R.EVICTED,
