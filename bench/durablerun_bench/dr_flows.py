@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from durablerun import api
 from durablerun_bench.util import payload
 
 MARK_ENV = "DURABLERUN_BENCH_MARK"
@@ -43,7 +44,7 @@ def process_start_time() -> float:
 def attempt_id() -> int:
     """Which process wrote a mark: its pid, and in a runner pod its epoch too (a container's
     runner may have the same pid, 1, in every attempt)."""
-    return int(os.environ.get("DURABLERUN_EPOCH", "0")) * 10_000_000 + os.getpid()
+    return int(os.environ.get(api.Env.EPOCH, "0")) * 10_000_000 + os.getpid()
 
 
 def mark(what: str, when: float | None = None) -> None:

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 from durablerun import api
@@ -30,7 +29,7 @@ JSON_PATCH = "application/json-patch+json"
 
 
 def _now() -> str:
-    return api.format_time(datetime.now(UTC))
+    return api.format_time(api.now())
 
 
 class Renewer:
@@ -132,7 +131,7 @@ class Renewer:
             lease = status.get("lease") or {}
             with self.lock:
                 held = self.held.get(name)
-            if status.get("phase") != "Running" or not epoch or not pod or held == (epoch, pod):
+            if status.get("phase") != api.Phase.RUNNING or not epoch or not pod or held == (epoch, pod):
                 continue
             if lease.get("epoch") == epoch and lease.get("holder") == pod:
                 # Held already (by this stand-in before a restart of it): carry on renewing.

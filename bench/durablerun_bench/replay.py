@@ -61,13 +61,16 @@ def _run(p: dict[str, Any], sinks: list[Any] | None = None) -> Any:
 
 
 def build(p: dict[str, Any]) -> dict[str, Any]:
-    os.environ["DURABLERUN_BENCH_CRASH"] = "settle"
+    from durablerun_bench import dr_flows
+
+    os.environ[dr_flows.CRASH_ENV] = "settle"
     _run(p).run_attempt()
     raise RuntimeError("the marker step should have killed this process")
 
 
 def resume(p: dict[str, Any]) -> dict[str, Any]:
     """Resume the journal; every moment goes to the marks file (the process may be killed)."""
+    from durablerun import api
     from durablerun.sinks import ProgressSink
     from durablerun_bench import dr_flows
 
@@ -86,7 +89,7 @@ def resume(p: dict[str, Any]) -> dict[str, Any]:
     dr_flows.mark("run")
     result = _run(p, [Sink()]).run_attempt()
     dr_flows.mark("result")
-    if result.outcome.value != "Completed" or result.result != int(p["n"]):
+    if result.outcome != api.Outcome.COMPLETED or result.result != int(p["n"]):
         raise RuntimeError(f"resume ended {result.outcome.value}: {result.message}")
     return {"records": seen.get("records"), "objects_read": seen.get("objects_read"),
             "loaded_from": seen.get("loaded_from"), "generation": seen.get("generation")}
@@ -118,10 +121,12 @@ def measure(command: str, params: dict[str, Any], *, crash: bool, marks: Path) -
     import subprocess
 
     marks.unlink(missing_ok=True)
-    env = dict(os.environ, DURABLERUN_BENCH_MARK=str(marks))
-    env.pop("DURABLERUN_BENCH_CRASH", None)
+    from durablerun_bench import dr_flows
+
+    env = {**os.environ, dr_flows.MARK_ENV: str(marks)}
+    env.pop(dr_flows.CRASH_ENV, None)
     if crash:
-        env["DURABLERUN_BENCH_CRASH"] = "now"
+        env[dr_flows.CRASH_ENV] = "now"
     spawned = time.time()
     proc = subprocess.run([sys.executable, "-m", "durablerun_bench.replay", command, json.dumps(params)],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -202,7 +207,7 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
             list(pool.map(put, puts))
 
     dr_flows.BEFORE_CRASH.append(export)
-    os.environ["DURABLERUN_BENCH_CRASH"] = "settle"
+    os.environ[dr_flows.CRASH_ENV] = "settle"
     from durablerun.engine import EngineConfig, Run
 
     workflow, input_value = _workflow(p)

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from durablerun import api
+from durablerun_bench import dr_flows
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
@@ -66,7 +68,7 @@ class Watcher:
             try:
                 if kind == "dr":
                     fn: Any = client.CustomObjectsApi(api_client).list_namespaced_custom_object
-                    args: tuple[Any, ...] = ("durablerun.dev", "v1alpha1", self.namespace, "durableruns")
+                    args: tuple[Any, ...] = (api.GROUP, api.VERSION, self.namespace, api.PLURAL)
                 else:
                     fn, args = client.CoreV1Api(api_client).list_namespaced_pod, (self.namespace,)
                 w = watch.Watch()
@@ -109,8 +111,8 @@ def operator(bed: TestBed, namespace: str, root: Path, run_id: str) -> Iterator[
     process = procs.ManagedProcess(
         "operator", [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
         log_path=root / f"operator-{namespace}.log",
-        env={**bed.env(), "DURABLERUN_METRICS_PORT": str(metrics_port), "DURABLERUN_HEALTH_PORT": str(health_port),
-             "DURABLERUN_LOG_LEVEL": "WARNING"},
+        env={**bed.env(), api.OperatorEnv.METRICS_PORT: str(metrics_port), api.OperatorEnv.HEALTH_PORT: str(health_port),
+             api.Env.LOG_LEVEL: "WARNING"},
         testbed_id=run_id,
     )
 
@@ -145,7 +147,7 @@ def manifest(bed: TestBed, namespace: str, name: str, bucket: str, marks_dir: Pa
     assert bed.s3
     runner: dict[str, Any] = {"image": image} if image else {}
     return {
-        "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+        "apiVersion": api.API_VERSION, "kind": "DurableRun",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "workflow": "durablerun_bench.dr_flows:steps",
@@ -156,9 +158,9 @@ def manifest(bed: TestBed, namespace: str, name: str, bucket: str, marks_dir: Pa
             "template": {"spec": {"containers": [{
                 "name": "runner", **runner,
                 "env": [{"name": "PYTHONPATH", "value": "/app" if image else str(BENCH_DIR)},
-                        {"name": "DURABLERUN_BENCH_MARK", "value": "/tmp/marks/marks.txt"},
-                        {"name": "DURABLERUN_BENCH_STEP_MARKS", "value": "1"},
-                        {"name": "DURABLERUN_LOG_LEVEL", "value": "WARNING"}],
+                        {"name": dr_flows.MARK_ENV, "value": "/tmp/marks/marks.txt"},
+                        {"name": dr_flows.STEP_MARKS_ENV, "value": "1"},
+                        {"name": api.Env.LOG_LEVEL, "value": "WARNING"}],
                 "volumeMounts": [{"name": "marks", "mountPath": "/tmp/marks"}],
             }], "volumes": [{"name": "marks", "hostPath": {"path": str(marks_dir)}}]}},
         },
@@ -205,7 +207,7 @@ def one(bed: TestBed, watcher: Watcher, namespace: str, bucket: str, root: Path,
     t_lease = watcher.first("dr", t_kill, lambda o: (((o.get("status") or {}).get("lease") or {})
                                                      .get("holder")) == pod2)
     replayed = int(new[0][0][len("step"):])
-    procs.wait_for(lambda: _phase(bed, namespace, name) == "Succeeded", timeout=120, what=f"{name} to succeed")
+    procs.wait_for(lambda: _phase(bed, namespace, name) == api.Phase.SUCCEEDED, timeout=120, what=f"{name} to succeed")
     bed.kubectl("delete", "dr", name, "-n", namespace, "--wait=false")
     if None in (t_detect, t_pod, t_lease):
         raise RuntimeError(f"missed a watch event: detect={t_detect} pod={t_pod} lease={t_lease}")

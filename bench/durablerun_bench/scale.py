@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from durablerun import api
 from durablerun_bench import resume
 from durablerun_bench.util import percentile
 from durablerun_testbed import procs
@@ -78,12 +79,12 @@ def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     if kind == "dr":
         return {"name": obj["metadata"]["name"], "epoch": status.get("epoch"), "restarts": status.get("restarts"),
                 "phase": status.get("phase"), "holder": (status.get("lease") or {}).get("holder")}
-    return {"name": obj["metadata"]["name"], "run": (obj["metadata"].get("labels") or {}).get("durablerun.dev/run")}
+    return {"name": obj["metadata"]["name"], "run": (obj["metadata"].get("labels") or {}).get(api.LABEL_RUN)}
 
 
 def _run_manifest(namespace: str, name: str, lease_seconds: int) -> dict[str, Any]:
     return {
-        "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+        "apiVersion": api.API_VERSION, "kind": "DurableRun",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "workflow": "durablerun_bench.dr_flows:steps",
@@ -103,7 +104,7 @@ def _create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: 
     def create(name: str) -> None:
         if not hasattr(local, "api"):
             local.api = client.CustomObjectsApi(bed.api_client())
-        local.api.create_namespaced_custom_object("durablerun.dev", "v1alpha1", namespace, "durableruns",
+        local.api.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
                                                   _run_manifest(namespace, name, lease_seconds))
 
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -210,6 +210,7 @@ def _work_sync(i: int) -> str:
 
 
 def durablerun(p: dict[str, Any]) -> Series:
+    from durablerun import api
     from durablerun.engine import EngineConfig, Run
     from durablerun.stores import RunRef, open_store
 
@@ -236,7 +237,7 @@ def durablerun(p: dict[str, Any]) -> Series:
     started = time.perf_counter()
     result = Run(store=store, run=ref, workflow=workflow, input={}, config=config).run_attempt()
     total = time.perf_counter() - started
-    if result.outcome.value != "Completed":
+    if result.outcome != api.Outcome.COMPLETED:
         raise RuntimeError(f"durable-run ended {result.outcome.value}: {result.message}")
     extra: dict[str, Any] = {"end_to_end_s": total}
     if p["store"] == "fs":

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from durablerun import api
 from durablerun_testbed import binaries, procs, realnode
 from durablerun_testbed.testbed import NodeClient, TestBed
 
@@ -150,7 +151,7 @@ def _install_chart(bed: TestBed, directory: Path) -> str:
                     "--set", f"runner.image.repository={examples[0]}", "--set", f"runner.image.tag={examples[1]}",
                     "--set", "resyncSeconds=1", "--wait", "--timeout=180s"], env=env, check=True)
     pod = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
-                                 "app.kubernetes.io/component=operator", "-o", "json").stdout)["items"][0]
+                                 api.OPERATOR_SELECTOR, "-o", "json").stdout)["items"][0]
     return f"http://{pod['status']['podIP']}:9090/metrics"
 
 
@@ -160,8 +161,8 @@ def _start_operator(bed: TestBed, directory: Path) -> tuple[procs.ManagedProcess
     operator = procs.ManagedProcess(
         "operator", [sys.executable, "-m", "durablerun_operator"],
         log_path=directory / "bed" / "logs" / "operator.log",
-        env={**os.environ, "KUBECONFIG": str(bed.kubeconfig), "DURABLERUN_METRICS_PORT": str(metrics_port),
-             "DURABLERUN_HEALTH_PORT": str(health_port), "DURABLERUN_RESYNC_SECONDS": "1"},
+        env={**os.environ, "KUBECONFIG": str(bed.kubeconfig), api.OperatorEnv.METRICS_PORT: str(metrics_port),
+             api.OperatorEnv.HEALTH_PORT: str(health_port), api.OperatorEnv.RESYNC_SECONDS: "1"},
         testbed_id=bed.id,
     )
 
@@ -311,8 +312,8 @@ def _story(state: SandboxState) -> None:
     if state.node == "real":
         followers.append(_LogFollower(env, kubectl, str(second["pod"])))
     watch_until("it has resumed from the checkpoint and waits for the review",
-                lambda s: s.get("phase") == "Waiting")
-    _show(env, kubectl, "get", "pods", "-l", f"durablerun.dev/run={name}")
+                lambda s: s.get("phase") == api.Phase.WAITING)
+    _show(env, kubectl, "get", "pods", "-l", f"{api.LABEL_RUN}={name}")
     if followers:
         _count_executions([line for follower in followers for line in follower.lines()], "kubectl logs")
     else:
@@ -323,7 +324,7 @@ def _story(state: SandboxState) -> None:
     print("\n# a human approves the draft", flush=True)
     _show(env, kubectl, "patch", "dr", name, "--type", "merge",
           "-p", '{"spec": {"events": {"review": {"approved": true, "by": "dana"}}}}')
-    watch_until("the run has succeeded", lambda s: s.get("phase") == "Succeeded")
+    watch_until("the run has succeeded", lambda s: s.get("phase") == api.Phase.SUCCEEDED)
     _show(env, kubectl, "get", "dr", "-o", "wide")
     _show(env, kubectl, "describe", "dr", name)
     print(f"\n$ curl -s {state.metrics_url} | grep 'durablerun_run_.*name=\"{name}\"'", flush=True)

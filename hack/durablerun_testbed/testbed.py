@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.controlplane import ControlPlane
 from durablerun_testbed.realnode import NODE_NAME, PodNetwork, RealNode
@@ -158,7 +159,7 @@ class TestBed:
             raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
         return result
 
-    def wait_established(self, crd: str = "durableruns.durablerun.dev", timeout: float = 120) -> None:
+    def wait_established(self, crd: str = api.CRD_NAME, timeout: float = 120) -> None:
         """Wait until the API server serves ``crd``. Not `kubectl wait --for=condition=Established`: kubectl
         1.33 fails at once, instead of waiting, on a CRD created so recently that it has no conditions yet."""
         established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'

@@ -80,7 +80,7 @@ ABORTED = Alert(
     description=f"""
         DurableRun {RUN_LABELS} was aborted: {{{{ $labels.reason }}}}.
         It will not run again until the limit that stopped it is raised or it is retried
-        (the durablerun.dev/retry annotation).
+        (the {api.ANNOTATION_RETRY} annotation).
     """,
 )
 
@@ -92,7 +92,7 @@ ABORTED_BY_USER = Alert(
     severity="info",
     summary="A durable run was aborted by request.",
     description=f"""
-        DurableRun {RUN_LABELS} was aborted by request (the durablerun.dev/abort annotation).
+        DurableRun {RUN_LABELS} was aborted by request (the {api.ANNOTATION_ABORT} annotation).
         It will not run again unless its user retries it.
     """,
 )
@@ -112,7 +112,7 @@ FAILED = Alert(
     description=f"""
         DurableRun {RUN_LABELS} failed: its workflow raised, its input or configuration was refused, or its
         store could not be used (status.message says which). It will not run again until it is retried
-        (the durablerun.dev/retry annotation) or re-created.
+        (the {api.ANNOTATION_RETRY} annotation) or re-created.
     """,
 )
 

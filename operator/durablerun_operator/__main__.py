@@ -14,6 +14,7 @@ import socket
 
 import kopf
 
+from durablerun import api
 from durablerun_operator import handlers  # noqa: F401  (registers the kopf handlers)
 from durablerun_operator.config import Settings
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.all_namespaces and args.namespace:
         parser.error("--all-namespaces and --namespace exclude each other")
     settings = Settings.from_env(tuple(args.namespace))
-    level = os.environ.get("DURABLERUN_LOG_LEVEL", "INFO").upper()
+    level = os.environ.get(api.OperatorEnv.LOG_LEVEL, "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level != "DEBUG":
         # kopf logs every handled watch event at INFO ("Handler 'run_changed' succeeded."): with lease

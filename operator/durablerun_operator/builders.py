@@ -12,8 +12,6 @@ from durablerun import api
 from durablerun_operator.config import Settings
 
 DEFAULT_COMMAND = ["durablerun", "pod"]
-ANNOTATION_DELETED_BY_OPERATOR = f"{api.GROUP}/deleted-by-operator"
-LABEL_PURGE = f"{api.GROUP}/purge"
 
 
 def pod_name(run_name: str, epoch: int) -> str:
@@ -44,8 +42,8 @@ def owner_reference(run: dict[str, Any]) -> dict[str, Any]:
 def _labels(run_name: str) -> dict[str, str]:
     return {
         api.LABEL_RUN: run_name,
-        api.LABEL_MANAGED_BY: "durable-run",
-        "app.kubernetes.io/name": "durablerun-runner",
+        api.LABEL_MANAGED_BY: api.APP_NAME,
+        api.LABEL_NAME: api.RUNNER_APP_NAME,
     }
 
 
@@ -98,9 +96,9 @@ def purge_pod(run: dict[str, Any], settings: Settings) -> dict[str, Any]:
     pod = runner_pod(run, 0, settings)
     pod["metadata"]["name"] = purge_pod_name(run["metadata"]["name"])
     pod["metadata"]["labels"].pop(api.LABEL_EPOCH, None)
-    pod["metadata"]["labels"][LABEL_PURGE] = "true"
+    pod["metadata"]["labels"][api.LABEL_PURGE] = "true"
     runner = next(c for c in pod["spec"]["containers"] if any(e["name"] == api.Env.EPOCH for e in c["env"]))
-    runner["env"].append({"name": api.Env.MODE, "value": "purge"})
+    runner["env"].append({"name": api.Env.MODE, "value": api.Env.MODE_PURGE})
     return pod
 
 

@@ -35,8 +35,9 @@ class Settings:
     #: attempt starts anyway (DURABLERUN_STUCK_TERMINATING_SECONDS). Its node is
     #: presumed lost; the epoch already fences it.
     stuck_terminating_seconds: float = 60.0
-    #: This cluster's name (DURABLERUN_CLUSTER_NAME), handed to runners: a run with spec.checkpoint.runId
-    #: records it in the store's owner record, so that a run in another cluster names whom it waits for.
+    #: This cluster's name (DURABLERUN_CLUSTER, or its earlier name DURABLERUN_CLUSTER_NAME when that is unset),
+    #: handed to runners: a run with spec.checkpoint.runId records it in the store's owner record, so that a run
+    #: in another cluster names whom it waits for.
     cluster_name: str = ""
     #: The webhook ingress's public base URL (DURABLERUN_WEBHOOK_URL, the chart's webhooks.url); when set,
     #: runner pods get it and the namespace's signing keys, so ctx.webhook_url works (docs/web.md).
@@ -47,14 +48,15 @@ class Settings:
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> Settings:
         return cls(
-            runner_image=os.environ.get("DURABLERUN_RUNNER_IMAGE") or cls.runner_image,
-            metrics_port=_env_number("DURABLERUN_METRICS_PORT", cls.metrics_port, int),
-            health_port=_env_number("DURABLERUN_HEALTH_PORT", cls.health_port, int),
-            resync_seconds=_env_number("DURABLERUN_RESYNC_SECONDS", cls.resync_seconds, float),
+            runner_image=os.environ.get(api.OperatorEnv.RUNNER_IMAGE) or cls.runner_image,
+            metrics_port=_env_number(api.OperatorEnv.METRICS_PORT, cls.metrics_port, int),
+            health_port=_env_number(api.OperatorEnv.HEALTH_PORT, cls.health_port, int),
+            resync_seconds=_env_number(api.OperatorEnv.RESYNC_SECONDS, cls.resync_seconds, float),
             stuck_terminating_seconds=_env_number(
-                "DURABLERUN_STUCK_TERMINATING_SECONDS", cls.stuck_terminating_seconds, float
+                api.OperatorEnv.STUCK_TERMINATING_SECONDS, cls.stuck_terminating_seconds, float
             ),
-            cluster_name=os.environ.get("DURABLERUN_CLUSTER_NAME", ""),
+            cluster_name=os.environ.get(api.OperatorEnv.CLUSTER) or os.environ.get(api.OperatorEnv.CLUSTER_OLD_NAME)
+            or "",
             webhook_url=os.environ.get(api.Env.WEBHOOK_URL, ""),
             namespaces=namespaces,
         )

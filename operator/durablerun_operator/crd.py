@@ -207,7 +207,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Cost", "type": "string", "jsonPath": ".status.cost.usd", "description": "Cost so far in US dollars."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
      "description": "Restarts after crashes, OOM kills and expired leases (held against maxRestarts)."},
-    {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend",
+    {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend",  # literal-ok: a column's title
      "description": "spec.suspend: true stops the run at its next step boundary."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
      "description": "Time since the DurableRun was created."},
@@ -235,7 +235,7 @@ def admission_policy() -> list[dict[str, Any]]:
     Installed with the CRD. It checks updates of DurableRuns only (not of their status), so it costs
     nothing on the runner's and the operator's status writes.
     """
-    labels = {"app.kubernetes.io/name": "durable-run"}
+    labels = {api.LABEL_NAME: api.APP_NAME}
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -268,7 +268,7 @@ def custom_resource_definition(kubernetes_definitions: dict[str, Any]) -> dict[s
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{api.PLURAL}.{api.GROUP}",
-            "labels": {"app.kubernetes.io/name": "durable-run"},
+            "labels": {api.LABEL_NAME: api.APP_NAME},
         },
         "spec": {
             "group": api.GROUP,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -19,7 +18,6 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from durablerun import api
-from durablerun_operator import builders
 
 log = logging.getLogger("durablerun.operator.kube")
 
@@ -174,7 +172,7 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         """Mark the pod as deleted by the operator (so it is not read as a disruption), then delete it."""
-        patch = {"metadata": {"annotations": {builders.ANNOTATION_DELETED_BY_OPERATOR: _now()}}}
+        patch = {"metadata": {"annotations": {api.ANNOTATION_DELETED_BY_OPERATOR: _now()}}}
         try:
             self.core.patch_namespaced_pod(name, namespace, patch)
             self.core.delete_namespaced_pod(name, namespace)
@@ -244,8 +242,8 @@ class Kube:
                                "namespace": meta["namespace"], "uid": meta["uid"],
                                "resourceVersion": meta.get("resourceVersion")},
             "type": kind, "reason": reason, "message": message[:1024],
-            "source": {"component": "durablerun-operator"},
-            "reportingComponent": "durablerun.dev/operator", "reportingInstance": "durablerun-operator",
+            "source": {"component": api.REPORTING_INSTANCE},
+            "reportingComponent": api.REPORTING_COMPONENT, "reportingInstance": api.REPORTING_INSTANCE,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1, "action": reason,
         }
         try:
@@ -263,4 +261,4 @@ def _message(error: ApiException) -> str:
 
 
 def _now() -> str:
-    return api.format_time(datetime.now(UTC))
+    return api.format_time(api.now())

@@ -3,7 +3,9 @@
 The reconcile code calls a small API (``RunMetrics``); it never touches
 prometheus-client itself, so names, labels and lifetimes are decided here, in
 one place, and documented in docs/metrics.md. Alerts and the dashboard
-(hack/monitoring/) query exactly these names.
+(hack/monitoring/) query exactly these names. That is why it is one module of
+over 400 lines: a series' name, labels, lifetime and the snapshot it is
+computed from are read together, and split they would drift apart.
 
 Design choices, and why:
 
@@ -95,15 +97,6 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def _seconds(duration: str | None) -> float | None:
-    if not duration:
-        return None
-    try:
-        return api.parse_duration(duration).total_seconds()
-    except ValueError:
-        return None
-
-
 @dataclass
 class _Snapshot:
     """What one ``observe_run`` saw, reduced to numbers and timestamps."""
@@ -165,8 +158,8 @@ def _snapshot(status: api.DurableRunStatus, policy: api.Policy, now: datetime, m
         cost_ceiling_usd=_number(policy.costCeilingUSD),
         token_limit=policy.maxTokens,
         step_limit=policy.maxSteps,
-        progress_timeout_seconds=_seconds(policy.progressTimeout),
-        lease_duration_seconds=float(lease_duration) if lease_duration else _seconds(policy.leaseDuration),
+        progress_timeout_seconds=policy.progress_timeout.total_seconds(),
+        lease_duration_seconds=float(lease_duration) if lease_duration else policy.lease_duration.total_seconds(),
         # A run that never completed a step has made no progress since it started.
         last_progress=_timestamp(status.progress.lastProgressTime) or _timestamp(status.startTime),
         last_checkpoint=_timestamp(status.checkpoint.time),

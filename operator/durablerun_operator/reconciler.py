@@ -128,7 +128,7 @@ class Reconciler:
         except Exception:  # the API server validated it; a reconcile reports whatever is wrong
             self.queue.add(key)
             return
-        now = decide.now_utc()
+        now = api.now()
         self._observe(run, now)
         self._tell_parent(run)
         if key in self._settled and self._wake_at(key, decide.quiet_until(run), now):
@@ -198,7 +198,7 @@ class Reconciler:
                     return
                 if pods is None:
                     pods = await self._io(self.kube.list_pods, namespace, name)
-                now = decide.now_utc()
+                now = api.now()
                 views = [decide.PodView.from_pod(p, now, self.settings.stuck_terminating_seconds) for p in pods]
                 run = decide.RunView.from_body(body)
                 self._observe(run, now)

@@ -3,15 +3,19 @@
 One source for: the custom resource's spec and status (the CRD's OpenAPI
 schema is generated from these models: see ``durablerun_operator.crd``), the
 outcomes a runner attempt ends with and their exit codes, the restart reasons,
-the labels, annotations and environment the operator hands to a runner pod,
-and the encodings both sides must agree on (durations, times, the input hash).
-docs/design.md describes the contract as a whole. The operator imports this
-module; this module imports nothing of the operator.
+the labels, annotations and environment the operator hands to a runner pod, the
+operator's own environment, the clock (``now()``), and the encodings both sides
+must agree on (durations, times, the input hash). docs/design.md describes the
+contract as a whole. The operator imports this module; this module imports
+nothing of the operator. Every one of these names is written only here: the
+runner, the operator, hack/, bench/ and tests/ import it
+(tests/test_contract_literals.py fails on a copy).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import re
@@ -27,11 +31,26 @@ KIND = "DurableRun"
 PLURAL = "durableruns"
 SINGULAR = "durablerun"
 SHORT_NAME = "dr"
+#: The CustomResourceDefinition's name.
+CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # Labels and annotations the operator puts on runner pods.
 LABEL_RUN = f"{GROUP}/run"
 LABEL_EPOCH = f"{GROUP}/epoch"
+# Kubernetes' recommended labels (app.kubernetes.io/*) and the values durable-run gives them.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+#: LABEL_MANAGED_BY of what the operator creates; LABEL_NAME of the CRD and the chart's objects.
+APP_NAME = "durable-run"
+#: LABEL_NAME of runner pods.
+RUNNER_APP_NAME = "durablerun-runner"
+#: LABEL_COMPONENT of the operator's pod (the chart sets it): select it with OPERATOR_SELECTOR.
+OPERATOR_COMPONENT = "operator"
+OPERATOR_SELECTOR = f"{LABEL_COMPONENT}={OPERATOR_COMPONENT}"
+#: reportingComponent and reportingInstance of the Events the operator writes.
+REPORTING_COMPONENT = f"{GROUP}/operator"
+REPORTING_INSTANCE = "durablerun-operator"
 POD_FINALIZER = f"{GROUP}/termination"
 RUN_FINALIZER = f"{GROUP}/cleanup"
 # The container of a runner pod that runs `durablerun pod`.
@@ -49,6 +68,10 @@ LABEL_PARENT = f"{GROUP}/parent"
 # operator lifts what it set (and only that) when the parent resumes or is retried.
 ANNOTATION_SUSPENDED_BY_PARENT = f"{GROUP}/suspended-by-parent"
 ANNOTATION_ABORTED_BY_PARENT = f"{GROUP}/aborted-by-parent"
+# The operator's own marks on pods it made: one it deleted itself (any other deletion is a disruption), and
+# the pod that deletes a run's journal (retention Delete).
+ANNOTATION_DELETED_BY_OPERATOR = f"{GROUP}/deleted-by-operator"
+LABEL_PURGE = f"{GROUP}/purge"
 
 
 class Phase(enum.StrEnum):
@@ -66,6 +89,15 @@ class Phase(enum.StrEnum):
     @property
     def finished(self) -> bool:
         return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.ABORTED)
+
+
+class ConditionType(enum.StrEnum):
+    """status.conditions' types, as a Job's (kubectl wait --for=condition=Complete)."""
+
+    PROGRESSING = "Progressing"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
 
 
 class AbortReason(enum.StrEnum):
@@ -123,7 +155,11 @@ class RestartReason(enum.StrEnum):
 
 
 class Env:
-    """Environment variables the operator sets on the runner container."""
+    """Environment variables of the runner container.
+
+    The operator sets the first group; users may set the second in spec.template (or, for the CLI and
+    local runs, in their shell).
+    """
 
     NAMESPACE = "DURABLERUN_NAMESPACE"
     NAME = "DURABLERUN_NAME"
@@ -133,10 +169,11 @@ class Env:
     # Where the runner writes its outcome for the kubelet to report; equals
     # the container's terminationMessagePath.
     TERMINATION_MESSAGE_PATH = "DURABLERUN_TERMINATION_MESSAGE_PATH"
-    # "purge": delete the run's journal (retention Delete) instead of running it.
+    # MODE_PURGE: delete the run's journal (retention Delete) instead of running it.
     MODE = "DURABLERUN_MODE"
-    # The cluster's name (the operator's DURABLERUN_CLUSTER_NAME), recorded in the store's owner record of
-    # a run with spec.checkpoint.runId so that another cluster's run can say whom it waits for.
+    MODE_PURGE = "purge"
+    # The cluster's name (the operator's own OperatorEnv.CLUSTER, the same variable), recorded in the store's
+    # owner record of a run with spec.checkpoint.runId so that another cluster's run can say whom it waits for.
     CLUSTER = "DURABLERUN_CLUSTER"
     # The webhook ingress's public base URL (the chart's webhooks.url), set when the ingress is on:
     # ctx.webhook_url builds capability URLs under it, signed with the key mounted at WEBHOOK_KEYS_PATH.
@@ -150,8 +187,38 @@ WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
 WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
 WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
 
+    # Logging level of the runner (and of the operator: OperatorEnv.LOG_LEVEL), e.g. DEBUG.
+    LOG_LEVEL = "DURABLERUN_LOG_LEVEL"
+    # Durable sleeps up to this many seconds are slept in the pod instead of ending the attempt.
+    INLINE_SLEEP_MAX_SECONDS = "DURABLERUN_INLINE_SLEEP_MAX_SECONDS"
+    # Prices of LLM models, a JSON object or the path of a JSON file (docs/agents.md).
+    LLM_PRICES = "DURABLERUN_LLM_PRICES"
+    # The CLI's default --store.
+    STORE = "DURABLERUN_STORE"
+
+
+class OperatorEnv:
+    """Environment variables the operator reads (the chart sets them from its values)."""
+
+    RUNNER_IMAGE = "DURABLERUN_RUNNER_IMAGE"
+    METRICS_PORT = "DURABLERUN_METRICS_PORT"
+    HEALTH_PORT = "DURABLERUN_HEALTH_PORT"
+    RESYNC_SECONDS = "DURABLERUN_RESYNC_SECONDS"
+    STUCK_TERMINATING_SECONDS = "DURABLERUN_STUCK_TERMINATING_SECONDS"
+    LOG_LEVEL = Env.LOG_LEVEL
+    # This cluster's name: one variable, the one the operator hands on to its runners (Env.CLUSTER).
+    CLUSTER = Env.CLUSTER
+    # CLUSTER's earlier name (the chart set it until CLUSTER replaced it): still read when CLUSTER is unset,
+    # for operators whose environment users wrote by hand. Only the operator reads it.
+    CLUSTER_OLD_NAME = "DURABLERUN_CLUSTER_NAME"
+
 
 # --- times and input hashes ---------------------------------------------------
+
+
+def now() -> datetime:
+    """The current time, timezone-aware, in UTC: the one clock every part of durable-run reads."""
+    return datetime.now(UTC)
 
 
 def format_time(moment: datetime | float, *, precise: bool = False) -> str:
@@ -195,8 +262,12 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+$"
 
 
+@functools.lru_cache(maxsize=256)
 def parse_duration(text: str) -> timedelta:
-    """Parse a Go-style duration such as ``90s``, ``10m`` or ``1h30m``."""
+    """Parse a Go-style duration such as ``90s``, ``10m`` or ``1h30m``.
+
+    Cached: a spec's few durations are parsed once however often they are read (Policy's properties).
+    """
     if not _DURATION_RE.match(text):
         raise ValueError(
             f"invalid duration {text!r}: use a number with a unit, e.g. 90s, 10m, 8h or 1h30m"
@@ -240,11 +311,18 @@ class Backoff(_Model):
     initial: str = _duration_field("10s", "Delay before the first restart after a crash.")
     max: str = _duration_field("5m", "Upper bound of the doubling restart delay.")
 
+    @property
+    def initial_delay(self) -> timedelta:
+        return parse_duration(self.initial)
+
+    @property
+    def max_delay(self) -> timedelta:
+        return parse_duration(self.max)
+
     def delay(self, restarts: int) -> timedelta:
         """The delay before restart number ``restarts`` (1 = first restart)."""
-        initial, ceiling = parse_duration(self.initial), parse_duration(self.max)
-        doubled = initial * float(2 ** max(restarts - 1, 0))
-        return min(doubled, ceiling)
+        doubled = self.initial_delay * float(2 ** max(restarts - 1, 0))
+        return min(doubled, self.max_delay)
 
 
 class Policy(_Model):
@@ -306,6 +384,23 @@ class Policy(_Model):
         "its Sagas undo their work, and it ends Aborted. After this the operator fences the attempt and "
         "deletes its pod. 0s: at once, without undoing anything.",
     )
+
+    # The durations as timedeltas: read these, never parse the strings again.
+    @property
+    def max_duration(self) -> timedelta:
+        return parse_duration(self.maxDuration)
+
+    @property
+    def progress_timeout(self) -> timedelta:
+        return parse_duration(self.progressTimeout)
+
+    @property
+    def lease_duration(self) -> timedelta:
+        return parse_duration(self.leaseDuration)
+
+    @property
+    def abort_grace_period(self) -> timedelta:
+        return parse_duration(self.abortGracePeriod)
 
 
 #: A run id: names a journal in a store (``durablerun run --run-id`` and ``spec.checkpoint.runId``).

@@ -29,7 +29,6 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from durablerun import api, errors
@@ -38,7 +37,7 @@ from durablerun._private.cli import _Parser, _UsageError, inspect_run
 from durablerun._version import __version__
 from durablerun.stores import store_from_checkpoint
 
-RESOURCE = f"{api.PLURAL}.{api.GROUP}"
+RESOURCE = api.CRD_NAME  # as kubectl names the resource
 KIND_REF = f"{api.SINGULAR}.{api.GROUP}"  # as kubectl names objects: durablerun.durablerun.dev/NAME
 # `wait` with no --for waits for a finished run; its exit code is the run's outcome's.
 FINISHED = {api.Phase.SUCCEEDED: 0, api.Phase.FAILED: 1, api.Phase.ABORTED: api.Outcome.ABORTED.exit_code}
@@ -135,7 +134,7 @@ def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
 def cmd_retry(kube: Kubectl, args: argparse.Namespace) -> int:
     # A new value each time: the operator acts once per value. A user abort stands until it is lifted (the
     # operator refuses a retry while it is set), so asking for a retry lifts it in the same change.
-    value = api.format_time(datetime.now(UTC), precise=True)
+    value = api.format_time(api.now(), precise=True)
     kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
     print(f"{KIND_REF}/{args.run} retry requested ({api.ANNOTATION_RETRY}={value})")
     return 0

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ STATUS_FLUSH_SECONDS = 1.0  # progress reaches the status at most this often (an
 
 
 def _now() -> str:
-    return api.format_time(datetime.now(UTC))
+    return api.format_time(api.now())
 
 
 class Fenced(Exception):
@@ -333,13 +333,13 @@ def _store(spec: api.DurableRunSpec) -> Store:
 def _engine_config(spec: api.DurableRunSpec) -> EngineConfig:
     """Engine tuning from the spec, plus DURABLERUN_INLINE_SLEEP_MAX_SECONDS from the pod template's env."""
     config = EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery)
-    raw = os.environ.get("DURABLERUN_INLINE_SLEEP_MAX_SECONDS")
+    raw = os.environ.get(api.Env.INLINE_SLEEP_MAX_SECONDS)
     if raw:
         try:
             seconds = float(raw)
         except ValueError:
             raise errors.ConfigError(
-                f"DURABLERUN_INLINE_SLEEP_MAX_SECONDS={raw!r} is not a number of seconds") from None
+                f"{api.Env.INLINE_SLEEP_MAX_SECONDS}={raw!r} is not a number of seconds") from None
         config = dataclasses.replace(config, inline_sleep_max=timedelta(seconds=seconds))
     return config
 
@@ -402,7 +402,7 @@ def _early_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("DURABLERUN_LOG_LEVEL", "INFO").upper(),
+    logging.basicConfig(level=os.environ.get(api.Env.LOG_LEVEL, "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Until the attempt takes SIGTERM over (stop at the next step boundary), a SIGTERM is remembered
     # rather than fatal: a runner fenced at start-up must not die halfway through reporting it.
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     identity: Identity | None = None
     try:
         identity = Identity(dict(os.environ))
-        if os.environ.get(api.Env.MODE) == "purge":
+        if os.environ.get(api.Env.MODE) == api.Env.MODE_PURGE:
             return _purge(identity)
         return _attempt(identity)
     except errors.ConfigError as error:
@@ -451,12 +451,12 @@ def _run_ref(spec: api.DurableRunSpec, identity: Identity) -> RunRef:
 def _owner(store: Store, ref: RunRef, identity: Identity, spec: api.DurableRunSpec) -> OwnerLease:
     holder = Holder(cluster=os.environ.get(api.Env.CLUSTER) or None, namespace=identity.namespace,
                     name=identity.name, uid=identity.uid, pod=identity.pod, epoch=identity.epoch)
-    return OwnerLease(store.backend, ref, holder, api.parse_duration(spec.policy.leaseDuration).total_seconds())
+    return OwnerLease(store.backend, ref, holder, spec.policy.lease_duration.total_seconds())
 
 
 def _wait_for_holder(identity: Identity, lease: Lease, held: HeldElsewhere) -> int:
     """Another runner writes this run id's journal: end as Waiting, naming it; the operator tries again later."""
-    now = datetime.now(UTC)
+    now = api.now()
     waiting = {"wakeTime": api.format_time(now + timedelta(seconds=held.retry_after)), "since": api.format_time(now),
                "holder": held.holder.describe()}
     message = f"{held}; trying again at {waiting['wakeTime']}"
@@ -476,7 +476,7 @@ def _attempt(identity: Identity) -> int:
                      "this pod belongs to the old one")
     spec = api.DurableRunSpec.model_validate(body["spec"])
     sink = StatusSink()
-    lease = Lease(status, identity, api.parse_duration(spec.policy.leaseDuration), sink)
+    lease = Lease(status, identity, spec.policy.lease_duration, sink)
     body = lease.acquire()
     log.info("lease acquired: %s/%s epoch %d", identity.namespace, identity.name, identity.epoch)
 

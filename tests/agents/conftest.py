@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed.llmserver import LLMServer, Turn
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +58,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[list[str], di
 def sub_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "runner"), str(WORKFLOWS), env.get("PYTHONPATH", "")])
-    env.pop("DURABLERUN_STORE", None)
+    env.pop(api.Env.STORE, None)
     env.update(extra)
     return env
 

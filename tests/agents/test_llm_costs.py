@@ -14,7 +14,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from durablerun import ConfigError, DurableContext, Outcome, Policy, llm
+from durablerun import ConfigError, DurableContext, Outcome, Policy, api, llm
 from durablerun._private import llm as llm_impl
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
@@ -24,7 +24,7 @@ M = Decimal(1_000_000)
 
 @pytest.fixture(autouse=True)
 def _clean_prices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DURABLERUN_LLM_PRICES", raising=False)
+    monkeypatch.delenv(api.Env.LLM_PRICES, raising=False)
     monkeypatch.setattr(llm_impl, "_overrides", {})
 
 
@@ -127,14 +127,14 @@ def test_prices_are_overridden_from_code_and_from_the_environment(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     llm.set_price("gpt-4o", input=1, output=2)
     assert llm.price_for("gpt-4o") == llm.Price.of(1, 2, 1, 1)
-    monkeypatch.setenv("DURABLERUN_LLM_PRICES", json.dumps({"my-llama": {"input": 0, "output": 0}}))
+    monkeypatch.setenv(api.Env.LLM_PRICES, json.dumps({"my-llama": {"input": 0, "output": 0}}))
     assert llm.cost(llm.Usage("my-llama", 1000, 1000)) == 0
     table = tmp_path / "prices.json"
     table.write_text(json.dumps({"my-llama": {"input": 1, "output": 3, "cached_input": "0.5"}}))
-    monkeypatch.setenv("DURABLERUN_LLM_PRICES", str(table))
+    monkeypatch.setenv(api.Env.LLM_PRICES, str(table))
     assert llm.cost(llm.Usage("my-llama", 3_000_000, 1_000_000, cached_tokens=1_000_000)) == Decimal("5.5")
-    monkeypatch.setenv("DURABLERUN_LLM_PRICES", json.dumps({"my-llama": {"in": 1}}))
-    with pytest.raises(ConfigError, match=r"DURABLERUN_LLM_PRICES: model 'my-llama': give input and output"):
+    monkeypatch.setenv(api.Env.LLM_PRICES, json.dumps({"my-llama": {"in": 1}}))
+    with pytest.raises(ConfigError, match=rf"{api.Env.LLM_PRICES}: model 'my-llama': give input and output"):
         llm.price_for("my-llama")
 
 

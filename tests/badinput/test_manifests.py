@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
+from durablerun import api
 from durablerun_testbed.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 
 VALID: dict[str, Any] = {
-    "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+    "apiVersion": api.API_VERSION, "kind": "DurableRun",
     "metadata": {"name": "bad", "namespace": "default"},
     "spec": {"workflow": "agents.research:run", "input": {"topic": "x"},
              "checkpoint": {"uri": "s3://runs/prefix", "endpoint": "http://minio:9000"}},

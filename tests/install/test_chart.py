@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from durablerun import api
 from durablerun_testbed import binaries
 from durablerun_testbed.testbed import TestBed
 
@@ -94,12 +95,12 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert container["image"] == "registry.example/durable-run/operator@sha256:" + "a" * 64
     assert container["args"] == [f"--namespace={namespace}"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["DURABLERUN_RUNNER_IMAGE"]["value"] == "registry.example/durable-run/runner@sha256:" + "b" * 64
-    assert env["DURABLERUN_METRICS_PORT"]["value"] == "19090"
-    assert env["DURABLERUN_HEALTH_PORT"]["value"] == "18080"
-    assert env["DURABLERUN_RESYNC_SECONDS"]["value"] == "2.5"
-    assert env["DURABLERUN_CLUSTER_NAME"]["value"] == "prod-eu"
-    assert env["DURABLERUN_LOG_LEVEL"]["value"] == "DEBUG"
+    assert env[api.OperatorEnv.RUNNER_IMAGE]["value"] == "registry.example/durable-run/runner@sha256:" + "b" * 64
+    assert env[api.OperatorEnv.METRICS_PORT]["value"] == "19090"
+    assert env[api.OperatorEnv.HEALTH_PORT]["value"] == "18080"
+    assert env[api.OperatorEnv.RESYNC_SECONDS]["value"] == "2.5"
+    assert env[api.OperatorEnv.CLUSTER]["value"] == "prod-eu"
+    assert env[api.Env.LOG_LEVEL]["value"] == "DEBUG"
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "readinessProbe" not in container
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
@@ -92,7 +93,7 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
     procs.wait_for(view_covers_runs, timeout=30, what="the view ClusterRole to aggregate durableruns")
 
     cluster.wait_established(timeout=30)
-    run = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun", "metadata": {"name": "kept"},
+    run = {"apiVersion": api.API_VERSION, "kind": "DurableRun", "metadata": {"name": "kept"},
            "spec": {"workflow": "agents.research:run", "checkpoint": {"uri": "s3://runs/prefix"}}}
     kubectl("apply", "-n", "agents", "-f", "-", input=json.dumps(run))
 
@@ -101,15 +102,15 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
          "--set", "logLevel=DEBUG", "--set", "rbac.aggregateClusterRoles=false")
     deployment = json.loads(kubectl("get", "deployment", "durable-run", "-n", "dr-system", "-o", "json").stdout)
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["DURABLERUN_LOG_LEVEL"] == "DEBUG"
+    assert env[api.Env.LOG_LEVEL] == "DEBUG"
     assert kubectl("get", "clusterrole", "durable-run-viewer", check=False).returncode != 0
 
     # Uninstall: what docs/install.md says stays is the CRD (crds.keep) and with it every run.
     helm("uninstall", "durable-run", "-n", "dr-system", "--wait")
-    kept = {("CustomResourceDefinition", "", "durableruns.durablerun.dev"), ("DurableRun", "agents", "kept"),
-            ("ValidatingAdmissionPolicy", "", "durableruns.durablerun.dev"),
-            ("ValidatingAdmissionPolicyBinding", "", "durableruns.durablerun.dev"),
-            ("APIService", "", "v1alpha1.durablerun.dev")}  # the API server's own registration of the CRD
+    kept = {("CustomResourceDefinition", "", api.CRD_NAME), ("DurableRun", "agents", "kept"),
+            ("ValidatingAdmissionPolicy", "", api.CRD_NAME),
+            ("ValidatingAdmissionPolicyBinding", "", api.CRD_NAME),
+            ("APIService", "", f"{api.VERSION}.{api.GROUP}")}  # the API server's own registration of the CRD
     settles_to(kubectl, before | kept, "helm uninstall with crds.keep")
 
     # Installing again adopts the kept CRD; with crds.keep=false, uninstalling deletes it and every run.

@@ -10,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+from durablerun import api
+
 from .helpers import REPO
 
 SCRIPT = REPO / "hack" / "lint_manifests.py"
@@ -59,14 +61,14 @@ spec:
   selector: {matchLabels: {a: b}}
   endpoints: [{port: metrics, honorLabel: true}]
 """, "additional properties 'honorLabel' not allowed"),
-    "durablerun-typo": ("""
-apiVersion: durablerun.dev/v1alpha1
-kind: DurableRun
-metadata: {name: x}
+    "durablerun-typo": (f"""
+apiVersion: {api.API_VERSION}
+kind: {api.KIND}
+metadata: {{name: x}}
 spec:
   workflow: agents.research:run
-  checkpoint: {uri: "s3://bucket/runs"}
-  polciy: {}
+  checkpoint: {{uri: "s3://bucket/runs"}}
+  polciy: {{}}
 """, "additional properties 'polciy' not allowed"),
     "wrong-type": ("""
 apiVersion: v1
@@ -92,7 +94,7 @@ def test_kubeconform_knows_every_kind_the_chart_renders(lint: ModuleType, schema
     """No kind is skipped or unknown: a missing schema would be an error, never a silent pass."""
     for kind, group_version in (("ServiceMonitor", "monitoring.coreos.com/v1"),
                                 ("PrometheusRule", "monitoring.coreos.com/v1"),
-                                ("DurableRun", "durablerun.dev/v1alpha1"),
+                                (api.KIND, api.API_VERSION),
                                 ("NetworkPolicy", "networking.k8s.io/v1"),
                                 ("CustomResourceDefinition", "apiextensions.k8s.io/v1")):
         group, version = group_version.split("/")

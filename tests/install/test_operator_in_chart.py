@@ -24,6 +24,7 @@ from typing import Any
 import boto3
 import pytest
 
+from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
@@ -50,7 +51,7 @@ def test_chart_operator_runs_a_run_through_a_crash(
         "resyncSeconds": 0.5,
         "podSecurityContext": {"runAsUser": None, "runAsGroup": None},  # null removes a default in Helm
     }, "--wait", "--timeout=90s")
-    operator_pod = json.loads(admin("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=operator",
+    operator_pod = json.loads(admin("get", "pods", "-n", namespace, "-l", api.OPERATOR_SELECTOR,
                                     "-o", "json").stdout)["items"]
     assert [p["status"]["phase"] for p in operator_pod] == ["Running"]
 
@@ -64,7 +65,7 @@ def test_chart_operator_runs_a_run_through_a_crash(
           f"--from-literal=AWS_ACCESS_KEY_ID={testbed.s3.access_key}",
           f"--from-literal=AWS_SECRET_ACCESS_KEY={testbed.s3.secret_key}")
     run = {
-        "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+        "apiVersion": api.API_VERSION, "kind": "DurableRun",
         "metadata": {"name": "charted", "namespace": namespace},
         "spec": {
             "workflow": "install_flows:steps",

@@ -145,7 +145,7 @@ def lean(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 WORKFLOW = '''
-from durablerun import DurableContext
+from durablerun import DurableContext, api
 
 def double(n):
     return n * 2
@@ -190,8 +190,8 @@ def test_a_feature_of_a_missing_extra_names_the_extra(lean: Path, tmp_path: Path
     assert "needs boto3" in s3.stderr
     assert "pip install 'durable-run[s3]'" in s3.stderr
 
-    env = {"DURABLERUN_NAMESPACE": "ns", "DURABLERUN_NAME": "run", "DURABLERUN_UID": "u", "DURABLERUN_EPOCH": "1",
-           "DURABLERUN_POD_NAME": "run-a1", "DURABLERUN_TERMINATION_MESSAGE_PATH": str(tmp_path / "termination")}
+    env = {api.Env.NAMESPACE: "ns", api.Env.NAME: "run", api.Env.UID: "u", api.Env.EPOCH: "1",
+           api.Env.POD_NAME: "run-a1", api.Env.TERMINATION_MESSAGE_PATH: str(tmp_path / "termination")}
     pod = run(lean, "durablerun", "pod", cwd=tmp_path, env=env)
     assert pod.returncode == 2, pod.stderr
     assert "pip install 'durable-run[pod]'" in pod.stderr

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_operator import builders
 from durablerun_operator.config import Settings
 from durablerun_testbed.testbed import TestBed
@@ -45,7 +46,7 @@ def operator_pods(helm: Helm, admin: Kubectl, namespace: str, full: bool = True)
 
 def runner_pod(admin: Kubectl, namespace: str) -> dict[str, Any]:
     """Attempt 1's pod of a run, as the operator builds it."""
-    run = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+    run = {"apiVersion": api.API_VERSION, "kind": "DurableRun",
            "metadata": {"name": "psa", "namespace": namespace},
            "spec": {"workflow": "agents.research:run",
                     "checkpoint": {"uri": "s3://runs/prefix", "credentialsSecret": "s3"},

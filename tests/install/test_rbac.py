@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_operator import builders
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
@@ -24,7 +25,7 @@ from .helpers import CHART, Helm, Kubectl, dump, service_account_kubectl
 
 pytestmark = pytest.mark.testbed
 
-RUNS = "durableruns.durablerun.dev"
+RUNS = api.CRD_NAME
 
 # What the operator must be able to do in every namespace it watches (the operator's contract).
 OPERATOR_NEEDS: list[tuple[str, str, str | None]] = [
@@ -96,7 +97,7 @@ def install_rbac(helm: Helm, admin: Kubectl) -> Iterator[Any]:
 
 
 def make_run(admin: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    run = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+    run = {"apiVersion": api.API_VERSION, "kind": "DurableRun",
            "metadata": {"name": name, "namespace": namespace},
            "spec": {"workflow": "agents.research:run", "checkpoint": {"uri": "s3://runs/prefix"}}}
     admin("apply", "-f", "-", input=json.dumps(run))
@@ -138,9 +139,9 @@ def test_runner_reads_its_run_and_patches_its_status_and_nothing_else(
         ("ServiceAccount", "durablerun-mine"), ("Role", "durablerun-mine"), ("RoleBinding", "durablerun-mine")]
     role = objects[1]
     assert role["rules"] == [
-        {"apiGroups": ["durablerun.dev"], "resources": ["durableruns"], "resourceNames": ["mine"],
+        {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "resourceNames": ["mine"],
          "verbs": ["get", "watch"]},
-        {"apiGroups": ["durablerun.dev"], "resources": ["durableruns/status"], "resourceNames": ["mine"],
+        {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": ["mine"],
          "verbs": ["get", "patch"]},
     ]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"] for o in objects)

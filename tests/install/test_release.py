@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from durablerun import api
+
 from .helpers import CHART, DEPLOY, REPO, Helm, Kubectl
 
 pytestmark = pytest.mark.testbed
@@ -93,4 +95,4 @@ def test_the_packaged_chart_pins_the_built_images_and_installs(dist: Path, helm:
 def test_the_kustomize_base_is_not_labelled_as_helm_managed() -> None:
     text = (DEPLOY / "operator" / "durable-run.yaml").read_text()
     assert "managed-by: Helm" not in text
-    assert "app.kubernetes.io/managed-by: kustomize" in text
+    assert f"{api.LABEL_MANAGED_BY}: kustomize" in text

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 from tests.conftest import SESSION_ID
@@ -46,8 +47,8 @@ def start_operator(testbed: TestBed, testbed_root: Path, namespace: str) -> Iter
         process = procs.ManagedProcess(
             name, [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
             log_path=testbed_root / "logs" / f"{name}-{uuid.uuid4().hex[:6]}.log",
-            env={**testbed.env(), "DURABLERUN_RESYNC_SECONDS": "0.5", "DURABLERUN_METRICS_PORT": str(metrics_port),
-                 "DURABLERUN_HEALTH_PORT": str(health_port), "DURABLERUN_STUCK_TERMINATING_SECONDS": "10", **env},
+            env={**testbed.env(), api.OperatorEnv.RESYNC_SECONDS: "0.5", api.OperatorEnv.METRICS_PORT: str(metrics_port),
+                 api.OperatorEnv.HEALTH_PORT: str(health_port), api.OperatorEnv.STUCK_TERMINATING_SECONDS: "10", **env},
             testbed_id=SESSION_ID,
         )
         operator = Operator(process, metrics_port, health_port)
@@ -86,7 +87,7 @@ class RunEnv:
     def manifest(self, name: str, workflow: str, input: dict[str, Any] | None = None,
                  policy: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
         return {
-            "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+            "apiVersion": api.API_VERSION, "kind": "DurableRun",
             "metadata": {"name": name, "namespace": self.namespace},
             "spec": {
                 "workflow": workflow,
@@ -132,7 +133,7 @@ class RunEnv:
         return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
 
     def pods(self, name: str) -> list[dict[str, Any]]:
-        out = self.testbed.kubectl("get", "pods", "-n", self.namespace, "-l", f"durablerun.dev/run={name}",
+        out = self.testbed.kubectl("get", "pods", "-n", self.namespace, "-l", f"{api.LABEL_RUN}={name}",
                                    "-o", "json").stdout
         return list(json.loads(out)["items"])
 

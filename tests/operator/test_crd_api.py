@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from tests.operator.conftest import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
@@ -52,6 +53,6 @@ def test_kubectl_wait_for_complete_and_the_suspended_column(operator: Operator, 
                          "-p", '{"spec": {"suspend": true}}')
     table = runs.testbed.kubectl("get", "dr", "waited", "-n", runs.namespace).stdout.splitlines()
     assert table[1].split()[table[0].split().index("SUSPENDED")] == "true"
-    crd = json.loads(runs.testbed.kubectl("get", "crd", "durableruns.durablerun.dev", "-o", "json").stdout)
+    crd = json.loads(runs.testbed.kubectl("get", "crd", api.CRD_NAME, "-o", "json").stdout)
     columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
     assert all(column.get("description") for column in columns), columns

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed import procs
 from tests.operator.conftest import Operator, RunEnv
 
@@ -147,7 +148,7 @@ def test_unknown_workflow_fails_once_with_a_clear_message(operator: Operator, ru
 def test_durable_sleep_holds_no_pod_and_wakes_at_its_time(operator: Operator, runs: RunEnv) -> None:
     manifest = runs.manifest("napper", "optest_flows:sleeper", {"seconds": 6})
     manifest["spec"]["template"]["spec"]["containers"][0]["env"].append(
-        {"name": "DURABLERUN_INLINE_SLEEP_MAX_SECONDS", "value": "1"})
+        {"name": api.Env.INLINE_SLEEP_MAX_SECONDS, "value": "1"})
     runs.apply(manifest)
     run = runs.wait_phase("napper", "Waiting", timeout=60)
     assert run["status"]["waitingFor"]["wakeTime"]

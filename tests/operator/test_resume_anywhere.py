@@ -45,9 +45,9 @@ class Cluster:
             f"operator-{self.name}",
             [sys.executable, "-m", "durablerun_operator", "--namespace", self.runs.namespace],
             log_path=self.logs / f"operator-{self.name}-{uuid.uuid4().hex[:6]}.log",
-            env={**self.bed.env(), "DURABLERUN_CLUSTER_NAME": self.name, "DURABLERUN_RESYNC_SECONDS": "0.5",
-                 "DURABLERUN_METRICS_PORT": "0", "DURABLERUN_HEALTH_PORT": str(procs.free_port()),
-                 "DURABLERUN_STUCK_TERMINATING_SECONDS": "10"},
+            env={**self.bed.env(), api.OperatorEnv.CLUSTER: self.name, api.OperatorEnv.RESYNC_SECONDS: "0.5",
+                 api.OperatorEnv.METRICS_PORT: "0", api.OperatorEnv.HEALTH_PORT: str(procs.free_port()),
+                 api.OperatorEnv.STUCK_TERMINATING_SECONDS: "10"},
             testbed_id=SESSION_ID,
         )
 

@@ -65,17 +65,17 @@ def test_retry_gives_a_retry_limit_exceeded_run_a_new_restart_budget(operator: O
 def test_a_user_abort_is_retried_only_without_the_abort_annotation(operator: Operator, runs: RunEnv) -> None:
     runs.apply(runs.manifest("stopped", "optest_flows:approval"))
     runs.wait_phase("stopped", "Waiting", timeout=60)
-    annotate(runs, "stopped", "durablerun.dev/abort=not now")
+    annotate(runs, "stopped", f"{api.ANNOTATION_ABORT}=not now")
     assert runs.wait_phase("stopped", "Aborted", timeout=60)["status"]["abortReason"] == "UserRequested"
 
     # The abort request still stands: the retry is refused, with the command that does both.
     annotate(runs, "stopped", f"{api.ANNOTATION_RETRY}=1")
     refused = procs.wait_for(lambda: [e for e in runs.events("stopped") if e["reason"] == "RetryRefused"],
                              timeout=30, what="the RetryRefused Event")
-    assert "durablerun.dev/abort-" in refused[0]["message"]
+    assert f"{api.ANNOTATION_ABORT}-" in refused[0]["message"]
     assert runs.get("stopped")["status"]["phase"] == "Aborted"
 
-    annotate(runs, "stopped", "durablerun.dev/abort-", f"{api.ANNOTATION_RETRY}=2")
+    annotate(runs, "stopped", f"{api.ANNOTATION_ABORT}-", f"{api.ANNOTATION_RETRY}=2")
     procs.wait_for(lambda: runs.get("stopped")["status"].get("retry") == "2", timeout=30, what="retry 2")
     runs.wait_phase("stopped", "Waiting", timeout=60)
     assert runs.executions("draft") == 1

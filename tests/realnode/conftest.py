@@ -25,6 +25,7 @@ from typing import Any
 import boto3
 import pytest
 
+from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.realnode import RealNodeUnavailable, build_workflow_image, check_machine
 from durablerun_testbed.testbed import TestBed
@@ -77,11 +78,11 @@ def chart_operator(real_bed: TestBed, real_helm: Helm) -> dict[str, Any]:
                           timeout=240, check=False)
     if installed.returncode != 0:
         pods = real_bed.kubectl("describe", "pods", "-n", OPERATOR_NAMESPACE, check=False).stdout
-        logs = real_bed.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/component=operator",
+        logs = real_bed.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", api.OPERATOR_SELECTOR,
                                 "--tail=40", check=False)
         pytest.fail(f"helm install failed: {installed.stderr}\n{pods}\n{logs.stdout}{logs.stderr}", pytrace=False)
     pods = json.loads(real_bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
-                                       "app.kubernetes.io/component=operator", "-o", "json").stdout)["items"]
+                                       api.OPERATOR_SELECTOR, "-o", "json").stdout)["items"]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     return dict(pods[0])
 
@@ -102,7 +103,7 @@ class RealRuns:
         if resources:
             runner["resources"] = resources
         return {
-            "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+            "apiVersion": api.API_VERSION, "kind": "DurableRun",
             "metadata": {"name": name, "namespace": self.namespace},
             "spec": {
                 "workflow": workflow,
@@ -140,7 +141,7 @@ class RealRuns:
         )
 
     def pods(self, name: str) -> list[dict[str, Any]]:
-        return list(json.loads(self.kubectl("get", "pods", "-l", f"durablerun.dev/run={name}", "-o",
+        return list(json.loads(self.kubectl("get", "pods", "-l", f"{api.LABEL_RUN}={name}", "-o",
                                             "json"))["items"])
 
     def pod(self, pod: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
@@ -102,7 +103,7 @@ def test_eviction_and_drain_are_disruptions_not_restarts(real_bed: TestBed, real
     real_runs.running_container_id(second["pod"])
     # A drain of the node for maintenance (only this run's pod: the operator stays), then the node comes back.
     # The runner pod's /tmp is an emptyDir, so the drain says --delete-emptydir-data, as drains usually do.
-    drained = real_bed.kubectl("drain", "realnode", "--pod-selector", "durablerun.dev/run=moved",
+    drained = real_bed.kubectl("drain", "realnode", "--pod-selector", f"{api.LABEL_RUN}=moved",
                                "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s", timeout=90,
                                check=False)
     assert drained.returncode == 0, drained.stderr

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun._private.backends import memory
 from durablerun.stores import Store, open_store
 
@@ -98,7 +99,7 @@ def sub_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.pop("DURABLERUN_STORE", None)
+    env.pop(api.Env.STORE, None)
     env.update(extra or {})
     return env
 

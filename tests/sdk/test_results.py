@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from durablerun import api
 from durablerun._private import codec
 from durablerun.api import RESULT_INLINE_MAX, Outcome
 from durablerun.engine import EngineConfig, Run
@@ -60,7 +61,7 @@ def test_inspect_opens_a_kubernetes_run_by_namespace_and_name(testbed: object, n
 
     assert isinstance(testbed, TestBed)
     bucket = s3_spec.uri.split("/")[2]
-    body = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+    body = {"apiVersion": api.API_VERSION, "kind": "DurableRun",
             "metadata": {"name": "agent", "namespace": namespace},
             "spec": {"workflow": "racing:many_steps", "input": {"steps": 4},
                      "checkpoint": {"uri": f"s3://{bucket}/runs",
@@ -105,7 +106,7 @@ def test_inspect_opens_a_run_id_journal_by_its_identity_read_only(testbed: objec
 
     assert isinstance(testbed, TestBed)
     bucket = s3_spec.uri.split("/")[2]
-    body = {"apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+    body = {"apiVersion": api.API_VERSION, "kind": "DurableRun",
             "metadata": {"name": "agent", "namespace": namespace},
             "spec": {"workflow": "racing:many_steps", "input": {"steps": 4},
                      "checkpoint": {"uri": f"s3://{bucket}/runs", "runId": "moved-1",

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed import procs
 from tests.faults.conftest import StartStore
 from tests.faults.helpers import Ledger, manifest, scrape, send_event, torture_input
@@ -73,7 +74,7 @@ def test_secret_values_never_leak(start_operator: StartOperator, runs: RunEnv, d
         key = {"secretKeyRef": {"name": "llm", "key": "API_KEY"}}
         container["env"].append({"name": "LLM_API_KEY", "valueFrom": key})
         if debug:
-            container["env"].append({"name": "DURABLERUN_LOG_LEVEL", "value": "DEBUG"})
+            container["env"].append({"name": api.Env.LOG_LEVEL, "value": "DEBUG"})
         return body
 
     runs.apply(with_canary(store.use(manifest(runs, "resumed", input=torture_input("resumed", rounds=2, pace=0.3))),

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -20,7 +21,7 @@ def manifest(name: str, **spec: Any) -> str:
     }
     body.update(spec)
     return json.dumps({
-        "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+        "apiVersion": api.API_VERSION, "kind": "DurableRun",
         "metadata": {"name": name}, "spec": {k: v for k, v in body.items() if v is not None},
     })
 

@@ -71,9 +71,9 @@ def _store_args(p: argparse.ArgumentParser, *, run_id: bool = True,
     if run_id:
         p.add_argument("--run-id", required=True,
                        help="the run's id; the run lives under <store>/_local/<run-id>/")
-    p.add_argument("--store", default=default_store or os.environ.get("DURABLERUN_STORE", DEFAULT_STORE),
+    p.add_argument("--store", default=default_store or os.environ.get(api.Env.STORE, DEFAULT_STORE),
                    help="s3://bucket/prefix, file:///path or memory://name "
-                        f"(default $DURABLERUN_STORE or {DEFAULT_STORE})")
+                        f"(default ${api.Env.STORE} or {DEFAULT_STORE})")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
     p.add_argument("--region", help="S3 region")
 
@@ -284,8 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
                 f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
         stored_policy = rs.read_policy()
-        owner = _hold(store, ref, api.parse_duration(Policy.model_validate(stored_policy or {}).leaseDuration)
-                      .total_seconds())
+        owner = _hold(store, ref, Policy.model_validate(stored_policy or {}).lease_duration.total_seconds())
         if owner is None:
             return Outcome.WAITING.exit_code
         policy = _run_policy(args, rs)
@@ -385,9 +384,9 @@ def cmd_send_event(args: argparse.Namespace) -> int:
     waiting = status.get("waitingFor") or {}
     if not info.exists:
         print(f"no run {ref} has started yet; it will get the event when it waits for it")
-    elif status.get("outcome") == "Waiting" and waiting.get("event") == args.name:
+    elif status.get("outcome") == Outcome.WAITING and waiting.get("event") == args.name:
         until = status.get("pollingUntil")
-        if until and parse_time(str(until)) > datetime.now(UTC):
+        if until and parse_time(str(until)) > api.now():
             print(f"run {ref} is waiting for it and its attempt is still polling for it (until "
                   f"{until}): it picks the event up by itself")
         else:
@@ -532,7 +531,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     else:
         ref = layout.RunRef.local(args.run_id)
         if args.store == _FROM_RUN:
-            args.store = os.environ.get("DURABLERUN_STORE", DEFAULT_STORE)
+            args.store = os.environ.get(api.Env.STORE, DEFAULT_STORE)
         store = _open(args)
     return inspect_run(store, ref, as_json=args.json, show_all=args.all, result=args.result)
 
@@ -591,7 +590,7 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
         print(f"owner     {'released by' if owner.get('released') else 'held by'} {who}, last renewed "
               f"{owner.get('renewTime')} (store lease {owner.get('durationSeconds')}s)")
     w = status.get("waitingFor")
-    if status.get("outcome") == "Waiting" and w:
+    if status.get("outcome") == Outcome.WAITING and w:
         if w.get("event"):
             print(f"waiting   for event {w['event']!r} since {w.get('since')} "
                   f"(deadline {w.get('deadline') or 'none'})")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from durablerun import errors
+from durablerun import api, errors
 from durablerun._private import core
 from durablerun._private.context import DurableContext
 
@@ -77,7 +77,7 @@ PRICES: dict[str, Price] = {
 #: Names that differ from the table's only by how the provider spells them.
 _ALIASES = {"claude-opus-4": "claude-opus-4-0", "claude-sonnet-4": "claude-sonnet-4-0"}
 
-_ENV = "DURABLERUN_LLM_PRICES"
+_ENV = api.Env.LLM_PRICES
 _env_loaded: str | None = None
 _overrides: dict[str, Price] = {}
 

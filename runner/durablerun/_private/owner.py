@@ -48,7 +48,7 @@ from typing import Any
 from durablerun import errors
 from durablerun._private import codec, layout
 from durablerun._private.backends import base
-from durablerun.api import format_time
+from durablerun.api import Env, format_time
 
 log = logging.getLogger("durablerun.owner")
 
@@ -86,7 +86,7 @@ class Holder:
     def describe(self) -> str:
         if self.uid:
             where = f"cluster {self.cluster}" if self.cluster else \
-                "a cluster whose operator sets no DURABLERUN_CLUSTER_NAME"
+                f"a cluster whose operator sets no {Env.CLUSTER}"
             return (f"DurableRun {self.namespace}/{self.name} (uid {self.uid}, pod {self.pod}, "
                     f"epoch {self.epoch}) in {where}")
         return f"`durablerun run` on host {self.host} (pid {self.pid})"

@@ -19,9 +19,9 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from durablerun import DurableContext
+from durablerun import DurableContext, api
 
-POD = os.environ.get("DURABLERUN_POD_NAME", "local")
+POD = os.environ.get(api.Env.POD_NAME, "local")
 
 
 def _ledger(path: str, line: str) -> None:

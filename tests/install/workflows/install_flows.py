@@ -14,12 +14,12 @@ from typing import Any
 
 import boto3
 
-from durablerun import DurableContext
+from durablerun import DurableContext, api
 
 
 def work(input: dict[str, Any], name: str) -> str:
     s3 = boto3.client("s3", endpoint_url=input["endpoint"], region_name="us-east-1")
-    epoch = os.environ["DURABLERUN_EPOCH"]
+    epoch = os.environ[api.Env.EPOCH]
     s3.put_object(Bucket=input["bucket"], Key=f"executions/{name}/{epoch}-{uuid.uuid4().hex}", Body=b"")
     time.sleep(float(input["sleep"]))
     return name.upper()

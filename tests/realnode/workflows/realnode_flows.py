@@ -15,12 +15,12 @@ from typing import Any
 
 import boto3
 
-from durablerun import DurableContext
+from durablerun import DurableContext, api
 
 
 def _mark(input: dict[str, Any], name: str) -> None:
     s3 = boto3.client("s3", endpoint_url=input["endpoint"], region_name="us-east-1")
-    epoch = os.environ["DURABLERUN_EPOCH"]
+    epoch = os.environ[api.Env.EPOCH]
     s3.put_object(Bucket=input["bucket"], Key=f"executions/{name}/{epoch}-{uuid.uuid4().hex}", Body=b"")
 
 
@@ -40,7 +40,7 @@ async def steps(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
 def hog(input: dict[str, Any], name: str) -> str:
     """In the first attempt, allocate past the container's memory limit: the kernel kills it."""
     _mark(input, name)
-    if os.environ["DURABLERUN_EPOCH"] == "1":
+    if os.environ[api.Env.EPOCH] == "1":
         chunks = []
         for _ in range(int(input["mb"])):
             chunks.append(bytearray(1 << 20))  # touched pages: resident memory

@@ -1,0 +1,266 @@
+"""The attempt lifecycle: admit a run, start an attempt, watch it run, see it end, restart or finish.
+
+One function per phase of the run (``decide`` picks it): ``start`` creates
+the next attempt's pod once every older one is gone, ``running`` watches the
+current one (its lease, its pod), ``ended`` fences it and decides what comes
+next from how it ended (a result, a wait, a crash counted against
+maxRestarts, a disruption against maxDisruptions), ``waiting`` resumes a run
+whose event or time came, ``finished`` handles retries, a raised limit and the
+TTL, and ``deleting`` stops the pods and applies the journal's retention.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from durablerun import api
+from durablerun_operator import builders
+from durablerun_operator.decide import aborts, clocks, facts, transition
+
+
+def admit(t: transition.Transition) -> None:
+    t.new = api.DurableRunStatus(
+        phase=api.Phase.PENDING, epoch=1, attempt=0,
+        inputHash=api.input_hash(t.run.spec.input), startTime=api.format_time(t.now),
+        message="admitted: starting the first attempt",
+    )
+
+
+def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: float) -> None:
+    status = t.run.status
+    if status.inputHash and status.inputHash != api.input_hash(t.run.spec.input):
+        t.fence()
+        t.finish(api.Phase.FAILED, "InputMismatch: spec.input changed after the first attempt "
+                 f"(sha256 {api.input_hash(t.run.spec.input)[:12]} != {status.inputHash[:12]}). A run's input "
+                 "is fixed: restore it, or create a new DurableRun for the new input")
+        return
+    # Every older pod must be gone (or presumed lost with its node) before the next one starts.
+    blocking = [p for p in older if not p.finished and not (p.deleting and p.ending is not None)]
+    if blocking:
+        t.new.message = f"waiting for pod {blocking[0].name} to terminate before the next attempt"
+        return
+    epoch = status.epoch
+    t.new.phase = api.Phase.RUNNING
+    t.new.attempt = status.attempt + 1
+    t.new.pod = builders.pod_name(t.run.name, epoch)
+    t.new.lease = api.Lease()
+    t.new.outcome = None
+    t.new.waitingFor = None
+    t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
+    t.new.attemptStartTime = api.format_time(t.now)
+    if t.new.startTime is None:
+        t.new.startTime = api.format_time(t.now)
+    t.plan.create_pod_epoch = epoch
+    t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
+
+
+def running(t: transition.Transition, pod: facts.PodView | None, create_failure: facts.CreateFailure | None) -> None:
+    status = t.run.status
+    if pod is None:
+        if status.lease.epoch == status.epoch:
+            # It ran, and now it is gone without a trace: someone removed it.
+            _ended(t, facts.Ending(api.RestartReason.POD_DELETED, f"pod {status.pod} disappeared"), None)
+        elif create_failure is not None and create_failure.epoch == status.epoch:
+            _create_failed(t, create_failure)
+        else:
+            t.plan.create_pod_epoch = status.epoch  # its creation was interrupted: create it again
+        return
+    if pod.ending is not None:
+        _ended(t, pod.ending, pod)
+        return
+    if (aborts.user_abort(t, pod) or aborts.limits_exceeded(t, pod)) and t.new.aborting is None:
+        return  # finished Aborted; an attempt given time to end by itself still holds its lease
+    validity = clocks.lease_validity(t.run)
+    renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
+    reference = renewed or pod.running_since
+    if reference is not None and t.now - reference > validity:
+        what = "renewed" if renewed else "acquired"
+        t.guard["/status/lease"] = status.lease.model_dump(mode="json", exclude_none=True)
+        t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(validity)} "
+                f"(lease duration plus a {api.format_duration(clocks.CLOCK_SKEW_MARGIN)} clock-skew margin)",
+                warning=True)
+        _ended(t, facts.Ending(api.RestartReason.LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing "
+                               "it (hung, paused or partitioned)"), pod, delete=True)
+        return
+    if pod.waiting_reason in ("CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff",
+                              "CreateContainerError", "InvalidImageName"):
+        message = f"pod {pod.name} cannot start: {pod.waiting_reason}: {pod.waiting_message or ''}".strip()
+        if status.message != message:
+            t.new.message = message
+            t.event(pod.waiting_reason, message, warning=True)
+
+
+def _create_failed(t: transition.Transition, failure: facts.CreateFailure) -> None:
+    """The attempt's pod could not be created: never a Running run without a pod."""
+    message = f"FailedCreate: pod {t.run.status.pod} could not be created: {failure.message}"
+    t.event("FailedCreate", message, warning=True)
+    if failure.permanent:
+        t.fence()
+        t.finish(api.Phase.FAILED, f"{message}. Fix spec.template, then retry the run (kubectl durablerun retry "
+                 f"{t.run.name})")
+    else:  # a restart like a crash's: backoff, and bounded by maxRestarts
+        _ended(t, facts.Ending(api.RestartReason.CRASH, message), None)
+
+
+def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | None, delete: bool = False) -> None:
+    """The current attempt is over: fence it, record why, and decide what comes next."""
+    status, policy = t.run.status, t.run.spec.policy
+    t.fence()
+    t.new.lastPodEndTime = api.format_time(ending.finished_at or t.now)
+    t.new.outcome = ending.outcome
+    if pod is not None:
+        if pod.has_finalizer:
+            t.plan.release_pods.append(pod.name)
+        keep = ending.outcome in (api.Outcome.COMPLETED, api.Outcome.FAILED, api.Outcome.USAGE_ERROR,
+                                  api.Outcome.ABORTED)
+        if (delete or not keep) and not pod.deleting:
+            t.plan.delete_pods.append(pod.name)
+    outcome = ending.outcome
+    if outcome == api.Outcome.COMPLETED:
+        t.finish(api.Phase.SUCCEEDED, ending.message)
+    elif outcome in (api.Outcome.FAILED, api.Outcome.USAGE_ERROR):
+        t.finish(api.Phase.FAILED, ending.message)
+    elif outcome == api.Outcome.ABORTED:
+        t.finish(api.Phase.ABORTED, ending.message, ending.abort_reason or api.AbortReason.BUDGET_EXHAUSTED)
+    elif outcome == api.Outcome.WAITING:
+        waiting = ending.waiting_for or {}
+        t.new.phase = api.Phase.WAITING
+        t.new.waitingFor = api.WaitingFor(
+            event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
+            since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
+            holder=waiting.get("holder"), compensations=waiting.get("compensations") or None,
+        )
+        event = str(waiting.get("event") or "")
+        t.new.message = (f"waiting for child run {t.run.name}-{event[len(api.CHILD_EVENT_PREFIX):]} to finish (no pod)"
+                         if event.startswith(api.CHILD_EVENT_PREFIX) else ending.message)
+        t.event(api.Phase.WAITING.value, t.new.message)
+    elif outcome == api.Outcome.SUSPENDED:
+        if t.run.spec.suspend:
+            t.new.phase = api.Phase.SUSPENDED
+            t.new.message = "suspended at a step boundary: spec.suspend is true"
+            t.event(api.Phase.SUSPENDED.value, t.new.message)
+        else:
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"the runner stopped cleanly ({ending.message}); resuming"
+    elif ending.disruption:
+        t.new.disruptions = status.disruptions + 1
+        t.plan.restart_reason = ending.reason
+        if t.new.disruptions > policy.maxDisruptions:
+            t.finish(api.Phase.ABORTED, f"{ending.message}; {t.new.disruptions} disruptions exceed "
+                     f"policy.maxDisruptions={policy.maxDisruptions}", api.AbortReason.RETRY_LIMIT_EXCEEDED)
+        else:
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"{ending.message}: restarting (disruption {t.new.disruptions} of " \
+                            f"{policy.maxDisruptions}; does not count against maxRestarts)"
+            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+    else:  # a crash, an OOM kill, an expired lease, or an attempt fenced by a zombie write
+        t.new.restarts = status.restarts + 1
+        t.plan.restart_reason = ending.reason
+        if t.new.restarts > policy.maxRestarts:
+            t.finish(api.Phase.ABORTED, f"{ending.message}; {t.new.restarts} restarts exceed "
+                     f"policy.maxRestarts={policy.maxRestarts}", api.AbortReason.RETRY_LIMIT_EXCEEDED)
+        elif aborts.finishing_abort(t):
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"{ending.message}: restarting at once to finish aborting (restart " \
+                            f"{t.new.restarts} of {policy.maxRestarts})"
+            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+        else:
+            delay = policy.backoff.delay(t.new.restarts)
+            t.new.phase = api.Phase.BACKOFF
+            t.new.nextAttemptTime = api.format_time(t.now + delay)
+            t.new.message = f"{ending.message}: restart {t.new.restarts} of {policy.maxRestarts} in " \
+                            f"{api.format_duration(delay)}"
+            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+
+
+
+def waiting(t: transition.Transition) -> None:
+    waiting = t.run.status.waitingFor or api.WaitingFor()
+    if waiting.event and waiting.event in t.run.spec.events:
+        t.new.phase = api.Phase.PENDING
+        t.new.message = f"event {waiting.event!r} arrived: resuming"
+        t.event("EventReceived", t.new.message)
+        return
+    for moment, why in ((waiting.wakeTime, "wake time reached"), (waiting.deadline, "wait deadline passed")):
+        when = api.parse_time(moment)
+        if when is not None and t.now >= when:
+            t.new.phase = api.Phase.PENDING
+            t.new.message = f"{why}: resuming"
+            t.event("Resumed", t.new.message)
+            return
+
+
+def finished(t: transition.Transition) -> None:
+    status, spec = t.run.status, t.run.spec
+    if facts.retry_requested(t.run):
+        _retry(t)
+        return
+    policy_changed = (status.observedGeneration or 0) < t.run.generation
+    if status.phase == api.Phase.ABORTED and policy_changed and aborts.abort_lifted(t):
+        t.new.phase = api.Phase.PENDING
+        t.new.abortReason = None
+        t.new.completionTime = None
+        t.new.message = f"policy raised past {status.abortReason}: resuming from the latest checkpoint"
+        t.event("Resumed", t.new.message)
+        return
+    if spec.ttlSecondsAfterFinished is not None:
+        completed = api.parse_time(status.completionTime)
+        if completed is not None and t.now >= completed + timedelta(seconds=spec.ttlSecondsAfterFinished):
+            t.plan.delete_run = True
+
+
+
+def _retry(t: transition.Transition) -> None:
+    """Start the run again from its journal: completed steps replay, failed ones run again."""
+    status, value = t.run.status, t.run.annotations[api.ANNOTATION_RETRY]
+    t.new.retry = value
+    if api.ANNOTATION_ABORT in t.run.annotations:
+        t.event("RetryRefused", f"{api.ANNOTATION_RETRY}={value!r} ignored: the run still carries "
+                f"{api.ANNOTATION_ABORT}. Remove it with the retry: kubectl annotate dr {t.run.name} "
+                f"{api.ANNOTATION_ABORT}- {api.ANNOTATION_RETRY}=<a new value>", warning=True)
+        return
+    t.new.phase = api.Phase.PENDING
+    t.new.abortReason = None
+    t.new.outcome = None
+    t.new.completionTime = None
+    # A fresh restart budget, so a RetryLimitExceeded run can run again; the journal's counters (cost,
+    # tokens, steps) and the active time carry over, so every other budget still holds.
+    t.new.restarts = 0
+    t.new.disruptions = 0
+    # To the microsecond: the runner compares it with when each failure was journaled, maybe the same second.
+    t.new.retryTime = api.format_time(t.now, precise=True)
+    t.new.message = (f"retry {value!r} of the {status.phase} run: a new attempt replays the journal; completed "
+                     "steps are not executed again, failed ones are")
+    t.event("Retrying", t.new.message)
+
+
+
+def deleting(t: transition.Transition, pods: list[facts.PodView], purge: facts.PodView | None) -> transition.Plan:
+    """The DurableRun is being deleted: stop its pods, apply the retention policy, then let it go."""
+    if t.run.raw_status is not None and t.run.status.phase and not t.run.status.phase.finished \
+            and t.run.status.lease.epoch == t.run.status.epoch:
+        t.fence()  # the runner stops at its next renewal
+    for pod in pods:
+        if not pod.deleting and not pod.finished:
+            t.plan.delete_pods.append(pod.name)
+        if pod.has_finalizer and (pod.finished or pod.deleting):
+            t.plan.release_pods.append(pod.name)
+    settled = all(p.finished or (p.deleting and p.ending is not None) for p in pods)
+    if not settled or api.RUN_FINALIZER not in t.run.finalizers:
+        return t.done()
+    if t.run.spec.checkpoint.retention == "Delete" and t.run.raw_status is not None:
+        if purge is None:
+            t.plan.create_purge_pod = True
+            t.event("DeletingJournal", f"retention Delete: deleting the journal under {t.run.spec.checkpoint.uri}")
+            return t.done()
+        if purge.ending is None:
+            return t.done()  # still deleting
+        if purge.has_finalizer:
+            t.plan.release_pods.append(purge.name)
+        if purge.ending.outcome == api.Outcome.COMPLETED:
+            t.event("JournalDeleted", purge.ending.message)
+        else:
+            t.event("JournalKept", f"the journal could not be deleted and is kept: {purge.ending.message}",
+                    warning=True)
+    t.plan.remove_run_finalizer = True
+    return t.done()
