@@ -179,14 +179,6 @@ class Env:
     # ctx.webhook_url builds capability URLs under it, signed with the key mounted at WEBHOOK_KEYS_PATH.
     WEBHOOK_URL = "DURABLERUN_WEBHOOK_URL"
 
-
-# The webhook ingress (docs/web.md). In each namespace it serves, the chart's Secret of signing keys
-# for capability URLs (mounted read-only into runner pods at WEBHOOK_KEYS_PATH), and the user's Secret
-# of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing, hmac.ocr).
-WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
-WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
-WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
-
     # Logging level of the runner (and of the operator: OperatorEnv.LOG_LEVEL), e.g. DEBUG.
     LOG_LEVEL = "DURABLERUN_LOG_LEVEL"
     # Durable sleeps up to this many seconds are slept in the pod instead of ending the attempt.
@@ -195,6 +187,14 @@ WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
     LLM_PRICES = "DURABLERUN_LLM_PRICES"
     # The CLI's default --store.
     STORE = "DURABLERUN_STORE"
+
+
+# The webhook ingress (docs/web.md). In each namespace it serves, the chart's Secret of signing keys
+# for capability URLs (mounted read-only into runner pods at WEBHOOK_KEYS_PATH), and the user's Secret
+# of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing, hmac.ocr).
+WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
+WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
+WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
 
 
 class OperatorEnv:

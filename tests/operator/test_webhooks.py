@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun._private import webhooks
 from durablerun_operator.ingress import auth
 from durablerun_testbed import procs
@@ -213,7 +214,7 @@ def test_the_ingress_account_may_only_add_events(runs: RunEnv, ingress: Ingress)
 
     assert "may only add events" in patch({"spec": {"suspend": False}})
     assert "may only add events" in patch({"spec": {"workflow": "evil:flow"}})
-    assert "labels, annotations or finalizers" in patch({"metadata": {"annotations": {"durablerun.dev/abort": "x"}}})
+    assert "labels, annotations or finalizers" in patch({"metadata": {"annotations": {api.ANNOTATION_ABORT: "x"}}})
     assert patch({"spec": {"events": {"review": {"approved": True}}}}) == "allowed"
     assert not as_ingress.can_i("delete", "durableruns", runs.namespace)
     assert not as_ingress.can_i("list", "secrets", runs.namespace)
