@@ -47,8 +47,9 @@ def start_operator(testbed: TestBed, testbed_root: Path, namespace: str) -> Iter
         process = procs.ManagedProcess(
             name, [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
             log_path=testbed_root / "logs" / f"{name}-{uuid.uuid4().hex[:6]}.log",
-            env={**testbed.env(), api.OperatorEnv.RESYNC_SECONDS: "0.5", api.OperatorEnv.METRICS_PORT: str(metrics_port),
-                 api.OperatorEnv.HEALTH_PORT: str(health_port), api.OperatorEnv.STUCK_TERMINATING_SECONDS: "10", **env},
+            env={**testbed.env(), api.OperatorEnv.RESYNC_SECONDS: "0.5",
+                 api.OperatorEnv.METRICS_PORT: str(metrics_port), api.OperatorEnv.HEALTH_PORT: str(health_port),
+                 api.OperatorEnv.STUCK_TERMINATING_SECONDS: "10", **env},
             testbed_id=SESSION_ID,
         )
         operator = Operator(process, metrics_port, health_port)

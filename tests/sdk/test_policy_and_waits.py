@@ -117,7 +117,7 @@ def test_a_cost_charged_past_the_ceiling_by_the_last_step_is_reported(mem: Store
 
 
 def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
-    from durablerun.pod import kubectl_advice
+    from durablerun._private.pod import kubectl_advice
 
     config = EngineConfig(policy_advice=kubectl_advice("team", "agent"))
     r = Run(store=mem, run=RunRef.kubernetes("team", "agent", "u1"), workflow=charging,
@@ -131,7 +131,7 @@ def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
 
 def test_a_declared_total_is_the_progress_denominator_while_running_and_on_replay(
         mem: Store) -> None:
-    from durablerun.pod import StatusSink
+    from durablerun._private.pod import StatusSink
 
     async def wf(ctx: DurableContext, input: Any) -> Any:
         ctx.set_total_steps(input["n"])
