@@ -17,7 +17,7 @@ from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.conftest import SESSION_ID
+from tests.helpers import SESSION_ID
 
 from .helpers import CHART, DEPLOY, Helm, Kubectl, parse
 

@@ -12,7 +12,7 @@ import pytest
 
 from durablerun.api import Outcome
 
-from .conftest import StoreSpec, cli, sub_env, wait_until
+from .helpers import StoreSpec, cli, sub_env, wait_until
 
 
 def test_run_wait_send_event_resume_and_inspect(durable_store_spec: StoreSpec,

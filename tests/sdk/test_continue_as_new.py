@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -15,26 +14,18 @@ import pytest
 
 from durablerun import DurableContext, EventTimeout, ResultNotSerializableError, StepError
 from durablerun._private import codec, layout
-from durablerun._private.backends import memory
 from durablerun._private.journal import RunStore
 from durablerun._private.model import ContinueRecord, Record
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import ProgressSink
-from durablerun.stores import RunRef, Store, open_store
+from durablerun.stores import RunRef, Store
 
-from .conftest import StoreSpec, wait_until
+from .helpers import StoreSpec, wait_until
 
 FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=5),
                     snapshot_every=4)
 REF = RunRef.local("can")
-
-
-@pytest.fixture
-def mem() -> Iterator[Store]:
-    name = uuid.uuid4().hex
-    yield open_store(f"memory://{name}")
-    memory.reset(name)
 
 
 class Started(ProgressSink):

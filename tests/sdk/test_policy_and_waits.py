@@ -22,18 +22,9 @@ from durablerun._private.stores import Store
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
-from durablerun.stores import RunRef, open_store
+from durablerun.stores import RunRef
 
-from .conftest import StoreSpec, wait_until
-from .test_engine import FAST, REF, Ledger, attempt
-
-
-@pytest.fixture
-def mem() -> Any:
-    name = uuid.uuid4().hex
-    yield open_store(f"memory://{name}")
-    memory.reset(name)
-
+from .helpers import FAST, REF, Ledger, StoreSpec, attempt, wait_until
 
 # --- budgets -------------------------------------------------------------------------------
 
