@@ -91,7 +91,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.core",
                  "durablerun._private.children", "durablerun._private.context", "durablerun._private.engine"}),
     ("front", {"durablerun._private.display", "durablerun._private.arguments", "durablerun._private.inspection",
-               "durablerun._private.cli", "durablerun._private.pod", "durablerun._private.kubectl"}),
+               "durablerun._private.cli", "durablerun._private.lease", "durablerun._private.pod",
+               "durablerun._private.kubectl"}),
 ]
 #: Public modules the private ones may import: the contract. Every other public module is a façade over
 #: ``_private`` (it re-exports names, or starts a command) and nothing under ``_private`` imports it.

@@ -122,7 +122,7 @@ def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
 
 def test_a_declared_total_is_the_progress_denominator_while_running_and_on_replay(
         mem: Store) -> None:
-    from durablerun._private.pod import StatusSink
+    from durablerun._private.lease import StatusSink
 
     async def wf(ctx: DurableContext, input: Any) -> Any:
         ctx.set_total_steps(input["n"])
