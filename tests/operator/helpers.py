@@ -38,7 +38,6 @@ def healthy(operator: Operator) -> bool:
         return bool(reply.status == 200)
 
 
-
 @dataclass
 class RunEnv:
     """A namespace ready for DurableRuns: a bucket, its credentials Secret, a ledger directory."""

@@ -30,8 +30,8 @@ class Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         raise UsageError(message)
 
-def store_args(p: argparse.ArgumentParser, *, run_id: bool = True,
-                default_store: str | None = None) -> None:
+
+def store_args(p: argparse.ArgumentParser, *, run_id: bool = True, default_store: str | None = None) -> None:
     if run_id:
         p.add_argument("--run-id", required=True,
                        help="the run's id; the run lives under <store>/_local/<run-id>/")
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
     return parser
 
+
 def json_arg(flag: str, text: str) -> Any:
     if text.startswith("@"):
         try:
@@ -138,10 +139,11 @@ def duration_arg(flag: str, text: str | None) -> str | None:
         raise UsageError(f"{flag}: {e}") from e
     return text
 
+
 #: The flag that sets each policy field.
 POLICY_FLAGS = {"costCeilingUSD": "--max-cost", "maxTokens": "--max-tokens",
-                 "maxSteps": "--max-steps", "maxDuration": "--max-duration",
-                 "progressTimeout": "--progress-timeout", "maxRetries": "--max-retries"}
+                "maxSteps": "--max-steps", "maxDuration": "--max-duration",
+                "progressTimeout": "--progress-timeout", "maxRetries": "--max-retries"}
 NO_LIMIT = "none"
 
 
@@ -157,7 +159,7 @@ def policy_flags(args: argparse.Namespace) -> dict[str, Any]:
                     raise InvalidOperation
             except InvalidOperation:
                 raise UsageError(f"--max-cost: {args.max_cost!r} is not an amount in USD, "
-                                  "e.g. --max-cost 5.00 (or 'none': no ceiling)") from None
+                                 "e.g. --max-cost 5.00 (or 'none': no ceiling)") from None
             fields["costCeilingUSD"] = str(Decimal(args.max_cost))
     for flag, name, value, low in (("--max-tokens", "maxTokens", args.max_tokens, 0),
                                    ("--max-steps", "maxSteps", args.max_steps, 1),
@@ -171,7 +173,7 @@ def policy_flags(args: argparse.Namespace) -> dict[str, Any]:
             number = int(value)
         except ValueError:
             raise UsageError(f"{flag}: {value!r} is not a whole number"
-                              + (" (or 'none': no limit)" if name != "maxRetries" else "")) from None
+                             + (" (or 'none': no limit)" if name != "maxRetries" else "")) from None
         if number < low:
             raise UsageError(f"{flag}: must be >= {low}, got {number}")
         fields[name] = number

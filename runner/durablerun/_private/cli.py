@@ -48,6 +48,7 @@ def _open(args: argparse.Namespace) -> Store:
     store = open_store(args.store, endpoint_url=args.endpoint_url, region=args.region)
     return store
 
+
 def _run_policy(args: argparse.Namespace, rs: RunStore) -> Policy:
     """The run's policy: recorded at its first attempt, kept on every resume, changed only by
     a flag given on purpose (which says so and is recorded for the resumes after it)."""
@@ -220,6 +221,7 @@ def cmd_send_event(args: argparse.Namespace) -> int:
               f"by itself; a stopped run gets it on its next attempt ({_resume_command(args)})")
     return 0
 
+
 def cmd_list(args: argparse.Namespace) -> int:
     store = _open(args)
     store.check()
@@ -261,6 +263,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     print(f"deleted run {ref} from {store.uri}: {deleted} objects")
     return 0
 
+
 def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | None:
     """The store and identity of DurableRun NAMESPACE/NAME, read through the user's kubeconfig.
 
@@ -271,7 +274,7 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
     namespace, sep, name = str(args.kubernetes).partition("/")
     if not sep or not namespace or not name:
         raise arguments.UsageError(f"--kubernetes {args.kubernetes!r}: use NAMESPACE/NAME, e.g. "
-                          "--kubernetes team-a/review-agent")
+                                   "--kubernetes team-a/review-agent")
     import urllib3
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
@@ -280,7 +283,7 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
         config.load_kube_config(context=args.context)
     except (config.ConfigException, OSError) as e:
         raise arguments.UsageError(f"--kubernetes: cannot load a kubeconfig ({e}): set KUBECONFIG or "
-                          "--context") from None
+                                   "--context") from None
     try:
         body = client.CustomObjectsApi().get_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name)
@@ -290,10 +293,10 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
                   file=sys.stderr)
             return None
         raise arguments.UsageError(f"--kubernetes: reading DurableRun {namespace}/{name} failed: "
-                          f"{e.status} {e.reason}") from None
+                                   f"{e.status} {e.reason}") from None
     except (urllib3.exceptions.HTTPError, OSError) as e:  # the API server cannot be reached
         raise arguments.UsageError(f"--kubernetes: cannot reach the API server of your kubeconfig: "
-                          f"{type(e).__name__}: {e}") from None
+                                   f"{type(e).__name__}: {e}") from None
     checkpoint = api.DurableRunSpec.model_validate(body["spec"]).checkpoint
     overrides = {k: v for k, v in (("uri", None if args.store == arguments.FROM_RUN else args.store),
                                    ("endpoint", args.endpoint_url), ("region", args.region)) if v}
@@ -301,6 +304,7 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
     args.store = checkpoint.uri
     ref = layout.RunRef.durable_run(namespace, name, str(body["metadata"]["uid"]), checkpoint.runId)
     return store_from_checkpoint(checkpoint), ref
+
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.kubernetes:
@@ -314,6 +318,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             args.store = os.environ.get(api.Env.STORE, arguments.DEFAULT_STORE)
         store = _open(args)
     return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all, result=args.result)
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)

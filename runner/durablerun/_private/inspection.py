@@ -39,10 +39,12 @@ def last_outcome(info: RunInfo) -> tuple[str, str]:
                      f"attempt before it ended {text}")
     return label, text
 
+
 def _fmt_time(at: Any) -> str:
     if not at:
         return "-"
     return datetime.fromtimestamp(float(at), UTC).strftime("%H:%M:%S.%f")[:-3]
+
 
 def print_result(store: Store, ref: layout.RunRef) -> int:
     rs = store.run_store(ref)
@@ -57,6 +59,7 @@ def print_result(store: Store, ref: layout.RunRef) -> int:
         rs.close()
     print(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
     return 0
+
 
 def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show_all: bool = False,
                 result: bool = False) -> int:
@@ -163,6 +166,7 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
               "journals nothing itself (the steps it gathers are numbered where they were "
               "called); an operation still running when the attempt ended has no record yet")
     return 0
+
 
 def _unrecorded_positions(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """Positions that hold no record: gaps, and gathers whose branches hold records."""

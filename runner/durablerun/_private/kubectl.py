@@ -86,7 +86,7 @@ def _json_arg(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise arguments.UsageError(f"the event payload is not JSON ({e}): "
-                          "pass e.g. '{\"approved\": true}' or @file.json") from None
+                                   "pass e.g. '{\"approved\": true}' or @file.json") from None
 
 
 def send_event(kube: Kubectl, run: str, event: str, payload: Any) -> int:
@@ -146,7 +146,7 @@ def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
             wanted = {api.Phase(p.strip()) for p in args.for_phases.split(",") if p.strip()}
         except ValueError:
             raise arguments.UsageError(f"--for {args.for_phases!r}: use phases among "
-                              f"{', '.join(p.value for p in api.Phase)}") from None
+                                       f"{', '.join(p.value for p in api.Phase)}") from None
     try:
         timeout = api.parse_duration(args.timeout).total_seconds()
     except ValueError as e:
@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The same flags before or after the command; after it they must not reset what came before.
     common = _global_parser(argparse.SUPPRESS)
     parser = arguments.Parser(prog="kubectl durablerun", parents=[_global_parser()],
-                     description="Day-two commands for DurableRuns (durable-run's kubectl plugin).")
+                              description="Day-two commands for DurableRuns (durable-run's kubectl plugin).")
     parser.add_argument("--version", action="version", version=f"kubectl-durablerun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=arguments.Parser)
 
