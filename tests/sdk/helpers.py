@@ -91,10 +91,10 @@ class Ledger:
     """Side effects recorded outside the run: proves what executed how often."""
 
     def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
+        self.calls: Counter[Any] = Counter()
         self.lock = threading.Lock()
 
-    def hit(self, key: str) -> None:
+    def hit(self, key: Any) -> None:
         with self.lock:
             self.calls[key] += 1
 
