@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,10 +19,7 @@ from durablerun_testbed import procs
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-
-REPO = Path(__file__).resolve().parent.parent
-CRD_PATH = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-SESSION_ID = "pytest-" + uuid.uuid4().hex[:10]
+from tests.helpers import CRD_PATH, SESSION_ID, StartPrometheus
 
 
 @pytest.fixture(scope="session")
@@ -83,9 +80,6 @@ def namespace(testbed: TestBed) -> Iterator[str]:
     )
     yield name
     testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-StartPrometheus = Callable[..., Prometheus]
 
 
 @pytest.fixture

@@ -80,9 +80,9 @@ WORDS = {p.value for p in api.Phase} | {o.value for o in api.Outcome}
 def _key_in(text: str) -> str | None:
     for key in KEYS:
         at = text.find(key)
+        after = text[at + len(key):at + len(key) + 1]
         # A key, not the start of a longer name: "durablerun.dev/run" but not "durablerun.dev/runner".
-        if at >= 0 and (at + len(key) == len(text) or not (text[at + len(key)].isalnum()
-                                                          or text[at + len(key)] in "_.")):
+        if at >= 0 and not (after.isalnum() or after in ("_", ".")):
             return key
     return None
 

@@ -1,4 +1,4 @@
-"""A light stand-in for N runner pods: acquires and renews each run's lease, as ``durablerun.pod.Lease`` does.
+"""A light stand-in for N runner pods: acquires and renews each run's lease, as ``durablerun._private.lease`` does.
 
 ``python -m durablerun_bench.renewer PLAN.json LOG.jsonl`` with PLAN holding
 ``namespace``, ``lease_seconds`` and ``stop`` (run name -> unix time after

@@ -111,8 +111,8 @@ def operator(bed: TestBed, namespace: str, root: Path, run_id: str) -> Iterator[
     process = procs.ManagedProcess(
         "operator", [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
         log_path=root / f"operator-{namespace}.log",
-        env={**bed.env(), api.OperatorEnv.METRICS_PORT: str(metrics_port), api.OperatorEnv.HEALTH_PORT: str(health_port),
-             api.Env.LOG_LEVEL: "WARNING"},
+        env={**bed.env(), api.OperatorEnv.METRICS_PORT: str(metrics_port),
+             api.OperatorEnv.HEALTH_PORT: str(health_port), api.OperatorEnv.LOG_LEVEL: "WARNING"},
         testbed_id=run_id,
     )
 

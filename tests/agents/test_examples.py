@@ -1,4 +1,4 @@
-"""The agent examples (examples/agent_research, examples/approval_graph) run as their docstrings say,
+"""The agent examples (examples/pydantic_ai_research, examples/approval_graph) run as their docstrings say,
 against the scripted model server with the examples' own scripts."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed.llmserver import LLMServer, load_script
-
-from .conftest import REPO, cli
+from tests.agents.helpers import REPO, cli
 
 EXAMPLES = REPO / "examples"
 
@@ -37,10 +36,10 @@ def serve() -> Iterator[Serve]:
         s.stop()
 
 
-def test_the_research_agent_answers_and_its_model_calls_are_charged(serve: Serve, tmp_path: Path) -> None:
-    env = serve("agent_research/script.json")
+def test_the_pydantic_ai_research_agent_answers_and_its_model_calls_are_charged(serve: Serve, tmp_path: Path) -> None:
+    env = serve("pydantic_ai_research/script.json")
     store = f"file://{tmp_path / 'runs'}"
-    done = cli(["run", "agent_research:research", "--run-id", "a1", "--store", store, "--quiet",
+    done = cli(["run", "pydantic_ai_research:research", "--run-id", "a1", "--store", store, "--quiet",
                 "--input", json.dumps({"question": "durable execution"}), "--max-cost", "0.05"], env, EXAMPLES)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["report"].startswith("Durable execution journals every step")
@@ -49,9 +48,9 @@ def test_the_research_agent_answers_and_its_model_calls_are_charged(serve: Serve
     assert Decimal(totals["usd"]) > 0
 
 
-def test_the_runaway_research_agent_is_stopped_by_its_budget(serve: Serve, tmp_path: Path) -> None:
-    env = serve("agent_research/runaway.json")
-    done = cli(["run", "agent_research:research", "--run-id", "a2", "--store", f"file://{tmp_path / 'runs'}",
+def test_the_runaway_pydantic_ai_research_agent_is_stopped_by_its_budget(serve: Serve, tmp_path: Path) -> None:
+    env = serve("pydantic_ai_research/runaway.json")
+    done = cli(["run", "pydantic_ai_research:research", "--run-id", "a2", "--store", f"file://{tmp_path / 'runs'}",
                 "--quiet", "--input", json.dumps({"question": "everything"}), "--max-cost", "0.05"], env, EXAMPLES)
     assert done.returncode == 3, done.stderr
     assert "policy.costCeilingUSD" in done.stderr

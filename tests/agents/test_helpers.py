@@ -17,8 +17,7 @@ from durablerun import AbortReason, DurableContext, NonRetryableError, Outcome, 
 from durablerun.agents import Saga, bound_history, tool
 from durablerun.engine import Run
 from durablerun.testing import WorkflowTest
-
-from .conftest import cli, kill, launch
+from tests.agents.helpers import cli, kill, launch
 
 
 def _lines(path: Path) -> list[str]:

@@ -21,8 +21,7 @@ from langgraph.types import interrupt
 from durablerun import DurableContext, Outcome
 from durablerun.integrations.langgraph import run_graph
 from durablerun.testing import WorkflowTest
-
-from .conftest import cli, kill_with_turn_in_flight
+from tests.agents.helpers import cli, kill_with_turn_in_flight
 
 SCRIPT = [{"text": "draft: durable agents"}, {"text": "review: looks right"}, {"text": "published!"}]
 

@@ -22,8 +22,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from durablerun import DurableContext, Outcome, Policy
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
-
-from .conftest import cli, kill_with_turn_in_flight
+from tests.agents.helpers import cli, kill_with_turn_in_flight
 
 SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "search", "args": {"query": "raft"}},

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults import conftest as fault_fixtures
-from tests.operator import conftest as operator_fixtures
+from tests.faults.fixtures import pods
+from tests.operator.fixtures import operator, runs, start_operator
 
-start_operator = operator_fixtures.start_operator
-operator = operator_fixtures.operator
-runs = operator_fixtures.runs
-pods = fault_fixtures.pods
+__all__ = ["operator", "pods", "runs", "start_operator"]

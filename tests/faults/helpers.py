@@ -1,6 +1,6 @@
 """What the fault, bad-input and security tests share: manifests, a pod recorder, ledgers, metrics.
 
-Built on the operator tests' fixtures (``tests.operator.conftest``): a namespace
+Built on the operator tests' fixtures (``tests.operator.fixtures``): a namespace
 with its own operator, a bucket, a credentials Secret and a ledger directory.
 """
 
@@ -12,22 +12,30 @@ import random
 import threading
 import time
 import urllib.request
+import uuid
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from durablerun import api
+from durablerun.engine import Run
+from durablerun.stores import RunRef, open_store
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.operator.conftest import WORKFLOWS as OPERATOR_WORKFLOWS
-from tests.operator.conftest import Operator, RunEnv
+from tests.faults.workflows import torture_flows
+from tests.operator.helpers import WORKFLOWS as OPERATOR_WORKFLOWS
+from tests.operator.helpers import Operator, RunEnv
 
 WORKFLOWS = Path(__file__).resolve().parent / "workflows"
 LEDGER_MOUNT = "/tmp/ledger"  # where RunEnv mounts the ledger directory in runner pods
+#: The payload that lets the torture workflow past its wait.
+GO = {"approved": True}
 
 
 def seeded(name: str) -> random.Random:
@@ -63,6 +71,10 @@ class Store:
         body["spec"]["checkpoint"].update(uri=f"s3://{self.bucket}/runs", endpoint=self.server.endpoint_url,
                                           credentialsSecret=self.secret)
         return body
+
+
+#: The ``dedicated_store`` fixture: ``start(**minio_env)``.
+StartStore = Callable[..., Store]
 
 
 def torture_input(name: str, **extra: Any) -> dict[str, Any]:
@@ -271,3 +283,30 @@ def wait_pod_exit(runs: RunEnv, pods: PodRecorder, pod: str, timeout: float = 60
     except procs.Timeout as timeout_error:
         raise procs.Timeout(f"{timeout_error} (pod watch: {pods.seen} events, last error {pods.last_error}; "
                             f"pod now: {pods.ending(pod)})") from None
+
+
+@dataclass
+class Tally:
+    """Trials and failures per fault, printed at the end of the session."""
+
+    rows: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, fault: str, trials: int, failures: int) -> None:
+        row = self.rows.setdefault(fault, [0, 0])
+        row[0] += trials
+        row[1] += failures
+
+
+TALLY = Tally()
+
+
+def reference(input: dict[str, Any], tmp: Path) -> tuple[Any, Any]:
+    """The result and totals of the same workflow run once, uncrashed, in this process."""
+    store = open_store(f"memory://reference-{uuid.uuid4().hex}")
+    ref = RunRef.local("reference")
+    if input.get("waitRound") is not None:
+        store.put_event(run=ref, name="go", payload=GO)
+    result = Run(store=store, run=ref, workflow=torture_flows.torture,
+                 input={**input, "ledger": str(tmp / f"reference-{uuid.uuid4().hex}.txt"), "pace": 0}).run_attempt()
+    assert result.outcome == api.Outcome.COMPLETED, result.message
+    return result.result, result.totals

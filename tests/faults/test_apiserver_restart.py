@@ -21,14 +21,22 @@ import pytest
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.conftest import CRD_PATH, SESSION_ID
-from tests.faults.conftest import Tally
-from tests.faults.helpers import Ledger, check_executions, events, manifest, process_of, seeded, torture_input
+from tests.faults.helpers import (
+    Ledger,
+    Tally,
+    check_executions,
+    events,
+    manifest,
+    process_of,
+    reference,
+    seeded,
+    torture_input,
+)
 from tests.faults.journal import check_journal, read_journal, run_root
-from tests.faults.test_runner_kills import reference
 from tests.faults.workflows import torture_flows
-from tests.operator import conftest as operator_fixtures
-from tests.operator.conftest import RunEnv
+from tests.helpers import CRD_PATH, SESSION_ID
+from tests.operator import fixtures as operator_fixtures
+from tests.operator.helpers import RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -34,16 +34,18 @@ from typing import Any
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.conftest import Tally
 from tests.faults.helpers import (
+    GO,
     Ledger,
     PodRecorder,
+    Tally,
     check_executions,
     check_woken_fenced,
     events,
     finished,
     manifest,
     process_of,
+    reference,
     run_metric,
     running_pod,
     scrape,
@@ -53,9 +55,8 @@ from tests.faults.helpers import (
     wait_pod_exit,
 )
 from tests.faults.journal import check_journal, read_journal, run_root
-from tests.faults.test_runner_kills import GO, reference
 from tests.faults.workflows import torture_flows
-from tests.operator.conftest import Operator, RunEnv, StartOperator
+from tests.operator.helpers import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.conftest import Tally
 from tests.faults.helpers import (
     Ledger,
     PodRecorder,
+    Tally,
     check_executions,
     check_woken_fenced,
     events,
@@ -41,7 +41,7 @@ from tests.faults.helpers import (
 )
 from tests.faults.journal import check_journal, list_objects, read_journal, run_root
 from tests.faults.workflows import torture_flows
-from tests.operator.conftest import RunEnv, StartOperator
+from tests.operator.helpers import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

@@ -16,7 +16,6 @@ import os
 import threading
 import time
 import urllib.error
-import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -24,18 +23,17 @@ from typing import Any
 
 import pytest
 
-from durablerun import api
-from durablerun.engine import Run
-from durablerun.stores import RunRef, open_store
 from durablerun_testbed import procs
-from tests.faults.conftest import Tally
 from tests.faults.helpers import (
+    GO,
     Ledger,
     PodRecorder,
+    Tally,
     check_executions,
     events,
     finished,
     manifest,
+    reference,
     run_metric,
     running_pod,
     scrape,
@@ -46,7 +44,7 @@ from tests.faults.helpers import (
 )
 from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
 from tests.faults.workflows import torture_flows
-from tests.operator.conftest import RunEnv, StartOperator
+from tests.operator.helpers import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
@@ -54,7 +52,6 @@ TRIALS = int(os.environ.get("FAULT_TRIALS", "8"))
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))
 KILLS_PER_RUN = 3
 SPREAD = 5.0  # seconds after a runner's process starts within which its kill falls
-GO = {"approved": True}
 POLICY = {"maxRestarts": 50, "leaseDuration": "20s", "backoff": {"initial": "1s", "max": "1s"}}
 
 
@@ -65,18 +62,6 @@ class Tortured:
     killed: set[str] = field(default_factory=set)
     listings: list[dict[str, str]] = field(default_factory=list)
     error: BaseException | None = None
-
-
-def reference(input: dict[str, Any], tmp: Path) -> tuple[Any, Any]:
-    """The result and totals of the same workflow run once, uncrashed, in this process."""
-    store = open_store(f"memory://reference-{uuid.uuid4().hex}")
-    ref = RunRef.local("reference")
-    if input.get("waitRound") is not None:
-        store.put_event(run=ref, name="go", payload=GO)
-    result = Run(store=store, run=ref, workflow=torture_flows.torture,
-                 input={**input, "ledger": str(tmp / f"reference-{uuid.uuid4().hex}.txt"), "pace": 0}).run_attempt()
-    assert result.outcome == api.Outcome.COMPLETED, result.message
-    return result.result, result.totals
 
 
 def drive(runs: RunEnv, pods: PodRecorder, run: Tortured, rng: Any, journal_root: str) -> None:

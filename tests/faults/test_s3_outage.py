@@ -17,12 +17,21 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.conftest import StartStore, Tally
-from tests.faults.helpers import Ledger, PodRecorder, check_executions, events, manifest, seeded, torture_input
+from tests.faults.helpers import (
+    Ledger,
+    PodRecorder,
+    StartStore,
+    Tally,
+    check_executions,
+    events,
+    manifest,
+    reference,
+    seeded,
+    torture_input,
+)
 from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
-from tests.faults.test_runner_kills import reference
 from tests.faults.workflows import torture_flows
-from tests.operator.conftest import Operator, RunEnv
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -100,7 +100,7 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env[api.OperatorEnv.HEALTH_PORT]["value"] == "18080"
     assert env[api.OperatorEnv.RESYNC_SECONDS]["value"] == "2.5"
     assert env[api.OperatorEnv.CLUSTER]["value"] == "prod-eu"
-    assert env[api.Env.LOG_LEVEL]["value"] == "DEBUG"
+    assert env[api.OperatorEnv.LOG_LEVEL]["value"] == "DEBUG"
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "readinessProbe" not in container
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}

@@ -17,7 +17,7 @@ from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.conftest import SESSION_ID
+from tests.helpers import SESSION_ID
 
 from .helpers import CHART, DEPLOY, Helm, Kubectl, parse
 
@@ -102,7 +102,7 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
          "--set", "logLevel=DEBUG", "--set", "rbac.aggregateClusterRoles=false")
     deployment = json.loads(kubectl("get", "deployment", "durable-run", "-n", "dr-system", "-o", "json").stdout)
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env[api.Env.LOG_LEVEL] == "DEBUG"
+    assert env[api.OperatorEnv.LOG_LEVEL] == "DEBUG"
     assert kubectl("get", "clusterrole", "durable-run-viewer", check=False).returncode != 0
 
     # Uninstall: what docs/install.md says stays is the CRD (crds.keep) and with it every run.

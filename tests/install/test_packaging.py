@@ -26,6 +26,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import durablerun
+from durablerun import api
 
 from .helpers import CHART, REPO
 
@@ -145,7 +146,7 @@ def lean(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 WORKFLOW = '''
-from durablerun import DurableContext, api
+from durablerun import DurableContext
 
 def double(n):
     return n * 2

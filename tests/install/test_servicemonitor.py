@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from durablerun_operator import metrics
 from durablerun_testbed import procs
 from durablerun_testbed.prometheus import Prometheus, ServiceMonitorTarget
-from tests.conftest import StartPrometheus
-from tests.observability.test_prometheus_e2e import FakeOperator, running
+from tests.helpers import StartPrometheus
+from tests.observability.helpers import FakeOperator, running
 
 from .helpers import Helm, Manifest, one
 

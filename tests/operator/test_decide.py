@@ -18,7 +18,7 @@ import pytest
 
 from durablerun import api
 from durablerun_operator import decide
-from tests.operator.test_quiet import POLICY, T0, at, body, runner_pod, running
+from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
 
 
 def plan_for(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None,

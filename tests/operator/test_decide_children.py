@@ -15,7 +15,7 @@ import pytest
 
 from durablerun import api
 from durablerun_operator import builders, decide
-from tests.operator.test_quiet import T0, body, runner_pod, running
+from tests.operator.run_bodies import T0, body, runner_pod, running
 
 REQUEST = {"workflow": "m:child", "input": {"n": 1}}
 

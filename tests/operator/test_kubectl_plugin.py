@@ -13,8 +13,7 @@ import pytest
 from durablerun import api
 from durablerun_testbed import binaries
 from durablerun_testbed.testbed import TestBed
-
-from .conftest import Operator, RunEnv
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

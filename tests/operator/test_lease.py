@@ -9,7 +9,7 @@ import pytest
 
 from durablerun_testbed import procs
 from tests.faults.helpers import PodRecorder, process_of, wait_pod_exit
-from tests.operator.conftest import Operator, RunEnv
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

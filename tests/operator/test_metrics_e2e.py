@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
-from tests.conftest import StartPrometheus
-from tests.observability.test_prometheus_e2e import (
+from tests.helpers import StartPrometheus
+from tests.observability.helpers import (
     DASHBOARD,
     firing,
     has_numbers,
@@ -25,7 +25,7 @@ from tests.observability.test_prometheus_e2e import (
     scalar,
     substitute,
 )
-from tests.operator.conftest import Operator, RunEnv
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -16,24 +16,21 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.realnode import RealNodeUnavailable, build_workflow_image, check_machine
 from durablerun_testbed.testbed import TestBed
-from tests.conftest import SESSION_ID
+from tests.helpers import SESSION_ID
 from tests.install.helpers import Helm
+from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
 
 WORKFLOWS = Path(__file__).resolve().parent / "workflows"
-OPERATOR_NAMESPACE = "durable-run-system"
 RELEASE = "durable-run"
 
 
@@ -85,89 +82,6 @@ def chart_operator(real_bed: TestBed, real_helm: Helm) -> dict[str, Any]:
                                        api.OPERATOR_SELECTOR, "-o", "json").stdout)["items"]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     return dict(pods[0])
-
-
-@dataclass
-class RealRuns:
-    """A namespace enforcing `restricted` with a bucket and its credentials, for runs on the real node."""
-
-    bed: TestBed
-    namespace: str
-    bucket: str
-    image: str
-
-    def manifest(self, name: str, workflow: str, input: dict[str, Any] | None = None,
-                 resources: dict[str, Any] | None = None, policy: dict[str, Any] | None = None) -> dict[str, Any]:
-        assert self.bed.s3
-        runner: dict[str, Any] = {"name": "runner", "image": self.image}
-        if resources:
-            runner["resources"] = resources
-        return {
-            "apiVersion": api.API_VERSION, "kind": "DurableRun",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "workflow": workflow,
-                "input": {"bucket": self.bucket, "endpoint": self.bed.s3.endpoint_url, **(input or {})},
-                "checkpoint": {"uri": f"s3://{self.bucket}/runs", "endpoint": self.bed.s3.endpoint_url,
-                               "region": "us-east-1", "credentialsSecret": "s3-credentials"},
-                "policy": {"leaseDuration": "10s", "backoff": {"initial": "1s", "max": "2s"}, **(policy or {})},
-                "template": {"spec": {"containers": [runner], "terminationGracePeriodSeconds": 5}},
-            },
-        }
-
-    def apply(self, manifest: dict[str, Any]) -> None:
-        self.bed.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-
-    def kubectl(self, *args: str, check: bool = True) -> str:
-        return self.bed.kubectl("-n", self.namespace, *args, check=check).stdout
-
-    def get(self, name: str) -> dict[str, Any]:
-        return dict(json.loads(self.kubectl("get", "dr", name, "-o", "json")))
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.get(name).get("status") or {})
-
-    def wait_phase(self, name: str, *phases: str, timeout: float = 120) -> dict[str, Any]:
-        return procs.wait_for(
-            lambda: (status := self.status(name)).get("phase") in phases and status,
-            timeout=timeout, interval=0.5, what=f"DurableRun {self.namespace}/{name} to reach {'/'.join(phases)}",
-        )
-
-    def wait_steps(self, name: str, steps: int, timeout: float = 120) -> dict[str, Any]:
-        return procs.wait_for(
-            lambda: (s := self.status(name)).get("phase") == "Running"
-            and (s.get("progress") or {}).get("completedSteps", 0) >= steps and s,
-            timeout=timeout, interval=0.2, what=f"{name} to journal {steps} steps in a running pod",
-        )
-
-    def pods(self, name: str) -> list[dict[str, Any]]:
-        return list(json.loads(self.kubectl("get", "pods", "-l", f"{api.LABEL_RUN}={name}", "-o",
-                                            "json"))["items"])
-
-    def pod(self, pod: str) -> dict[str, Any]:
-        return dict(json.loads(self.kubectl("get", "pod", pod, "-o", "json")))
-
-    def running_container_id(self, pod: str) -> str:
-        """The runner container's id once it runs (the runtime's, as `containerd://<id>`)."""
-        def running() -> str | None:
-            for status in self.pod(pod).get("status", {}).get("containerStatuses", []):
-                if status["name"] == "runner" and "running" in status.get("state", {}):
-                    return str(status["containerID"])
-            return None
-
-        return procs.wait_for(running, timeout=60, what=f"the runner container of {pod} to run")
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return list(json.loads(self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}",
-                                            "-o", "json"))["items"])
-
-    def executions(self) -> Counter[str]:
-        """How often each step ran, across every attempt, from the markers its executions left in S3."""
-        assert self.bed.s3
-        s3 = boto3.client("s3", endpoint_url=self.bed.s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id=self.bed.s3.access_key, aws_secret_access_key=self.bed.s3.secret_key)
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix="executions/")
-        return Counter(o["Key"].split("/")[1] for page in pages for o in page.get("Contents", []))
 
 
 @pytest.fixture

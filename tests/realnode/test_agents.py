@@ -1,4 +1,4 @@
-"""The pydantic-ai research agent (examples/agent_research) in a runner pod on the real node.
+"""The pydantic-ai research agent (examples/pydantic_ai_research) in a runner pod on the real node.
 
 Its image is built the way a user builds one (`hack/build-images.sh workflow DIR` with DIR's
 requirements.txt pip-installed), and it talks to the scripted model server on the node's bridge
@@ -18,17 +18,16 @@ from durablerun_testbed import binaries
 from durablerun_testbed.llmserver import LLMServer, load_script
 from durablerun_testbed.realnode import build_workflow_image
 from durablerun_testbed.testbed import TestBed
+from tests.realnode.helpers import RealRuns
 
-from .conftest import RealRuns
-
-EXAMPLE = binaries.REPO_ROOT / "examples" / "agent_research"
+EXAMPLE = binaries.REPO_ROOT / "examples" / "pydantic_ai_research"
 
 
 @pytest.fixture(scope="session")
 def agent_image(real_bed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """examples/agent_research in an image FROM the runner image, with pydantic-ai pip-installed."""
+    """examples/pydantic_ai_research in an image FROM the runner image, with pydantic-ai pip-installed."""
     stage = tmp_path_factory.mktemp("agent-image") / "agent-image"
-    shutil.copytree(EXAMPLE, stage / "agent_research", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(EXAMPLE, stage / "pydantic_ai_research", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(binaries.REPO_ROOT / "hack" / "constraints.txt", stage / "constraints.txt")
     (stage / "requirements.txt").write_text("-c constraints.txt\npydantic-ai-slim[openai]\n")
     archive, ref = build_workflow_image(stage)
@@ -46,7 +45,7 @@ def model_server(real_bed: TestBed, request: pytest.FixtureRequest) -> Iterator[
 
 
 def agent_run(runs: RealRuns, name: str, image: str, server: LLMServer, **policy: Any) -> dict[str, Any]:
-    manifest = runs.manifest(name, "agent_research:research", {"question": "durable execution"}, policy=policy)
+    manifest = runs.manifest(name, "pydantic_ai_research:research", {"question": "durable execution"}, policy=policy)
     runner = manifest["spec"]["template"]["spec"]["containers"][0]
     runner["image"] = image
     runner["env"] = [{"name": "OPENAI_BASE_URL", "value": server.openai_base_url},

@@ -14,8 +14,7 @@ from typing import Any
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-
-from .conftest import OPERATOR_NAMESPACE, RealRuns
+from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
 
 STEPS = 5
 

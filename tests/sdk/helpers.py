@@ -1,14 +1,102 @@
-"""Helpers shared by SDK tests: reaching *under* a store to damage it on purpose."""
+"""Helpers shared by SDK tests: the store matrix's specs, running the CLI, waiting on a condition, a reference
+attempt, and reaching *under* a store to damage it on purpose."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+from durablerun import api
 from durablerun._private import layout
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.backends.s3 import S3Backend
-from durablerun.stores import RunRef, Store
+from durablerun.api import Policy
+from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.stores import RunRef, Store, open_store
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+WORKFLOWS = HERE / "workflows"
+
+
+@dataclass
+class StoreSpec:
+    """How to open one store from this process and from a subprocess."""
+
+    kind: str
+    uri: str
+    env: dict[str, str]
+    cli_args: list[str]
+    options: dict[str, Any]
+
+    def open(self) -> Store:
+        return open_store(self.uri, **self.options)
+
+
+def sub_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(REPO / "runner"), str(WORKFLOWS), str(REPO / "examples")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop(api.Env.STORE, None)
+    env.update(extra or {})
+    return env
+
+
+def cli(args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m durablerun ARGS`` and wait for it."""
+    return subprocess.run(
+        [sys.executable, "-m", "durablerun", *args], capture_output=True, text=True,
+        env=sub_env(env), cwd=cwd, timeout=timeout, check=False)
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float, what: str,
+               interval: float = 0.005) -> Any:
+    """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=5),
+                    snapshot_every=4)
+REF = RunRef.local("t")
+
+
+def attempt(store: Store, wf: Any, input: Any = None, *, ref: RunRef = REF,
+            policy: Policy | None = None, config: EngineConfig = FAST,
+            sinks: list[Any] | None = None) -> AttemptResult:
+    return Run(store=store, run=ref, workflow=wf, input=input or {}, policy=policy,
+               config=config, sinks=sinks).run_attempt()
+
+
+class Ledger:
+    """Side effects recorded outside the run: proves what executed how often."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[Any] = Counter()
+        self.lock = threading.Lock()
+
+    def hit(self, key: Any) -> None:
+        with self.lock:
+            self.calls[key] += 1
 
 
 def flip_byte(data: bytes, offset: int) -> bytes:

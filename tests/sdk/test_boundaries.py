@@ -91,7 +91,13 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("replay", {"durablerun._private.replay"}),
     ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.core",
                  "durablerun._private.children", "durablerun._private.context", "durablerun._private.engine"}),
+    ("front", {"durablerun._private.display", "durablerun._private.arguments", "durablerun._private.inspection",
+               "durablerun._private.cli", "durablerun._private.lease", "durablerun._private.pod",
+               "durablerun._private.kubectl"}),
 ]
+#: Public modules the private ones may import: the contract. Every other public module is a façade over
+#: ``_private`` (it re-exports names, or starts a command) and nothing under ``_private`` imports it.
+CONTRACT_MODULES = {"durablerun.api", "durablerun.errors", "durablerun._version"}
 
 
 def _graph() -> dict[str, set[str]]:
@@ -136,3 +142,10 @@ def test_the_runners_imports_have_no_circle() -> None:
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def test_private_modules_never_import_the_public_facades() -> None:
+    public = {m for m in _modules() if not m.startswith("durablerun._private")} - CONTRACT_MODULES
+    backwards = [(m, d) for m, deps in _graph().items() if m.startswith("durablerun._private")
+                 for d in deps if d in public]
+    assert not backwards, f"a private module imports a public façade: {backwards}"

@@ -12,7 +12,7 @@ import pytest
 
 from durablerun.api import Outcome
 
-from .conftest import StoreSpec, cli, sub_env, wait_until
+from .helpers import StoreSpec, cli, sub_env, wait_until
 
 
 def test_run_wait_send_event_resume_and_inspect(durable_store_spec: StoreSpec,
@@ -140,19 +140,19 @@ def test_workflow_raising_at_import_fails_with_exit_1(tmp_path: Path) -> None:
 def test_pod_subcommand_delegates_to_durablerun_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    import durablerun
+    from durablerun import _private
     from durablerun._private import cli as cli_module
 
     seen: list[list[str]] = []
-    fake = types.ModuleType("durablerun.pod")
+    fake = types.ModuleType("durablerun._private.pod")
     fake.main = lambda argv: seen.append(argv) or 5  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "durablerun.pod", fake)
-    monkeypatch.setattr(durablerun, "pod", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "durablerun._private.pod", fake)
+    monkeypatch.setattr(_private, "pod", fake, raising=False)
     assert cli_module.main(["pod", "--epoch", "3"]) == 5
     assert seen == [["--epoch", "3"]]
     # Without the module: a clear usage error, not a traceback.
-    monkeypatch.setitem(sys.modules, "durablerun.pod", None)
-    monkeypatch.delattr(durablerun, "pod", raising=False)
+    monkeypatch.setitem(sys.modules, "durablerun._private.pod", None)
+    monkeypatch.delattr(_private, "pod", raising=False)
     assert cli_module.main(["pod"]) == 2
 
 

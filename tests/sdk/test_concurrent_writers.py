@@ -16,7 +16,7 @@ from durablerun._private.model import StepRecord
 from durablerun.api import Outcome
 from durablerun.stores import RunRef
 
-from .conftest import StoreSpec, cli, sub_env, wait_until
+from .helpers import StoreSpec, cli, sub_env, wait_until
 
 # The engine alone, without the CLI's owner record: `python -c ENGINE_ONLY STORE_URI INPUT_JSON`.
 ENGINE_ONLY = """

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -15,26 +14,14 @@ import pytest
 
 from durablerun import DurableContext, EventTimeout, ResultNotSerializableError, StepError
 from durablerun._private import codec, layout
-from durablerun._private.backends import memory
 from durablerun._private.journal import RunStore
 from durablerun._private.model import ContinueRecord, Record
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.sinks import ProgressSink
-from durablerun.stores import RunRef, Store, open_store
+from durablerun.stores import RunRef, Store
 
-from .conftest import StoreSpec, wait_until
-
-FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=5),
-                    snapshot_every=4)
-REF = RunRef.local("can")
-
-
-@pytest.fixture
-def mem() -> Iterator[Store]:
-    name = uuid.uuid4().hex
-    yield open_store(f"memory://{name}")
-    memory.reset(name)
+from .helpers import FAST, REF, Ledger, StoreSpec, attempt, wait_until
 
 
 class Started(ProgressSink):
@@ -49,29 +36,12 @@ class Started(ProgressSink):
         self.continued.append((generation, seq))
 
 
-def attempt(store: Store, wf: Any, input: Any = None, *, ref: RunRef = REF,
-            policy: Policy | None = None, config: EngineConfig = FAST,
-            sinks: list[Any] | None = None) -> AttemptResult:
-    return Run(store=store, run=ref, workflow=wf, input=input or {}, policy=policy,
-               config=config, sinks=sinks).run_attempt()
-
-
 def all_records(store: Store, ref: RunRef = REF) -> list[Record]:
     rs = store.run_store(ref)
     try:
         return rs.read_all()
     finally:
         rs.close()
-
-
-class Ledger:
-    def __init__(self) -> None:
-        self.calls: Counter[Any] = Counter()
-        self.lock = threading.Lock()
-
-    def hit(self, key: Any) -> None:
-        with self.lock:
-            self.calls[key] += 1
 
 
 # --- the loop every test below builds on -------------------------------------------------------

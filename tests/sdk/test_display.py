@@ -14,7 +14,7 @@ from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun.api import Outcome
 from durablerun.engine import AttemptResult, RunStarted
 
-from .conftest import sub_env
+from .helpers import sub_env
 
 INFO = RunStarted(run="_local/x", attempt_id="a", journal_records=0, resumed=False,
                   objects_read=1, code_version="c")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -16,48 +15,17 @@ from pydantic import BaseModel
 from durablerun import DurableContext, NonRetryableError, StepError
 from durablerun._private.backends import memory
 from durablerun._private.model import Record, StepRecord
-from durablerun.api import Outcome, Policy
-from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.api import Outcome
+from durablerun.engine import EngineConfig
 from durablerun.sinks import ProgressSink
 from durablerun.stores import RunRef, Store, open_store
 
-from .conftest import StoreSpec
-from .helpers import raw_journal_bytes
-
-FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=5),
-                    snapshot_every=4)
-REF = RunRef.local("t")
+from .helpers import REF, Ledger, StoreSpec, attempt, raw_journal_bytes
 
 
 def _step(record: Record) -> StepRecord:
     assert isinstance(record, StepRecord), record
     return record
-
-
-@pytest.fixture
-def mem() -> Any:
-    name = uuid.uuid4().hex
-    yield open_store(f"memory://{name}")
-    memory.reset(name)
-
-
-def attempt(store: Store, wf: Any, input: Any = None, *, ref: RunRef = REF,
-            policy: Policy | None = None, config: EngineConfig = FAST,
-            sinks: list[Any] | None = None) -> AttemptResult:
-    return Run(store=store, run=ref, workflow=wf, input=input or {}, policy=policy,
-               config=config, sinks=sinks).run_attempt()
-
-
-class Ledger:
-    """Side effects recorded outside the run: proves what executed how often."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
-        self.lock = threading.Lock()
-
-    def hit(self, key: str) -> None:
-        with self.lock:
-            self.calls[key] += 1
 
 
 # --- replay -------------------------------------------------------------------------------

@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import json
-import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import code_migration
+import fake_llm_research
 import pytest
-import research_agent
 
-from durablerun._private.backends import memory
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import EngineConfig, Run
-from durablerun.stores import RunRef, Store, open_store
+from durablerun.stores import RunRef, Store
 
-from .conftest import REPO, cli
+from .helpers import REPO, cli
 
 FAST = EngineConfig(retry_initial=__import__("datetime").timedelta(milliseconds=1))
-
-
-@pytest.fixture
-def mem() -> Any:
-    name = uuid.uuid4().hex
-    yield open_store(f"memory://{name}")
-    memory.reset(name)
 
 
 def go(store: Store, wf: Any, input: Any, ref: RunRef, policy: Policy | None = None) -> Any:
@@ -34,20 +25,20 @@ def go(store: Store, wf: Any, input: Any, ref: RunRef, policy: Policy | None = N
                config=FAST).run_attempt()
 
 
-def test_research_agent_charges_cost_retries_and_respects_the_budget(
+def test_fake_llm_research_charges_cost_retries_and_respects_the_budget(
     mem: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    llm = research_agent.FakeLLM(flaky_every=3)
-    monkeypatch.setattr(research_agent, "LLM", llm)
+    llm = fake_llm_research.FakeLLM(flaky_every=3)
+    monkeypatch.setattr(fake_llm_research, "LLM", llm)
     ref = RunRef.local("research")
-    r = go(mem, research_agent.research, {"topic": "durable execution", "width": 6}, ref,
+    r = go(mem, fake_llm_research.research, {"topic": "durable execution", "width": 6}, ref,
            Policy(costCeilingUSD="0.005"))
     assert r.outcome == Outcome.ABORTED
     assert r.abort_reason == AbortReason.BUDGET_EXHAUSTED
     calls_before = llm.calls
     spent = r.totals.usd
     assert spent >= Decimal("0.005")
-    r2 = go(mem, research_agent.research, {"topic": "durable execution", "width": 6}, ref,
+    r2 = go(mem, fake_llm_research.research, {"topic": "durable execution", "width": 6}, ref,
             Policy(costCeilingUSD="1.00"))
     assert r2.outcome == Outcome.COMPLETED, r2.message
     assert r2.result["sections"] == 6
@@ -57,7 +48,7 @@ def test_research_agent_charges_cost_retries_and_respects_the_budget(
     assert r2.totals.usd > spent
     # Resume re-made only the calls not yet journaled (flaky ones retried).
     assert llm.calls - calls_before <= 8 + 8
-    again = go(mem, research_agent.research, {"topic": "durable execution", "width": 6}, ref)
+    again = go(mem, fake_llm_research.research, {"topic": "durable execution", "width": 6}, ref)
     assert again.result == r2.result
 
 
@@ -90,7 +81,7 @@ def test_examples_run_from_the_cli(tmp_path: Path) -> None:
     store = f"file://{tmp_path}/s"
     env = {"PYTHONPATH": str(REPO / "examples")}
     log = tmp_path / "progress.jsonl"
-    r = cli(["run", "research_agent:research", "--run-id", "cli", "--store", store,
+    r = cli(["run", "fake_llm_research:research", "--run-id", "cli", "--store", store,
              "--input", '{"topic": "x", "width": 2}', "--max-cost", "1",
              "--json-log", str(log)], env=env)
     assert r.returncode == 0, r.stderr
@@ -126,8 +117,8 @@ def test_the_review_agent_waits_for_its_review_and_every_example_is_listed(tmp_p
     assert json.loads(done.stdout)["status"] == "published"
     readme = (REPO / "examples" / "README.md").read_text()
     examples = sorted(p.name for p in (REPO / "examples").iterdir() if (p / "__init__.py").exists())
-    assert examples == ["agent_research", "approval_graph", "code_migration", "research_agent", "review_agent",
-                        "supervisor"]
+    assert examples == ["approval_graph", "code_migration", "fake_llm_research", "pydantic_ai_research",
+                        "review_agent", "supervisor"]
     for name in examples:
         assert f"[`{name}`]({name}/)" in readme, name
 

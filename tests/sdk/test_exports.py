@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
 import durablerun
 
@@ -23,6 +25,8 @@ PUBLIC = {
     ],
     "durablerun.sinks": ["EventKind", "JsonLinesSink", "ProgressEvent", "ProgressSink"],
     "durablerun.cli": ["main"],
+    "durablerun.pod": ["main"],
+    "durablerun.kubectl": ["complete_main", "main"],
     "durablerun.testing": ["WorkflowTest"],
     "durablerun.llm": [
         "PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
@@ -81,3 +85,15 @@ def test_public_modules_are_thin_and_internals_private() -> None:
             assert origin.startswith(("durablerun._private", "durablerun.api",
                                       "durablerun.errors", "builtins")) or name in (
                 "__version__", "SDK_VERSION", "LAYOUT_VERSION", "PRICES", "PRICES_AS_OF"), (module_name, name, origin)
+
+
+def test_public_modules_are_facades() -> None:
+    """A public module names things (re-exports, an entry point); what does the work lives under _private.
+
+    api and errors are the exception: they are the contract itself (docs/architecture.md)."""
+    for path in Path(durablerun.__file__).parent.glob("*.py"):
+        if path.stem in ("api", "errors", "_version", "__main__"):
+            continue
+        defined = [n.name for n in ast.parse(path.read_text()).body
+                   if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        assert not defined, f"durablerun/{path.name} defines {defined}: move them under durablerun._private"

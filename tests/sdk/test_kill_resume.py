@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from durablerun._private.model import ContinueRecord
 from durablerun.stores import RunRef
 
-from .conftest import StoreSpec, sub_env, wait_until
+from .helpers import StoreSpec, sub_env, wait_until
 from .workflows import chaos
 
 EXAMPLES = int(os.environ.get("DURABLERUN_KILL_EXAMPLES", "20"))

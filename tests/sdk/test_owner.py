@@ -18,7 +18,7 @@ from durablerun._private import owner
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun.stores import RunRef, Store
 
-from .conftest import StoreSpec, cli
+from .helpers import StoreSpec, cli
 
 REF = RunRef.local("moving-run")
 UID = "3f2a9c1e-0000-4000-8000-000000000001"

@@ -22,18 +22,9 @@ from durablerun._private.stores import Store
 from durablerun.api import AbortReason, Outcome, Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
-from durablerun.stores import RunRef, open_store
+from durablerun.stores import RunRef
 
-from .conftest import StoreSpec, wait_until
-from .test_engine import FAST, REF, Ledger, attempt
-
-
-@pytest.fixture
-def mem() -> Any:
-    name = uuid.uuid4().hex
-    yield open_store(f"memory://{name}")
-    memory.reset(name)
-
+from .helpers import FAST, REF, Ledger, StoreSpec, attempt, wait_until
 
 # --- budgets -------------------------------------------------------------------------------
 
@@ -117,7 +108,7 @@ def test_a_cost_charged_past_the_ceiling_by_the_last_step_is_reported(mem: Store
 
 
 def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
-    from durablerun.pod import kubectl_advice
+    from durablerun._private.pod import kubectl_advice
 
     config = EngineConfig(policy_advice=kubectl_advice("team", "agent"))
     r = Run(store=mem, run=RunRef.kubernetes("team", "agent", "u1"), workflow=charging,
@@ -131,7 +122,7 @@ def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
 
 def test_a_declared_total_is_the_progress_denominator_while_running_and_on_replay(
         mem: Store) -> None:
-    from durablerun.pod import StatusSink
+    from durablerun._private.lease import StatusSink
 
     async def wf(ctx: DurableContext, input: Any) -> Any:
         ctx.set_total_steps(input["n"])

@@ -12,7 +12,7 @@ from durablerun.api import RESULT_INLINE_MAX, Outcome
 from durablerun.engine import EngineConfig, Run
 from durablerun.stores import RunRef
 
-from .conftest import StoreSpec, cli
+from .helpers import StoreSpec, cli
 
 
 @pytest.mark.parametrize("size", [10, RESULT_INLINE_MAX + 100, 3000])

@@ -15,7 +15,7 @@ from durablerun._private.backends.s3 import S3Backend
 from durablerun._private.model import Record, StepRecord
 from durablerun.stores import RunRef, Store
 
-from .conftest import StoreSpec
+from .helpers import StoreSpec
 
 REF = RunRef.local("faults")
 

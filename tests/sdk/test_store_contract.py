@@ -16,8 +16,7 @@ from durablerun._private.journal import RunStore
 from durablerun._private.model import Record, StepRecord, Totals
 from durablerun.stores import RunRef, Store
 
-from .conftest import StoreSpec
-from .helpers import corrupt_journal_record, raw_journal_bytes
+from .helpers import StoreSpec, corrupt_journal_record, raw_journal_bytes
 
 REF = RunRef.kubernetes("team-a", "research", "3f2a9c1e-0000-4000-8000-000000000001")
 

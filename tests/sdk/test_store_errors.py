@@ -19,8 +19,7 @@ from durablerun.api import Outcome
 from durablerun.engine import Run
 from durablerun.stores import RunRef, open_store
 
-from .conftest import StoreSpec, cli, sub_env, wait_until
-from .helpers import fs_segment
+from .helpers import StoreSpec, cli, fs_segment, sub_env, wait_until
 
 
 def _cli_env(spec: StoreSpec, **overrides: str) -> dict[str, str]:

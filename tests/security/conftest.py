@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults import conftest as fault_fixtures
-from tests.operator import conftest as operator_fixtures
+from tests.faults.fixtures import dedicated_store, pods
+from tests.operator.fixtures import operator, runs, start_operator
 
-start_operator = operator_fixtures.start_operator
-operator = operator_fixtures.operator
-runs = operator_fixtures.runs
-pods = fault_fixtures.pods
-dedicated_store = fault_fixtures.dedicated_store
+__all__ = ["dedicated_store", "operator", "pods", "runs", "start_operator"]

@@ -13,9 +13,8 @@ import os
 
 import pytest
 
-from tests.faults.conftest import StartStore
-from tests.faults.helpers import manifest, torture_input
-from tests.operator.conftest import Operator, RunEnv
+from tests.faults.helpers import StartStore, manifest, torture_input
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

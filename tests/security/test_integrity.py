@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from durablerun.stores import RunRef, open_store
-from tests.badinput.test_runtime import check_all, failed, flip, objects, root_of, stay_failed
+from tests.badinput.helpers import check_all, failed, flip, objects, root_of, stay_failed
 from tests.faults.helpers import Ledger, manifest, send_event, torture_input
-from tests.operator.conftest import Operator, RunEnv
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -18,7 +18,7 @@ import yaml
 
 from durablerun_testbed import binaries, procs
 from tests.faults.helpers import Ledger, manifest, process_of, torture_input
-from tests.operator.conftest import Operator, RunEnv
+from tests.operator.helpers import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -24,9 +24,8 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed import procs
-from tests.faults.conftest import StartStore
-from tests.faults.helpers import Ledger, manifest, scrape, send_event, torture_input
-from tests.operator.conftest import RunEnv, StartOperator
+from tests.faults.helpers import Ledger, StartStore, manifest, scrape, send_event, torture_input
+from tests.operator.helpers import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

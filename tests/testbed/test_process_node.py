@@ -94,22 +94,14 @@ def test_missing_secret_keeps_the_pod_pending(testbed: TestBed, namespace: str) 
     assert pod_json(testbed, namespace, "nosecret")["status"]["phase"] == "Pending"
 
 
-def test_kill_reports_137(testbed: TestBed, namespace: str) -> None:
-    run_pod(testbed, namespace, "victim", "sleep 300")
-    wait_phase(testbed, namespace, "victim", "Running")
+@pytest.mark.parametrize(("fault", "reason"), [("kill", "Error"), ("oom", "OOMKilled")])
+def test_a_killed_container_reports_137_and_why(testbed: TestBed, namespace: str, fault: str, reason: str) -> None:
+    run_pod(testbed, namespace, fault, "sleep 300")
+    wait_phase(testbed, namespace, fault, "Running")
     assert testbed.node
-    testbed.node.kill(namespace, "victim")
-    state = terminated(wait_phase(testbed, namespace, "victim", "Failed"))
-    assert (state["exitCode"], state["reason"]) == (137, "Error")
-
-
-def test_oom_reports_oomkilled(testbed: TestBed, namespace: str) -> None:
-    run_pod(testbed, namespace, "hungry", "sleep 300")
-    wait_phase(testbed, namespace, "hungry", "Running")
-    assert testbed.node
-    testbed.node.oom(namespace, "hungry")
-    state = terminated(wait_phase(testbed, namespace, "hungry", "Failed"))
-    assert (state["exitCode"], state["reason"]) == (137, "OOMKilled")
+    getattr(testbed.node, fault)(namespace, fault)  # SIGKILL as a crash would, or as the OOM killer would
+    state = terminated(wait_phase(testbed, namespace, fault, "Failed"))
+    assert (state["exitCode"], state["reason"]) == (137, reason)
 
 
 def test_pause_and_continue(testbed: TestBed, namespace: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from durablerun_testbed import binaries, procs
-from tests.conftest import StartPrometheus
+from tests.helpers import StartPrometheus
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ it matters: it charges cost per call, it fails now and then (steps retry),
 and its answers depend only on the prompt.
 
     cd examples
-    durablerun run research_agent:research --run-id r1 --input '{"topic": "durable execution"}' \
+    durablerun run fake_llm_research:research --run-id r1 --input '{"topic": "durable execution"}' \
         --max-cost 0.50
 
 Kill it at any point (Ctrl-C twice, or kill -9) and run the same command again:

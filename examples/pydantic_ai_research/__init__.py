@@ -6,13 +6,13 @@ request and tool call a journaled step, charged to the run from the usage the
 model reports. Locally it talks to the scripted model server (no provider is
 needed; see examples/README.md):
 
-    python -m durablerun_testbed llm-server --script agent_research/script.json &
+    python -m durablerun_testbed llm-server --script pydantic_ai_research/script.json &
     export OPENAI_BASE_URL=http://127.0.0.1:8931/v1 OPENAI_API_KEY=local
-    durablerun run agent_research:research --run-id a1 --input '{"question": "durable execution"}' \\
+    durablerun run pydantic_ai_research:research --run-id a1 --input '{"question": "durable execution"}' \\
         --max-cost 0.05
 
 Kill it at any point and run the same command again: finished model calls are
-not made (or paid for) again. With ``agent_research/runaway.json`` the model
+not made (or paid for) again. With ``pydantic_ai_research/runaway.json`` the model
 never stops asking for searches; ``--max-cost`` stops it.
 """
 

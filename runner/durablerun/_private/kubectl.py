@@ -1,0 +1,381 @@
+"""``kubectl durablerun``: day-two commands for DurableRuns, as a kubectl plugin (entry point: ``durablerun.kubectl``).
+
+Installed with the package as the ``kubectl-durablerun`` console script; kubectl
+finds it on ``PATH``. Every change is the plain Kubernetes operation the docs
+describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
+
+    kubectl durablerun approve RUN EVENT [--by WHO] [--message M]   # merge patch spec.events.EVENT
+    kubectl durablerun reject RUN EVENT [--by WHO] [--message M]
+    kubectl durablerun event RUN EVENT [JSON|@file]                 # any payload
+    kubectl durablerun suspend RUN | resume RUN                     # spec.suspend
+    kubectl durablerun abort RUN [--reason R]                       # annotation durablerun.dev/abort
+    kubectl durablerun retry RUN                                    # annotation durablerun.dev/retry (lifts abort)
+    kubectl durablerun wait RUN [--for PHASE,...] [--timeout 10m]
+    kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
+    kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
+    kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
+    kubectl durablerun completion bash
+
+``-n/--namespace``, ``--context`` and ``--kubeconfig`` go to every kubectl
+call. ``kubectl`` is the one on ``PATH`` (or ``$KUBECTL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from durablerun import api, errors
+from durablerun._private import arguments, inspection, layout
+from durablerun._private.stores import store_from_checkpoint
+from durablerun._version import __version__
+
+RESOURCE = api.CRD_NAME  # as kubectl names the resource
+KIND_REF = f"{api.SINGULAR}.{api.GROUP}"  # as kubectl names objects: durablerun.durablerun.dev/NAME
+# `wait` with no --for waits for a finished run; its exit code is the run's outcome's.
+FINISHED = {api.Phase.SUCCEEDED: 0, api.Phase.FAILED: 1, api.Phase.ABORTED: api.Outcome.ABORTED.exit_code}
+EXIT_TIMEOUT = 124  # as timeout(1)
+
+
+class PluginError(Exception):
+    """Exits 1 with the message (a refused patch, a missing run, ...)."""
+
+
+class Kubectl:
+    """The real kubectl, with the user's namespace/context/kubeconfig flags on every call."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.binary = os.environ.get("KUBECTL") or "kubectl"
+        self.flags = [f"--{flag}={value}" for flag, value in
+                      (("namespace", args.namespace), ("context", args.context), ("kubeconfig", args.kubeconfig))
+                      if value]
+
+    def __call__(self, *argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([self.binary, *self.flags, *argv], input=input, capture_output=True, text=True,
+                                check=False)
+        if check and result.returncode != 0:
+            raise PluginError(result.stderr.strip() or f"kubectl {' '.join(argv)} failed ({result.returncode})")
+        return result
+
+    def json(self, *argv: str) -> Any:
+        return json.loads(self(*argv, "-o", "json").stdout)
+
+    def run(self, name: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.json("get", RESOURCE, name)
+        return body
+
+    def merge_patch(self, name: str, patch: dict[str, Any]) -> None:
+        self("patch", RESOURCE, name, "--type=merge", "-p", json.dumps(patch))
+
+    def annotate(self, name: str, key: str, value: str, *, remove: tuple[str, ...] = ()) -> None:
+        """Set ``key`` and remove the ``remove`` annotations, in one change."""
+        self("annotate", RESOURCE, name, f"{key}={value}", *(f"{r}-" for r in remove), "--overwrite")
+
+
+def _json_arg(text: str) -> Any:
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as f:
+            text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise arguments.UsageError(f"the event payload is not JSON ({e}): "
+                                   "pass e.g. '{\"approved\": true}' or @file.json") from None
+
+
+def send_event(kube: Kubectl, run: str, event: str, payload: Any) -> int:
+    """Merge patch spec.events.<event>; a sent event is never changed (the run may already have read it)."""
+    layout.check_event_name(event)
+    sent = (kube.run(run).get("spec") or {}).get("events") or {}
+    if event in sent:
+        if sent[event] == payload:
+            print(f"event {event!r} was already sent to {run} with this payload")
+            return 0
+        raise PluginError(f"event {event!r} was already sent to {run} with another payload "
+                          f"({json.dumps(sent[event])}): events are write-once; send a new event instead")
+    kube.merge_patch(run, {"spec": {"events": {event: payload}}})
+    print(f"{KIND_REF}/{run} event {event!r} sent")
+    return 0
+
+
+def cmd_approve(kube: Kubectl, args: argparse.Namespace) -> int:
+    payload: dict[str, Any] = {"approved": args.command == "approve",
+                               "by": args.by or os.environ.get("USER") or "kubectl-durablerun"}
+    if args.message:
+        payload["message"] = args.message
+    return send_event(kube, args.run, args.event, payload)
+
+
+def cmd_event(kube: Kubectl, args: argparse.Namespace) -> int:
+    return send_event(kube, args.run, args.event, _json_arg(args.payload))
+
+
+def cmd_suspend(kube: Kubectl, args: argparse.Namespace) -> int:
+    suspend = args.command == "suspend"
+    kube.merge_patch(args.run, {"spec": {"suspend": suspend}})
+    print(f"{KIND_REF}/{args.run} {'suspended' if suspend else 'resumed'}")
+    return 0
+
+
+def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
+    kube.annotate(args.run, api.ANNOTATION_ABORT, args.reason)
+    print(f"{KIND_REF}/{args.run} abort requested: {args.reason} (a running attempt gets "
+          "spec.policy.abortGracePeriod to stop and undo its work)")
+    return 0
+
+
+def cmd_retry(kube: Kubectl, args: argparse.Namespace) -> int:
+    # A new value each time: the operator acts once per value. A user abort stands until it is lifted (the
+    # operator refuses a retry while it is set), so asking for a retry lifts it in the same change.
+    value = api.format_time(api.now(), precise=True)
+    kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
+    print(f"{KIND_REF}/{args.run} retry requested ({api.ANNOTATION_RETRY}={value})")
+    return 0
+
+
+def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
+    wanted = set(FINISHED)
+    if args.for_phases:
+        try:
+            wanted = {api.Phase(p.strip()) for p in args.for_phases.split(",") if p.strip()}
+        except ValueError:
+            raise arguments.UsageError(f"--for {args.for_phases!r}: use phases among "
+                                       f"{', '.join(p.value for p in api.Phase)}") from None
+    try:
+        timeout = api.parse_duration(args.timeout).total_seconds()
+    except ValueError as e:
+        raise arguments.UsageError(f"--timeout: {e}") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        status = kube.run(args.run).get("status") or {}
+        phase = status.get("phase")
+        if phase in wanted:
+            message = f": {status['message']}" if status.get("message") else ""
+            print(f"{KIND_REF}/{args.run} {phase}{message}")
+            return 0 if args.for_phases else FINISHED[api.Phase(phase)]
+        if time.monotonic() >= deadline:
+            print(f"timed out after {args.timeout} waiting for {args.run} to be "
+                  f"{' or '.join(sorted(wanted))} (it is {phase or 'not started'})", file=sys.stderr)
+            return EXIT_TIMEOUT
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def attempt_pods(kube: Kubectl, run: str) -> list[dict[str, Any]]:
+    """The run's pods, oldest attempt first (the epoch label orders them)."""
+    pods = kube.json("get", "pods", "-l", f"{api.LABEL_RUN}={run}")["items"]
+    return sorted(pods, key=lambda p: int((p["metadata"].get("labels") or {}).get(api.LABEL_EPOCH) or 0))
+
+
+def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
+    kube.run(args.run)  # a clear error when the run does not exist
+    pods = attempt_pods(kube, args.run)
+    if not pods:
+        print(f"{args.run} has no pods (yet, or any more: finished attempts' pods may have been deleted)",
+              file=sys.stderr)
+        return 0
+    for i, pod in enumerate(pods):
+        name = pod["metadata"]["name"]
+        epoch = (pod["metadata"].get("labels") or {}).get(api.LABEL_EPOCH, "?")
+        print(f"==> pod {name} (attempt {epoch}, {(pod.get('status') or {}).get('phase', '?')}) <==", flush=True)
+        last = i == len(pods) - 1
+        if last and args.follow:
+            return subprocess.run([kube.binary, *kube.flags, "logs", "-f", name, "-c", api.RUNNER_CONTAINER],
+                                  check=False).returncode
+        result = kube("logs", name, "-c", api.RUNNER_CONTAINER, check=False)
+        sys.stdout.write(result.stdout)
+        if result.returncode != 0:
+            print(f"(no logs: {result.stderr.strip()})")
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
+    body = kube.run(args.run)
+    spec = api.DurableRunSpec.model_validate(body["spec"])
+    meta = body["metadata"]
+    access_key = secret_key = None
+    if args.credentials_from_secret:
+        if not spec.checkpoint.credentialsSecret:
+            raise PluginError(f"{args.run} names no spec.checkpoint.credentialsSecret: drop "
+                              "--credentials-from-secret and export AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+        data = kube.json("get", "secret", spec.checkpoint.credentialsSecret).get("data") or {}
+        access_key, secret_key = (base64.b64decode(data[k]).decode() if k in data else None
+                                  for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
+    store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
+    try:
+        ref = layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)
+        return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all)
+    finally:
+        store.close()
+
+
+def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
+    root = kube.run(args.run)
+
+    def line(run: dict[str, Any]) -> str:
+        status = run.get("status") or {}
+        cost = f"${(status.get('cost') or {}).get('usd') or '0'}"
+        family = status.get("childrenTotal")
+        if family:  # a parent: its children's count and cost, which count toward its ceiling
+            cost += f" (children {family.get('summary')}: ${family.get('usd')})"
+        phase, message = status.get("phase") or "-", status.get("message") or ""
+        return f"{run['metadata']['name']}  {phase}  {cost}  {message}".rstrip()
+
+    def children(name: str, prefix: str, seen: set[str]) -> None:
+        found = kube.json("get", RESOURCE, "-l", f"{api.LABEL_PARENT}={name}")["items"]
+        found.sort(key=lambda r: r["metadata"].get("creationTimestamp") or "")
+        for i, child in enumerate(found):
+            last = i == len(found) - 1
+            print(f"{prefix}{'└── ' if last else '├── '}{line(child)}")
+            if child["metadata"]["name"] not in seen:
+                children(child["metadata"]["name"], prefix + ("    " if last else "│   "),
+                         seen | {child["metadata"]["name"]})
+
+    print(line(root))
+    children(args.run, "", {args.run})
+    return 0
+
+
+COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
+            "completion"]
+# Commands whose first argument is a DurableRun's name (completed from the cluster).
+TAKES_RUN = set(COMMANDS) - {"completion"}
+
+BASH_COMPLETION = """\
+# bash completion of kubectl-durablerun: eval "$(kubectl-durablerun completion bash)"
+# (`kubectl durablerun <TAB>` completes through kubectl_complete-durablerun, which kubectl finds on PATH.)
+_kubectl_durablerun() {
+    local out
+    out=$(kubectl-durablerun __complete "${COMP_WORDS[@]:1:COMP_CWORD}" 2>/dev/null) || return
+    COMPREPLY=($(printf '%s\\n' "$out" | grep -v '^:'))
+}
+complete -F _kubectl_durablerun kubectl-durablerun
+"""
+
+
+def cmd_completion(kube: Kubectl, args: argparse.Namespace) -> int:
+    print(BASH_COMPLETION, end="")
+    return 0
+
+
+def complete(argv: list[str]) -> int:
+    """Cobra's ``__complete`` protocol (what kubectl's plugin completion calls): candidates, then ``:4``."""
+    words = argv[:-1]  # the last word is the one being completed
+    prefix = argv[-1] if argv else ""
+    global_flags = {"-n", "--namespace", "--context", "--kubeconfig"}
+    positional, flags, skip = [], [], False
+    for word in words:
+        if skip:
+            flags.append(word)
+            skip = False
+        elif word in global_flags:
+            flags.append(word)
+            skip = True
+        elif word.startswith("-"):
+            flags.append(word)
+        else:
+            positional.append(word)
+    candidates: list[str] = []
+    if not positional:
+        candidates = COMMANDS
+    elif positional[0] == "completion" and len(positional) == 1:
+        candidates = ["bash"]
+    elif positional[0] in TAKES_RUN and len(positional) == 1:
+        parsed, _ = _global_parser().parse_known_args(flags)
+        result = Kubectl(parsed)("get", RESOURCE, "-o", "jsonpath={.items[*].metadata.name}", check=False)
+        candidates = result.stdout.split() if result.returncode == 0 else []
+    for candidate in candidates:
+        if candidate.startswith(prefix):
+            print(candidate)
+    print(":4")  # ShellCompDirectiveNoFileComp
+    return 0
+
+
+def _global_parser(default: Any = None) -> arguments.Parser:
+    parser = arguments.Parser(add_help=False)
+    parser.add_argument("-n", "--namespace", default=default, help="the runs' namespace (default: the context's)")
+    parser.add_argument("--context", default=default, help="the kubeconfig context to use")
+    parser.add_argument("--kubeconfig", default=default, help="the kubeconfig file to use")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The same flags before or after the command; after it they must not reset what came before.
+    common = _global_parser(argparse.SUPPRESS)
+    parser = arguments.Parser(prog="kubectl durablerun", parents=[_global_parser()],
+                              description="Day-two commands for DurableRuns (durable-run's kubectl plugin).")
+    parser.add_argument("--version", action="version", version=f"kubectl-durablerun {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=arguments.Parser)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, parents=[common])
+        if name in TAKES_RUN:
+            p.add_argument("run", help="the DurableRun's name")
+        return p
+
+    for name, verdict in (("approve", "approved: true"), ("reject", "approved: false")):
+        p = command(name, f"send an event {{{verdict}, by, message}} (merge patch of spec.events.EVENT)")
+        p.add_argument("event", help="the event the workflow waits for (ctx.wait_for_event)")
+        p.add_argument("--by", help="who decided (default $USER)")
+        p.add_argument("--message", help="a note for the workflow")
+    p = command("event", "send an event with any JSON payload (merge patch of spec.events.EVENT)")
+    p.add_argument("event", help="the event's name")
+    p.add_argument("payload", nargs="?", default="{}", help="JSON or @file (default {})")
+    command("suspend", "set spec.suspend: the attempt stops at its next step boundary")
+    command("resume", "clear spec.suspend")
+    p = command("abort", f"abort the run (annotation {api.ANNOTATION_ABORT}=REASON); a running attempt gets "
+                         "spec.policy.abortGracePeriod to stop and let its Sagas undo their work")
+    p.add_argument("--reason", default="requested with kubectl durablerun", help="why (shown in the status)")
+    command("retry", f"retry a Failed or Aborted run from its journal (annotation {api.ANNOTATION_RETRY} set "
+                     f"to a new value; lifts {api.ANNOTATION_ABORT})")
+    p = command("wait", "wait until the run is finished (exit 0 Succeeded, 1 Failed, 3 Aborted, 124 timeout)")
+    p.add_argument("--for", dest="for_phases", metavar="PHASE[,PHASE]",
+                   help="wait for any of these phases instead (exit 0 when reached)")
+    p.add_argument("--timeout", default="10m", help="give up after this long (e.g. 30s, 10m, 2h; default 10m)")
+    p = command("logs", "print the logs of every attempt's pod, oldest first")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the latest attempt's log")
+    p = command("journal", "print the run's journal from its store (as `durablerun inspect` does)")
+    p.add_argument("--json", action="store_true", help="everything as JSON")
+    p.add_argument("--all", action="store_true", help="every generation's records")
+    p.add_argument("--credentials-from-secret", action="store_true",
+                   help="read S3 credentials from the run's spec.checkpoint.credentialsSecret (needs get on "
+                        "that Secret); by default they come from your environment (AWS_ACCESS_KEY_ID, ...)")
+    command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
+    p = command("completion", "print a shell completion script")
+    p.add_argument("shell", choices=["bash"])
+    return parser
+
+
+HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
+            "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
+            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["__complete"]:
+        return complete(argv[1:])
+    try:
+        args = build_parser().parse_args(argv)
+        return HANDLERS[args.command](Kubectl(args), args)
+    except (arguments.UsageError, errors.ConfigError) as e:
+        print(f"kubectl durablerun: error: {e}", file=sys.stderr)
+        return api.Outcome.USAGE_ERROR.exit_code
+    except (PluginError, errors.StoreError) as e:
+        print(f"kubectl durablerun: {e}", file=sys.stderr)
+        return 1
+
+
+def complete_main() -> int:
+    """``kubectl_complete-durablerun``: kubectl runs it to complete ``kubectl durablerun ...``."""
+    return complete(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

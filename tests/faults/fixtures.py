@@ -1,0 +1,49 @@
+"""The fault suite's fixtures: a tally of trials and failures, a pod recorder, a MinIO of the test's own.
+
+Shared by tests/faults, tests/badinput and tests/security: their conftest.py imports them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durablerun_testbed.s3 import S3Server
+from tests.faults.helpers import TALLY, PodRecorder, StartStore, Store, Tally
+from tests.helpers import SESSION_ID
+from tests.operator.helpers import RunEnv
+
+
+@pytest.fixture
+def tally() -> Tally:
+    return TALLY
+
+
+@pytest.fixture
+def pods(runs: RunEnv) -> Iterator[PodRecorder]:
+    recorder = PodRecorder(runs.testbed, runs.namespace)
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture
+def dedicated_store(runs: RunEnv, testbed_root: Path) -> Iterator[StartStore]:
+    """``dedicated_store(**minio_env)``: a MinIO of the test's own (so stopping it disturbs no other test),
+    with a bucket and a credentials Secret in the test's namespace."""
+    servers: list[S3Server] = []
+
+    def start(**extra_env: str) -> Store:
+        server = S3Server(testbed_root / f"s3-{uuid.uuid4().hex[:8]}", SESSION_ID, extra_env=extra_env).start()
+        servers.append(server)
+        secret = f"s3-{server.port}"
+        runs.testbed.kubectl("create", "secret", "generic", secret, "-n", runs.namespace,
+                             f"--from-literal=AWS_ACCESS_KEY_ID={server.access_key}",
+                             f"--from-literal=AWS_SECRET_ACCESS_KEY={server.secret_key}")
+        return Store(server, server.create_bucket("runs-" + uuid.uuid4().hex[:8]), secret)
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -1,0 +1,106 @@
+"""Driving the operator and DurableRuns on the test bed: what the operator tests (and the fault, bad-input and
+security tiers) share. Their fixtures are in ``tests.operator.fixtures``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durablerun import api
+from durablerun_testbed import procs
+from durablerun_testbed.testbed import TestBed
+
+WORKFLOWS = Path(__file__).resolve().parent / "workflows"
+
+
+@dataclass
+class Operator:
+    process: procs.ManagedProcess
+    metrics_port: int
+    health_port: int
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+#: The ``start_operator`` fixture: ``start(name="operator", **env)``.
+StartOperator = Callable[..., Operator]
+
+
+def healthy(operator: Operator) -> bool:
+    import urllib.request
+
+    operator.process.check_alive()
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=2) as reply:
+        return bool(reply.status == 200)
+
+
+@dataclass
+class RunEnv:
+    """A namespace ready for DurableRuns: a bucket, its credentials Secret, a ledger directory."""
+
+    testbed: TestBed
+    namespace: str
+    bucket: str
+    ledger_dir: Path
+
+    def manifest(self, name: str, workflow: str, input: dict[str, Any] | None = None,
+                 policy: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+        return {
+            "apiVersion": api.API_VERSION, "kind": "DurableRun",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "workflow": workflow,
+                "input": input or {},
+                "checkpoint": {"uri": f"s3://{self.bucket}/runs", "endpoint": self.testbed.s3.endpoint_url
+                               if self.testbed.s3 else None, "credentialsSecret": "s3-credentials",
+                               "region": "us-east-1"},
+                "policy": {"leaseDuration": "6s", "backoff": {"initial": "1s", "max": "2s"}, **(policy or {})},
+                "template": {"spec": {"containers": [{
+                    "name": "runner",
+                    "env": [{"name": "PYTHONPATH", "value": str(WORKFLOWS)}],
+                    "volumeMounts": [{"name": "ledger", "mountPath": "/tmp/ledger"}],
+                }], "volumes": [{"name": "ledger", "hostPath": {"path": str(self.ledger_dir)}}],
+                    "terminationGracePeriodSeconds": 10}},
+                **spec,
+            },
+        }
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.testbed.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.testbed.kubectl("get", "dr", name, "-n", self.namespace, "-o", "json").stdout))
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
+        return procs.wait_for(
+            lambda: (run := self.get(name)).get("status", {}).get("phase") in phases and run,
+            timeout=timeout, what=f"DurableRun {self.namespace}/{name} to reach {'/'.join(phases)}",
+        )
+
+    def ledger(self) -> list[str]:
+        path = self.ledger_dir / "ledger.txt"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def executions(self, step: str) -> int:
+        return self.ledger().count(f"start {step}")
+
+    def store_objects(self) -> dict[str, str]:
+        """Every object in the run's bucket, key -> ETag."""
+        assert self.testbed.s3
+        s3 = self.testbed.s3.client()
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        out = self.testbed.kubectl("get", "pods", "-n", self.namespace, "-l", f"{api.LABEL_RUN}={name}",
+                                   "-o", "json").stdout
+        return list(json.loads(out)["items"])
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = self.testbed.kubectl("get", "events", "-n", self.namespace,
+                                   "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
+        return list(json.loads(out)["items"])
