@@ -50,6 +50,7 @@ def test_backends_are_unaware_of_each_other_and_of_the_layers_above() -> None:
     above = ("durablerun._private.journal", "durablerun._private.core", "durablerun._private.model",
              "durablerun._private.replay", "durablerun._private.workers", "durablerun._private.writer",
              "durablerun._private.engine", "durablerun._private.context",
+             "durablerun._private.sagas", "durablerun._private.results",
              "durablerun._private.stores")
     for module, imports in _modules().items():
         if not module.startswith("durablerun._private.backends."):
@@ -89,8 +90,9 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "durablerun._private.stores", "durablerun._private.owner"}),
     ("progress", {"durablerun._private.sinks"}),
     ("replay", {"durablerun._private.replay"}),
-    ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.core",
-                 "durablerun._private.children", "durablerun._private.context", "durablerun._private.engine"}),
+    ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.results",
+                 "durablerun._private.sagas", "durablerun._private.core", "durablerun._private.children",
+                 "durablerun._private.context", "durablerun._private.loading", "durablerun._private.engine"}),
     ("front", {"durablerun._private.display", "durablerun._private.arguments", "durablerun._private.inspection",
                "durablerun._private.cli", "durablerun._private.lease", "durablerun._private.pod",
                "durablerun._private.kubectl"}),

@@ -1,20 +1,21 @@
-"""The implementation of durablerun.agents (see its docstring)."""
+"""The implementation of durablerun.agents (see its docstring).
+
+Built on the public DurableContext only (docs/architecture.md); the Saga is the runtime's
+(:mod:`durablerun._private.sagas`), re-exported here.
+"""
 
 from __future__ import annotations
 
-import contextvars
 import enum
 import inspect
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from types import TracebackType
+from dataclasses import dataclass
 from typing import Any
 
 from durablerun import errors
-from durablerun._private import core
 from durablerun._private.context import DurableContext
-from durablerun._private.halts import Halt, HaltKind
+from durablerun._private.sagas import Saga
 
 __all__ = ["Saga", "SideEffect", "Tool", "bound_history", "tool"]
 
@@ -80,86 +81,6 @@ def tool(side_effect: SideEffect | str, *, idempotency_key: bool = False, name: 
     def wrap(fn: Callable[..., Any]) -> Tool:
         return Tool(fn, name or fn.__name__, kind, idempotency_key, retries)
     return wrap
-
-
-@dataclass
-class _Compensation:
-    name: str
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-
-@dataclass
-class Saga:
-    """Compensations that undo finished steps, run in reverse order when the block fails or is aborted.
-
-    ::
-
-        async with Saga(ctx) as saga:
-            flight = await ctx.step("book-flight", book_flight, trip)
-            saga.add("cancel-flight", cancel_flight, flight["id"])
-            hotel = await ctx.step("book-hotel", book_hotel, trip)
-            saga.add("cancel-hotel", cancel_hotel, hotel["id"])
-            await ctx.step("charge", charge_card, trip)       # fails: cancel-hotel, then cancel-flight
-
-    Registering is plain workflow code: a replay registers the same compensations as it passes the
-    same steps. Each compensation is a step (retried, journaled), so a crash while compensating
-    resumes where it stopped. Then the block's exception is raised again; a compensation that fails
-    for good raises :class:`~durablerun.errors.StepError` with the original error as its context.
-
-    An abort (a budget, a user abort) that stops the block at an operation is journaled there, the
-    compensations run (no budget stops them), and the run ends Aborted as it would have. A replay of
-    that position aborts again: a crash while compensating resumes the compensations, and a run
-    retried or given a higher limit stays Aborted (what was undone is never done again).
-    """
-
-    ctx: DurableContext
-    compensations: list[_Compensation] = field(default_factory=list)
-    _entered: list[contextvars.Token[int]] = field(default_factory=list, repr=False)
-
-    def add(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
-        """Register ``fn(*args, **kwargs)`` as the step ``compensate:<name>`` to run if the block fails."""
-        self.compensations.append(_Compensation(name, fn, args, kwargs))
-        self.ctx._core.open_compensations += 1
-
-    async def __aenter__(self) -> Saga:
-        self._entered.append(core.SAGAS.set(core.SAGAS.get() + 1))
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        try:
-            if isinstance(exc, Exception):
-                try:
-                    await self.compensate()
-                except Halt as halt:  # aborted while compensating a failure: finish undoing, then abort
-                    await self._compensate_after(halt)
-                    raise
-            elif isinstance(exc, Halt):
-                await self._compensate_after(exc)
-            elif exc is None:  # completed: nothing of it is left to undo
-                self.ctx._core.open_compensations -= len(self.compensations)
-                self.compensations.clear()
-            # Otherwise the attempt is ending another way (a stop, a fence, a wait, a cancellation):
-            # a resume carries on from the journal, nothing to undo now.
-        finally:
-            core.SAGAS.reset(self._entered.pop())
-
-    async def _compensate_after(self, halt: Halt) -> None:
-        """After an abort, undo the block's work; the abort goes on afterwards (the caller raises it)."""
-        if halt.kind != HaltKind.ABORT:
-            return
-        with self.ctx._core.compensating():
-            await self.compensate()
-
-    async def compensate(self) -> None:
-        """Run the registered compensations now, last first (each once, as a step)."""
-        while self.compensations:
-            c = self.compensations[-1]
-            await self.ctx.step(f"compensate:{c.name}", c.fn, *c.args, **c.kwargs)
-            self.compensations.pop()  # only once done: one refused by an abort runs after it
-            self.ctx._core.open_compensations -= 1
 
 
 def _approx_tokens(message: Any) -> int:

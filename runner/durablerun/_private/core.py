@@ -6,7 +6,10 @@ operation is journaled and, when not, executes it (step functions on the
 worker threads of :mod:`durablerun._private.workers`), appends its record
 through the writer (one record at a time, in order, behind the write guard)
 and saves snapshots on a thread of its own. The loop, controls and heartbeats
-around it are the engine's (:mod:`durablerun._private.engine`).
+around it are the engine's (:mod:`durablerun._private.engine`), which uses the
+small interface listed in :class:`AttemptCore`'s docstring. It is one module
+of several hundred lines because it is one class, every operation of which
+reads as "replayed or executed, then appended" against the same state.
 """
 
 from __future__ import annotations
@@ -14,49 +17,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import inspect
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, NoReturn, TypeVar
 
 from durablerun import errors
-from durablerun._private import codec
-from durablerun._private.halts import Halt, HaltKind, Waiting, strongest
-from durablerun._private.journal import RunStore
+from durablerun._private import sagas
+from durablerun._private.halts import Halt, HaltKind, Waiting
+from durablerun._private.journal import Loaded, RunStore
 from durablerun._private.model import (
+    CompleteRecord,
     ContinueRecord,
     EngineConfig,
     EventRecord,
     PatchRecord,
     Payload,
-    Record,
     ResultRecord,
     SleepRecord,
     StepRecord,
+    Totals,
     ValueRecord,
     WaitRecord,
 )
 from durablerun._private.replay import (
-    ABORT_MARK,
     SCOPE,
     STEP,
     ContinueAsNew,
     Live,
     Scope,
     StepFrame,
-    abort_mark,
     budget_halt,
     budget_overshoot,
     duration_halt,
+    gather,
     gen_prefix,
+    in_scope,
     misuse,
     pos_str,
 )
+from durablerun._private.results import Results, fresh, store_halt
 from durablerun._private.sinks import EventKind, SinkSet
 from durablerun._private.workers import StepThreads
 from durablerun._private.writer import Writer
@@ -64,14 +68,7 @@ from durablerun.api import AbortReason, Policy, format_time, parse_duration, par
 
 T = TypeVar("T")
 _NO_PAYLOAD = Payload(None, None, None)
-R = TypeVar("R", bound=Record)
 
-#: How many Saga blocks enclose the running workflow code (durablerun.agents.Saga): an abort that stops
-#: an operation inside one is journaled there (AttemptCore.mark_abort).
-SAGAS: contextvars.ContextVar[int] = contextvars.ContextVar("durablerun_sagas", default=0)
-#: Set while a Saga compensates after an abort: its steps may start although the run is aborting.
-COMPENSATING: contextvars.ContextVar[bool] = contextvars.ContextVar("durablerun_compensating",
-                                                                    default=False)
 
 class AttemptCore:
     """Runs the operations a workflow asks for, for one attempt. Created by the engine.
@@ -80,14 +77,26 @@ class AttemptCore:
     uuid, patched, add_cost, continue_as_new, gather), each reading as "replayed
     or executed, then appended": that is why it is a few hundred lines. Replay
     decisions are :mod:`durablerun._private.replay`'s, appends the
-    :class:`~durablerun._private.writer.Writer`'s.
+    :class:`~durablerun._private.writer.Writer`'s, Sagas the
+    :class:`~durablerun._private.sagas.Ledger`'s.
+
+    What the engine (:class:`~durablerun._private.engine.Run`) uses, and nothing else:
+
+    * its life: the constructor (the journal as loaded, the engine's IO pool) and :meth:`close`;
+    * controls: :meth:`apply_controls` (stop, abort, fence; from any thread) and :attr:`fenced`;
+    * passes: :attr:`gen`, :meth:`workflow_input`, :meth:`start_workflow`, :meth:`new_pass`,
+      :attr:`continued` and :meth:`start_generation`, :meth:`complete`, :meth:`pause`;
+    * queries for the outcome: :attr:`totals`, :meth:`spent`, :attr:`journal_records`,
+      :attr:`total_steps`, :attr:`open_compensations`, :meth:`stalled_for`,
+      :meth:`duration_halt`, :meth:`overshoot`, :meth:`advice`, :meth:`refuses_writes`;
+    * the journal: :meth:`recorded_value` (a completed run's result), :meth:`final_snapshot`.
     """
 
     def __init__(
         self,
         *,
         store: RunStore,
-        live: Live,
+        loaded: Loaded,
         policy: Policy,
         config: EngineConfig,
         sinks: SinkSet,
@@ -97,7 +106,13 @@ class AttemptCore:
         io_pool: ThreadPoolExecutor,
     ) -> None:
         self.store = store
-        self.live = live
+        #: The generation being run, and the continue_as_new record that started it.
+        self.continuation: ContinueRecord | None = loaded.continuation
+        self.gen = self.continuation.gen if self.continuation else 0
+        # Resume in the generation the last ctx.continue_as_new started.
+        self.live = live = Live(loaded=loaded, totals=loaded.totals, prefix=gen_prefix(self.gen))
+        for record in loaded.records:
+            live.add(record)
         self.policy = policy
         self.config = config
         self.sinks = sinks
@@ -105,49 +120,74 @@ class AttemptCore:
         self.attempt_id = attempt_id
         self.first_start = first_start
         self._io_pool = io_pool
-        self._step_threads = StepThreads(config.max_sync_threads)
+        self._loop = asyncio.get_running_loop()
+        self._step_threads = StepThreads(config.max_sync_threads, config.sync_steps_in_threads)
         self.writer = Writer(store=store, live=live, config=config, sinks=sinks,
                              attempt_id=attempt_id)
+        self.sagas = sagas.Ledger(self.writer)
+        self.results = Results(store, config, self.io)
         self.reached: set[str] = set()
         self.stop_requested = False
         self.abort_requested: tuple[AbortReason, str] | None = None
+        #: Set (on the loop) once a control is applied: ends in-process waits (pause).
         self.stop_event = asyncio.Event()
         self.max_cost = Decimal(policy.costCeilingUSD) if policy.costCeilingUSD else None
         self.max_duration = parse_duration(policy.maxDuration)
-        #: The generation being run, and the continue_as_new record that started it.
-        self.continuation: ContinueRecord | None = live.loaded.continuation
-        self.gen = self.continuation.gen if self.continuation else 0
         #: Set once this generation's continue_as_new record is durable.
         self.continued: ContinueRecord | None = None
-        #: Sagas compensating after an abort right now (the supervisor leaves maxDuration to them).
-        self.compensating_now = 0
-        #: Compensations registered in open Sagas this pass: a wait reports them, so that an abort
-        #: while the run waits (no pod) gets an attempt to run them.
-        self.open_compensations = 0
 
-    # --- plumbing -----------------------------------------------------------------
-    async def io(self, fn: Callable[..., T], *args: Any) -> T:
-        if self.store.backend.io_inline:
-            return fn(*args)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._io_pool, fn, *args)
+    def close(self) -> None:
+        self.writer.close()
+        self._step_threads.close()
+
+    # --- the engine's interface: controls ---------------------------------------------
+    def apply_controls(self, *, fence: str | None, abort: tuple[AbortReason, str] | None,
+                       stop: bool) -> None:
+        """Take the run's controls (each, once set, stays set). Safe from any thread and from a
+        signal handler: plain attribute writes, so the very next operation sees them; waits in
+        process end on the loop."""
+        if fence and not self.writer.fenced:
+            self.writer.fenced = fence
+        if abort and not self.abort_requested:
+            self.abort_requested = abort
+        if stop:
+            self.stop_requested = True
+        if (self.writer.fenced or self.abort_requested or self.stop_requested) \
+                and not self.stop_event.is_set():
+            with contextlib.suppress(RuntimeError):  # the attempt's loop is closed: nothing waits
+                self._loop.call_soon_threadsafe(self.stop_event.set)
 
     @property
     def fenced(self) -> str | None:
         """Why this attempt may write nothing more, once it may not (the writer's flag)."""
         return self.writer.fenced
 
-    @fenced.setter
-    def fenced(self, reason: str | None) -> None:
-        self.writer.fenced = reason
+    def refuses_writes(self) -> bool:
+        """True once this attempt may write nothing more (asks the write guard)."""
+        return self.writer.refuse_writes()
 
-    def close(self) -> None:
-        self.writer.close()
-        self._step_threads.close()
+    # --- the engine's interface: passes and generations -----------------------------------
+    async def workflow_input(self, first: Any) -> Any:
+        """The input of the generation being run: ``first`` for the first, else its continuation's
+        (decoded afresh for every pass, exactly as a resume decodes it)."""
+        if self.continuation is None:
+            return first
+        return await self.results.recorded(self.continuation, f"the input of workflow generation {self.gen}")
+
+    def start_workflow(self, main: Awaitable[T]) -> asyncio.Task[T]:
+        """Run one pass of the workflow function (``main``) as a task, its operations numbered
+        from the top, in a context of its own."""
+        scope = Scope((), None)
+        cv = contextvars.copy_context()
+        cv.run(SCOPE.set, scope)
+        cv.run(STEP.set, None)
+        cv.run(sagas.LEDGER.set, self.sagas)
+        return self._loop.create_task(in_scope(scope, main), context=cv)
 
     def new_pass(self) -> None:
+        """The workflow function runs again from the top, in the same generation."""
         self.reached = set()
-        self.open_compensations = 0
+        self.sagas.new_pass()
 
     def start_generation(self, record: ContinueRecord) -> None:
         """Run generation ``record.gen`` next, from continuation ``record``."""
@@ -156,6 +196,56 @@ class AttemptCore:
         self.continued = None
         self.live.reset(gen_prefix(self.gen))
         self.reached = set()
+
+    async def complete(self, value: Any) -> tuple[CompleteRecord, Any]:
+        """Journal the workflow's result ``value``: its record, and the value as a replay returns it."""
+        self.live.check_unreached(self.reached)
+        payload, result = await self.results.encode(value, "the workflow")
+        done = CompleteRecord(pos="end", name="result")
+        done.set_result(payload)
+        return await self.writer.commit(done), result
+
+    async def final_snapshot(self) -> None:
+        await self.writer.final_snapshot()
+
+    # --- the engine's interface: queries -----------------------------------------------------
+    @property
+    def totals(self) -> Totals:
+        """What the journal holds: cost, tokens and steps."""
+        return self.live.totals
+
+    def spent(self) -> Totals:
+        """The journaled totals plus the cost charged outside steps since the last record."""
+        t, live = self.live.totals, self.live
+        return Totals(t.usd + live.pending_usd, t.tokens + live.pending_tokens, t.steps)
+
+    @property
+    def journal_records(self) -> int:
+        return self.live.loaded.next_seq
+
+    @property
+    def total_steps(self) -> int | None:  # ctx.set_total_steps, if the workflow said
+        return self.live.total_steps
+
+    @property
+    def open_compensations(self) -> int:  # what a wait reports (status.waitingFor.compensations)
+        return self.sagas.open
+
+    def stalled_for(self) -> float:
+        """Seconds since the last step completed; 0 while the workflow sleeps in process."""
+        return 0.0 if self.live.sleeping else time.monotonic() - self.live.last_progress
+
+    def duration_halt(self) -> Halt | None:
+        """policy.maxDuration is past: the abort, else None. None while a Saga undoes its work."""
+        if self.sagas.running:
+            return None
+        return duration_halt(self.first_start, self.max_duration, self.policy, self.advice)
+
+    # --- plumbing -------------------------------------------------------------------------
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.store.backend.io_inline:
+            return fn(*args)
+        return await self._loop.run_in_executor(self._io_pool, fn, *args)
 
     def pstr(self, pos: tuple[int, ...]) -> str:
         """A position of the current generation as the journal writes it."""
@@ -201,56 +291,19 @@ class AttemptCore:
         self._raise_requested_abort()
         if self.stop_requested:
             raise Halt(HaltKind.SUSPEND, "stopped at a step boundary as requested")
-        if not step or COMPENSATING.get():
+        if not step or sagas.COMPENSATING.get():
             return
         halt = budget_halt(self.live, self.policy, self.max_cost, self.advice)
         if halt is not None:
             raise halt
         self.check_duration()
 
-    @contextlib.contextmanager
-    def compensating(self) -> Iterator[None]:
-        """Let the steps started in this block run while the run aborts (a Saga's compensations)."""
-        token = COMPENSATING.set(True)
-        self.compensating_now += 1
-        try:
-            yield
-        finally:
-            self.compensating_now -= 1
-            COMPENSATING.reset(token)
-
-    async def mark_abort(self, pos: str, name: str, halt: Halt) -> None:
-        """Journal that an abort stopped operation ``name`` at ``pos`` inside a Saga block.
-
-        The Saga is about to undo the work before it; without the marker a resumed run (a crash while
-        compensating, a raised limit) would run the refused operation and those after it after all.
-        Replaying the marker aborts again (replay.abort_mark). Not counted as a step.
-        """
-        if halt.kind != HaltKind.ABORT or not SAGAS.get() or COMPENSATING.get():
-            return
-        if abort_mark(self.live.index.get(pos, {})) is not None:
-            return  # replayed: the marker is already there
-        reason = (halt.reason or AbortReason.USER_REQUESTED).value
-        # Its advice ("raise the limit to continue") no longer holds once the Saga undoes the work.
-        halt.message += (f"; but it stopped {name!r} (position {pos}) inside a Saga, which undid "
-                         "the work before it, so this run stays Aborted whatever the limits: start a "
-                         "new run to try again")
-        await self.writer.commit(StepRecord(pos=pos, name=name, ok=False, attempts=0, error={
-            "type": ABORT_MARK, "module": "durablerun", "message": halt.message, "reason": reason}))
-
-    async def _marking_aborts(self, pos: str, name: str, op: Awaitable[T]) -> T:
-        try:
-            return await op
-        except Halt as h:
-            await self.mark_abort(pos, name, h)
-            raise
-
     def _raise_requested_abort(self) -> None:
         """Raise the abort requested of the run, unless a Saga is undoing its work after one.
 
         Before every new operation, and where a resumed wait would otherwise wait again (the attempt the
         operator starts for a run aborted while it waited)."""
-        if self.abort_requested and not COMPENSATING.get():
+        if self.abort_requested and not sagas.COMPENSATING.get():
             reason, message = self.abort_requested
             raise Halt(HaltKind.ABORT, message, reason=reason)
 
@@ -281,49 +334,9 @@ class AttemptCore:
             self.live.last_progress = time.monotonic()
         self.check_before_new_op(step=False)
 
-    # --- results --------------------------------------------------------------------------
-    async def encode_result(self, value: Any, what: str, verb: str = "returned",
-                            root: str = "result") -> tuple[Payload, Any]:
-        """How a record carries a result, and the value the workflow gets back."""
-        body, model = codec.encode_value(value, what=what, verb=verb, root=root)
-        size = len(body)
-        if size > self.config.result_hard_limit:
-            raise errors.ResultTooLargeError(
-                f"{what} {verb} {size:,} bytes of JSON, over the hard limit of "
-                f"{self.config.result_hard_limit:,} bytes (EngineConfig.result_hard_limit, "
-                "--max-result-bytes). Store large data elsewhere and return a reference."
-            )
-        payload = Payload(body, None, model or None)
-        if size > self.config.inline_result_max:
-            try:
-                payload = Payload(None, await self.io(self.store.put_blob, body), model or None)
-            except errors.StoreError as e:
-                # The store failed, not the step: never journal this as the step's error.
-                raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
-                           else HaltKind.FAIL, str(e), error=e) from None
-        # The workflow gets its own copy, decoded exactly as a replay would decode it.
-        return payload, codec.rebuild(codec.loads(body, what=what), model, what=what)
-
     async def recorded_value(self, record: ResultRecord, what: str) -> Any:
-        if record.ref is not None:
-            try:
-                body = await self.io(self.store.get_blob, record.ref)
-            except errors.StoreError as e:
-                raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
-                           else HaltKind.FAIL, str(e), error=e) from None
-            return codec.decode_value(body, record.model, what=what)
-        try:
-            if record.encoded is not None:  # written in this process: decoded only now
-                return codec.rebuild(codec.loads(record.encoded, what=what), record.model,
-                                     what=what)
-            value = record.value
-            if record.handed:
-                # A second pass in this process: the first may have mutated its copy.
-                value = _fresh(value)
-            record.handed = True
-            return codec.rebuild(value, record.model, what=what)
-        except errors.WorkflowError as e:
-            raise Halt(HaltKind.FAIL, str(e), error=e) from None
+        """The value journaled in ``record``, as the workflow gets it."""
+        return await self.results.recorded(record, what)
 
     # --- operations ----------------------------------------------------------------------
     async def step(self, pos: str, gen: int, name: str, fn: Callable[..., Any],
@@ -335,8 +348,7 @@ class AttemptCore:
                           f"in generation {self.gen}: await steps before ctx.continue_as_new()")
         self.live.open_steps += 1
         try:
-            return await self._marking_aborts(pos, name,
-                                              self._step(pos, name, fn, args, kwargs, retries))
+            return await self.sagas.marking_aborts(pos, name, self._step(pos, name, fn, args, kwargs, retries))
         finally:
             self.live.open_steps -= 1
 
@@ -348,7 +360,7 @@ class AttemptCore:
             rec = recs["step"]
             assert isinstance(rec, StepRecord)
             if rec.ok:
-                return await self.recorded_value(rec, what)
+                return await self.results.recorded(rec, what)
             retry = self.config.rerun_failed_before
             if retry is None or rec.at >= retry.timestamp():
                 err = rec.error or {}
@@ -372,8 +384,8 @@ class AttemptCore:
                 self.sinks.emit(EventKind.STEP_STARTED, position=pos, name=name, attempt=attempt)
                 token = STEP.set(frame)
                 try:
-                    result = await self._invoke(fn, args, kwargs)
-                    payload, value = await self.encode_result(result, what)
+                    result = await self._step_threads.invoke(fn, args, kwargs)
+                    payload, value = await self.results.encode(result, what)
                     failure = None
                     break
                 except (Halt, asyncio.CancelledError):
@@ -400,24 +412,11 @@ class AttemptCore:
         record = await self.writer.commit(record, usd=frame.usd, tokens=frame.tokens, step=True)
         live.last_progress = time.monotonic()
         self.sinks.emit(EventKind.STEP_COMPLETED, position=pos, name=name, seq=record.seq,
-                        ok=failure is None,
-                                  duration=record.dur)
+                        ok=failure is None, duration=record.dur)
         if failure is not None:
             raise errors.StepError(name, pos, type(failure).__qualname__, str(failure)[:4000],
                                    attempt) from failure
         return value
-
-    async def _invoke(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> Any:
-        if _is_async(fn):
-            return await fn(*args, **kwargs)
-        if self.config.sync_steps_in_threads:
-            result = await self._step_threads.submit(fn, args, kwargs)
-        else:
-            result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
 
     def backoff(self, attempt: int) -> float:
         base = self.config.retry_initial.total_seconds() * float(2 ** (attempt - 1))
@@ -437,7 +436,7 @@ class AttemptCore:
 
     async def sleep(self, duration: timedelta) -> None:
         pos = self.pstr(self.allocate("ctx.sleep()"))
-        await self._marking_aborts(pos, "sleep", self._sleep(pos, duration))
+        await self.sagas.marking_aborts(pos, "sleep", self._sleep(pos, duration))
 
     async def _sleep(self, pos: str, duration: timedelta) -> None:
         recs = self.live.lookup(pos, "sleep", "sleep")
@@ -448,8 +447,7 @@ class AttemptCore:
         else:
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
-            await self.writer.commit(SleepRecord(pos=pos, name="sleep",
-                                          wake_at=format_time(wake, precise=True)))
+            await self.writer.commit(SleepRecord(pos=pos, name="sleep", wake_at=format_time(wake, precise=True)))
         remaining = (wake - datetime.now(UTC)).total_seconds()
         if remaining <= 0:
             return
@@ -465,7 +463,7 @@ class AttemptCore:
         timeout: timedelta | None,  # noqa: ASYNC109 - a durable deadline
     ) -> Any:
         pos = self.pstr(self.allocate("ctx.wait_for_event()"))
-        return await self._marking_aborts(pos, name, self._wait_for_event(pos, name, timeout))
+        return await self.sagas.marking_aborts(pos, name, self._wait_for_event(pos, name, timeout))
 
     async def _wait_for_event(
         self, pos: str, name: str,
@@ -487,12 +485,10 @@ class AttemptCore:
         try:
             event = await self.io(self.store.get_event, name)
         except errors.StoreError as e:
-            raise Halt(HaltKind.CRASH if isinstance(e, errors.StoreUnavailableError)
-                       else HaltKind.FAIL, str(e), error=e) from None
+            raise store_halt(e) from None
         if event is not None:
-            end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=True,
-                                                value=event.get("payload"),
-                                                event_id=event.get("id")))
+            end = await self.writer.commit(EventRecord(pos=pos, name=name, ok=True, value=event.get("payload"),
+                                                       event_id=event.get("id")))
             self.live.last_progress = time.monotonic()
             return self._event_outcome(end)
         if deadline is not None and datetime.now(UTC) >= deadline:
@@ -504,7 +500,7 @@ class AttemptCore:
 
     def _event_outcome(self, record: EventRecord) -> Any:
         if record.ok:
-            return _fresh(record.value)
+            return fresh(record.value)
         wait = self.live.index.get(record.pos, {}).get("wait")
         deadline = wait.deadline if isinstance(wait, WaitRecord) else None
         raise errors.EventTimeout(record.name, str(deadline))
@@ -568,61 +564,14 @@ class AttemptCore:
         self.live.check_unreached(self.reached)
         self.check_before_new_op(step=False)
         self.check_duration()
-        payload, _ = await self.encode_result(new_input, f"the input given to {what}",
-                                              verb="is", root="input")
+        payload, _ = await self.results.encode(new_input, f"the input given to {what}", verb="is", root="input")
         record = ContinueRecord(pos=pos, name="continue_as_new", gen=self.gen + 1)
         record.set_result(payload)
         self.continued = await self.writer.commit(record)
         raise ContinueAsNew()
 
     async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:
-        g = self.allocate("ctx.gather()")
-        loop = asyncio.get_running_loop()
-        tasks: list[asyncio.Task[Any]] = []
-        for i, aw in enumerate(aws):
-            scope = Scope((*g, i), None)
-            ctx = contextvars.copy_context()
-            ctx.run(SCOPE.set, scope)
-            tasks.append(loop.create_task(_branch(scope, aw), context=ctx))
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        halts = [r for r in results if isinstance(r, Halt)]
-        if halts:
-            raise strongest(halts)
-        for r in results:
-            if isinstance(r, asyncio.CancelledError):
-                raise r
-        if not return_exceptions:
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-        return list(results)
-
-def _fresh(value: Any) -> Any:
-    """A private copy of a journaled value (workflows may mutate what they get)."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return codec.loads(codec.dumps(value), what="value")
-
-
-async def _branch(scope: Scope, aw: Awaitable[Any]) -> Any:
-    scope.owner = asyncio.current_task()
-    return await aw
-
-
-_ASYNC_CACHE: dict[Any, bool] = {}
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    try:
-        return _ASYNC_CACHE[fn]
-    except (KeyError, TypeError):
-        result = inspect.iscoroutinefunction(fn)
-        try:
-            if len(_ASYNC_CACHE) < 4096:
-                _ASYNC_CACHE[fn] = result
-        except TypeError:
-            pass
-        return result
+        return await gather(self.allocate("ctx.gather()"), aws, return_exceptions)
 
 
 def new_uuid() -> str:

@@ -1,17 +1,16 @@
 """The engine: one attempt of a run, from loading the journal to exactly one outcome.
 
-The top of the runtime layer: it owns the attempt's event loop, the controls
-other threads use (stop, abort, fence), heartbeats, the progress timeout and
-the waits between passes; :mod:`durablerun._private.core` runs the operations.
+The top of the runtime layer: it owns the attempt's event loop, its IO pool,
+the controls other threads use (stop, abort, fence), heartbeats, the progress
+timeout and the waits between passes; :mod:`durablerun._private.core` runs the
+operations. It is one module of a few hundred lines because it is one class,
+:class:`Run`, whose supervisor loop reads best in one place (see its docstring).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import hashlib
-import importlib
 import inspect
 import logging
 import threading
@@ -28,13 +27,13 @@ from durablerun._private import codec, core, layout, replay
 from durablerun._private.context import DurableContext
 from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import Loaded, RunStore
+from durablerun._private.loading import code_version_of, load_workflow
 from durablerun._private.model import (
     AttemptResult,
     CompleteRecord,
     ContinueRecord,
     EngineConfig,
     RunStarted,
-    Totals,
     WaitingFor,
 )
 from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
@@ -56,60 +55,6 @@ log = logging.getLogger("durablerun")
 Workflow = Callable[[DurableContext, Any], Any]
 
 
-# --- loading workflows -------------------------------------------------------------
-
-
-def load_workflow(ref: str) -> Workflow:
-    """Import ``module:function``.
-
-    Raises WorkflowNotFoundError (a usage error) when nothing by that name can
-    be imported, and WorkflowLoadError (Failed) when the module raises on import.
-    """
-    module_name, sep, func_name = ref.partition(":")
-    if not sep or not module_name or not func_name:
-        raise errors.WorkflowNotFoundError(
-            f"workflow {ref!r} must be MODULE:FUNCTION, e.g. agents.research:run"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise errors.WorkflowNotFoundError(
-                f"workflow {ref!r}: no module named {e.name!r} (is it on PYTHONPATH / in the "
-                "current directory, and is the name spelled right?)"
-            ) from e
-        raise errors.WorkflowLoadError(
-            f"workflow module {module_name!r} failed to import: {type(e).__name__}: {e}"
-        ) from e
-    except Exception as e:
-        tb = "".join(traceback.format_exception(e)[-3:]).strip()
-        raise errors.WorkflowLoadError(
-            f"workflow module {module_name!r} raised while being imported: "
-            f"{type(e).__name__}: {e}\n{tb}"
-        ) from e
-    fn = getattr(module, func_name, None)
-    if fn is None:
-        raise errors.WorkflowNotFoundError(
-            f"workflow {ref!r}: module {module_name!r} has no attribute {func_name!r}"
-        )
-    if not inspect.iscoroutinefunction(fn):
-        raise errors.WorkflowNotFoundError(
-            f"workflow {ref!r} must be an async function: async def {func_name}(ctx, input)"
-        )
-    return fn  # type: ignore[no-any-return]
-
-
-def code_version_of(fn: Callable[..., Any]) -> str:
-    try:
-        source_file = inspect.getsourcefile(fn)
-        if source_file:
-            with open(source_file, "rb") as f:
-                return hashlib.sha256(f.read()).hexdigest()[:16]
-    except (OSError, TypeError):
-        pass
-    return "unknown"
-
-
 # --- the run -------------------------------------------------------------------------
 
 
@@ -123,6 +68,12 @@ class Run:
     operations in :class:`~durablerun._private.core.AttemptCore`, appends in
     :class:`~durablerun._private.writer.Writer`, replay in
     :mod:`durablerun._private.replay`.
+
+    It drives the attempt only through the core's engine interface (listed in
+    AttemptCore's docstring): the controls reach it through one
+    ``AttemptCore.apply_controls`` (:meth:`_apply_controls`, from any thread),
+    and what an outcome reports comes from the core's queries, never from its
+    journal state or writer.
     """
 
     def __init__(
@@ -155,6 +106,7 @@ class Run:
         self._abort: tuple[AbortReason, str] | None = None
         self._fence: str | None = None
         self._next_hb = 0.0
+        self._io_pool: ThreadPoolExecutor | None = None
         self.attempt_id = uuid.uuid4().hex[:16]
 
     # --- control from other threads --------------------------------------------------------
@@ -185,30 +137,25 @@ class Run:
         self._poke()
 
     def _poke(self) -> None:
-        # Flags reach the running attempt at once (plain attribute writes), so the very
-        # next step boundary sees them; the wake-up lets the supervisor act on them.
-        c = self._core
-        if c is not None:
-            with self._lock:
-                if self._fence and not c.fenced:
-                    c.fenced = self._fence
-                if self._abort and not c.abort_requested:
-                    c.abort_requested = self._abort
-                if self._stop is not None:
-                    c.stop_requested = True
+        # The controls reach the running attempt at once, so the very next step boundary
+        # sees them; the wake-up lets the supervisor act on them.
+        with self._lock:
+            if self._core is not None:
+                self._apply_controls(self._core)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._on_loop_poke)
 
     def _on_loop_poke(self) -> None:
-        """On the loop: apply the controls (ends in-process waits) and wake the supervisor."""
-        c = self._core
-        if c is not None:
-            with self._lock:
-                self._apply_controls(c)
         if self._wake is not None:
             self._wake.set()
+
+    def _apply_controls(self, c: core.AttemptCore) -> None:
+        """Hand the requested controls to the attempt (call with ``self._lock`` held)."""
+        if self._stop is not None and self._stop_at is None:
+            self._stop_at = time.monotonic() + self._stop.total_seconds()
+        c.apply_controls(fence=self._fence, abort=self._abort, stop=self._stop is not None)
 
     # --- running ------------------------------------------------------------------------------
     def run_attempt(self) -> AttemptResult:
@@ -229,10 +176,11 @@ class Run:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.attempt_id = uuid.uuid4().hex[:16]
-        io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="durablerun-io")
+        # The attempt's store IO off the loop (remote stores); the core's operations share it.
+        self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="durablerun-io")
         run_store = self.store.run_store(self.ref)
         try:
-            result = await self._attempt(run_store, io_pool)
+            result = await self._attempt(run_store)
         except errors.StoreUnavailableError:
             raise
         except (errors.ConfigError) as e:
@@ -244,7 +192,7 @@ class Run:
         except (errors.WorkflowError, errors.StoreError) as e:
             result = AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e))
         finally:
-            io_pool.shutdown(wait=False)
+            self._io_pool.shutdown(wait=False)
             run_store.close()
         self.sinks.emit(EventKind.RUN_FINISHED, result=result)
         return result
@@ -254,12 +202,12 @@ class Run:
                 "nothing was replaced or repaired: restore the object from a backup, or start a new "
                 "run")
 
-    async def _io(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self.store.backend.io_inline:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
 
-    async def _attempt(self, rs: RunStore, io_pool: ThreadPoolExecutor) -> AttemptResult:
+    async def _attempt(self, rs: RunStore) -> AttemptResult:
         if isinstance(self.workflow, str):
             workflow_ref = self.workflow
             fn = load_workflow(self.workflow)
@@ -275,10 +223,10 @@ class Run:
         except (TypeError, ValueError) as e:
             raise errors.ConfigError(f"--input / spec.input is not JSON: {e}") from e
 
-        await self._io(io_pool, self.store.backend.check)
-        manifest = await self._io(io_pool, rs.read_manifest)
+        await self._io(self.store.backend.check)
+        manifest = await self._io(rs.read_manifest)
         if manifest is None:
-            manifest = await self._io(io_pool, rs.create_manifest, {
+            manifest = await self._io(rs.create_manifest, {
                 "layout": layout.LAYOUT_VERSION,
                 "run": self.ref.key,
                 "workflow": workflow_ref,
@@ -305,64 +253,35 @@ class Run:
         first_start = parse_time(str(manifest["created"]))
         if self.config.active_before is not None:
             first_start = datetime.now(UTC) - self.config.active_before
-        loaded: Loaded = await self._io(io_pool, lambda: rs.load(for_writing=True))
+        loaded: Loaded = await self._io(lambda: rs.load(for_writing=True))
         for w in loaded.warnings:
             self.sinks.emit(EventKind.WARNING, message=w)
-        live = replay.Live(loaded=loaded, totals=loaded.totals)
-        cont = loaded.continuation
-        generation = 0
-        if cont is not None:
-            # Resume in the generation the last ctx.continue_as_new started.
-            generation = cont.gen
-            live.prefix = replay.gen_prefix(generation)
-        for record in loaded.records:
-            live.add(record)
-        self.sinks.emit(EventKind.RUN_STARTED, info=RunStarted(
-            run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
-            resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
-            code_version=code_version, generation=generation, first_loaded=loaded.base))
-
-        done = loaded.records[-1] if loaded.records else None
-        if isinstance(done, CompleteRecord):
-            attempt_core = self._make_core(rs, live, first_start, io_pool)
-            try:
-                value = await attempt_core.recorded_value(done, "the workflow's result")
-            except Halt as h:
-                return self._halt_result(h, live)
-            finally:
-                attempt_core.close()
-            return AttemptResult(Outcome.COMPLETED, "the run had already completed", result=value,
-                                 totals=live.totals, journal_records=loaded.next_seq,
-                                 result_info=await self._io(io_pool, self._result_info, rs, done))
-
-        attempt_core = self._make_core(rs, live, first_start, io_pool)
-        self._core = attempt_core
-        with self._lock:
-            self._apply_controls(attempt_core)
-        try:
-            return await self._passes(fn, attempt_core, rs, code_version)
-        finally:
-            attempt_core.close()
-            self._core = None
-
-    def _make_core(self, rs: RunStore, live: replay.Live, first_start: datetime,
-                   io_pool: ThreadPoolExecutor) -> core.AttemptCore:
-        return core.AttemptCore(
-            store=rs, live=live, policy=self.policy, config=self.config, sinks=self.sinks,
+        assert self._io_pool is not None
+        c = core.AttemptCore(
+            store=rs, loaded=loaded, policy=self.policy, config=self.config, sinks=self.sinks,
             run_key=self.ref.key, attempt_id=self.attempt_id, first_start=first_start,
-            io_pool=io_pool)
-
-    def _apply_controls(self, c: core.AttemptCore) -> None:
-        if self._fence and not c.fenced:
-            c.fenced = self._fence
-        if self._abort and not c.abort_requested:
-            c.abort_requested = self._abort
-        if self._stop is not None:
-            c.stop_requested = True
-            if self._stop_at is None:
-                self._stop_at = time.monotonic() + self._stop.total_seconds()
-        if c.fenced or c.abort_requested or c.stop_requested:
-            c.stop_event.set()
+            io_pool=self._io_pool)
+        try:
+            self.sinks.emit(EventKind.RUN_STARTED, info=RunStarted(
+                run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
+                resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
+                code_version=code_version, generation=c.gen, first_loaded=loaded.base))
+            done = loaded.records[-1] if loaded.records else None
+            if isinstance(done, CompleteRecord):
+                try:
+                    value = await c.recorded_value(done, "the workflow's result")
+                except Halt as h:
+                    return self._halt_result(h, c)
+                return self._result(c, Outcome.COMPLETED, "the run had already completed",
+                                    result=value,
+                                    result_info=await self._io(self._result_info, rs, done))
+            with self._lock:
+                self._core = c
+                self._apply_controls(c)
+            return await self._passes(fn, c, rs, code_version)
+        finally:
+            c.close()
+            self._core = None
 
     async def _passes(self, fn: Workflow, c: core.AttemptCore, rs: RunStore,
                       code_version: str) -> AttemptResult:
@@ -371,7 +290,7 @@ class Run:
         self._next_hb = time.monotonic() + self.config.heartbeat_interval.total_seconds()
         waits = 0
         while True:
-            outcome = await self._one_pass(fn, c)
+            outcome = await self._one_pass(fn, c, rs)
             if isinstance(outcome, ContinueRecord):
                 # continue_as_new: its record is durable; the next generation starts now.
                 c.start_generation(outcome)
@@ -379,7 +298,7 @@ class Run:
                 waits = 0
                 stalled = self._stalled(c)
                 if stalled is not None:
-                    outcome = self._halt_result(stalled, c.live)
+                    outcome = self._halt_result(stalled, c)
                 else:
                     continue
             if isinstance(outcome, AttemptResult):
@@ -388,20 +307,17 @@ class Run:
             # Waiting: publish it, then look again (an event sent meanwhile is never lost:
             # a sender writes the event first and reads our status second).
             waiting = outcome
-            result = AttemptResult(
-                Outcome.WAITING, _waiting_message(waiting), waiting=waiting,
-                totals=c.live.totals, journal_records=c.live.loaded.next_seq)
-            await c.writer.final_snapshot()
-            doc = self._status_doc(result, code_version, c.live.total_steps)
+            result = self._result(c, Outcome.WAITING, _waiting_message(waiting), waiting=waiting)
+            await c.final_snapshot()
+            doc = self._status_doc(result, code_version, c.total_steps)
             polling_until = self._polls_until(waiting)
             if polling_until is not None:
                 # A sender can tell that this attempt picks the event up by itself.
                 doc["pollingUntil"] = format_time(polling_until, precise=True)
-            await self._io(c._io_pool, rs.write_status, doc)
+            await self._io(rs.write_status, doc)
             still = await self._still_waiting(c, rs, waiting)
             if c.fenced:
-                return AttemptResult(Outcome.FENCED, c.fenced, totals=c.live.totals,
-                                     journal_records=c.live.loaded.next_seq)
+                return self._result(c, Outcome.FENCED, c.fenced)
             if not still:
                 waits += 1
                 if waits >= 10_000:
@@ -421,7 +337,7 @@ class Run:
     async def _still_waiting(self, c: core.AttemptCore, rs: RunStore, w: WaitingFor) -> bool:
         now = datetime.now(UTC)
         if w.event:
-            if await self._io(c._io_pool, rs.get_event, w.event) is not None:
+            if await self._io(rs.get_event, w.event) is not None:
                 return False
             if w.deadline is not None:
                 remaining = (w.deadline - now).total_seconds()
@@ -435,7 +351,7 @@ class Run:
                             await c.pause(min(1.0, max(0.0, end - time.monotonic())))
                         except Halt:
                             return True
-                        if await self._io(c._io_pool, rs.get_event, w.event) is not None:
+                        if await self._io(rs.get_event, w.event) is not None:
                             return False
                     return False
             return True
@@ -449,32 +365,17 @@ class Run:
                 return False
         return True
 
-    async def _one_pass(self, fn: Workflow,
-                        c: core.AttemptCore) -> AttemptResult | WaitingFor | ContinueRecord:
+    async def _one_pass(self, fn: Workflow, c: core.AttemptCore,
+                        rs: RunStore) -> AttemptResult | WaitingFor | ContinueRecord:
         """One pass of the current generation. Returns how it ended, or the
         continue_as_new record that ended the generation."""
-        live = c.live
-        if c.continuation is None:
-            wf_input = self.input
-        else:
-            try:
-                # Decoded afresh for every pass, exactly as a resume decodes it.
-                wf_input = await c.recorded_value(
-                    c.continuation, f"the input of workflow generation {c.gen}")
-            except Halt as h:
-                return self._halt_result(h, live)
+        try:
+            wf_input = await c.workflow_input(self.input)
+        except Halt as h:
+            return self._halt_result(h, c)
         ctx = DurableContext(c)
+        task = c.start_workflow(fn(ctx, wf_input))
         loop = asyncio.get_running_loop()
-        scope = replay.Scope((), None)
-        cv = contextvars.copy_context()
-        cv.run(replay.SCOPE.set, scope)
-        cv.run(replay.STEP.set, None)
-
-        async def main() -> Any:
-            scope.owner = asyncio.current_task()
-            return await fn(ctx, wf_input)
-
-        task = loop.create_task(main(), context=cv)
         cancelled_for: Halt | None = None
         hb = self.config.heartbeat_interval.total_seconds()
         progress_timeout = _duration(self.policy.progressTimeout)
@@ -503,11 +404,8 @@ class Run:
                                      "grace period were cancelled and will run again")
             elif (stalled := self._stalled(c, progress_timeout)) is not None:
                 cancelled_for = stalled
-            elif not c.compensating_now:  # a Saga undoing its work is not stopped by maxDuration
-                try:
-                    c.check_duration()
-                except Halt as h:
-                    cancelled_for = h
+            else:  # maxDuration (not while a Saga undoes its work)
+                cancelled_for = c.duration_halt()
             if cancelled_for is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -518,7 +416,7 @@ class Run:
                 self._next_hb = now + hb
 
         if cancelled_for is not None:
-            return self._halt_result(cancelled_for, live)
+            return self._halt_result(cancelled_for, c)
         if c.continued is not None:
             # The continuation is journaled: the generation is over, however the function
             # unwound (a resume would start the next generation too).
@@ -527,44 +425,39 @@ class Run:
             return c.continued
         exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
         if exc is None:
-            return await self._complete(c, task.result())
+            return await self._complete(c, rs, task.result())
         if isinstance(exc, Halt):
             if exc.kind == HaltKind.WAIT and exc.waiting is not None:
                 w = exc.waiting
                 return WaitingFor(w.event, w.deadline, w.wake_time, datetime.now(UTC),
                                   compensations=c.open_compensations)
-            return self._halt_result(exc, live)
+            return self._halt_result(exc, c)
         if isinstance(exc, asyncio.CancelledError):
-            return AttemptResult(Outcome.SUSPENDED, "the workflow was cancelled",
-                                 totals=live.totals, journal_records=live.loaded.next_seq)
+            return self._result(c, Outcome.SUSPENDED, "the workflow was cancelled")
         if isinstance(exc, errors.ConfigError):
-            return AttemptResult(Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc),
-                                 totals=live.totals, journal_records=live.loaded.next_seq)
+            return self._result(c, Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc))
         detail = "".join(traceback.format_exception(exc)[-4:]).strip()
         log.error("the workflow raised:\n%s", detail)
-        return AttemptResult(
-            Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
-            error_type=_qual(exc), totals=live.totals, journal_records=live.loaded.next_seq)
+        return self._result(c, Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
+                            error_type=_qual(exc))
 
-    async def _complete(self, c: core.AttemptCore, value: Any) -> AttemptResult:
-        live = c.live
+    async def _complete(self, c: core.AttemptCore, rs: RunStore, value: Any) -> AttemptResult:
         try:
-            c.live.check_unreached(c.reached)
-            payload, result = await c.encode_result(value, "the workflow")
-            done = CompleteRecord(pos="end", name="result")
-            done.set_result(payload)
-            done = await c.writer.commit(done)
+            done, result = await c.complete(value)
         except Halt as h:
-            return self._halt_result(h, live)
+            return self._halt_result(h, c)
         except errors.DurableRunError as e:
-            return AttemptResult(Outcome.FAILED, str(e), error_type=_qual(e), totals=live.totals,
-                                 journal_records=live.loaded.next_seq)
+            return self._result(c, Outcome.FAILED, str(e), error_type=_qual(e))
         overshoot = c.overshoot()
         message = "the workflow completed" + (f"; {overshoot}" if overshoot else "")
-        return AttemptResult(Outcome.COMPLETED, message, result=result, totals=live.totals,
-                             journal_records=live.loaded.next_seq, overshoot=overshoot,
-                             result_info=await self._io(c._io_pool, self._result_info, c.store,
-                                                        done))
+        return self._result(c, Outcome.COMPLETED, message, result=result, overshoot=overshoot,
+                            result_info=await self._io(self._result_info, rs, done))
+
+    def _result(self, c: core.AttemptCore, outcome: Outcome, message: str,
+                **fields: Any) -> AttemptResult:
+        """How the attempt ended, with the totals and journal length it ended with."""
+        fields.setdefault("totals", c.totals)
+        return AttemptResult(outcome, message, journal_records=c.journal_records, **fields)
 
     def _result_info(self, rs: RunStore, done: CompleteRecord) -> dict[str, Any]:
         """Where the result of complete record ``done`` lives; its JSON too when small."""
@@ -589,7 +482,7 @@ class Run:
         """The progress timeout, if no step completed for that long while running."""
         if progress_timeout is None:
             progress_timeout = _duration(self.policy.progressTimeout)
-        if c.live.sleeping == 0 and time.monotonic() - c.live.last_progress > progress_timeout:
+        if c.stalled_for() > progress_timeout:
             return Halt(HaltKind.ABORT,
                         f"no step completed for {self.policy.progressTimeout} "
                         f"(policy.progressTimeout): fix the hanging step, or "
@@ -597,7 +490,7 @@ class Run:
                         reason=AbortReason.PROGRESS_TIMEOUT)
         return None
 
-    def _halt_result(self, h: Halt, live: replay.Live) -> AttemptResult:
+    def _halt_result(self, h: Halt, c: core.AttemptCore) -> AttemptResult:
         kind_outcome = {
             HaltKind.SUSPEND: Outcome.SUSPENDED,
             HaltKind.ABORT: Outcome.ABORTED,
@@ -606,36 +499,30 @@ class Run:
             HaltKind.WAIT: Outcome.WAITING,
         }
         if isinstance(h.error, errors.CorruptionError):
-            return AttemptResult(Outcome.FAILED, self._damaged(h.error), error_type=_qual(h.error),
-                                 totals=live.totals, journal_records=live.loaded.next_seq)
+            return self._result(c, Outcome.FAILED, self._damaged(h.error), error_type=_qual(h.error))
         if h.kind == HaltKind.CRASH:
             err = h.error if isinstance(h.error, errors.StoreError) else None
             if isinstance(err, errors.StoreUnavailableError) or err is None:
                 raise err or errors.StoreUnavailableError(h.message)
-            if isinstance(err, errors.ConfigError):
-                return AttemptResult(Outcome.USAGE_ERROR, h.message, error_type=_qual(err),
-                                     totals=live.totals, journal_records=live.loaded.next_seq)
-            return AttemptResult(Outcome.FAILED, h.message, error_type=_qual(err),
-                                 totals=live.totals, journal_records=live.loaded.next_seq)
+            outcome = Outcome.USAGE_ERROR if isinstance(err, errors.ConfigError) else Outcome.FAILED
+            return self._result(c, outcome, h.message, error_type=_qual(err))
         # Cost charged outside a step since the last record is journaled with the next
         # record; report it too, so an abort says the cost that triggered it. (A resume
         # replays the add_cost call, so it is neither lost nor counted twice.)
-        totals = Totals(live.totals.usd + live.pending_usd, live.totals.tokens + live.pending_tokens,
-                        live.totals.steps)
-        return AttemptResult(
-            kind_outcome[h.kind], h.message, abort_reason=h.reason,
+        totals = c.spent()
+        return self._result(
+            c, kind_outcome[h.kind], h.message, abort_reason=h.reason,
             error_type=_qual(h.error) if h.error else None,
-            totals=totals, journal_records=live.loaded.next_seq,
-            overshoot=replay.budget_overshoot(totals, self.policy))
+            totals=totals, overshoot=replay.budget_overshoot(totals, self.policy))
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
                       code_version: str) -> None:
-        if result.outcome == Outcome.FENCED or c.writer.refuse_writes():
+        if result.outcome == Outcome.FENCED or c.refuses_writes():
             return  # a fenced attempt writes nothing more
         with contextlib.suppress(Halt):
-            await c.writer.final_snapshot()
+            await c.final_snapshot()
         try:
-            await self._io(c._io_pool, rs.write_status, self._status_doc(result, code_version, c.live.total_steps))
+            await self._io(rs.write_status, self._status_doc(result, code_version, c.total_steps))
         except errors.StoreError as e:
             self.sinks.emit(EventKind.WARNING, message=f"could not record the attempt's outcome: {e}")
 

@@ -4,8 +4,9 @@ The durable step loop fits in a sentence (DBOS's ``invoke_step``): for each
 operation the workflow asks for, look its *position* up in the journal; if it
 is there, return (or re-raise) what was recorded; if not, run it and record
 the outcome durably before anything else happens. This module owns the first
-half: positions, scopes, the index of the journal by position, divergence
-and the budgets checked before a new operation. It does no IO and owns no
+half: positions, scopes (ctx.gather runs each branch in one of its own), the
+index of the journal by position, divergence and the budgets checked before a
+new operation. It does no IO and owns no
 threads; the runtime (:mod:`durablerun._private.core`) runs what it decides.
 
 Positions are assigned when an operation is *called*, in call order, so they
@@ -28,17 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from durablerun import errors
-from durablerun._private.halts import Halt, HaltKind
+from durablerun._private.halts import Halt, HaltKind, strongest
 from durablerun._private.journal import Loaded
 from durablerun._private.model import Record, StepRecord, Totals
 from durablerun.api import AbortReason, Policy
+
+T = TypeVar("T")
 
 _OP_KINDS = {
     "step": frozenset({"step"}),
@@ -79,7 +82,7 @@ class StepFrame:
 
 
 #: The error type of an abort marker: a step record journaled where an abort stopped a Saga's block
-#: (see core.AttemptCore.mark_abort). Replaying that position aborts again, with the same reason and
+#: (see sagas.Ledger.mark_abort). Replaying that position aborts again, with the same reason and
 #: message, so the Saga resumes its compensations and the work it undid is never done again.
 ABORT_MARK = "durablerun.Aborted"
 
@@ -98,6 +101,38 @@ SCOPE: contextvars.ContextVar[Scope] = contextvars.ContextVar("durablerun_scope"
 STEP: contextvars.ContextVar[StepFrame | None] = contextvars.ContextVar(
     "durablerun_step", default=None
 )
+
+
+async def in_scope(scope: Scope, aw: Awaitable[T]) -> T:
+    """Await ``aw`` in the task that owns ``scope`` (the one allowed to number positions in it)."""
+    scope.owner = asyncio.current_task()
+    return await aw
+
+
+async def gather(prefix: tuple[int, ...], aws: tuple[Awaitable[Any], ...],
+                 return_exceptions: bool) -> list[Any]:
+    """ctx.gather at position ``prefix``: branch ``i`` numbers its operations in scope
+    ``(*prefix, i)``. Every branch finishes before a failure is raised; a Halt wins over
+    other failures (the strongest of them)."""
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[Any]] = []
+    for i, aw in enumerate(aws):
+        scope = Scope((*prefix, i), None)
+        ctx = contextvars.copy_context()
+        ctx.run(SCOPE.set, scope)
+        tasks.append(loop.create_task(in_scope(scope, aw), context=ctx))
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    halts = [r for r in results if isinstance(r, Halt)]
+    if halts:
+        raise strongest(halts)
+    for r in results:
+        if isinstance(r, asyncio.CancelledError):
+            raise r
+    if not return_exceptions:
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+    return list(results)
 
 
 def pos_str(pos: tuple[int, ...]) -> str:

@@ -1,10 +1,11 @@
-"""Worker threads for sync step functions (part of the runtime layer)."""
+"""Invoking step functions: async ones on the loop, sync ones on worker threads (runtime layer)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import queue
 import threading
 from collections.abc import Callable
@@ -26,13 +27,28 @@ class StepThreads:
     daemons: they never keep a finished process alive.
     """
 
-    def __init__(self, max_threads: int) -> None:
+    def __init__(self, max_threads: int, in_threads: bool = True) -> None:
+        #: Whether sync step functions run on the threads (EngineConfig.sync_steps_in_threads).
+        self._in_threads = in_threads
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._max = max(1, max_threads)
         self._started = 0
         #: One token per idle worker (list append/pop are atomic under the GIL).
         self._idle: list[None] = []
         self._closed = False
+
+    async def invoke(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)``, awaited: on the loop when async, else on a worker thread."""
+        if _is_async(fn):
+            return await fn(*args, **kwargs)
+        if self._in_threads:
+            result = await self.submit(fn, args, kwargs)
+        else:
+            result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> asyncio.Future[Any]:
@@ -91,3 +107,19 @@ def _deliver(fut: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]
         fut.set_result(value)
     else:
         fut.set_exception(error)
+
+
+_ASYNC_CACHE: dict[Any, bool] = {}
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    try:
+        return _ASYNC_CACHE[fn]
+    except (KeyError, TypeError):
+        result = inspect.iscoroutinefunction(fn)
+        try:
+            if len(_ASYNC_CACHE) < 4096:
+                _ASYNC_CACHE[fn] = result
+        except TypeError:
+            pass
+        return result
