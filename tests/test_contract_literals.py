@@ -37,9 +37,6 @@ REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("runner", "operator", "hack", "bench", "tests")
 CONTRACT_MODULE = "runner/durablerun/api.py"
 THIS = "tests/test_contract_literals.py"
-# TEMPORARY: operator/ is converted to api's names on its own branch; the lead removes this entry once it
-# has merged, and the test then names whatever is left there.
-NOT_YET_CONVERTED: tuple[str, ...] = ("operator/",)
 
 _DR_FLOWS, _DBOS_FLOWS = "bench/durablerun_bench/dr_flows.py", "bench/durablerun_bench/dbos_flows.py"
 #: A tool's own environment variable (not part of the contract): the one module that defines it. The benchmark's
@@ -110,8 +107,6 @@ def copies() -> list[str]:
     """Every literal copy of a contract name outside api, as 'file:line: what'."""
     found = []
     for rel, path in _python_files():
-        if rel.startswith(NOT_YET_CONVERTED):
-            continue
         source = path.read_text()
         tree = ast.parse(source, rel)
         skip = _docstrings(tree)
