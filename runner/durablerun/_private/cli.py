@@ -33,7 +33,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
 
 from durablerun import api, errors
-from durablerun._private import layout
+from durablerun._private import layout, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
@@ -299,6 +299,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sinks.append(TtyProgress() if sys.stderr.isatty() else PlainProgress())
     if args.json_log:
         sinks.append(JsonLinesSink(None if args.json_log == "-" else args.json_log))
+    sinks += tracing.sinks_for(store, ref)  # OpenTelemetry, when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     sys.path.insert(0, os.getcwd())
     config_fields["write_guard"] = lambda: None if owner.valid() else (
         owner.lost or f"store lease of {owner.duration:g}s lapsed without renewal")
