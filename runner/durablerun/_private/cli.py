@@ -8,6 +8,7 @@
     durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
+    durablerun timeline --run-id ID [--store URI] [--output json]
     durablerun pod [...]          # the in-pod entrypoint (durablerun.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
@@ -33,7 +34,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
 
 from durablerun import api, errors
-from durablerun._private import layout, tracing
+from durablerun._private import layout, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
@@ -147,7 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
     _store_args(delete)
 
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
+    _timeline_args(sub)
     return parser
+
+
+# --- timeline: the rendering is timeline.py's ----------------------------------------------
+def _timeline_args(sub: Any) -> None:
+    p = sub.add_parser("timeline", help="draw a local run's steps, waits and restarts over time from its journal")
+    _store_args(p)
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    return timeline.show(_open(args), layout.RunRef.local(args.run_id), as_json=args.output == "json")
 
 
 def _json_arg(flag: str, text: str) -> Any:
@@ -687,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
-                   "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete}[args.command]
+                   "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
+                   "timeline": cmd_timeline}[args.command]
         return handler(args)
     except BrokenPipeError:
         # The reader went away (`durablerun inspect ... | head`): stop quietly, as a
