@@ -8,8 +8,8 @@
 # control-plane build.
 #
 # Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|etcd|minio|helm|
-#                                kubeconform|prometheus-operator-crds ...]
-# (default: all)
+#                                kubeconform|prometheus-operator-crds|jaeger ...]
+# (default: all but jaeger, which only the tracing tests need: `make test` builds it, keeping `make demo` short)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -135,6 +135,27 @@ build_prometheus_operator_crds() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
+# Jaeger v2 (cmd/jaeger, an OpenTelemetry Collector distribution) for the tracing tests. Its go.mod has a
+# replace directive, so `go install` refuses it: build it from a wrapper module carrying the same replaces.
+build_jaeger() {
+  local out="$BIN/jaeger-$JAEGER_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building jaeger $JAEGER_VERSION (first time only; a few minutes)"
+  local dir module=github.com/jaegertracing/jaeger gomod
+  dir="$(wrapper_module "jaeger-$JAEGER_VERSION")"
+  cd "$dir"
+  go mod edit -require "$module@$JAEGER_VERSION"
+  gomod="$(go mod download -json "$module@$JAEGER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  grep -E '^replace [^ ]+ => [^ .][^ ]* v' "$gomod" | while read -r _ from _ to version; do
+    go mod edit -replace "$from=$to@$version"
+  done
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s/cmd/jaeger"\n' "$module" >tools.go
+  go mod tidy >/dev/null
+  go build -trimpath -ldflags "-s -w -X $module/internal/version.latestVersion=$JAEGER_VERSION" -o "$out.tmp" \
+    "$module/cmd/jaeger"
+  mv "$out.tmp" "$out"
+}
+
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd minio helm kubeconform
                                          prometheus-operator-crds)
@@ -153,6 +174,7 @@ for t in "${targets[@]}"; do
     helm) (build_helm) ;;
     kubeconform) (build_kubeconform) ;;
     prometheus-operator-crds) (build_prometheus_operator_crds) ;;
-    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio, helm, kubeconform or prometheus-operator-crds)"; exit 2 ;;
+    jaeger) (build_jaeger) ;;
+    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio, helm, kubeconform, prometheus-operator-crds or jaeger)"; exit 2 ;;
   esac
 done

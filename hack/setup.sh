@@ -51,7 +51,7 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   "$VENV/bin/pip" install -q --upgrade "pip==25.3"
   # Every extra of the package, and the repository's tools (the `dev` dependency group,
   # which is not part of the package's metadata).
-  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[s3,pod,operator]" \
+  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[s3,pod,operator,otel]" \
     --group "$ROOT/pyproject.toml:dev"
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The test bed (process node, control plane, MinIO) is a dev tool, not part

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
+from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
@@ -47,6 +48,14 @@ def no_stray_processes() -> Iterator[None]:
 def s3_server(testbed_root: Path) -> Iterator[S3Server]:
     """A real MinIO on loopback for the whole session."""
     server = S3Server(testbed_root / "s3", SESSION_ID).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def jaeger(testbed_root: Path) -> Iterator[Jaeger]:
+    """A real Jaeger (OTLP collector and query API) on loopback for the whole session."""
+    server = Jaeger(testbed_root / "jaeger", SESSION_ID).start()
     yield server
     server.stop()
 

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 #
-# The durable-run runner: the SDK with its `s3` and `pod` extras (pydantic,
+# The durable-run runner: the SDK with its `s3`, `pod` and `otel` extras (pydantic,
 # boto3, the kubernetes client; no kopf), as uid 65532. It is the base for
 # your workflow images:
 #
@@ -27,8 +27,8 @@ COPY runner/ runner/
 # pyproject.toml declares both packages, so the build needs the operator's
 # directory too; without kopf (the `operator` extra is not installed) it is inert.
 COPY operator/ operator/
-# The S3 store and the in-pod runner (`durablerun pod`); not the operator.
-RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[s3,pod]"
+# The S3 store, the in-pod runner (`durablerun pod`) and tracing (OpenTelemetry); not the operator.
+RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[s3,pod,otel]"
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/durable-run /opt/durable-run

@@ -36,6 +36,7 @@ _GO_BINARIES = {
     "minio": (None, "MINIO_VERSION"),
     "helm": (None, "HELM_VERSION"),
     "kubeconform": (None, "KUBECONFORM_VERSION"),
+    "jaeger": (None, "JAEGER_VERSION"),
 }
 
 

@@ -94,6 +94,11 @@ def test_approve_wait_journal_logs_and_events_are_write_once(
     refused = plugin.dr("journal", "review")
     assert refused.returncode != 0
     assert "credentials" in refused.stderr
+    # The same journal over time (docs/metrics.md, "A run's timeline"): the wait between the two steps.
+    timeline = plugin.dr("timeline", "review", "--credentials-from-secret", "-o", "json")
+    assert timeline.returncode == 0, timeline.stderr
+    drawn = [(e["kind"], e["name"]) for e in json.loads(timeline.stdout)["entries"] if e["kind"] in ("step", "wait")]
+    assert drawn == [("step", "draft"), ("wait", "review"), ("step", "publish")]
 
     # Every attempt's pod, in order (the test bed's node serves no logs: each pod says so).
     logs = plugin.dr("logs", "review")

@@ -685,7 +685,7 @@ def test_a_sink_gets_every_event_through_one_emit_and_nothing_is_printed_around_
         r = attempt(mem, wf, sinks=[Everything()])
     assert r.outcome == Outcome.FAILED
     assert [e.kind for e in events] == [
-        EventKind.RUN_STARTED, EventKind.STEP_STARTED, EventKind.CHECKPOINT_SAVED,
+        EventKind.RUN_STARTED, EventKind.STEP_STARTED, EventKind.RECORD_JOURNALED, EventKind.CHECKPOINT_SAVED,
         EventKind.COST_UPDATED, EventKind.STEP_COMPLETED,
         EventKind.CHECKPOINT_SAVED,  # the final snapshot
         EventKind.RUN_FINISHED]

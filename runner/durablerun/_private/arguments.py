@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     delete = sub.add_parser("delete", help="delete a local run and everything it stored")
     store_args(delete)
 
+    timeline = sub.add_parser("timeline",
+                              help="draw a local run's steps, waits and restarts over time from its journal")
+    store_args(timeline)
+    timeline.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
+
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
     return parser
 

@@ -8,6 +8,7 @@
     durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
+    durablerun timeline --run-id ID [--store URI] [--output json]
     durablerun pod [...]          # the in-pod entrypoint (durablerun._private.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private import arguments, inspection, layout
+from durablerun._private import arguments, inspection, layout, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
@@ -122,6 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sinks.append(TtyProgress() if sys.stderr.isatty() else PlainProgress())
     if args.json_log:
         sinks.append(JsonLinesSink(None if args.json_log == "-" else args.json_log))
+    sinks += tracing.sinks_for(store, ref)  # OpenTelemetry, when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     sys.path.insert(0, os.getcwd())
     config_fields["write_guard"] = lambda: None if owner.valid() else (
         owner.lost or f"store lease of {owner.duration:g}s lapsed without renewal")
@@ -320,6 +322,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all, result=args.result)
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    return timeline.show(_open(args), layout.RunRef.local(args.run_id), as_json=args.output == "json")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "pod":
@@ -334,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
-                   "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete}[args.command]
+                   "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
+                   "timeline": cmd_timeline}[args.command]
         return handler(args)
     except BrokenPipeError:
         # The reader went away (`durablerun inspect ... | head`): stop quietly, as a

@@ -265,7 +265,8 @@ class Run:
             self.sinks.emit(EventKind.RUN_STARTED, info=RunStarted(
                 run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
                 resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
-                code_version=code_version, generation=c.gen, first_loaded=loaded.base))
+                code_version=code_version, generation=c.gen, first_loaded=loaded.base,
+                journal=loaded.records))
             done = loaded.records[-1] if loaded.records else None
             if isinstance(done, CompleteRecord):
                 try:

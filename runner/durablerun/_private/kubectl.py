@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private import arguments, inspection, layout
+from durablerun._private import arguments, inspection, layout, timeline
 from durablerun._private.stores import store_from_checkpoint
 from durablerun._version import __version__
 
@@ -210,6 +210,8 @@ def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
     store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
     try:
         ref = layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)
+        if args.command == "timeline":  # the same journal, drawn over time
+            return timeline.show(store, ref, as_json=args.output == "json")
         return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all)
     finally:
         store.close()
@@ -243,7 +245,7 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
-            "completion"]
+            "completion", "timeline"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
 TAKES_RUN = set(COMMANDS) - {"completion"}
 
@@ -346,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--credentials-from-secret", action="store_true",
                    help="read S3 credentials from the run's spec.checkpoint.credentialsSecret (needs get on "
                         "that Secret); by default they come from your environment (AWS_ACCESS_KEY_ID, ...)")
+    p = command("timeline", "draw the run's steps, waits and restarts over time from its journal (store "
+                            "credentials as for journal)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
     command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
     p = command("completion", "print a shell completion script")
     p.add_argument("shell", choices=["bash"])
@@ -354,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
-            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion}
+            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private import core
+from durablerun._private import core, tracing
 from durablerun._private.context import DurableContext
 
 __all__ = ["PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
@@ -212,6 +212,8 @@ def charge(usage: Usage, ctx: DurableContext | None = None) -> Decimal:
         raise errors.WorkflowError(
             "durablerun.llm.charge() without ctx must be called inside a step (ctx.step); "
             "outside one pass ctx")
+    tracing.model_call(model=usage.model, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                       cached_tokens=usage.cached_tokens, usd=usd)
     return usd
 
 

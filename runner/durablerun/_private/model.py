@@ -9,7 +9,7 @@ the codec and the shared contract (:mod:`durablerun.api`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -452,3 +452,5 @@ class RunStarted:
     generation: int = 0
     #: Sequence number of the record the loaded journal starts at (its last continuation).
     first_loaded: int = 0
+    #: The journal as loaded (from ``first_loaded`` on): read it, never change it.
+    journal: Sequence[Record] = ()

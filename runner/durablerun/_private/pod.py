@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api, errors
+from durablerun._private import tracing
 from durablerun._private.children import PodBroker
 from durablerun._private.engine import Run
 from durablerun._private.layout import RunRef
@@ -248,7 +249,9 @@ def _attempt(identity: Identity) -> int:
     active = timedelta(seconds=status_now.activeSeconds)
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
-        sinks=[sink, JsonLinesSink(sys.stderr)],
+        sinks=[sink, JsonLinesSink(sys.stderr), *tracing.sinks_for(store, ref, attributes={
+            "k8s.namespace.name": identity.namespace, "k8s.pod.name": identity.pod,
+            "durablerun.name": identity.name, "durablerun.epoch": identity.epoch})],
         config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active,
                                    rerun_failed_before=api.parse_time(status_now.retryTime),
                                    policy_advice=kubectl_advice(identity.namespace, identity.name),

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import IO, Any
 
-from durablerun._private.model import AttemptResult, RunStarted
+from durablerun._private.model import AttemptResult, Record, RunStarted
 from durablerun.api import format_time
 
 log = logging.getLogger("durablerun")
@@ -38,6 +38,8 @@ class EventKind(enum.StrEnum):
     STEP_COMPLETED = "step_completed"
     #: ``seq``, ``key``: a journal record (or a snapshot covering up to ``seq``) is durable at ``key``.
     CHECKPOINT_SAVED = "checkpoint_saved"
+    #: ``record`` (model.Record): a journal record is durable (a step's outcome, a sleep, a wait, an event, ...).
+    RECORD_JOURNALED = "record_journaled"
     #: ``usd``, ``tokens``, ``steps``: the run's journaled totals changed.
     COST_UPDATED = "cost_updated"
     #: ``generation``, ``seq``: ``ctx.continue_as_new`` journaled its record; ``generation`` starts.
@@ -103,6 +105,9 @@ class ProgressSink:
     def checkpoint_saved(self, *, seq: int, key: str) -> None:
         """A journal record (or a snapshot covering up to ``seq``) is durable at ``key``."""
 
+    def record_journaled(self, *, record: Record) -> None:
+        """A journal record is durable: what the attempt did, as a resume will read it."""
+
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         """The run's journaled totals changed."""
 
@@ -161,8 +166,9 @@ class JsonLinesSink(ProgressSink):
         self._lock = threading.Lock()
 
     def emit(self, event: ProgressEvent) -> None:
-        if event.kind is EventKind.CHECKPOINT_SAVED and not self._checkpoints:
-            return
+        if event.kind is EventKind.RECORD_JOURNALED or (
+                event.kind is EventKind.CHECKPOINT_SAVED and not self._checkpoints):
+            return  # a record's durability is the checkpoint_saved line
         line = {"time": format_time(datetime.now(UTC), precise=True), **event.to_json()}
         text = json.dumps(line, default=str, separators=(",", ":"))
         with self._lock:

@@ -138,6 +138,7 @@ class Writer:
     def _after_commit(self, result: tuple[R, str], step: bool) -> R:
         # Snapshots report from their own thread (_snapshot_job), never through here.
         record, key = result
+        self.sinks.emit(EventKind.RECORD_JOURNALED, record=record)
         self.sinks.emit(EventKind.CHECKPOINT_SAVED, seq=record.seq, key=key)
         if step or record.cost is not None:
             t = self.live.totals

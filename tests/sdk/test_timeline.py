@@ -1,0 +1,102 @@
+"""`durablerun timeline` on a real journal: a run killed mid-step, resumed, waiting, then finished."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from durablerun.api import Outcome
+
+from .conftest import cli, sub_env, wait_until
+
+WORKFLOW = textwrap.dedent('''
+    import os, time
+    from datetime import timedelta
+    from durablerun import llm
+
+    def costly():
+        llm.charge(llm.Usage("gpt-4o", 2000, 500))
+        return 1
+
+    def hang():
+        marker = os.environ["HANG_MARKER"]
+        if not os.path.exists(marker):  # the first attempt hangs here and is killed
+            open(marker, "w").close()
+            time.sleep(600)
+        time.sleep(0.5)
+        return 2
+
+    async def run(ctx, input):
+        await ctx.step("fetch", lambda: 0)
+        await ctx.step("costly", costly)
+        await ctx.sleep(timedelta(seconds=0.3))
+        await ctx.step("hang", hang)
+        go = await ctx.wait_for_event("go")
+        await ctx.step("finish", lambda: go)
+        return "done"
+''')
+
+
+def test_timeline_of_a_run_with_a_restart_a_sleep_and_a_wait(tmp_path: Path) -> None:
+    (tmp_path / "wf_timeline.py").write_text(WORKFLOW)
+    env = sub_env({"HANG_MARKER": str(tmp_path / "hang-started")})  # the runner imports from its cwd
+    base = ["--run-id", "tl", "--store", f"file://{tmp_path / 'store'}"]
+    run = [sys.executable, "-m", "durablerun", "run", "wf_timeline:run", *base, "--quiet"]
+
+    first = subprocess.Popen(run, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (tmp_path / "hang-started").exists(), timeout=60, what="step hang to start")
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait(30)
+    waiting = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert waiting.returncode == Outcome.WAITING.exit_code, waiting.stderr
+
+    open_wait = json.loads(cli(["timeline", *base, "--output", "json"], env=env).stdout)
+    assert open_wait["entries"][-1]["kind"] == "wait"
+    assert open_wait["entries"][-1]["reason"] == "waiting for event 'go'"
+
+    assert cli(["send-event", *base, "go", '"now"'], env=env).returncode == 0
+    done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    shown = cli(["timeline", *base, "--output", "json"], env=env)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["run"] == "_local/tl"
+    # Attempt 1 journaled fetch and costly; attempt 2 (after the kill) hang and the wait; attempt 3 the rest.
+    assert len(doc["attempts"]) == 3
+    kinds = [(e["kind"], e["name"], e["attempt"]) for e in doc["entries"]]
+    assert kinds == [("step", "fetch", 1), ("step", "costly", 1), ("sleep", "sleep", 1),
+                     ("restart", "attempt 2", 2), ("step", "hang", 2), ("restart", "attempt 3", 3),
+                     ("wait", "go", 3), ("step", "finish", 3), ("complete", "result", 3)]
+    entries = {(e["kind"], e["name"]): e for e in doc["entries"]}
+    assert entries[("step", "costly")]["tokens"] == 2500
+    assert entries[("step", "costly")]["marks"] == ["most expensive"]
+    assert entries[("step", "hang")]["marks"] == ["slowest"]
+    assert entries[("step", "hang")]["duration"] >= 0.5
+    assert 0.29 <= entries[("sleep", "sleep")]["duration"] < 5  # from its journal write to its wake time
+    wait = entries[("wait", "go")]
+    assert wait["reason"] == "waited for event 'go'"
+    assert wait["duration"] > 0
+    assert doc["cost"]["tokens"] == 2500
+
+    text = cli(["timeline", *base], env=env)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("run _local/tl: ")
+    assert "3 attempt(s)" in lines[0]
+    assert "2500 tokens" in lines[0]
+    assert any("costly" in line and "<- most expensive" in line and "2500" in line for line in lines)
+    assert any(" hang " in line and "<- slowest" in line for line in lines)
+    assert sum("<restart>" in line for line in lines) == 2
+    assert any("<wait> go" in line and "waited for event 'go'" in line for line in lines)
+
+    missing = cli(["timeline", "--run-id", "nope", "--store", f"file://{tmp_path / 'store'}"], env=env)
+    assert missing.returncode == 1
+    assert "no run _local/nope" in missing.stderr

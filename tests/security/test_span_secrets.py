@@ -1,0 +1,72 @@
+"""No secret value ever reaches a trace: exported spans are scanned like logs and the journal are.
+
+A local run on the test bed's MinIO, with its S3 keys in the environment, an OTLP header carrying a token,
+an API key in the env, and a canary in the run's input, a step's result, a step's error message and an
+event's payload, exports its trace to a real Jaeger; Jaeger's stored trace (as its query API returns it)
+is scanned for every secret value, raw and base64-encoded. The scan is shown to find what the trace does
+hold (a step's name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from durablerun._private import tracing
+from durablerun_testbed import procs
+from durablerun_testbed.jaeger import Jaeger
+from durablerun_testbed.s3 import S3Server
+from tests.security.test_secret_leaks import leaks
+
+
+def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server, s3_bucket: str,
+                                            tmp_path: Path) -> None:
+    canary, token, api_key = ("canary-" + secrets.token_hex(16), "token-" + secrets.token_hex(16),
+                              "sk-" + secrets.token_hex(16))
+    visible = "visible_" + secrets.token_hex(6)
+    (tmp_path / "wf_secrets.py").write_text(textwrap.dedent(f'''
+        from durablerun import errors
+
+        def fails():
+            raise errors.NonRetryableError("the key was " + {canary!r})
+
+        async def run(ctx, input):
+            await ctx.step("{visible}", lambda: input["secret"])
+            try:
+                await ctx.step("fails", fails)
+            except errors.StepError:
+                pass
+            payload = await ctx.wait_for_event("approve")
+            return payload["note"]
+    '''))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint,
+                "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{token}",
+                "OTEL_BSP_SCHEDULE_DELAY": "100", "LLM_API_KEY": api_key, "PYTHONPATH": str(tmp_path),
+                "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key})
+    store = ["--store", f"s3://{s3_bucket}/runs", "--endpoint-url", s3_server.endpoint_url, "--run-id", "secret-run"]
+    cli = [sys.executable, "-m", "durablerun"]
+    sent = subprocess.run([*cli, "send-event", *store, "approve", json.dumps({"note": canary})], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    done = subprocess.run([*cli, "run", "wf_secrets:run", *store, "--quiet", "--input",
+                           json.dumps({"secret": canary})], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    trace_id = tracing.trace_id_hex("_local/secret-run")
+
+    def stored() -> bytes | None:
+        body = jaeger.raw_trace(trace_id)
+        return body if b'"wait approve"' in body and b'"attempt"' in body else None
+
+    body = procs.wait_for(stored, timeout=30, interval=0.2, what="the run's trace in Jaeger")
+    values = {"the S3 secret key": s3_server.secret_key, "the OTLP header's token": token,
+              "an API key in the env": api_key, "the canary in input, result, error and event": canary}
+    assert leaks(body, values) == [], "secret values in the exported spans"
+    assert leaks(body, {"a step's name": visible}) == ["a step's name"]  # the scan finds what is there
