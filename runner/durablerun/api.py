@@ -140,6 +140,18 @@ class Env:
     CLUSTER = "DURABLERUN_CLUSTER"
 
 
+class OperatorEnv:
+    """Environment variables the operator reads (the chart sets them from its values)."""
+
+    # Its Kubernetes API client's sustained requests per second and burst (a token bucket, as client-go's).
+    KUBE_QPS = "DURABLERUN_KUBE_QPS"
+    KUBE_BURST = "DURABLERUN_KUBE_BURST"
+    # Mass lease expiry: the share of active leases late at once, and the least number of them, that hold
+    # lease-only restarts (docs/operator.md).
+    MASS_EXPIRY_FRACTION = "DURABLERUN_MASS_EXPIRY_FRACTION"
+    MASS_EXPIRY_MIN_RUNS = "DURABLERUN_MASS_EXPIRY_MIN_RUNS"
+
+
 # --- times and input hashes ---------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from durablerun import api
 from durablerun_testbed import binaries
 from durablerun_testbed.testbed import TestBed
 
@@ -98,6 +99,10 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env["DURABLERUN_METRICS_PORT"]["value"] == "19090"
     assert env["DURABLERUN_HEALTH_PORT"]["value"] == "18080"
     assert env["DURABLERUN_RESYNC_SECONDS"]["value"] == "2.5"
+    assert env[api.OperatorEnv.KUBE_QPS]["value"] == "80"
+    assert env[api.OperatorEnv.KUBE_BURST]["value"] == "160"
+    assert env[api.OperatorEnv.MASS_EXPIRY_FRACTION]["value"] == "0.6"
+    assert env[api.OperatorEnv.MASS_EXPIRY_MIN_RUNS]["value"] == "25"
     assert env["DURABLERUN_CLUSTER_NAME"]["value"] == "prod-eu"
     assert env["DURABLERUN_LOG_LEVEL"]["value"] == "DEBUG"
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
