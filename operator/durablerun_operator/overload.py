@@ -65,13 +65,19 @@ class Judgement:
     mass_expiry: bool
 
 
-def judge(leases: Iterable[Lease], now: datetime, policy: Policy) -> Judgement:
-    """Whether the late leases among ``leases`` (every active run's) are a mass expiry."""
+def judge(leases: Iterable[Lease], now: datetime, policy: Policy, *, holding: bool = False) -> Judgement:
+    """Whether the late leases among ``leases`` (every active run's) are a mass expiry.
+
+    ``holding``: one is under way. It ends only once fewer than half as many
+    leases are late as it took to start it, so renewals that catch up slowly
+    do not flap it on and off (each end gives every held lease a fresh validity).
+    """
     active = late = 0
     for lease in leases:
         active += 1
         late += lease.late(now)
-    mass = policy.enabled and late >= max(policy.min_runs, 1) and late >= policy.fraction * active
+    threshold = max(policy.min_runs, 1, policy.fraction * active)
+    mass = policy.enabled and late >= (threshold / 2 if holding else threshold)
     return Judgement(active, late, mass)
 
 

@@ -446,7 +446,7 @@ class Reconciler:
         if not fresh and self._judged_at is not None and mono - self._judged_at < OVERLOAD_CHECK_SECONDS:
             return self._mass_expiry
         self._judged_at = mono
-        judgement = overload.judge(self._leases.values(), now, self._overload)
+        judgement = overload.judge(self._leases.values(), now, self._overload, holding=self._mass_expiry is not None)
         if judgement.mass_expiry:
             if self._mass_expiry is None:
                 log.warning("mass lease expiry: %d of %d active runs' leases are late at once; restarts that "

@@ -44,6 +44,19 @@ def test_judge_counts_late_leases_against_the_share_and_the_minimum(
     assert (judgement.active, judgement.late, judgement.mass_expiry) == (fresh + late, late, mass)
 
 
+@pytest.mark.parametrize(("fresh", "late", "mass"), [
+    (250, 250, True),    # still half late
+    (375, 125, True),    # renewals catching up: half of the 250 (50% of 500) it takes to start one
+    (376, 124, False),   # fewer than half: over
+    (495, 5, False),     # recovered
+    (0, 5, True),        # few runs: half of min_runs (10) still holds
+    (0, 4, False),
+])
+def test_a_mass_expiry_under_way_ends_only_once_half_as_many_leases_are_late(fresh: int, late: int,
+                                                                             mass: bool) -> None:
+    assert overload.judge(leases(fresh, late), NOW, POLICY, holding=True).mass_expiry is mass
+
+
 def test_a_lease_is_late_once_half_its_validity_passed_without_a_renewal() -> None:
     lease = overload.Lease(NOW, VALIDITY)
     assert not lease.late(NOW + VALIDITY / 2)
