@@ -216,8 +216,27 @@ OPERATOR_DOWN = Alert(
     """,
 )
 
+MASS_LEASE_EXPIRY = Alert(
+    name="DurableRunMassLeaseExpiry",
+    # max over operators: during a rollout two may be scraped, and either one holding restarts is the news.
+    expr="""
+        max(durablerun_lease_restarts_held)
+        and on ()
+          max(durablerun_mass_lease_expiry) == 1
+    """,
+    for_="2m",  # a short stall (an API server restart) ends by itself; minutes of it need a look
+    severity="warning",
+    summary="Many durable runs' leases lapsed at once: their restarts are held.",
+    description="""
+        A large share of the running durable runs stopped renewing their leases together: the API server
+        or the operator is too slow for the renewals, not the runners. The restarts of
+        {{ $value | printf "%.0f" }} runs, which rest only on their leases, are held until renewals
+        recover; a pod seen dead is still restarted at once.
+    """,
+)
+
 RUN_ALERTS = (ABORTED, ABORTED_BY_USER, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
-OPERATOR_ALERTS = (OPERATOR_DOWN,)
+OPERATOR_ALERTS = (OPERATOR_DOWN, MASS_LEASE_EXPIRY)
 ALL = RUN_ALERTS + OPERATOR_ALERTS
 
 

@@ -20,6 +20,20 @@ def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any
         raise SystemExit(f"{name}={raw!r} is not {what}: set it to e.g. {default}") from None
 
 
+def _positive(name: str, default: float, kind: type[int] | type[float]) -> Any:
+    value = _env_number(name, default, kind)
+    if value <= 0:
+        raise SystemExit(f"{name}={value} must be greater than 0: set it to e.g. {default}")
+    return value
+
+
+def _fraction(name: str, default: float) -> float:
+    value = float(_env_number(name, default, float))
+    if not 0 <= value <= 1:
+        raise SystemExit(f"{name}={value} must be between 0 (off) and 1: set it to e.g. {default}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Image of runner pods whose template names none (DURABLERUN_RUNNER_IMAGE).
@@ -28,9 +42,10 @@ class Settings:
     metrics_port: int = 9090
     #: Port of the /healthz endpoint for liveness and readiness (DURABLERUN_HEALTH_PORT).
     health_port: int = 8080
-    #: Seconds between level-based checks of every active run (DURABLERUN_RESYNC_SECONDS).
-    #: Bounds how late a lease expiry, a backoff's end or a wake time is noticed.
-    resync_seconds: float = 5.0
+    #: Seconds between safety-net LISTs of every run (DURABLERUN_RESYNC_SECONDS): a run whose version the
+    #: watch did not deliver is decided then. Runs are never re-decided on this clock: each is decided on
+    #: its watch events and at its own next wake-up (docs/operator.md).
+    resync_seconds: float = 600.0
     #: Seconds a pod may stay Terminating past its grace period before the next
     #: attempt starts anyway (DURABLERUN_STUCK_TERMINATING_SECONDS). Its node is
     #: presumed lost; the epoch already fences it.
@@ -42,6 +57,16 @@ class Settings:
     #: The webhook ingress's public base URL (DURABLERUN_WEBHOOK_URL, the chart's webhooks.url); when set,
     #: runner pods get it and the namespace's signing keys, so ctx.webhook_url works (docs/web.md).
     webhook_url: str = ""
+    #: The operator's Kubernetes API client: sustained requests per second (DURABLERUN_KUBE_QPS) and burst
+    #: (DURABLERUN_KUBE_BURST), a token bucket over every call it makes (client-go's defaults, 5 and 10,
+    #: are what cap controllers that keep them).
+    kube_qps: float = 50.0
+    kube_burst: int = 100
+    #: Mass lease expiry (DURABLERUN_MASS_EXPIRY_FRACTION, DURABLERUN_MASS_EXPIRY_MIN_RUNS): when at least
+    #: this share of the active runs' leases, and at least this many, are late at once, restarts that rest
+    #: only on the lease are held until renewals recover. A fraction of 0 turns the hold off.
+    mass_expiry_fraction: float = 0.5
+    mass_expiry_min_runs: int = 10
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -55,6 +80,10 @@ class Settings:
             stuck_terminating_seconds=_env_number(
                 api.OperatorEnv.STUCK_TERMINATING_SECONDS, cls.stuck_terminating_seconds, float
             ),
+            kube_qps=_positive(api.OperatorEnv.KUBE_QPS, cls.kube_qps, float),
+            kube_burst=_positive(api.OperatorEnv.KUBE_BURST, cls.kube_burst, int),
+            mass_expiry_fraction=_fraction(api.OperatorEnv.MASS_EXPIRY_FRACTION, cls.mass_expiry_fraction),
+            mass_expiry_min_runs=_positive(api.OperatorEnv.MASS_EXPIRY_MIN_RUNS, cls.mass_expiry_min_runs, int),
             cluster_name=os.environ.get(api.OperatorEnv.CLUSTER) or os.environ.get(api.OperatorEnv.CLUSTER_OLD_NAME)
             or "",
             webhook_url=os.environ.get(api.Env.WEBHOOK_URL, ""),

@@ -37,7 +37,7 @@ from decimal import Decimal, InvalidOperation
 from importlib import metadata
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, Info, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -320,7 +320,17 @@ class RunMetrics:
         )
         self._reconcile_errors = Counter(
             PREFIX + "reconcile_errors",
-            "Reconciles of a DurableRun that ended in an error (the run is reconciled again at the next resync).",
+            "Reconciles of a DurableRun that ended in an error (the run is reconciled again after a backoff).",
+            registry=self._registry,
+        )
+        self._mass_lease_expiry = Gauge(
+            PREFIX + "mass_lease_expiry",
+            "1 while a mass lease expiry holds restarts that rest only on the lease (docs/operator.md), else 0.",
+            registry=self._registry,
+        )
+        self._lease_restarts_held = Gauge(
+            PREFIX + "lease_restarts_held",
+            "Runs whose lease expired and whose restart is held because of a mass lease expiry.",
             registry=self._registry,
         )
         # An Info metric: exposed as durablerun_build_info{version="..."} 1.
@@ -371,6 +381,12 @@ class RunMetrics:
 
     def record_reconcile_error(self) -> None:
         self._reconcile_errors.inc()
+
+    def set_mass_lease_expiry(self, active: bool) -> None:
+        self._mass_lease_expiry.set(1 if active else 0)
+
+    def set_lease_restarts_held(self, runs: int) -> None:
+        self._lease_restarts_held.set(runs)
 
     # --- HTTP -----------------------------------------------------------------
 

@@ -14,10 +14,11 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durablerun import api
-from durablerun_operator import builders, decide
+from durablerun_operator import builders, decide, overload, wakeups
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Conflict, Kube
 
@@ -33,6 +34,26 @@ MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
 # lost node) must not queue one run's detection behind another's restart (kube.load_config keeps enough
 # connections).
 WORKERS = 8
+# A reconcile that failed (an API error, say) is tried again after this, doubling up to RETRY_MAX.
+RETRY_FIRST, RETRY_MAX = 0.5, 60.0
+# While leases lapse en masse, the judgement is made again this often, to see renewals recover.
+OVERLOAD_CHECK_SECONDS = 1.0
+MIN_WAKE = timedelta(seconds=1)
+
+
+class RateLimiter:
+    """A token bucket, as client-go's: ``qps`` requests a second on average, ``burst`` at once after a lull."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.qps, self.burst, self._clock = qps, burst, clock
+        self._tokens, self._last = float(burst), clock()
+
+    def reserve(self) -> float:
+        """Take one token: the seconds to wait before the request it stands for may be sent."""
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps) - 1.0
+        self._last = now
+        return max(0.0, -self._tokens / self.qps)
 
 
 class WorkQueue:
@@ -71,6 +92,22 @@ class Reconciler:
         # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
         self._settled: set[Key] = set()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
+        # Per settled run: the resourceVersion it settled at (the same version again, from a re-list, is no
+        # news), and the moment its pods' clock runs out (a new version of the run does not change that).
+        self._settled_version: dict[Key, str] = {}
+        self._pods_until: dict[Key, Any] = {}
+        self._failures: dict[Key, int] = {}  # reconciles in a row that raised: the retry's backoff
+        self._limiter = RateLimiter(settings.kube_qps, settings.kube_burst)
+        # Mass lease expiry (overload.py): every active run's lease as last seen, the runs whose lease-only
+        # restart is held, and when the last mass expiry ended.
+        self._overload = overload.Policy(settings.mass_expiry_fraction, settings.mass_expiry_min_runs)
+        self._leases: dict[Key, overload.Lease] = {}
+        self._held: set[Key] = set()
+        self._held_told: set[tuple[Key, str]] = set()  # (run, its uid) told by an Event in this mass expiry
+        self._mass_expiry: overload.Judgement | None = None  # set while one lasts
+        self._judged_at: float | None = None  # time.monotonic() of the last judgement
+        self._recovered_at: datetime | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references to background tasks
         self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
         self._children_seen: dict[Key, Any] = {}
@@ -82,6 +119,9 @@ class Reconciler:
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
 
     async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        delay = self._limiter.reserve()
+        if delay:
+            await asyncio.sleep(delay)
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # --- workers ---------------------------------------------------------------------
@@ -93,31 +133,52 @@ class Reconciler:
         while True:
             key = await self.queue.get()
             try:
-                await self.reconcile(*key)
+                settled = await self.reconcile(*key)
             except Exception:
                 if self.metrics:
                     self.metrics.record_reconcile_error()
-                log.exception("reconcile of %s/%s failed; it is retried on the next resync", *key)
+                log.exception("reconcile of %s/%s failed; it is retried in %.1fs", *key, self._retry(key))
+            else:
+                if settled:
+                    self._failures.pop(key, None)
+                else:
+                    self._retry(key)
             finally:
                 self.queue.done(key)
 
+    def _retry(self, key: Key) -> float:
+        """Decide ``key`` again after a backoff that doubles with each failure in a row (the watch may come first)."""
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        delay = min(RETRY_FIRST * 2.0 ** (failures - 1), RETRY_MAX)
+        self._cancel_timer(key)
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._wake, key)
+        return delay
+
     async def resync_forever(self) -> None:
-        """The level-based safety net: every interval, look at every run as if it had just changed."""
+        """The safety net behind the watch: every interval, one LIST; a version the watch missed is news.
+
+        A run the watch delivered is not looked at again here: it is decided on its own
+        events and at its own wake-up, so an idle fleet costs one LIST per interval.
+        """
         while True:
+            await asyncio.sleep(self.settings.resync_seconds)
             try:
                 for run in await self._io(self.kube.list_runs, self.settings.namespaces):
                     self.run_changed(run)
             except Exception:
                 log.exception("resync failed")
-            await asyncio.sleep(self.settings.resync_seconds)
 
     # --- what to reconcile, and when -------------------------------------------------
 
     def run_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
         """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        version = body["metadata"].get("resourceVersion")
+        if not deleted and key in self._settled and version is not None and self._settled_version.get(key) == version:
+            return  # a re-list (kopf's, or the resync) of a version this run settled at: nothing is new
         if deleted:
             self._children_seen.pop(key, None)
+            self._leases.pop(key, None)
             parent = (body["metadata"].get("labels") or {}).get(api.LABEL_PARENT)
             if parent:
                 self.queue.add((key[0], parent))
@@ -131,7 +192,10 @@ class Reconciler:
         now = api.now()
         self._observe(run, now)
         self._tell_parent(run)
-        if key in self._settled and self._wake_at(key, decide.quiet_until(run), now):
+        if key in self._settled and self._wake_at(key, wakeups.combine(decide.quiet_until(run),
+                                                                        self._pods_until.get(key)), now):
+            if version is not None:
+                self._settled_version[key] = version
             return
         self.queue.add(key)
 
@@ -146,12 +210,17 @@ class Reconciler:
                                      child.spec.suspend, tuple(sorted(child.annotations)))
         if self._children_seen.get(key) != seen:
             self._children_seen[key] = seen
-            self._settled.discard((child.namespace, parent))
+            self._unsettle((child.namespace, parent))
             self.queue.add((child.namespace, parent))
 
     def pod_changed(self, namespace: str, run_name: str) -> None:
-        self._settled.discard((namespace, run_name))
+        self._unsettle((namespace, run_name))
         self.queue.add((namespace, run_name))
+
+    def _unsettle(self, key: Key) -> None:
+        self._settled.discard(key)
+        self._settled_version.pop(key, None)
+        self._pods_until.pop(key, None)
 
     def _wake_at(self, key: Key, until: Any, now: Any) -> bool:
         """Reconcile ``key`` once ``until`` has passed; False if it has (or is None): reconcile it now."""
@@ -173,17 +242,21 @@ class Reconciler:
             timer.cancel()
 
     def _forget(self, key: Key) -> None:
-        self._settled.discard(key)
+        self._unsettle(key)
+        self._failures.pop(key, None)
+        self._leases.pop(key, None)
+        self._held.discard(key)
         self._rbac_ready.pop(key, None)
         self._create_failures.pop(key, None)
         self._cancel_timer(key)
 
     # --- one run ---------------------------------------------------------------------
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    async def reconcile(self, namespace: str, name: str) -> bool:
+        """Decide and act until the run settles: False if it did not (it is then tried again later)."""
         started = time.perf_counter()
         key = (namespace, name)
-        self._settled.discard(key)
+        self._unsettle(key)
         try:
             body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
             pods: list[dict[str, Any]] | None = None  # None: read them (again)
@@ -195,7 +268,7 @@ class Reconciler:
                     self._forget(key)
                     if self.metrics:
                         self.metrics.forget_run(namespace, name)
-                    return
+                    return True
                 if pods is None:
                     pods = await self._io(self.kube.list_pods, namespace, name)
                 now = api.now()
@@ -206,12 +279,16 @@ class Reconciler:
                     related = await self._related(run)
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
                                      related=related, create_failure=self._create_failures.get(key))
-                if plan.empty:
-                    # Settled, unless a pod is terminating: when one counts as lost is a matter of the clock.
-                    if not any(p.deleting for p in views):
-                        self._settled.add(key)
-                        self._wake_at(key, decide.quiet_until(run), now)
-                    return
+                held = await self._hold(run, plan, now)
+                if plan.empty or held is not None:
+                    # Settled: nothing happens to it before its next wake-up, or a watch event.
+                    self._settled.add(key)
+                    self._settled_version[key] = body["metadata"].get("resourceVersion", "")
+                    self._pods_until[key] = wakeups.pods_until(views, self.settings.stuck_terminating_seconds)
+                    until = held or wakeups.next_wakeup(run, views, now, self.settings.stuck_terminating_seconds)
+                    # A moment already past means decide and the wake-up disagree: look again soon, not in a loop.
+                    self._wake_at(key, max(until, now + MIN_WAKE), now)
+                    return True
                 if plan.touches_pods:
                     pods = None
                 if plan.touches_runs or plan.add_events:
@@ -222,6 +299,7 @@ class Reconciler:
                     log.info("%s/%s: %s; deciding again", namespace, name, conflict)
                     body = pods = related = None
             log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
+            return False
         finally:
             if self.metrics:
                 self.metrics.observe_reconcile(time.perf_counter() - started)
@@ -316,6 +394,11 @@ class Reconciler:
             log.info("pod %s already exists: attempt %d was started before", name, epoch)
 
     def _observe(self, run: decide.RunView, now: Any) -> None:
+        active = overload.active_lease(run)
+        if active is not None:
+            self._leases[(run.namespace, run.name)] = active
+        else:
+            self._leases.pop((run.namespace, run.name), None)
         if not self.metrics or run.raw_status is None:
             return
         self.metrics.observe_run(run.namespace, run.name, run.status, run.spec.policy, now)
@@ -328,3 +411,68 @@ class Reconciler:
                 acquired, ended = api.parse_time(lease.acquireTime), api.parse_time(status.lastPodEndTime)
                 if acquired and ended and acquired >= ended:
                     self.metrics.observe_resume_latency((acquired - ended).total_seconds())
+
+    # --- mass lease expiry (overload.py) ----------------------------------------------
+
+    async def _hold(self, run: decide.RunView, plan: decide.Plan, now: datetime) -> datetime | None:
+        """Until when ``plan`` must wait because it restarts on the lease alone during (or just after) a mass
+        expiry; None: carry it out."""
+        key = (run.namespace, run.name)
+        until = None
+        if plan.restart_reason == api.RestartReason.LEASE_EXPIRED.value:
+            judgement = self._judge(now)
+            until = overload.hold_until(plan.restart_reason, overload.active_lease(run), now,
+                                        mass_expiry=judgement is not None, recovered_at=self._recovered_at)
+            if until is not None and judgement is not None and (key, run.uid) not in self._held_told:
+                self._held_told.add((key, run.uid))
+                message = (f"the lease of pod {run.status.pod} lapsed, but {judgement.late} of {judgement.active} "
+                           "active runs' leases are late at once: the API server or the operator is slow, not "
+                           "the runners. Its restart is held until renewals recover; a pod seen dead is still "
+                           "restarted at once")
+                log.warning("%s/%s LeaseExpiryHeld: %s", *key, message)
+                await self._io(self.kube.post_event, run.body, "Warning", "LeaseExpiryHeld", message)
+        if until is None:
+            self._held.discard(key)
+        else:
+            self._held.add(key)
+        if self.metrics:
+            self.metrics.set_lease_restarts_held(len(self._held))
+        return until
+
+    def _judge(self, now: datetime, *, fresh: bool = False) -> overload.Judgement | None:
+        """The mass expiry under way (None: none), judged over every active lease at most once per
+        OVERLOAD_CHECK_SECONDS: entering one starts a task that judges every second until it ends."""
+        mono = time.monotonic()
+        if not fresh and self._judged_at is not None and mono - self._judged_at < OVERLOAD_CHECK_SECONDS:
+            return self._mass_expiry
+        self._judged_at = mono
+        judgement = overload.judge(self._leases.values(), now, self._overload, holding=self._mass_expiry is not None)
+        if judgement.mass_expiry:
+            if self._mass_expiry is None:
+                log.warning("mass lease expiry: %d of %d active runs' leases are late at once; restarts that "
+                            "rest only on the lease are held until renewals recover", judgement.late,
+                            judgement.active)
+                if self.metrics:
+                    self.metrics.set_mass_lease_expiry(True)
+                task = asyncio.get_running_loop().create_task(self._until_recovered(), name="mass-expiry")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self._mass_expiry = judgement
+        elif self._mass_expiry is not None:
+            # Renewals recovered: every held run is decided again, and each lease renewed before now gets
+            # a full validity from now (overload.hold_until) before it counts as expired.
+            log.warning("mass lease expiry over: %d of %d active leases late; %d held runs are decided again",
+                        judgement.late, judgement.active, len(self._held))
+            self._mass_expiry, self._recovered_at = None, now
+            self._held_told.clear()
+            if self.metrics:
+                self.metrics.set_mass_lease_expiry(False)
+            for key in sorted(self._held):
+                self._unsettle(key)
+                self.queue.add(key)
+        return self._mass_expiry
+
+    async def _until_recovered(self) -> None:
+        while self._mass_expiry is not None:
+            await asyncio.sleep(OVERLOAD_CHECK_SECONDS)
+            self._judge(decide.now_utc(), fresh=True)

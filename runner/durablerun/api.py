@@ -212,6 +212,14 @@ class OperatorEnv:
     # for operators whose environment users wrote by hand. Only the operator reads it.
     CLUSTER_OLD_NAME = "DURABLERUN_CLUSTER_NAME"
 
+    # Its Kubernetes API client's sustained requests per second and burst (a token bucket, as client-go's).
+    KUBE_QPS = "DURABLERUN_KUBE_QPS"
+    KUBE_BURST = "DURABLERUN_KUBE_BURST"
+    # Mass lease expiry: the share of active leases late at once, and the least number of them, that hold
+    # lease-only restarts (docs/operator.md).
+    MASS_EXPIRY_FRACTION = "DURABLERUN_MASS_EXPIRY_FRACTION"
+    MASS_EXPIRY_MIN_RUNS = "DURABLERUN_MASS_EXPIRY_MIN_RUNS"
+
 
 # --- times and input hashes ---------------------------------------------------
 

@@ -146,6 +146,8 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
                              "digest": "sha256:" + "b" * 64}},
         "logLevel": "DEBUG",
         "resyncSeconds": 2.5,
+        "kubeClient": {"qps": 80, "burst": 160},
+        "massLeaseExpiry": {"fraction": 0.6, "minRuns": 25},
         "clusterName": "prod-eu",
         "serviceAccount": {"create": True, "name": "durable-run-operator",
                            "annotations": {"iam.example/role": "durable-run"}},

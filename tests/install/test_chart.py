@@ -101,6 +101,10 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env[api.OperatorEnv.RESYNC_SECONDS]["value"] == "2.5"
     assert env[api.OperatorEnv.CLUSTER]["value"] == "prod-eu"
     assert env[api.OperatorEnv.LOG_LEVEL]["value"] == "DEBUG"
+    assert env[api.OperatorEnv.KUBE_QPS]["value"] == "80"
+    assert env[api.OperatorEnv.KUBE_BURST]["value"] == "160"
+    assert env[api.OperatorEnv.MASS_EXPIRY_FRACTION]["value"] == "0.6"
+    assert env[api.OperatorEnv.MASS_EXPIRY_MIN_RUNS]["value"] == "25"
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "readinessProbe" not in container
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}

@@ -1,0 +1,222 @@
+"""Overload never becomes restarts: a fleet's renewals stall for longer than the lease, and no healthy run restarts.
+
+On the test bed: STAND_INS DurableRuns whose pods stay unscheduled (a
+scheduler name nothing serves), with their leases acquired and renewed by a
+stand-in for their runners (``StandIn``: the runner's guarded patches, every
+third of the lease, as bench/durablerun_bench/renewer.py does), and one run
+with a real runner on the process node. The stand-in's renewals pause for
+longer than the lease, as they would behind a slow API server. The operator
+must hold every lease-only restart (a mass lease expiry, reported by its
+metric and a LeaseExpiryHeld Event), still restart the real run whose pod is
+killed meanwhile, and, once renewals resume, restart only the one stand-in
+run whose renewals never came back.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from durablerun import api
+from durablerun_testbed import procs
+from tests.faults.helpers import scrape
+from tests.operator.conftest import Operator, RunEnv, StartOperator
+
+pytestmark = pytest.mark.testbed
+
+# A few hundred on a machine of their own; the suite shares two cores with everything else, and the stand-in
+# must keep up with its renewals for "healthy" to mean anything.
+STAND_INS = 40
+LEASE = 30  # seconds: renewals every 10 s, 4 PATCHes a second for 40 runs
+JSON_PATCH = "application/json-patch+json"
+
+
+class StandIn:
+    """Acquires and renews the leases of the stand-in runs, as their runners would; pausable."""
+
+    def __init__(self, runs: RunEnv, names: list[str]) -> None:
+        self.runs, self.names = runs, set(names)
+        self.paused = threading.Event()
+        self.done = threading.Event()
+        self.never_again: set[str] = set()  # runs whose runner hangs for good (no renewal after the pause)
+        self.held: dict[str, tuple[int, str]] = {}
+        self.due: dict[str, float] = {}
+        self.errors: list[str] = []
+        self.local = threading.local()
+        self.thread = threading.Thread(target=self._loop, name="stand-in", daemon=True)
+
+    def api(self) -> Any:
+        from kubernetes import client
+
+        if not hasattr(self.local, "api"):
+            self.local.api = client.CustomObjectsApi(self.runs.testbed.api_client())
+        return self.local.api
+
+    def _patch(self, name: str, ops: list[dict[str, Any]]) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.api().patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, self.runs.namespace, api.PLURAL, name, ops, _content_type=JSON_PATCH)
+            return True
+        except ApiException as error:
+            if error.status not in (409, 422):  # a refused test: a newer attempt owns the run
+                self.errors.append(f"{name}: {error.status} {error.reason}")
+            return False
+
+    def _acquire(self, name: str, epoch: int, pod: str) -> None:
+        now = api.format_time(time.time())
+        lease = {"holder": pod, "epoch": epoch, "acquireTime": now, "renewTime": now, "durationSeconds": LEASE}
+        if self._patch(name, [{"op": "test", "path": "/status/epoch", "value": epoch},
+                              {"op": "test", "path": "/status/pod", "value": pod},
+                              {"op": "add", "path": "/status/lease", "value": lease}]):
+            self.held[name] = (epoch, pod)
+            self.due[name] = time.time() + LEASE / 3
+
+    def _renew(self, name: str) -> None:
+        epoch, pod = self.held[name]
+        self.due[name] = time.time() + LEASE / 3
+        if not self._patch(name, [{"op": "test", "path": "/status/epoch", "value": epoch},
+                                  {"op": "test", "path": "/status/lease/holder", "value": pod},
+                                  {"op": "add", "path": "/status/lease/renewTime",
+                                   "value": api.format_time(time.time())}]):
+            self.held.pop(name, None)
+
+    def _loop(self) -> None:
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in") as pool:
+            next_list = 0.0
+            while not self.done.wait(0.2):
+                if self.paused.is_set():
+                    continue
+                if time.time() >= next_list:
+                    next_list = time.time() + 5
+                    items = self.api().list_namespaced_custom_object(
+                        api.GROUP, api.VERSION, self.runs.namespace, api.PLURAL)["items"]
+                    fresh = [(run["metadata"]["name"], run["status"]["epoch"], run["status"]["pod"])
+                             for run in items
+                             if run["metadata"]["name"] in self.names - self.never_again - set(self.held)
+                             and (run.get("status") or {}).get("phase") == "Running"
+                             and run["status"].get("pod")]
+                    list(pool.map(lambda args: self._acquire(*args), fresh))
+                due = [n for n, at in self.due.items() if at <= time.time() and n in self.held
+                       and n not in self.never_again]
+                list(pool.map(self._renew, due))
+
+    def __enter__(self) -> StandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.done.set()
+        self.thread.join(timeout=30)
+
+
+def step(what: str) -> None:
+    print(f"{time.strftime('%X')} {what}", flush=True)  # shown with a failure: how far the test got, and when
+
+
+def mass_expiry(operator: Operator) -> float | None:
+    return scrape(operator).get(("durablerun_mass_lease_expiry", frozenset()))
+
+
+@pytest.mark.timeout(900)
+def test_a_renewal_stall_restarts_no_healthy_run_and_a_dead_pod_still_restarts(
+        start_operator: StartOperator, runs: RunEnv) -> None:
+    operator = start_operator()
+    names = [f"standin-{i:03d}" for i in range(STAND_INS)]
+    items = []
+    for name in names:
+        manifest = runs.manifest(name, "optest_flows:steps", policy={"leaseDuration": f"{LEASE}s"})
+        manifest["spec"]["template"]["spec"]["schedulerName"] = "durablerun-test-no-scheduler"  # stays Pending
+        items.append(manifest)
+    runs.testbed.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    runs.apply(runs.manifest("real", "optest_flows:steps", {"steps": 2000, "sleep": 0.5},
+                             policy={"leaseDuration": f"{LEASE}s", "backoff": {"initial": "0s", "max": "1s"}}))
+    victim = names[0]
+
+    with StandIn(runs, names) as stand_in:
+        procs.wait_for(lambda: len(stand_in.held) == STAND_INS, timeout=240, interval=1.0,
+                       what=f"all {STAND_INS} stand-in leases acquired")
+        procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=120, what="the real run's first steps")
+        step("all leases held")
+        before = {run["metadata"]["name"]: run["status"] for run in _runs(runs)}
+        assert all(before[name].get("restarts", 0) == 0 for name in names), "a lease lapsed before the stall"
+
+        # The renewals stall for longer than the lease (validity: LEASE + 2 s).
+        stand_in.never_again.add(victim)
+        stand_in.paused.set()
+        stalled = time.time()
+        step("renewals paused")
+        procs.wait_for(lambda: mass_expiry(operator) == 1, timeout=LEASE + 30, interval=0.5,
+                       what="the operator to report a mass lease expiry")
+
+        # A pod seen dead is restarted at once, mass expiry or not.
+        real_pod = runs.get("real")["status"]["pod"]
+        node = runs.testbed.node
+        assert node
+        step("killing the real run's pod")
+        node.kill(runs.namespace, real_pod)
+        procs.wait_for(lambda: runs.get("real")["status"].get("restarts") == 1, timeout=60,
+                       what="the real run whose pod was killed to be restarted during the mass expiry")
+        assert mass_expiry(operator) == 1
+        # Every stand-in lease is well past its validity before the renewals come back.
+        procs.wait_for(lambda: time.time() > stalled + 2 * (LEASE + 2), timeout=3 * LEASE + 10,
+                       what="the stall to outlast two leases")
+        assert all(status.get("restarts", 0) == 0 for status in _statuses(runs, names)), \
+            "a healthy run was restarted during the stall"
+
+        step("renewals resumed")
+        stand_in.paused.clear()
+        procs.wait_for(lambda: mass_expiry(operator) == 0, timeout=2 * LEASE + 30, interval=0.5,
+                       what="the mass lease expiry to end once renewals resume")
+        # The one runner that never came back is restarted once its lease has had a full validity since.
+        step("mass expiry over")
+        restarted = procs.wait_for(lambda: (s := runs.get(victim)["status"]).get("restarts") == 1 and s,
+                                   timeout=3 * LEASE + 60, what=f"{victim} (never renewed again) to be restarted")
+        assert restarted["epoch"] == before[victim]["epoch"] + 1
+        # Another lease's time for anything that would still go wrong to show.
+        step("victim restarted")
+        procs.wait_for(_unchanged_for(runs, LEASE + 5), timeout=2 * LEASE + 30, interval=1.0,
+                       what="a lease's time with no new restart")
+
+    after = {run["metadata"]["name"]: run["status"] for run in _runs(runs)}
+    healthy = [name for name in names if name != victim]
+    assert [n for n in healthy if after[n].get("restarts", 0) != 0 or after[n]["epoch"] != before[n]["epoch"]] == []
+    assert after[victim]["restarts"] == 1
+    assert after["real"]["restarts"] == 1
+    assert not stand_in.errors, stand_in.errors[:5]
+    reasons = [e["reason"] for e in runs.events(names[1])]
+    assert "LeaseExpiryHeld" in reasons, reasons
+    assert "LeaseExpired" not in reasons, reasons
+    assert "LeaseExpired" in [e["reason"] for e in runs.events(victim)]
+    real_events = runs.events("real")
+    assert any(e["reason"] == "Restarting" and "Crash" in e["message"] for e in real_events), \
+        [(e["reason"], e["message"]) for e in real_events]
+
+
+def _runs(runs: RunEnv) -> list[dict[str, Any]]:
+    out = runs.testbed.kubectl("get", "dr", "-n", runs.namespace, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def _statuses(runs: RunEnv, names: list[str]) -> list[dict[str, Any]]:
+    wanted = set(names)
+    return [run.get("status") or {} for run in _runs(runs) if run["metadata"]["name"] in wanted]
+
+
+def _unchanged_for(runs: RunEnv, seconds: float) -> Any:
+    """A condition: true once no run's restart count has changed for ``seconds``."""
+    seen: dict[str, Any] = {}
+
+    def check() -> bool:
+        counts = {run["metadata"]["name"]: (run.get("status") or {}).get("restarts", 0) for run in _runs(runs)}
+        if seen.get("counts") != counts:
+            seen.update(counts=counts, since=time.time())
+        return bool(time.time() - seen["since"] >= seconds)
+
+    return check

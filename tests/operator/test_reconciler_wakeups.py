@@ -1,0 +1,164 @@
+"""What the reconciler does between a run's wake-ups, and with a mass lease expiry (pure logic, a stub API).
+
+The API is a stub: what is under test is when the reconciler decides a run
+(never on a fixed period), how it retries a failed reconcile without a resync,
+and that it holds a lease-only restart while many leases are late at once.
+tests/operator/test_overload.py proves the hold on the test bed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from durablerun import api
+from durablerun_operator import metrics, overload
+from durablerun_operator.config import Settings
+from durablerun_operator.reconciler import RateLimiter, Reconciler
+from tests.operator.test_reconciler_counts import RUN, at
+
+WAITING: dict[str, Any] = {
+    **RUN, "status": {**RUN["status"], "phase": "Waiting", "pod": "run-a1", "lease": {},
+                      "waitingFor": {"event": "approve", "since": at(-10)}},
+}
+
+
+def live_pod() -> dict[str, Any]:
+    return {"metadata": {"name": "run-a2", "uid": "p1", "labels": {api.LABEL_RUN: "run", api.LABEL_EPOCH: "2"},
+                         "finalizers": [api.POD_FINALIZER]},
+            "spec": {"containers": [{"name": "runner"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "runner", "state": {"running": {"startedAt": at(-50)}}}]}}
+
+
+class Stub:
+    """The API as the reconciler sees it, counting calls; ``fail`` GETs raise first."""
+
+    def __init__(self, run: dict[str, Any], pods: list[dict[str, Any]], fail: int = 0) -> None:
+        self.run, self.pods, self.fail = copy.deepcopy(run), pods, fail
+        self.gets = self.patches = 0
+        self.events: list[tuple[str, str]] = []
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any]:
+        self.gets += 1
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionResetError("the API server went away")
+        return copy.deepcopy(self.run)
+
+    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
+
+    def list_children(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return []
+
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self.patches += 1
+        return copy.deepcopy(self.run)
+
+    def post_event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        self.events.append((reason, message))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        pass
+
+    release_pod = delete_pod
+
+
+def test_a_relisted_version_of_a_settled_run_costs_no_decision() -> None:
+    kube = Stub(WAITING, [])
+    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        assert await rec.reconcile("ns", "run")
+        for _ in range(3):  # kopf re-lists on every watch restart, the resync every interval
+            rec.run_changed(copy.deepcopy(WAITING))
+        assert rec.queue._queue.qsize() == 0
+        # Its event arrives: a new version, decided at once.
+        rec.run_changed({**copy.deepcopy(WAITING), "metadata": {**WAITING["metadata"], "resourceVersion": "8"},
+                         "spec": {**WAITING["spec"], "events": {"approve": True}}})
+        assert rec.queue._queue.qsize() == 1
+
+    asyncio.run(scenario())
+    assert kube.gets == 1
+
+
+def test_a_failed_reconcile_is_retried_after_a_backoff_without_any_resync() -> None:
+    kube = Stub(WAITING, [], fail=2)
+    rec = Reconciler(kube, Settings(resync_seconds=3600))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        workers = asyncio.create_task(rec.run_workers())
+        rec.queue.add(("ns", "run"))
+        deadline = asyncio.get_running_loop().time() + 10
+        while ("ns", "run") not in rec._settled:
+            assert asyncio.get_running_loop().time() < deadline, "the failed reconcile was not retried"
+            await asyncio.sleep(0.02)
+        workers.cancel()
+
+    asyncio.run(scenario())
+    assert kube.gets == 3  # two failures (0.5 s, then 1 s later), then the reconcile that settled it
+
+
+def test_the_rate_limiter_lets_a_burst_through_then_paces_at_qps() -> None:
+    clock = [0.0]
+    limiter = RateLimiter(qps=10, burst=3, clock=lambda: clock[0])
+    assert [limiter.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert [round(limiter.reserve(), 3) for _ in range(2)] == [0.1, 0.2]
+    clock[0] = 10.0  # a lull refills the bucket, up to the burst
+    assert [limiter.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
+EXPIRED: dict[str, Any] = {
+    **RUN, "status": {**RUN["status"],
+                      "lease": {"holder": "run-a2", "epoch": 2, "acquireTime": at(-200), "renewTime": at(-100),
+                                "durationSeconds": 30}},
+}
+
+
+def late_leases(rec: Reconciler, late: int, fresh: int) -> None:
+    """Other active runs, as the watch showed them: ``late`` leases renewed 100 s ago, ``fresh`` ones just now."""
+    now = datetime.now(UTC)
+    for i in range(late):
+        rec._leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32))
+    for i in range(fresh):
+        rec._leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32))
+
+
+def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
+    registry = CollectorRegistry()
+    kube = Stub(EXPIRED, [live_pod()])
+    rec = Reconciler(kube, Settings(), metrics.RunMetrics(registry, version="test"))  # type: ignore[arg-type]
+    late_leases(rec, late=50, fresh=10)
+
+    async def scenario() -> None:
+        assert await rec.reconcile("ns", "run")
+        assert await rec.reconcile("ns", "run")  # decided again (a timer, say): still held, told once
+
+    asyncio.run(scenario())
+    assert kube.patches == 0
+    assert [reason for reason, _ in kube.events] == ["LeaseExpiryHeld"]
+    assert "51 of 61 active runs" in kube.events[0][1]
+    assert registry.get_sample_value("durablerun_mass_lease_expiry") == 1.0
+    assert registry.get_sample_value("durablerun_lease_restarts_held") == 1.0
+
+
+def test_a_lone_expired_lease_is_restarted_at_once() -> None:
+    kube = Stub(EXPIRED, [live_pod()])
+    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    late_leases(rec, late=3, fresh=500)
+    asyncio.run(rec.reconcile("ns", "run"))
+    assert kube.patches >= 1
+    assert "LeaseExpiryHeld" not in [reason for reason, _ in kube.events]
+
+
+def test_the_hold_is_off_when_the_fraction_is_zero() -> None:
+    kube = Stub(EXPIRED, [live_pod()])
+    rec = Reconciler(kube, Settings(mass_expiry_fraction=0))  # type: ignore[arg-type]
+    late_leases(rec, late=500, fresh=0)
+    asyncio.run(rec.reconcile("ns", "run"))
+    assert kube.patches >= 1
