@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 
 from durablerun import api
 from durablerun_operator import decide
+from durablerun_operator.decide import clocks
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def active_lease(run: decide.RunView) -> Lease | None:
     if status.phase != api.Phase.RUNNING or status.lease.epoch != status.epoch:
         return None
     renewed = api.parse_time(status.lease.renewTime)
-    return Lease(renewed, decide.lease_validity(run)) if renewed is not None else None
+    return Lease(renewed, clocks.lease_validity(run)) if renewed is not None else None
 
 
 @dataclass(frozen=True)

@@ -475,4 +475,4 @@ class Reconciler:
     async def _until_recovered(self) -> None:
         while self._mass_expiry is not None:
             await asyncio.sleep(OVERLOAD_CHECK_SECONDS)
-            self._judge(decide.now_utc(), fresh=True)
+            self._judge(api.now(), fresh=True)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from durablerun import api
 from durablerun_operator import decide
+from durablerun_operator.decide import clocks
 
 NEVER = decide.NEVER
 # A settled run whose clock none of the functions below can read (none is known) is looked at again after
@@ -44,8 +45,8 @@ def unheld_lease_until(run: decide.RunView, pods: list[decide.PodView]) -> datet
     moments = []
     current = next((p for p in pods if p.name == status.pod and p.epoch == status.epoch), None)
     if current is not None and current.running_since is not None:
-        moments.append(current.running_since + decide.lease_validity(run))
-    began = decide.attempt_start(status)
+        moments.append(current.running_since + clocks.lease_validity(run))
+    began = clocks.attempt_start(status)
     if began is not None:
         max_duration = api.parse_duration(run.spec.policy.maxDuration)
         moments.append(began + max_duration - timedelta(seconds=status.activeSeconds))

@@ -22,7 +22,8 @@ IO = {"kubernetes", "kubernetes_asyncio", "urllib3", "kopf", "aiohttp", "httpx",
       "select", "urllib", "http", "subprocess", "multiprocessing", "threading", "concurrent", "asyncio", "os",
       "io", "shutil", "pathlib", "tempfile", "logging", "time", "prometheus_client", "wsgiref"}
 PURE = {f"{OP}.builders", f"{OP}.crd", f"{OP}.decide", f"{OP}.decide.facts", f"{OP}.decide.clocks",
-        f"{OP}.decide.transition", f"{OP}.decide.aborts", f"{OP}.decide.family", f"{OP}.decide.lifecycle"}
+        f"{OP}.decide.transition", f"{OP}.decide.aborts", f"{OP}.decide.family", f"{OP}.decide.lifecycle",
+        f"{OP}.wakeups", f"{OP}.overload"}
 
 
 def _sources() -> dict[str, ast.Module]:
@@ -90,6 +91,7 @@ LAYERS: list[set[str]] = [
     {f"{OP}.decide.aborts", f"{OP}.decide.family"},
     {f"{OP}.decide.lifecycle"},
     {f"{OP}.decide"},
+    {f"{OP}.wakeups", f"{OP}.overload"},
     {f"{OP}.kube", f"{OP}.metrics"},
     {f"{OP}.reconciler"},
     {f"{OP}.handlers", f"{OP}.__main__"},
