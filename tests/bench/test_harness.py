@@ -217,8 +217,8 @@ def _window(cores: float) -> dict[str, Any]:
 
 def test_report_judges_the_write_cost_and_the_sizes_and_divides_per_thousand_runs() -> None:
     results = _results()
-    rows = {"configmap": {"apiserver_ms": 2.0}, "dr-shipped": {"apiserver_ms": 6.0}, "dr-schemaless": {
-        "apiserver_ms": 3.0}}
+    rows: dict[str, dict[str, Any]] = {"configmap": {"apiserver_ms": 2.0}, "dr-shipped": {"apiserver_ms": 6.0},
+                                       "dr-schemaless": {"apiserver_ms": 3.0}}
     for row in rows.values():
         row.update(etcd_ms=1.0, wall_ms=5.0, x_configmap=row["apiserver_ms"] / 2.0,
                    rounds_apiserver_ms=[row["apiserver_ms"]])
@@ -243,7 +243,7 @@ def test_the_scratch_crds_change_only_what_their_variant_names() -> None:
     from durablerun_bench import writecost
 
     def schema(variant: str) -> dict[str, Any]:
-        return writecost.scratch_documents(variant)[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        return dict(writecost.scratch_documents(variant)[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
     shipped = schema("shipped")
     assert "x-kubernetes-validations" in str(shipped)
