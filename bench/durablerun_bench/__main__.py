@@ -1,8 +1,9 @@
 """python -m durablerun_bench [--only SECTION ...] [--out bench/RESULTS.md]: run the benchmarks.
 
 Sections: steps (per-step overhead), replay (journals of growing size, DBOS
-recovery), resume (SIGKILL -> first new step on the test bed), scale (the
-operator with many DurableRuns). BENCH_QUICK=1 runs a fast smoke version.
+recovery), resume (SIGKILL -> first new step on the test bed), writecost (what
+one status write costs the API server, object sizes), scale (the operator with
+many DurableRuns, active and waiting). BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durablerun_bench import machine, postgres, replay, report, resume, scale, steps
+from durablerun_bench import machine, objsize, postgres, replay, report, resume, scale, steps, writecost
 from durablerun_bench.util import quick
 from durablerun_testbed import procs, realnode
 from durablerun_testbed.s3 import S3Server
@@ -31,7 +32,7 @@ from durablerun_testbed.testbed import TestBed
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-SECTIONS = ("steps", "replay", "resume", "scale")
+SECTIONS = ("steps", "replay", "resume", "writecost", "scale")
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,26 @@ class Sizes:
     scale_runs: int
     scale_lease: int
     scale_stopped: int
+    write_cost_writes: int = 300
+    write_cost_rounds: int = 3
+    children: int = 1000
+    events: int = 500
+    waiting_runs: int = 1000
+    woken: int = 100
+    idle_seconds: float = 60.0
 
     @classmethod
     def pick(cls) -> Sizes:
         if quick():
             return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
                        export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
-                       scale_stopped=10)
+                       scale_stopped=10, write_cost_writes=50, write_cost_rounds=1, children=100, events=50,
+                       waiting_runs=60, woken=10, idle_seconds=10.0)
         runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
+        waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
-                   export_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=60,
-                   scale_stopped=max(10, runs // 20))
+                   export_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=180,
+                   scale_stopped=max(10, runs // 20), waiting_runs=waiting, woken=min(100, waiting))
 
 
 def log(message: str) -> None:
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                         tmp=str(tmp), s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("recovery")),
                         sizes=list(sizes.replay_sizes), dbos_steps=sizes.dbos_steps, repeats=sizes.replay_repeats,
                         export_from=sizes.export_from, log=log)
-        if "resume" in sections or "scale" in sections:
+        if "resume" in sections or "scale" in sections or "writecost" in sections:
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:
                 results["kubernetes"] = bed.kubectl("version", "-o", "json").stdout and json.loads(
@@ -160,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                                                      kill_after=200, sleep=0.01, log=log)
                 if "resume" in sections:
                     results["resume_real"] = _resume_on_real_node(root, run_id, tmp, sizes.resume_repeats, log)
+                if "writecost" in sections:
+                    log("what one status write costs the API server")
+                    results["writecost"] = writecost.bench(bed, writes=sizes.write_cost_writes,
+                                                           rounds=sizes.write_cost_rounds, log=log)
+                    log(f"object size: a parent of {sizes.children} children, a run sent {sizes.events} events")
+                    results["writecost"]["objects"] = objsize.bench(bed, children=sizes.children,
+                                                                    events=sizes.events, log=log)
                 if "scale" in sections:
                     if bed.node_process:
                         bed.node_process.stop()  # the stand-in renews leases; no runner processes
@@ -168,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                     results["scale"] = scale.bench(bed, root, run_id, runs=sizes.scale_runs,
                                                    lease_seconds=sizes.scale_lease, stopped=sizes.scale_stopped,
                                                    log=log)
+                    log(f"operator scale: {sizes.waiting_runs} waiting DurableRuns")
+                    results["scale"]["waiting"] = scale.waiting(bed, root, run_id, runs=sizes.waiting_runs,
+                                                                woken=sizes.woken, idle_seconds=sizes.idle_seconds,
+                                                                log=log)
     finally:
         s3.stop()
         for pid, _ in procs.processes_with_marker(run_id):

@@ -57,6 +57,8 @@ def render(r: dict[str, Any]) -> str:
         lines += _replay(r["replay"], targets)
     if "resume" in r:
         lines += _resume(r["resume"], targets, r.get("resume_real"))
+    if "writecost" in r:
+        lines += _writecost(r["writecost"], targets)
     if "scale" in r:
         lines += _scale(r["scale"], targets)
     if targets:
@@ -257,14 +259,17 @@ def _resume(rs: dict[str, Any], targets: list[list[str]], real: dict[str, Any] |
 
 def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
     d, since = sc["detection_delay"], sc["since_last_renewal"]
+    standin = sc.get("renewer", {})
     out = [
         f"## 4. Operator scale: {sc['runs']:,} DurableRuns",
         "",
-        f"{sc['runs']:,} DurableRuns on the real kube-apiserver, the operator as shipped (resync every 5 s). A "
-        "stand-in process (bench/durablerun_bench/renewer.py) acquires and renews every attempt's lease with the "
-        f"runner's guarded JSON patches, every leaseDuration/3 (leaseDuration {sc['lease_seconds']} s); runner "
+        f"{sc['runs']:,} DurableRuns on the real kube-apiserver, the operator as shipped. Stand-in processes "
+        f"({sc.get('standins', 1)}; bench/durablerun_bench/renewer.py) acquire and renew every attempt's lease with "
+        f"the runner's guarded JSON patches, every leaseDuration/3 (leaseDuration {sc['lease_seconds']} s); runner "
         f"pods stay unscheduled (no runner processes). {sc['stopped']} runs stop renewing at staggered, known "
-        "times; the operator must restart each of them exactly once and no other run.",
+        "times; the operator must restart each of them exactly once and no other run. This machine's 2 cores run "
+        "the operator, kube-apiserver, etcd and the stand-ins together (and other engineers' tests): the control "
+        "plane's figures are its own CPU seconds, apart from the operator's.",
         "",
     ]
     req = sc.get("api_requests_by_kind", {})
@@ -278,8 +283,15 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
         ["operator memory (RSS max in window / VmHWM)", f"{_f(sc['rss_mb_max'], 0)} MB / {_f(sc['hwm_mb'], 0)} MB"],
         ["API requests/s, all clients (apiserver_request_total)", f"{_f(sc['api_requests_per_s'], 1)}"],
         ["… by kind (req/s)", top],
+        ["kube-apiserver / etcd CPU", f"{_f(sc.get('apiserver_cores'))} / {_f(sc.get('etcd_cores'))} cores"],
+        ["etcd database size (in use)", f"{_f(sc.get('etcd_db_bytes', 0) / 2**20, 1)} MiB "
+                                        f"({_f(sc.get('etcd_db_in_use_bytes', 0) / 2**20, 1)} MiB)"],
+        ["DurableRun object size mean / max", f"{_f(sc.get('mean_bytes', 0) / 1024, 1)} / "
+                                              f"{_f(sc.get('max_bytes', 0) / 1024, 1)} KiB"],
         ["stand-in renewals (acquired / renewed / fenced / errors)",
-         " / ".join(str(sc.get("renewer", {}).get(k, "–")) for k in ("acquired", "renewed", "fenced", "errors"))],
+         " / ".join(str(standin.get(k, "–")) for k in ("acquired", "renewed", "fenced", "errors"))],
+        ["stand-in lag: renewal sent after it was due p50 / p99 / max",
+         f"{_f(standin.get('lag_p50'))} / {_f(standin.get('lag_p99'))} / {_f(standin.get('lag_max'))} s"],
         ["lease-expiry detection: delay after expiry p50 / p99 / max",
          f"{_f(d['p50'], 1)} / {_f(d['p99'], 1)} / {_f(d['max'], 1)} s (n={d['n']})"],
         ["… time from last renewal to restart p50 / p99",
@@ -292,6 +304,8 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
          f"{sc.get('standin_lapses', 0)} ({sc.get('lapsed_runs_restarted', 0)} of those runs restarted)"],
     ]
     out += [*_table(["", "measured"], rows), ""]
+    if sc.get("waiting"):
+        out += _per_thousand(sc, sc["waiting"])
     n = sc["runs"]
     targets.append([f"{n:,} runs: operator under 0.5 core", f"{_f(sc['cpu_cores'])} cores",
                     _yes(sc["cpu_cores"] < 0.5)])
@@ -303,6 +317,106 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
     targets.append([f"{n:,} runs: no missed or duplicated restarts",
                     f"{sc['missed_restarts']} missed, {sc['duplicated_restarts']} duplicated",
                     _yes(sc["missed_restarts"] == 0 and sc["duplicated_restarts"] == 0)])
+    writes = req.get("PATCH durableruns/status", 0.0) * 60 / n if n else float("nan")
+    targets.append(["at most one status write a minute per active run (default lease)",
+                    f"{_f(writes)} status PATCHes/min per run (all writers: stand-in renewals and the operator)",
+                    _yes(writes <= 1.0 if sc["lease_seconds"] >= 180 else None)])
     if n < 1000:
         targets.append(["1,000 runs", f"measured with {n:,}", "**not measured at 1,000**"])
+    return out
+
+
+def _per_thousand(active: dict[str, Any], waiting: dict[str, Any]) -> list[str]:
+    idle = waiting["idle"]
+    a, w = active["runs"] / 1000, waiting["runs"] / 1000
+
+    def req(window: dict[str, Any], scale: float) -> str:
+        return ", ".join(f"{k} {v / scale:.2f}" for k, v in list(window["api_requests_by_kind"].items())[:6]) or "–"
+
+    e = waiting["event_to_pod"]
+    rows = [
+        ["operator CPU (cores)", _f(active["cpu_cores"] / a, 3), _f(idle["cpu_cores"] / w, 3)],
+        ["operator RSS (MB, whole process)", _f(active["rss_mb_max"], 0), _f(idle["rss_mb_max"], 0)],
+        ["API requests/s", _f(active["api_requests_per_s"] / a, 1), _f(idle["api_requests_per_s"] / w, 1)],
+        ["… by verb and resource (req/s)", req(active, a), req(idle, w)],
+        ["kube-apiserver CPU (cores)", _f(active["apiserver_cores"] / a, 3), _f(idle["apiserver_cores"] / w, 3)],
+        ["etcd CPU (cores)", _f(active["etcd_cores"] / a, 3), _f(idle["etcd_cores"] / w, 3)],
+        ["etcd database (MiB, whole database)", _f(active["etcd_db_bytes"] / 2**20, 1),
+         _f(idle["etcd_db_bytes"] / 2**20, 1)],
+        ["DurableRun size mean / max (KiB)", f"{_f(active['mean_bytes'] / 1024, 1)} / "
+                                             f"{_f(active['max_bytes'] / 1024, 1)}",
+         f"{_f(waiting['mean_bytes'] / 1024, 1)} / {_f(waiting['max_bytes'] / 1024, 1)}"],
+        ["lease-expiry detection after expiry p50 / p99 (s)",
+         f"{_f(active['detection_delay']['p50'], 1)} / {_f(active['detection_delay']['p99'], 1)}", "–"],
+        ["event patch → new attempt's pod p50 / p99 (s)", "–",
+         f"{_f(e['p50'])} / {_f(e['p99'])} (n={e['n']})"],
+        ["missed / duplicated restarts", f"{active['missed_restarts']} / {active['duplicated_restarts']}",
+         f"{waiting['missed_wakes']} / {waiting['duplicated_wakes']}"],
+        ["stand-in processes, lag p99 (s)", f"{active.get('standins', 1)}, "
+                                            f"{_f(active.get('renewer', {}).get('lag_p99'))}",
+         f"{waiting.get('standins', 1)}, –"],
+    ]
+    return [
+        f"### Per 1,000 runs: {active['runs']:,} active, {waiting['runs']:,} waiting",
+        "",
+        f"The active column is the window above divided by {a:g}; the waiting one is {waiting['runs']:,} runs "
+        f"taken to Waiting by stand-ins that end their first attempt as a runner reaching `ctx.wait_for_event` does "
+        f"(outcome in status, container exit 4 with its termination message), then {_f(idle['window_s'], 0)} s "
+        f"with nothing happening, divided by {w:g}; then {waiting['woken']} of them sent their event. Memory is "
+        "the whole process's, not divided.",
+        "",
+        *_table(["per 1,000 runs", "active", "waiting (idle)"], rows),
+        "",
+    ]
+
+_WRITES = {
+    "configmap": "ConfigMap JSON patch (test a key, set one): the floor",
+    "lease": "coordination.k8s.io Lease JSON patch of spec.renewTime (a node heartbeat; a Lease per run)",
+    "dr-shipped": "DurableRun status renewal, the CRD as shipped (with its admission policy)",
+    "dr-vap-on-status": "… with the admission policy matching status writes as well",
+    "dr-no-cel": "… with every CEL rule (x-kubernetes-validations) removed",
+    "dr-template-schemaless": "… with spec.template schemaless (x-kubernetes-preserve-unknown-fields)",
+    "dr-spec-schemaless": "… with spec schemaless (x-kubernetes-preserve-unknown-fields)",
+    "dr-status-schemaless": "… with status schemaless",
+    "dr-schemaless": "… with spec and status schemaless (any CRD's floor)",
+    "dr-get": "GET of the DurableRun (a read, for comparison)",
+}
+
+
+def _writecost(wc: dict[str, Any], targets: list[list[str]]) -> list[str]:
+    rows = wc["rows"]
+    out = [
+        "## 4a. What one status write costs the API server",
+        "",
+        f"{wc['writes']:,} writes of each kind in a row from one client, {wc['rounds']} round(s) interleaving the "
+        "kinds, on the test bed's kube-apiserver and etcd with nothing else writing; CPU seconds of each process "
+        "from /proc/<pid>/stat over the writes, per write (median round). The DurableRun renewal is the "
+        "runner's guarded JSON patch (test status.epoch and the holder, set status.lease.renewTime) on a run "
+        "in the middle of an attempt; each variant is a scratch copy of the CRD in an API group of its own.",
+        "",
+    ]
+    table = []
+    for key, label in _WRITES.items():
+        if key not in rows:
+            continue
+        row = rows[key]
+        table.append([label, _f(row["apiserver_ms"]), _f(row["etcd_ms"]), _f(row["wall_ms"]),
+                      f"{row['x_configmap']:.2f}×", ", ".join(_f(v) for v in row["rounds_apiserver_ms"])])
+    out += [*_table(["write", "API server CPU ms", "etcd CPU ms", "wall ms", "× ConfigMap",
+                     "rounds (API server ms)"], table), ""]
+    objects = wc.get("objects")
+    if objects:
+        parent, events = objects["parent"], objects["events"]
+        out += [f"Object size (the stored JSON, managedFields included): a parent that started "
+                f"{parent['children']:,} child runs, all finished and reported back, "
+                f"{_f(parent['bytes'] / 1024, 1)} KiB; a run sent {events['events']:,} events (~100 bytes each), "
+                f"{_f(events['bytes'] / 1024, 1)} KiB.", ""]
+        for label, size in ((f"a parent of {parent['children']:,} children", parent["bytes"]),
+                            (f"a run sent {events['events']:,} events", events["bytes"])):
+            targets.append([f"{label} under 256 KiB", f"{_f(size / 1024, 1)} KiB", _yes(size < 256 * 1024)])
+    shipped = rows.get("dr-shipped")
+    if shipped:
+        targets.append(["a DurableRun status write within 2× of a ConfigMap patch (API server CPU)",
+                        f"{shipped['x_configmap']:.2f}× ({_f(shipped['apiserver_ms'])} ms against "
+                        f"{_f(rows['configmap']['apiserver_ms'])} ms)", _yes(shipped["x_configmap"] <= 2)])
     return out

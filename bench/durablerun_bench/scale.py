@@ -15,11 +15,21 @@ with its default settings: resync every 5 s). Measured:
   operator's restart (``status.restarts`` 1, epoch bumped), against the target
   ``leaseDuration + 5 s``;
 * missed restarts (a stopped run not restarted) and duplicated ones (restarts
-  > 1, a third attempt, or a restart of a run that kept renewing): must be 0.
+  > 1, a third attempt, or a restart of a run that kept renewing): must be 0;
+* the control plane: kube-apiserver's and etcd's CPU seconds, etcd's database
+  size, the mean and max DurableRun object size.
+
+The stand-ins are as many processes as it takes to keep up (a shard label
+splits the runs between them, one per ``RUNS_PER_STANDIN``); each reports how
+late its renewals were sent. ``waiting`` measures runs that wait: N runs, each
+taken to Waiting by a stand-in that ends its first attempt as a runner reaching
+``ctx.wait_for_event`` does; then the operator idle with them, and the time from
+an event patch to the next attempt's pod for a sample of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,11 +45,14 @@ from typing import Any
 
 from durablerun import api
 from durablerun_bench import resume
+from durablerun_bench.renewer import SHARD_LABEL
 from durablerun_bench.util import percentile
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: One stand-in process per this many runs (a Python process renews ~150 leases/s on this machine).
+RUNS_PER_STANDIN = 2500
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -79,13 +92,14 @@ def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     if kind == "dr":
         return {"name": obj["metadata"]["name"], "epoch": status.get("epoch"), "restarts": status.get("restarts"),
                 "phase": status.get("phase"), "holder": (status.get("lease") or {}).get("holder")}
-    return {"name": obj["metadata"]["name"], "run": (obj["metadata"].get("labels") or {}).get(api.LABEL_RUN)}
+    labels = obj["metadata"].get("labels") or {}
+    return {"name": obj["metadata"]["name"], "run": labels.get(api.LABEL_RUN), "epoch": labels.get(api.LABEL_EPOCH)}
 
 
-def _run_manifest(namespace: str, name: str, lease_seconds: int) -> dict[str, Any]:
+def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: int = 0) -> dict[str, Any]:
     return {
-        "apiVersion": api.API_VERSION, "kind": "DurableRun",
-        "metadata": {"name": name, "namespace": namespace},
+        "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+        "metadata": {"name": name, "namespace": namespace, "labels": {SHARD_LABEL: str(shard)}},
         "spec": {
             "workflow": "durablerun_bench.dr_flows:steps",
             "input": {"n": 1},
@@ -96,19 +110,20 @@ def _run_manifest(namespace: str, name: str, lease_seconds: int) -> dict[str, An
     }
 
 
-def _create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: int) -> None:
+def _create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: int, shards: int) -> None:
     from kubernetes import client
 
     local = threading.local()
 
-    def create(name: str) -> None:
+    def create(item: tuple[int, str]) -> None:
         if not hasattr(local, "api"):
             local.api = client.CustomObjectsApi(bed.api_client())
-        local.api.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
-                                                  _run_manifest(namespace, name, lease_seconds))
+        i, name = item
+        local.api.create_namespaced_custom_object("durablerun.dev", "v1alpha1", namespace, "durableruns",
+                                                  _run_manifest(namespace, name, lease_seconds, i % shards))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(create, names))
+        list(pool.map(create, enumerate(names)))
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -116,24 +131,96 @@ def _summary(values: list[float]) -> dict[str, float]:
             "n": len(values)}
 
 
+class StandIns:
+    """The stand-in runners: one process per shard of the runs, all logging to one file."""
+
+    def __init__(self, bed: TestBed, root: Path, run_id: str, namespace: str, shards: int) -> None:
+        self.bed, self.root, self.run_id, self.namespace, self.shards = bed, root, run_id, namespace, shards
+        self.log = root / f"{namespace}-renewals.jsonl"
+        self.processes: list[procs.ManagedProcess] = []
+
+    def start(self, plan: dict[str, Any]) -> None:
+        for shard in range(self.shards):
+            path = self.root / f"{self.namespace}-plan-{shard}.json"
+            path.write_text(json.dumps({**plan, "shard": shard}))
+            self.processes.append(procs.ManagedProcess(
+                f"renewer-{shard}", [sys.executable, "-m", "durablerun_bench.renewer", str(path), str(self.log)],
+                log_path=self.root / f"{self.namespace}-renewer-{shard}.log", env=self.bed.env(),
+                testbed_id=self.run_id))
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+        self.processes = []
+
+
+def control_plane(bed: TestBed) -> dict[str, float]:
+    """kube-apiserver's and etcd's CPU seconds so far, and etcd's database size."""
+    import urllib.request
+
+    cp = bed.controlplane
+    assert cp
+    assert cp.apiserver
+    assert cp.etcd
+    with urllib.request.urlopen(f"{cp.etcd_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    sizes = dict(re.findall(r"^(etcd_mvcc_db_total_size_in(?:_use_in)?_bytes) ([0-9.e+]+)$", text, re.M))
+    return {"apiserver_cpu_s": proc_cpu_seconds(cp.apiserver.pid), "etcd_cpu_s": proc_cpu_seconds(cp.etcd.pid),
+            "etcd_db_bytes": float(sizes.get("etcd_mvcc_db_total_size_in_bytes", "nan")),
+            "etcd_db_in_use_bytes": float(sizes.get("etcd_mvcc_db_total_size_in_use_in_bytes", "nan"))}
+
+
+def object_sizes(bed: TestBed, namespace: str) -> dict[str, float]:
+    """Mean and max size of the DurableRuns of ``namespace`` as stored (their JSON, managedFields included)."""
+    from kubernetes import client
+
+    reply = client.CustomObjectsApi(bed.api_client()).list_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL)
+    sizes = [len(json.dumps(item, separators=(",", ":"))) for item in reply["items"]]
+    return {"mean_bytes": statistics.fmean(sizes) if sizes else 0.0, "max_bytes": max(sizes, default=0)}
+
+
+def _window(bed: TestBed, op: procs.ManagedProcess, start: tuple[dict[Any, float], float, float, dict[str, float]],
+            rss: list[float]) -> dict[str, Any]:
+    """Rates over a window opened by ``_mark``: operator CPU and memory, API requests, control-plane CPU."""
+    api0, cpu0, t0, cp0 = start
+    api1, cpu1, t1, cp1 = _mark(bed, op)
+    window = t1 - t0
+    requests = {f"{verb} {res}": (api1.get((verb, res), 0) - api0.get((verb, res), 0)) / window
+                for verb, res in set(api0) | set(api1)}
+    requests = {k: v for k, v in sorted(requests.items(), key=lambda kv: -kv[1]) if v > 0.05}
+    memory = proc_memory_mb(op.pid)
+    return {
+        "window_s": window, "cpu_cores": (cpu1 - cpu0) / window,
+        "rss_mb_max": max(rss) if rss else memory["VmRSS"], "rss_mb_end": memory["VmRSS"], "hwm_mb": memory["VmHWM"],
+        "api_requests_per_s": sum(requests.values()), "api_requests_by_kind": requests,
+        "apiserver_cores": (cp1["apiserver_cpu_s"] - cp0["apiserver_cpu_s"]) / window,
+        "etcd_cores": (cp1["etcd_cpu_s"] - cp0["etcd_cpu_s"]) / window,
+        "etcd_db_bytes": cp1["etcd_db_bytes"], "etcd_db_in_use_bytes": cp1["etcd_db_in_use_bytes"],
+    }
+
+
+def _mark(bed: TestBed, op: procs.ManagedProcess) -> tuple[dict[Any, float], float, float, dict[str, float]]:
+    return apiserver_requests(bed), proc_cpu_seconds(op.pid), time.time(), control_plane(bed)
+
+
 def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: int, stopped: int,
           log: Any = print) -> dict[str, Any]:
     namespace = f"bench-scale-{uuid.uuid4().hex[:4]}"
     resume.prepare_namespace(bed, namespace)
     names = [f"run-{i:05d}" for i in range(runs)]
+    shards = max(1, -(-runs // RUNS_PER_STANDIN))
     watcher = resume.Watcher(bed, namespace, _reduce).start()
-    plan_path, renew_log = root / f"{namespace}-plan.json", root / f"{namespace}-renewals.jsonl"
-    out: dict[str, Any] = {"runs": runs, "lease_seconds": lease_seconds, "stopped": stopped}
+    standins = StandIns(bed, root, run_id, namespace, shards)
+    renew_log = standins.log
+    out: dict[str, Any] = {"runs": runs, "lease_seconds": lease_seconds, "stopped": stopped, "standins": shards}
     with resume.operator(bed, namespace, root, run_id) as op:
         cpu0, t0 = proc_cpu_seconds(op.pid), time.time()
-        _create_runs(bed, namespace, names, lease_seconds)
+        _create_runs(bed, namespace, names, lease_seconds, shards)
         created = time.time()
         log(f"  created {runs} DurableRuns in {created - t0:.1f}s")
         plan: dict[str, Any] = {"namespace": namespace, "lease_seconds": lease_seconds, "stop": {}}
-        plan_path.write_text(json.dumps(plan))
-        renewer = procs.ManagedProcess("renewer", [sys.executable, "-m", "durablerun_bench.renewer", str(plan_path),
-                                                   str(renew_log)],
-                                       log_path=root / f"{namespace}-renewer.log", env=bed.env(), testbed_id=run_id)
+        standins.start(plan)
         try:
             def all_held() -> bool:
                 return _count(renew_log, "acquired") >= runs
@@ -149,17 +236,14 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
         out["held_after_ramp"] = _count(renew_log, "acquired")
         log(f"  ramp-up: {out['held_after_ramp']} runs Running with leases held after {ramp - t0:.1f}s "
             f"(operator {out['ramp_cpu_cores']:.2f} cores)")
-        # The stand-in reads its plan once: restart it with the stops (it re-acquires every lease it sees).
-        renewer.stop()
+        # The stand-ins read their plan once: restart them with the stops (they re-acquire every lease they see).
+        standins.stop()
         victims = names[:: max(1, runs // stopped)][:stopped]
         first_stop = time.time() + 5
-        # Spread over several resync periods (5 s), so detection is seen at every phase of the loop.
+        # Spread over a renewal period, so detection is seen at every phase of the operator's timers.
         plan["stop"] = {name: first_stop + i * (lease_seconds / 3) / stopped for i, name in enumerate(victims)}
-        plan_path.write_text(json.dumps(plan))
-        renewer = procs.ManagedProcess("renewer", [sys.executable, "-m", "durablerun_bench.renewer", str(plan_path),
-                                                   str(renew_log)],
-                                       log_path=root / f"{namespace}-renewer.log", env=bed.env(), testbed_id=run_id)
-        api0, cpu_s0, w0 = apiserver_requests(bed), proc_cpu_seconds(op.pid), time.time()
+        standins.start(plan)
+        start = _mark(bed, op)
         rss: list[float] = []
         deadline = max(plan["stop"].values()) + 2 * lease_seconds + 30
         while time.time() < deadline:
@@ -168,31 +252,116 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
                     + lease_seconds + 15:
                 break
             time.sleep(2)
-        api1, cpu_s1, w1 = apiserver_requests(bed), proc_cpu_seconds(op.pid), time.time()
-        memory = proc_memory_mb(op.pid)
-        time.sleep(5)  # let the renewer acquire the restarted attempts
-        renewer.stop()
+        out.update(_window(bed, op, start, rss))
+        time.sleep(5)  # let the stand-ins acquire the restarted attempts
+        standins.stop()
+        out.update(object_sizes(bed, namespace))
     watcher.stop()
-    window = w1 - w0
-    requests = {f"{verb} {res}": (api1.get((verb, res), 0) - api0.get((verb, res), 0)) / window
-                for verb, res in set(api0) | set(api1)}
-    requests = {k: v for k, v in sorted(requests.items(), key=lambda kv: -kv[1]) if v > 0.05}
     renewals = _events(renew_log)
-    counts: dict[str, Any] = next((e for e in reversed(renewals) if e["event"] == "counts"), {})
-    out.update(
-        window_s=window,
-        cpu_cores=(cpu_s1 - cpu_s0) / window,
-        rss_mb_max=max(rss) if rss else memory["VmRSS"],
-        rss_mb_end=memory["VmRSS"], hwm_mb=memory["VmHWM"],
-        api_requests_per_s=sum(requests.values()),
-        api_requests_by_kind=requests,
-        renewer=counts,
-    )
+    out["renewer"] = _standin_counts(renewals)
     out.update(_restart_checks(watcher, names, victims, renewals, lease_seconds))
     delay = out["detection_delay"]
     log(f"  operator {out['cpu_cores']:.2f} cores, RSS max {out['rss_mb_max']:.0f} MB; "
-        f"API {out['api_requests_per_s']:.0f} req/s; detection p50 {delay['p50']:.1f}s p99 {delay['p99']:.1f}s "
-        f"after expiry; missed {out['missed_restarts']}, duplicated {out['duplicated_restarts']}")
+        f"API {out['api_requests_per_s']:.0f} req/s, API server {out['apiserver_cores']:.2f} cores, etcd "
+        f"{out['etcd_cores']:.2f} cores; detection p50 {delay['p50']:.1f}s p99 {delay['p99']:.1f}s "
+        f"after expiry; missed {out['missed_restarts']}, duplicated {out['duplicated_restarts']}; stand-in lag p99 "
+        f"{out['renewer'].get('lag_p99', float('nan')):.2f}s")
+    return out
+
+
+def _standin_counts(renewals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stand-ins' counts summed, and their worst lag (each reports its own at SIGTERM)."""
+    last: dict[int, dict[str, Any]] = {}
+    total: dict[str, Any] = defaultdict(float)
+    reports = [e for e in renewals if e.get("event") == "counts"]
+    for i, e in enumerate(reports):
+        last[i] = e
+    for e in last.values():
+        for key in ("acquired", "renewed", "fenced", "errors", "lists", "waits", "completed"):
+            total[key] += e.get(key, 0)
+    for key in ("lag_p50", "lag_p99", "lag_max"):
+        total[key] = max((e.get(key) or 0.0 for e in last.values()), default=0.0)
+    return {k: (int(v) if k not in ("lag_p50", "lag_p99", "lag_max") else v) for k, v in total.items()}
+
+
+def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idle_seconds: float,
+            log: Any = print) -> dict[str, Any]:
+    """``runs`` runs taken to Waiting (for event "go") by stand-ins; the operator idle; then ``woken`` of them sent
+    the event, one every 50 ms: event patch -> the next attempt's pod, and exactly one such pod per woken run."""
+    from kubernetes import client
+
+    namespace = f"bench-waiting-{uuid.uuid4().hex[:4]}"
+    resume.prepare_namespace(bed, namespace)
+    names = [f"wait-{i:06d}" for i in range(runs)]
+    shards = max(1, -(-runs // RUNS_PER_STANDIN))
+    watcher = resume.Watcher(bed, namespace, _reduce).start()
+    standins = StandIns(bed, root, run_id, namespace, shards)
+    out: dict[str, Any] = {"runs": runs, "woken": woken, "standins": shards}
+    custom = client.CustomObjectsApi(bed.api_client())
+    with resume.operator(bed, namespace, root, run_id) as op:
+        t0 = time.time()
+        standins.start({"namespace": namespace, "lease_seconds": 180, "stop": {}, "wait_event": "go"})
+        _create_runs(bed, namespace, names, 180, shards)
+
+        def phases() -> dict[str, str]:
+            with watcher.lock:
+                events = list(watcher.events)
+            latest: dict[str, str] = {}
+            for _, kind, _, obj in events:
+                if kind == "dr":
+                    latest[obj["name"]] = obj.get("phase") or ""
+            return latest
+
+        with contextlib.suppress(procs.Timeout):  # reported below: how many got there
+            procs.wait_for(lambda: sum(p == "Waiting" for p in phases().values()) >= runs,
+                           timeout=max(300, runs), interval=2.0, what=f"all {runs} runs Waiting")
+        out["ramp_up_s"] = time.time() - t0
+        out["waiting_after_ramp"] = sum(p == "Waiting" for p in phases().values())
+        log(f"  {out['waiting_after_ramp']} of {runs} runs Waiting after {out['ramp_up_s']:.0f}s")
+        start = _mark(bed, op)
+        rss: list[float] = []
+        idle_end = time.time() + idle_seconds
+        while time.time() < idle_end:
+            rss.append(proc_memory_mb(op.pid)["VmRSS"])
+            time.sleep(2)
+        out["idle"] = _window(bed, op, start, rss)
+        sample = names[:: max(1, runs // woken)][:woken]
+        sent: dict[str, float] = {}
+        start = _mark(bed, op)
+        for name in sample:
+            sent[name] = time.time()
+            custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                                                  {"spec": {"events": {"go": {"approved": True}}}})
+            time.sleep(0.05)
+
+        def started() -> dict[str, list[float]]:
+            with watcher.lock:
+                events = list(watcher.events)
+            pods: dict[str, dict[str, float]] = defaultdict(dict)
+            for when, kind, _, obj in events:
+                if kind == "pod" and obj.get("run") and obj.get("epoch") not in (None, "1"):
+                    pods[obj["run"]].setdefault(obj["name"], when)
+            return {run: sorted(p.values()) for run, p in pods.items()}
+
+        with contextlib.suppress(procs.Timeout):  # a run without one is counted as a missed wake
+            procs.wait_for(lambda: len(set(started()) & set(sample)) >= len(sample), timeout=120, interval=1.0,
+                           what="a new attempt for every woken run")
+        time.sleep(10)  # a duplicate would show by now
+        out["wake"] = _window(bed, op, start, [proc_memory_mb(op.pid)["VmRSS"]])
+        standins.stop()
+        out.update(object_sizes(bed, namespace))
+    watcher.stop()
+    pods = started()
+    delays = [pods[n][0] - sent[n] for n in sample if n in pods]
+    out["event_to_pod"] = _summary(delays)
+    out["missed_wakes"] = sum(1 for n in sample if n not in pods)
+    out["duplicated_wakes"] = sum(1 for n in sample if len(pods.get(n, [])) > 1) + sum(
+        1 for n in pods if n not in sent)
+    out["renewer"] = _standin_counts(_events(standins.log))
+    idle = out["idle"]
+    log(f"  idle with {runs} waiting runs: operator {idle['cpu_cores']:.3f} cores, RSS {idle['rss_mb_max']:.0f} MB, "
+        f"API {idle['api_requests_per_s']:.1f} req/s; event -> pod p50 {out['event_to_pod']['p50']:.2f}s p99 "
+        f"{out['event_to_pod']['p99']:.2f}s; missed {out['missed_wakes']}, duplicated {out['duplicated_wakes']}")
     return out
 
 

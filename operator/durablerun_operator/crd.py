@@ -167,6 +167,18 @@ def pod_template_schema(definitions: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+#: At most this many events in spec.events: a run holds every event it was sent (names are add-only), and each
+#: finished child run adds one (durablerun.child.<child>), so the count bounds what the map can grow to. 500
+#: events of ~100 bytes make a ~100 KiB run (bench/RESULTS.md); etcd refuses an object over 1.5 MiB, and then
+#: every write of the run fails, its runner's lease renewals included.
+EVENTS_MAX = 2000
+
+
+def _bounded(spec: dict[str, Any]) -> None:
+    """Refuse at apply time what would grow a DurableRun without bound (docs/bad-input.md)."""
+    spec["properties"]["events"]["maxProperties"] = EVENTS_MAX
+
+
 def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     """The DurableRun's schema; ``kubernetes_definitions``: the Kubernetes OpenAPI's (for spec.template)."""
     spec_schema = api.DurableRunSpec.model_json_schema()
@@ -176,6 +188,7 @@ def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     _default_nested_objects(spec)
     spec["properties"]["template"] = {**pod_template_schema(kubernetes_definitions),
                                       "description": spec["properties"]["template"]["description"]}
+    _bounded(spec)
     status = _inline(status_schema, status_schema.get("$defs", {}))
     status.pop("$defs", None)
     spec["description"] = api.DurableRunSpec.__doc__

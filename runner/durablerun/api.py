@@ -380,9 +380,10 @@ class Policy(_Model):
         "10m", "Abort (ProgressTimeout) when no step completes for this long while running.", positive=True
     )
     leaseDuration: str = _duration_field(
-        "60s",
-        "How long a runner's lease is valid without renewal. The runner renews every third of "
-        "it; the operator replaces a runner whose lease has expired.",
+        "3m",
+        "How long a runner's lease is valid without renewal: the time to replace a hung or cut-off runner (a "
+        "crashed one is seen at once from its pod). The runner renews every third of it, carrying its progress: "
+        "the default costs one status write a minute per running run.",
         positive=True,
     )
     abortGracePeriod: str = _duration_field(

@@ -114,6 +114,9 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "template-metadata-name": (with_("spec.template", {"metadata": {"name": "mine"}}),
                                "spec.template.metadata.name", "unknown field"),
     "events-a-list": (with_("spec.events", ["go"]), "spec.events", "must be of type object"),
+    # A run keeps every event it was sent: their number is bounded, so the object is (etcd refuses > 1.5 MiB).
+    "events-too-many": (with_("spec.events", {f"e{i}": True for i in range(2001)}), "spec.events",
+                        "must have at most 2000 items"),
     "ttl-negative": (with_("spec.ttlSecondsAfterFinished", -1), "spec.ttlSecondsAfterFinished",
                      "greater than or equal to 0"),
     "unknown-spec-field": (with_("spec.workflw", "agents.research:run"), "spec.workflw", "unknown field"),
@@ -269,3 +272,13 @@ def test_a_set_event_is_immutable_and_new_ones_may_be_added(testbed: TestBed, cr
     assert patch(testbed, created, {"events": {"go": {"v": 1}}}).returncode == 0  # the same value again
     assert patch(testbed, created, {"events": {"next": False}}).returncode == 0
     assert stored(testbed, created)["events"] == {"go": {"v": 1}, "next": False}
+
+
+def test_events_past_the_limit_are_refused_when_sent(testbed: TestBed, created: str) -> None:
+    """The 2,001st event is refused by the API server naming the limit; the ones before it stay."""
+    assert patch(testbed, created, {"events": {f"e{i}": i for i in range(2000)}}).returncode == 0
+    refused = patch(testbed, created, {"events": {"one-more": True}})
+    assert refused.returncode != 0, "a 2,001st event was accepted"
+    assert "spec.events" in refused.stderr, refused.stderr
+    assert "must have at most 2000 items" in refused.stderr, refused.stderr
+    assert len(stored(testbed, created)["events"]) == 2000

@@ -207,3 +207,55 @@ def test_replay_harness_exports_a_built_journal_to_both_stores(tmp_path: Path, m
         # most the last 10 records (one object each on S3) are read.
         assert done["loaded_from"] == 201
         assert done["objects_read"] <= (5 if store == "fs" else 14), done
+
+
+def _window(cores: float) -> dict[str, Any]:
+    return {"window_s": 60.0, "cpu_cores": cores, "rss_mb_max": 120.0, "api_requests_per_s": 20.0,
+            "api_requests_by_kind": {"PATCH durableruns/status": 16.0, "GET durableruns": 4.0},
+            "apiserver_cores": 0.2, "etcd_cores": 0.05, "etcd_db_bytes": 2**24, "etcd_db_in_use_bytes": 2**23}
+
+
+def test_report_judges_the_write_cost_and_the_sizes_and_divides_per_thousand_runs() -> None:
+    results = _results()
+    rows: dict[str, dict[str, Any]] = {"configmap": {"apiserver_ms": 2.0}, "dr-shipped": {"apiserver_ms": 6.0},
+                                       "dr-schemaless": {"apiserver_ms": 3.0}}
+    for row in rows.values():
+        row.update(etcd_ms=1.0, wall_ms=5.0, x_configmap=row["apiserver_ms"] / 2.0,
+                   rounds_apiserver_ms=[row["apiserver_ms"]])
+    results["writecost"] = {"writes": 300, "rounds": 1, "rows": rows, "objects": {
+        "parent": {"children": 1000, "bytes": 600 * 1024}, "events": {"events": 500, "bytes": 100 * 1024}}}
+    results["scale"].update(runs=2000, lease_seconds=180, mean_bytes=4096, max_bytes=8192, standins=1,
+                            **_window(0.2))
+    results["scale"]["waiting"] = {"runs": 4000, "woken": 100, "standins": 2, "idle": _window(0.04),
+                                   "event_to_pod": {"p50": 0.5, "p99": 1.5, "max": 2.0, "n": 100},
+                                   "missed_wakes": 0, "duplicated_wakes": 0, "mean_bytes": 3072, "max_bytes": 4096}
+    text = report.render(results)
+    assert "a DurableRun status write within 2× of a ConfigMap patch (API server CPU) | 3.00×" in text
+    assert "| a parent of 1,000 children under 256 KiB | 600.0 KiB | **missed** |" in text
+    assert "| a run sent 500 events under 256 KiB | 100.0 KiB | **met** |" in text
+    assert "### Per 1,000 runs: 2,000 active, 4,000 waiting" in text
+    assert "| operator CPU (cores) | 0.100 | 0.010 |" in text  # 0.2 / 2 and 0.04 / 4
+    # 16 status PATCHes/s over 2,000 runs: 0.48 a minute per run.
+    assert "| at most one status write a minute per active run (default lease) | 0.48 status PATCHes/min" in text
+
+
+def test_the_scratch_crds_change_only_what_their_variant_names() -> None:
+    from durablerun_bench import writecost
+
+    def schema(variant: str) -> dict[str, Any]:
+        return dict(writecost.scratch_documents(variant)[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+    shipped = schema("shipped")
+    assert "x-kubernetes-validations" in str(shipped)
+    assert "x-kubernetes-validations" not in str(schema("no-cel"))
+    template = schema("template-schemaless")["properties"]["spec"]["properties"]["template"]
+    assert template["x-kubernetes-preserve-unknown-fields"] is True
+    assert "properties" not in template
+    assert schema("status-schemaless")["properties"]["spec"] == shipped["properties"]["spec"]
+    crd, policy, binding = writecost.scratch_documents("vap-on-status")
+    assert crd["spec"]["group"] == "vap-on-status.writecost.bench"
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["durableruns",
+                                                                                    "durableruns/status"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    shipped_policy = writecost.scratch_documents("shipped")[1]
+    assert shipped_policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["durableruns"]

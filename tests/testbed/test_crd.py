@@ -34,7 +34,7 @@ def test_minimal_run_is_accepted_with_defaults(testbed: TestBed, namespace: str)
     assert policy["maxDisruptions"] == 20
     assert policy["maxDuration"] == "8h"
     assert policy["progressTimeout"] == "10m"
-    assert policy["leaseDuration"] == "60s"
+    assert policy["leaseDuration"] == "3m"
     assert policy["backoff"] == {"initial": "10s", "max": "5m"}
     assert stored["spec"]["checkpoint"]["snapshotEvery"] == 100
     assert stored["spec"]["checkpoint"]["retention"] == "Retain"

@@ -26,7 +26,9 @@ from durablerun._private.sinks import EventKind, ProgressEvent, ProgressSink
 log = logging.getLogger("durablerun.pod")
 
 JSON_PATCH = "application/json-patch+json"
-STATUS_FLUSH_SECONDS = 1.0  # progress reaches the status at most this often (and at every renewal)
+# Progress rides on the renewals (every leaseDuration/3): no write of its own (docs/design.md, write budget).
+# Between renewals the runner reads its run this often, so that spec.suspend, new events and an abort reach it.
+READ_SECONDS = 20.0
 
 
 def _now() -> str:
@@ -110,12 +112,11 @@ def _fenced_if_gone(error: Any, identity: Identity, *, before_lease: bool) -> No
 
 
 class StatusSink(ProgressSink):
-    """Collects progress for the status; the lease thread ships it (throttled)."""
+    """Collects progress for the status; the lease thread ships it with its next renewal."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.fields: dict[str, Any] = {}
-        self.dirty = threading.Event()
         self.completed = 0
         self.steps = 0
         self.total: int | None = None
@@ -127,7 +128,6 @@ class StatusSink(ProgressSink):
                 pending = self.fields.get(key)
                 self.fields[key] = {**pending, **value} if isinstance(pending, dict) and isinstance(value, dict) \
                     else value
-        self.dirty.set()
 
     def emit(self, event: ProgressEvent) -> None:
         f = event.fields
@@ -151,12 +151,10 @@ class StatusSink(ProgressSink):
                     self.steps = f["steps"]
                     progress.update(progress_of(self.steps, self.total))
                 self.fields["progress"] = progress
-            self.dirty.set()
 
     def take(self) -> dict[str, Any]:
         with self.lock:
             fields, self.fields = self.fields, {}
-        self.dirty.clear()
         return fields
 
 
@@ -237,22 +235,37 @@ class Lease:
 
     def _loop(self) -> None:
         interval = self.duration.total_seconds() / 3
-        next_renewal = time.monotonic() + interval
+        next_renewal, next_read = time.monotonic() + interval, time.monotonic() + READ_SECONDS
         while not self.stopped.is_set():
             if not self.valid():
                 # Paused past the lease (SIGSTOP, a long GC, a partition): stop before anything more is written.
                 self._fence(f"lease of {self.duration.total_seconds():g}s lapsed without renewal")
                 return
-            due = time.monotonic() >= next_renewal
-            throttled = time.monotonic() - self.last_success < STATUS_FLUSH_SECONDS
-            if due or (self.sink.dirty.is_set() and not throttled):
+            if time.monotonic() >= next_renewal:
                 if self.renew():
-                    next_renewal = time.monotonic() + interval
+                    next_renewal, next_read = time.monotonic() + interval, time.monotonic() + READ_SECONDS
                 elif self.lost:
                     return
                 else:
                     next_renewal = time.monotonic() + 1.0  # unreachable: retry until the lease would lapse
+            elif time.monotonic() >= next_read:
+                next_read = time.monotonic() + READ_SECONDS
+                self.read()
             self.stopped.wait(0.2)
+
+    def read(self) -> None:
+        """Read the run between renewals (a GET, no write) and hand it to the spec callbacks."""
+        try:
+            body = self.status.get()
+        except Exception as error:  # the next renewal reads it anyway
+            log.warning("reading the DurableRun failed: %s", error)
+            return
+        if (body.get("status") or {}).get("epoch") != self.identity.epoch:
+            return  # a newer attempt owns the run: the next renewal fences this one
+        with self._renewing:
+            self.body = body
+        for callback in self.on_spec:
+            callback(body)
 
     def publish(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
         """Write ``ops`` with a renewal now (a child or signal request from a step); the run as written."""
