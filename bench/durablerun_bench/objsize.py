@@ -56,11 +56,11 @@ def parent_with_children(bed: TestBed, namespace: str, children: int) -> dict[st
         custom.patch_namespaced_custom_object_status(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,
             {"status": {"children": {child: {"run": f"{name}-{child}", "uid": str(uuid.uuid4()),
-                                             "phase": "Succeeded"} for child in batch}}})
+                                             "phase": api.Phase.SUCCEEDED.value} for child in batch}}})
         custom.patch_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,
             {"spec": {"events": {api.child_event(child): {
-                "phase": "Succeeded", "run": f"{name}-{child}", "uid": str(uuid.uuid4()),
+                "phase": api.Phase.SUCCEEDED.value, "run": f"{name}-{child}", "uid": str(uuid.uuid4()),
                 "cost": {"usd": "0.0123", "tokens": 1234}, "result": {"verdict": "ok", "score": 0.87}}
                 for child in batch}}})
     custom.patch_namespaced_custom_object_status(

@@ -125,11 +125,12 @@ class Renewer:
                              {"op": "test", "path": "/status/lease/holder", "value": pod},
                              {"op": "add", "path": "/status/outcome", "value": outcome.value}]) is None:
             return
-        terminated = {"exitCode": outcome.exit_code, "reason": "Completed" if completed else "Error",
+        reason = "Completed" if completed else "Error"  # literal-ok: a container's reason, not an outcome
+        terminated = {"exitCode": outcome.exit_code, "reason": reason,
                       "message": json.dumps(report, separators=(",", ":")), "startedAt": since,
                       "finishedAt": since}
         self.core().patch_namespaced_pod_status(pod, self.namespace, {"status": {
-            "phase": "Succeeded" if completed else "Failed",
+            "phase": "Succeeded" if completed else "Failed",  # literal-ok: the pod's phase, not the run's
             "containerStatuses": [{"name": api.RUNNER_CONTAINER, "state": {"terminated": terminated},
                                    "ready": False, "restartCount": 0, "image": "", "imageID": ""}]}})
         with self.lock:
@@ -175,7 +176,7 @@ class Renewer:
         with self.lock:
             held = self.held.get(name)
             ended = (name, epoch) in self.ended
-        if status.get("phase") != "Running" or not epoch or not pod or held == (epoch, pod) or ended:
+        if status.get("phase") != api.Phase.RUNNING or not epoch or not pod or held == (epoch, pod) or ended:
             return
         if status.get("outcome") and lease.get("epoch") == epoch:
             return  # this attempt already ended (the operator has not caught up yet)

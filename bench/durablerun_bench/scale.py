@@ -98,7 +98,7 @@ def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
 
 def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: int = 0) -> dict[str, Any]:
     return {
-        "apiVersion": "durablerun.dev/v1alpha1", "kind": "DurableRun",
+        "apiVersion": api.API_VERSION, "kind": api.KIND,
         "metadata": {"name": name, "namespace": namespace, "labels": {SHARD_LABEL: str(shard)}},
         "spec": {
             "workflow": "durablerun_bench.dr_flows:steps",
@@ -119,7 +119,7 @@ def _create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: 
         if not hasattr(local, "api"):
             local.api = client.CustomObjectsApi(bed.api_client())
         i, name = item
-        local.api.create_namespaced_custom_object("durablerun.dev", "v1alpha1", namespace, "durableruns",
+        local.api.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
                                                   _run_manifest(namespace, name, lease_seconds, i % shards))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -313,10 +313,10 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
             return latest
 
         with contextlib.suppress(procs.Timeout):  # reported below: how many got there
-            procs.wait_for(lambda: sum(p == "Waiting" for p in phases().values()) >= runs,
+            procs.wait_for(lambda: sum(p == api.Phase.WAITING for p in phases().values()) >= runs,
                            timeout=max(300, runs), interval=2.0, what=f"all {runs} runs Waiting")
         out["ramp_up_s"] = time.time() - t0
-        out["waiting_after_ramp"] = sum(p == "Waiting" for p in phases().values())
+        out["waiting_after_ramp"] = sum(p == api.Phase.WAITING for p in phases().values())
         log(f"  {out['waiting_after_ramp']} of {runs} runs Waiting after {out['ramp_up_s']:.0f}s")
         start = _mark(bed, op)
         rss: list[float] = []

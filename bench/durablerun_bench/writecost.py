@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from durablerun import api
 from durablerun_bench.scale import proc_cpu_seconds
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
@@ -121,14 +122,14 @@ def running_status(name: str) -> dict[str, Any]:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pod = f"{name}-a1"
     return {
-        "phase": "Running", "attempt": 1, "epoch": 1, "pod": pod, "restarts": 0, "disruptions": 0,
+        "phase": api.Phase.RUNNING.value, "attempt": 1, "epoch": 1, "pod": pod, "restarts": 0, "disruptions": 0,
         "lease": {"holder": pod, "epoch": 1, "acquireTime": now, "renewTime": now, "durationSeconds": 60},
         "progress": {"step": 41, "stepName": "search", "completedSteps": 40, "summary": "40 steps",
                      "lastProgressTime": now},
         "cost": {"usd": "0.42", "tokens": 12000},
         "checkpoint": {"position": 41, "key": "runs/ns/name/uid/journal/00000041", "time": now},
         "inputHash": "0" * 64, "startTime": now, "attemptStartTime": now, "observedGeneration": 1,
-        "conditions": [{"type": "Progressing", "status": "True", "reason": "Running", "message": "attempt 1",
+        "conditions": [{"type": "Progressing", "status": "True", "reason": api.Phase.RUNNING.value, "message": "attempt 1",
                         "lastTransitionTime": now, "observedGeneration": 1}],
     }
 
@@ -182,13 +183,13 @@ def _setup(bed: TestBed, namespace: str, variants: list[str]) -> tuple[list[Writ
         bed.wait_established(crd["metadata"]["name"])
         group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
         _create_when_served(custom, group, namespace, plural, run_manifest(group, "run"))
-        custom.patch_namespaced_custom_object_status(group, "v1alpha1", namespace, plural, "run",
+        custom.patch_namespaced_custom_object_status(group, api.VERSION, namespace, plural, "run",
                                                      {"status": running_status("run")})
         _wait_policy_active(custom, group, namespace, plural)
 
         def renew(i: int, group: str = group, plural: str = plural) -> None:
             custom.patch_namespaced_custom_object_status(
-                group, "v1alpha1", namespace, plural, "run",
+                group, api.VERSION, namespace, plural, "run",
                 [{"op": "test", "path": "/status/epoch", "value": 1},
                  {"op": "test", "path": "/status/lease/holder", "value": "run-a1"},
                  {"op": "add", "path": "/status/lease/renewTime", "value": f"2026-01-01T00:{i // 60 % 60:02d}:"
@@ -198,7 +199,7 @@ def _setup(bed: TestBed, namespace: str, variants: list[str]) -> tuple[list[Writ
         writers.append(Writer(f"dr-{variant}", renew))
         if variant == "shipped":
             def get(_i: int, group: str = group, plural: str = plural) -> None:
-                custom.get_namespaced_custom_object(group, "v1alpha1", namespace, plural, "run")
+                custom.get_namespaced_custom_object(group, api.VERSION, namespace, plural, "run")
 
             writers.append(Writer("dr-get", get))
     return writers, sizes
@@ -206,7 +207,7 @@ def _setup(bed: TestBed, namespace: str, variants: list[str]) -> tuple[list[Writ
 
 def _create_when_served(custom: Any, group: str, namespace: str, plural: str, body: dict[str, Any]) -> None:
     def create() -> bool:
-        custom.create_namespaced_custom_object(group, "v1alpha1", namespace, plural, body)
+        custom.create_namespaced_custom_object(group, api.VERSION, namespace, plural, body)
         return True
 
     procs.wait_for(create, timeout=60, what=f"a DurableRun of {group} created")
@@ -219,7 +220,7 @@ def _wait_policy_active(custom: Any, group: str, namespace: str, plural: str) ->
 
     def refused() -> bool:
         try:
-            custom.patch_namespaced_custom_object(group, "v1alpha1", namespace, plural, "run",
+            custom.patch_namespaced_custom_object(group, api.VERSION, namespace, plural, "run",
                                                   {"spec": {"events": {"approved": {"by": "someone else"}}}})
         except ApiException as error:
             return bool(error.status == 422)
