@@ -129,8 +129,8 @@ def running_status(name: str) -> dict[str, Any]:
         "cost": {"usd": "0.42", "tokens": 12000},
         "checkpoint": {"position": 41, "key": "runs/ns/name/uid/journal/00000041", "time": now},
         "inputHash": "0" * 64, "startTime": now, "attemptStartTime": now, "observedGeneration": 1,
-        "conditions": [{"type": "Progressing", "status": "True", "reason": api.Phase.RUNNING.value, "message": "attempt 1",
-                        "lastTransitionTime": now, "observedGeneration": 1}],
+        "conditions": [{"type": "Progressing", "status": "True", "reason": api.Phase.RUNNING.value,
+                        "message": "attempt 1", "lastTransitionTime": now, "observedGeneration": 1}],
     }
 
 
