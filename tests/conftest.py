@@ -7,6 +7,7 @@ session marker; when the session ends, no process with it may be left.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
@@ -18,6 +19,7 @@ import pytest
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.prometheus import Prometheus
+from durablerun_testbed.realnode import cgroup_processes
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 from tests.helpers import CRD_PATH, SESSION_ID, StartPrometheus
@@ -36,11 +38,13 @@ def testbed_root() -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_processes() -> Iterator[None]:
-    """Fails the session if any process the test bed started outlives it."""
+    """Fails the session if any process the test bed started outlives it: its own (they carry the session's
+    marker) and the containers of a real node's pods (in the cgroups of the session's beds; they carry none)."""
     yield
-    leftovers = procs.processes_with_marker(SESSION_ID)
+    leftovers = procs.processes_with_marker(SESSION_ID) + cgroup_processes(SESSION_ID, id_prefix=True)
     for pid, _ in leftovers:
-        os.kill(pid, 9)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
     assert not leftovers, f"test bed processes survived the session: {leftovers}"
 
 

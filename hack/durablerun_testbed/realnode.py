@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 # The images the node needs before any pod starts (hack/build-images.sh).
 IMAGES = ("pause", "runner", "operator", "examples")
 TEST_NETWORKS = ipaddress.ip_network("198.18.0.0/15")
+CGROUP_PREFIX = "durablerun-"
 
 
 class RealNodeUnavailable(RuntimeError):
@@ -178,6 +180,7 @@ class RealNode:
             self.import_image(archive)
             self.images[name] = ref
         self.import_seconds = time.monotonic() - started
+        create_cgroups(self.testbed_id)
         self._start_kubelet(controlplane)
         return self
 
@@ -262,6 +265,10 @@ class RealNode:
             "containerRuntimeEndpoint": f"unix://{self.socket}",
             # cgroup v1 here; the cgroupfs driver (no systemd in the machine).
             "cgroupDriver": "cgroupfs",
+            # The pods' cgroups (`kubepods/...`) under one of the bed's own, not the machine's root: another
+            # bed's kubelet would otherwise take this bed's pods for orphans and kill them, and stopping the bed
+            # can end exactly its own containers.
+            "cgroupRoot": "/" + cgroup_parent(self.testbed_id),
             "failCgroupV1": False,
             "failSwapOn": False,
             # Only the API server (holding a certificate from the bed's own CA) may call the kubelet.
@@ -321,7 +328,7 @@ class RealNode:
                            what="every container on the real node to stop", interval=0.5)
 
     def stop(self) -> None:
-        """Stop the kubelet, every container and containerd; leave no mount, process or link behind."""
+        """Stop the kubelet, every container and containerd; leave no process, cgroup, mount or link behind."""
         if self.kubelet:
             self.kubelet.stop()
         if self.containerd and self.containerd.alive():
@@ -336,14 +343,113 @@ class RealNode:
             with contextlib.suppress(ProcessLookupError):
                 if _is_shim(pid):
                     os.kill(pid, 9)
-        clean_up(self.workdir, self.network)
+        clean_up(self.workdir, self.network, self.testbed_id)
 
 
-def clean_up(workdir: Path, network: PodNetwork) -> None:
-    """What a stopped node leaves in the kernel: mounts under its directory (pod network namespaces
+def clean_up(workdir: Path, network: PodNetwork, testbed_id: str) -> None:
+    """What a stopped node leaves in the kernel: container processes in its cgroups (a container whose shim
+    died with containerd lives on, orphaned), the cgroups, mounts under its directory (pod network namespaces
     included), the bridge."""
+    end_cgroups(testbed_id)
     _unmount_under(workdir)
     network.delete()
+
+
+def remains(workdir: Path, network: PodNetwork, testbed_id: str) -> list[str]:
+    """What of a stopped node is still there (empty when nothing is): processes, cgroups, mounts, the bridge."""
+    found = [f"process {pid} in the node's cgroups: {cmd}" for pid, cmd in cgroup_processes(testbed_id)]
+    found += [f"cgroup {path}" for path in _cgroups(cgroup_parent(testbed_id))]
+    found += [f"mount {point}" for point in _mounts_under(workdir)]
+    if subprocess.run(["ip", "link", "show", network.bridge], capture_output=True).returncode == 0:
+        found.append(f"bridge {network.bridge}")
+    return found
+
+
+def cgroup_parent(testbed_id: str) -> str:
+    """The bed's own cgroup, in every hierarchy: its kubelet's cgroupRoot, holding `kubepods` and every pod."""
+    return CGROUP_PREFIX + testbed_id
+
+
+def _hierarchies() -> list[Path]:
+    """Where every cgroup hierarchy is mounted: each v1 controller's, named ones, and cgroup2 (hybrid or not)."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] in ("cgroup", "cgroup2"):
+            points.append(Path(fields[4]))
+    return points
+
+
+def create_cgroups(testbed_id: str) -> None:
+    """The bed's cgroup in every hierarchy (the kubelet refuses a cgroupRoot that does not exist)."""
+    for hierarchy in _hierarchies():
+        path = hierarchy / cgroup_parent(testbed_id)
+        path.mkdir(exist_ok=True)
+        # A new cpuset has no CPUs or memory nodes; tasks need its parent's.
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if (path / name).exists() and not (path / name).read_text().strip():
+                (path / name).write_text((hierarchy / name).read_text())
+        # cgroup v2: the pods' cgroups get the controllers the machine's root hands down.
+        if (path / "cgroup.subtree_control").exists():
+            for controller in (hierarchy / "cgroup.subtree_control").read_text().split():
+                (path / "cgroup.subtree_control").write_text("+" + controller)
+
+
+def _cgroups(pattern: str) -> list[Path]:
+    """Every cgroup directory at or below /sys/fs/cgroup/<hierarchy>/<pattern> (a glob), in every hierarchy."""
+    found = []
+    for hierarchy in _hierarchies():
+        for top in hierarchy.glob(pattern):
+            found.append(top)
+            with contextlib.suppress(FileNotFoundError):
+                found += [path for path in top.rglob("*") if path.is_dir()]
+    return found
+
+
+def cgroup_processes(testbed_id: str, *, id_prefix: bool = False) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process in the bed's cgroups: its pods' containers. ``id_prefix``:
+    in the cgroups of every bed whose id starts with ``testbed_id`` (a test session's beds)."""
+    pids: set[int] = set()
+    for path in _cgroups(cgroup_parent(testbed_id) + ("*" if id_prefix else "")):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            pids.update(int(pid) for pid in (path / "cgroup.procs").read_text().split())
+    found = []
+    for pid in sorted(pids):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if procs.pid_alive(pid):
+            found.append((pid, cmdline.strip()))
+    return found
+
+
+def end_cgroups(testbed_id: str, timeout: float = 30) -> None:
+    """SIGKILL every process left in the bed's cgroups, wait until they are gone, then remove the cgroups,
+    deepest first, in every hierarchy. Only this bed's: other beds' and the machine's own are untouched."""
+    name = cgroup_parent(testbed_id)
+    for path in _cgroups(name):
+        # A frozen task (cgroup v1 freezer) does not die of SIGKILL until thawed.
+        with contextlib.suppress(FileNotFoundError, OSError):
+            if (path / "freezer.state").exists():
+                (path / "freezer.state").write_text("THAWED")
+
+    def ended() -> bool:
+        left = cgroup_processes(testbed_id)
+        for pid, _ in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return not left
+
+    procs.wait_for(ended, timeout=timeout, interval=0.1, what=f"every process in the cgroups {name} to exit")
+
+    def removed() -> bool:
+        for path in sorted(_cgroups(name), key=lambda path: len(path.parts), reverse=True):
+            with contextlib.suppress(FileNotFoundError):
+                path.rmdir()
+        return not _cgroups(name)
+
+    procs.wait_for(removed, timeout=timeout, interval=0.1, what=f"the cgroups {name} to be removed")
 
 
 def _is_shim(pid: int) -> bool:
@@ -353,13 +459,17 @@ def _is_shim(pid: int) -> bool:
         return False
 
 
-def _unmount_under(directory: Path) -> None:
-    """Lazily unmount what containerd and the kubelet mounted under ``directory``, deepest first."""
+def _mounts_under(directory: Path) -> list[str]:
     prefix = str(directory.resolve()) + "/"
     mounts = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
         if point.startswith(prefix):
             mounts.append(point)
-    for point in sorted(set(mounts), key=len, reverse=True):
+    return sorted(set(mounts), key=len, reverse=True)
+
+
+def _unmount_under(directory: Path) -> None:
+    """Lazily unmount what containerd and the kubelet mounted under ``directory``, deepest first."""
+    for point in _mounts_under(directory):
         subprocess.run(["umount", "-l", point], capture_output=True)

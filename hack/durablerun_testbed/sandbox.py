@@ -86,14 +86,15 @@ def default_node() -> tuple[str, str]:
     return "real", "this machine runs a kubelet and containerd"
 
 
-def up(directory: Path, node: str) -> SandboxState:
+def up(directory: Path, node: str, bed_id: str = "") -> SandboxState:
     existing = load_state(directory)
     if existing and procs.processes_with_marker(existing.id):
         print(f"the sandbox is already running (state in {directory}); `make sandbox-down` stops it")
         return existing
     directory.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(directory / "bed", ignore_errors=True)  # a fresh cluster and store every time
-    bed = TestBed(directory / "bed", id="sandbox-" + os.urandom(4).hex()).start(real_node=node == "real")
+    bed_id = bed_id or "sandbox-" + os.urandom(4).hex()
+    bed = TestBed(directory / "bed", id=bed_id).start(real_node=node == "real")
     try:
         return _provision(bed, directory)
     except BaseException:
@@ -218,6 +219,10 @@ def down(directory: Path) -> None:
         node = _real_node(state)
         env = dict(os.environ, KUBECONFIG=state.kubeconfig)
         kubectl = str(binaries.kubectl())
+        # First the controller-manager, or the operator's ReplicaSet starts a new pod for the one drained.
+        for pid in state.pids:
+            if "kube-controller-manager" in _cmdline(pid):
+                _stop_group(pid)
         node.drain(lambda *args: subprocess.run([kubectl, *args], env=env, capture_output=True, timeout=30))
     for pid in state.pids:
         with contextlib.suppress(ProcessLookupError):
@@ -230,21 +235,52 @@ def down(directory: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     procs.wait_for(lambda: not procs.processes_with_marker(state.id), timeout=10,
                    what="every sandbox process to exit")
+    remains = []
     if node:
-        realnode.clean_up(node.workdir, node.network)
+        realnode.clean_up(node.workdir, node.network, state.id)
+        remains = realnode.remains(node.workdir, node.network, state.id)
+    if remains:
+        raise SystemExit("sandbox down left behind:\n  " + "\n  ".join(remains))
     _state_path(directory).unlink()
-    print("sandbox stopped; nothing of it is running")
+    print("sandbox stopped; nothing of it is running" + (" (no process, cgroup, mount or bridge)" if node else ""))
 
 
-def demo(directory: Path, node: str) -> int:
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _stop_group(pid: int, timeout: float = 10) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    with contextlib.suppress(procs.Timeout):
+        procs.wait_for(lambda: not procs.pid_alive(pid), timeout=timeout, what=f"process {pid} to exit")
+
+
+@dataclass
+class Story:
+    """What the demo showed, for a test to check: the phases the run went through, the pod that was crashed,
+    how often each step ran across every attempt, the run's Events and its status at the end."""
+
+    state: SandboxState
+    crashed_pod: str
+    phases: list[str]
+    executions: dict[str, int]
+    events: list[dict[str, Any]]
+    status: dict[str, Any]
+
+
+def demo(directory: Path, node: str, bed_id: str = "") -> Story:
     """The README's first command: the whole story with kubectl, then tear down."""
-    state = up(directory, node)
+    state = up(directory, node, bed_id)
     print(describe(state), flush=True)
     try:
-        _story(state)
+        story = _story(state)
     finally:
         down(directory)
-    return 0
+    return story
 
 
 def kill(state: SandboxState, namespace: str, pod: str) -> dict[str, Any]:
@@ -273,10 +309,11 @@ class _LogFollower:
         return out.splitlines()
 
 
-def _story(state: SandboxState) -> None:
+def _story(state: SandboxState) -> Story:
     env = dict(os.environ, KUBECONFIG=state.kubeconfig)
     kubectl = str(binaries.kubectl())
     name = "review-agent"
+    phases: list[str] = []
 
     def run() -> dict[str, Any]:
         out = subprocess.run([kubectl, "get", "dr", name, "-o", "json"], env=env, capture_output=True,
@@ -295,7 +332,10 @@ def _story(state: SandboxState) -> None:
             if row != last:
                 print(f"  {row}", flush=True)
                 last = row
-            if done(current := status()):
+            current = status()
+            if current.get("phase") and current["phase"] not in phases[-1:]:
+                phases.append(current["phase"])
+            if done(current):
                 return current
             if time.monotonic() > deadline:
                 raise SystemExit(f"demo: timed out waiting until {what}")
@@ -315,16 +355,17 @@ def _story(state: SandboxState) -> None:
                 lambda s: s.get("phase") == api.Phase.WAITING)
     _show(env, kubectl, "get", "pods", "-l", f"{api.LABEL_RUN}={name}")
     if followers:
-        _count_executions([line for follower in followers for line in follower.lines()], "kubectl logs")
+        executions = _count_executions([line for follower in followers for line in follower.lines()],
+                                       "kubectl logs")
     else:
         logs = sorted(Path(state.dir).glob("bed/node/pods/default_review-agent-a*/runner.log"))
-        _count_executions([line for log in logs for line in log.read_text(errors="replace").splitlines()],
-                          "the runner logs")
+        executions = _count_executions(
+            [line for log in logs for line in log.read_text(errors="replace").splitlines()], "the runner logs")
 
     print("\n# a human approves the draft", flush=True)
     _show(env, kubectl, "patch", "dr", name, "--type", "merge",
           "-p", '{"spec": {"events": {"review": {"approved": true, "by": "dana"}}}}')
-    watch_until("the run has succeeded", lambda s: s.get("phase") == api.Phase.SUCCEEDED)
+    final = watch_until("the run has succeeded", lambda s: s.get("phase") == api.Phase.SUCCEEDED)
     _show(env, kubectl, "get", "dr", "-o", "wide")
     _show(env, kubectl, "describe", "dr", name)
     print(f"\n$ curl -s {state.metrics_url} | grep 'durablerun_run_.*name=\"{name}\"'", flush=True)
@@ -332,9 +373,12 @@ def _story(state: SandboxState) -> None:
         for line in reply.read().decode().splitlines():
             if f'name="{name}"' in line and not line.endswith(" 0.0"):
                 print(f"  {line}")
+    events = json.loads(subprocess.run([kubectl, "get", "events", "--field-selector", f"involvedObject.name={name}",
+                                        "-o", "json"], env=env, capture_output=True, text=True, check=True).stdout)
+    return Story(state, pod, phases, executions, list(events["items"]), final)
 
 
-def _count_executions(lines: list[str], source: str) -> None:
+def _count_executions(lines: list[str], source: str) -> dict[str, int]:
     """Every step body logs `executing <step>`: count them across every attempt."""
     counts: dict[str, int] = {}
     for line in lines:
@@ -344,6 +388,7 @@ def _count_executions(lines: list[str], source: str) -> None:
           "when the pod was killed ran twice", flush=True)
     for step, count in counts.items():
         print(f"  {count}x {step}")
+    return counts
 
 
 def image(state: SandboxState, directory: Path) -> str:
@@ -393,7 +438,8 @@ def main(argv: list[str]) -> int:
         print(f"sandbox node: {kind} ({why})" if kind == "real" or not args.node else f"sandbox node: {kind}",
               flush=True)
         if args.command == "demo":
-            return demo(directory, kind)
+            demo(directory, kind)
+            return 0
         print(describe(up(directory, kind)))
     elif args.command == "down":
         down(directory)
@@ -404,7 +450,7 @@ def main(argv: list[str]) -> int:
             return 1
         if args.command == "status":
             print(describe(state))
-            for pid, cmd in procs.processes_with_marker(state.id):
+            for pid, cmd in procs.processes_with_marker(state.id) + realnode.cgroup_processes(state.id):
                 print(f"  {pid:>7}  {cmd[:110]}")
         elif args.command == "image":
             print(image(state, args.path))

@@ -16,7 +16,7 @@ from typing import Any
 from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.controlplane import ControlPlane
-from durablerun_testbed.realnode import NODE_NAME, PodNetwork, RealNode
+from durablerun_testbed.realnode import NODE_NAME, PodNetwork, RealNode, cgroup_processes
 from durablerun_testbed.s3 import S3Server
 
 VENV_BIN = Path(sys.executable).parent
@@ -214,8 +214,9 @@ class TestBed:
             node.drain(lambda *args: self.kubectl(*args, check=False, timeout=30))
 
     def leftovers(self) -> list[tuple[int, str]]:
-        """Processes started by this test bed that are still alive."""
-        return procs.processes_with_marker(self.id)
+        """Processes started by this test bed that are still alive: its own, and its pods' containers on a
+        real node (which carry no marker, but live in the bed's cgroups)."""
+        return procs.processes_with_marker(self.id) + cgroup_processes(self.id)
 
     def logs(self) -> Sequence[Path]:
         return sorted(self.root.rglob("*.log"))

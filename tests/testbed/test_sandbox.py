@@ -1,0 +1,64 @@
+"""The main job, `make demo`: its story on the real node, through the code the demo runs, and nothing left after.
+
+`sandbox.demo` brings the sandbox up (control plane, MinIO, kubelet and containerd, the chart's operator
+installed with helm), applies the example run, SIGKILLs its runner container, waits until the run has
+resumed and waits for its review, approves it, waits until it succeeds and brings the sandbox down. The
+test checks what the story showed, as facts (phases, the steps' executions, Events, the status), not its
+wording; then that the sandbox left no process (its own or its pods' containers), cgroup, mount or bridge.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+
+from durablerun_testbed import procs, realnode, sandbox
+from tests.conftest import SESSION_ID
+
+pytestmark = pytest.mark.testbed
+
+STEPS = ["plan", *(f"research durable execution: question {i}" for i in range(6)), "publish"]
+
+
+@pytest.mark.timeout(600)
+def test_demo_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path) -> None:
+    if os.environ.get("DURABLERUN_SKIP_REAL_NODE") == "1":
+        pytest.skip("the real-node tier is skipped: DURABLERUN_SKIP_REAL_NODE=1")
+    try:
+        realnode.check_machine()
+        realnode.image_archives()
+    except realnode.RealNodeUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+
+    story = sandbox.demo(testbed_root / "sandbox", "real", bed_id=f"{SESSION_ID}-sandbox")
+
+    status = story.status
+    assert status["phase"] == "Succeeded", status
+    # One crash (the SIGKILL), counted as a restart; the review's wait ended the second attempt, the
+    # approval started the third.
+    assert (status["restarts"], status["attempt"]) == (1, 3), status
+    assert status["pod"] != story.crashed_pod
+    seen = iter(story.phases)
+    assert all(phase in seen for phase in ("Running", "Waiting", "Succeeded")), story.phases  # in this order
+    assert story.phases[-1] == "Succeeded", story.phases
+    # Counted from the first two attempts' logs (before the approval): every step up to the review ran; the
+    # three journaled before the crash never again; only the one in flight twice.
+    assert set(story.executions) == set(STEPS[:-1]), story.executions
+    assert all(story.executions[step] == 1 for step in STEPS[:3]), story.executions
+    assert sum(story.executions.values()) <= len(STEPS[:-1]) + 1, story.executions
+    # The kubelet reported the crash (exit 137), the operator restarted the run and it succeeded.
+    reasons = [event["reason"] for event in story.events]
+    restarts = [event["message"] for event in story.events if event["reason"] == "Restarting"]
+    assert len(restarts) == 1, restarts
+    assert "exit code 137" in restarts[0], restarts
+    assert "Succeeded" in reasons, reasons
+
+    # `sandbox down` checked this before it said nothing is running; check it again independently.
+    state = story.state
+    assert not Path(state.dir, "state.json").exists()
+    assert procs.processes_with_marker(state.id) == []
+    network = realnode.PodNetwork(ipaddress.IPv4Network(state.subnet), state.bridge)
+    assert realnode.remains(Path(state.node_dir), network, state.id) == []
