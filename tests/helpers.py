@@ -13,5 +13,18 @@ CRD_PATH = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 #: Every process the test bed starts in this session carries it; none may outlive the session.
 SESSION_ID = "pytest-" + uuid.uuid4().hex[:10]
 
+#: Set to 1 to skip the tests that need the real node (kubelet, containerd); each skip names itself.
+SKIP_REAL_NODE = "DURABLERUN_SKIP_REAL_NODE"
+
+
+def skip_real_node_if_asked() -> None:
+    import os
+
+    import pytest
+
+    if os.environ.get(SKIP_REAL_NODE) == "1":
+        pytest.skip(f"the real-node tier is skipped: {SKIP_REAL_NODE}=1")
+
+
 #: The ``start_prometheus`` fixture: ``start(["127.0.0.1:port"], rule_files=[...])``.
 StartPrometheus = Callable[..., Prometheus]

@@ -14,7 +14,6 @@ DURABLERUN_SKIP_REAL_NODE=1 to skip it on purpose (the skip names itself).
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.realnode import RealNodeUnavailable, build_workflow_image, check_machine
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
+from tests.helpers import SESSION_ID, skip_real_node_if_asked
 from tests.install.helpers import Helm
 from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
 
@@ -36,8 +35,7 @@ RELEASE = "durable-run"
 
 @pytest.fixture(scope="session")
 def real_bed(testbed_root: Path) -> Iterator[TestBed]:
-    if os.environ.get("DURABLERUN_SKIP_REAL_NODE") == "1":
-        pytest.skip("the real-node tier is skipped: DURABLERUN_SKIP_REAL_NODE=1")
+    skip_real_node_if_asked()
     try:
         check_machine()
     except RealNodeUnavailable as error:

@@ -10,13 +10,12 @@ wording; then that the sandbox left no process (its own or its pods' containers)
 from __future__ import annotations
 
 import ipaddress
-import os
 from pathlib import Path
 
 import pytest
 
 from durablerun_testbed import procs, realnode, sandbox
-from tests.conftest import SESSION_ID
+from tests.helpers import SESSION_ID, skip_real_node_if_asked
 
 pytestmark = pytest.mark.testbed
 
@@ -25,8 +24,7 @@ STEPS = ["plan", *(f"research durable execution: question {i}" for i in range(6)
 
 @pytest.mark.timeout(600)
 def test_demo_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path) -> None:
-    if os.environ.get("DURABLERUN_SKIP_REAL_NODE") == "1":
-        pytest.skip("the real-node tier is skipped: DURABLERUN_SKIP_REAL_NODE=1")
+    skip_real_node_if_asked()
     try:
         realnode.check_machine()
         realnode.image_archives()
