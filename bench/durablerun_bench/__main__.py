@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durablerun_bench import machine, objsize, postgres, replay, report, resume, scale, steps, writecost
+from durablerun_bench import machine, objsize, postgres, replay, report, resume, scale, steps, webhooks, writecost
 from durablerun_bench.util import quick
 from durablerun_testbed import procs, realnode
 from durablerun_testbed.s3 import S3Server
@@ -32,7 +32,7 @@ from durablerun_testbed.testbed import TestBed
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-SECTIONS = ("steps", "replay", "resume", "writecost", "scale")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale")
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                         tmp=str(tmp), s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("recovery")),
                         sizes=list(sizes.replay_sizes), dbos_steps=sizes.dbos_steps, repeats=sizes.replay_repeats,
                         export_from=sizes.export_from, log=log)
-        if "resume" in sections or "scale" in sections or "writecost" in sections:
+        if {"resume", "scale", "writecost", "webhooks"} & set(sections):
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:
                 results["kubernetes"] = bed.kubectl("version", "-o", "json").stdout and json.loads(
@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"object size: a parent of {sizes.children} children, a run sent {sizes.events} events")
                     results["writecost"]["objects"] = objsize.bench(bed, children=sizes.children,
                                                                     events=sizes.events, log=log)
+                if "webhooks" in sections:
+                    log("the webhook ingress: 1,000 capability-URL POSTs to 100 runs")
+                    results["webhooks"] = webhooks.bench(bed, root, run_id, runs=100, requests=1000)
                 if "scale" in sections:
                     if bed.node_process:
                         bed.node_process.stop()  # the stand-in renews leases; no runner processes

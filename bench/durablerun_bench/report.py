@@ -59,6 +59,8 @@ def render(r: dict[str, Any]) -> str:
         lines += _resume(r["resume"], targets, r.get("resume_real"))
     if "writecost" in r:
         lines += _writecost(r["writecost"], targets)
+    if "webhooks" in r:
+        lines += _webhooks(r["webhooks"])
     if "scale" in r:
         lines += _scale(r["scale"], targets)
     if targets:
@@ -381,6 +383,24 @@ _WRITES = {
     "dr-schemaless": "… with spec and status schemaless (any CRD's floor)",
     "dr-get": "GET of the DurableRun (a read, for comparison)",
 }
+
+
+def _webhooks(w: dict[str, Any]) -> list[str]:
+    return [
+        "## 4b. The webhook ingress",
+        "",
+        f"{w['requests']:,} capability-URL POSTs to {w['runs']} runs over loopback ({w['requests'] // w['runs']} per "
+        f"run, the first delivered, the rest duplicates), {w['workers']} client threads as fast as the ingress "
+        "answers; the ingress runs as `python -m durablerun_operator.ingress` against the test bed's API server.",
+        "",
+        *_table(["requests/s", "p50", "p99", "max", "answers", "runs holding the event", "woken twice",
+                 "generator CPU per request"],
+                [[f"{w['requests_per_s']:.0f}", f"{w['p50_ms']:.0f} ms", f"{w['p99_ms']:.0f} ms",
+                  f"{w['max_ms']:.0f} ms", ", ".join(f"{k}: {v}" for k, v in w["statuses"].items()),
+                  f"{w['runs_holding_the_event']} of {w['runs']}", str(w["runs_woken_more_than_once"]),
+                  f"{w['generator_cpu_ms_per_request']:.1f} ms"]]),
+        "",
+    ]
 
 
 def _writecost(wc: dict[str, Any], targets: list[list[str]]) -> list[str]:
