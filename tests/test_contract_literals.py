@@ -1,4 +1,4 @@
-"""The contract's names are written once, in ``durablerun.api``, and imported everywhere else.
+"""The contract's names are written once, in ``durablerun.api`` (or ``durablerun.resource``), and imported elsewhere.
 
 A copy of ``"durablerun.dev/run"`` or ``"DURABLERUN_EPOCH"`` in another module is a second
 definition that a rename would miss. This test reads the Python source of runner/, operator/,
@@ -35,7 +35,8 @@ from durablerun import api
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("runner", "operator", "hack", "bench", "tests")
-CONTRACT_MODULE = "runner/durablerun/api.py"
+#: The contract: the names and encodings (api.py) and the resource's models (resource.py).
+CONTRACT_MODULES = ("runner/durablerun/api.py", "runner/durablerun/resource.py")
 THIS = "tests/test_contract_literals.py"
 
 _DR_FLOWS, _DBOS_FLOWS = "bench/durablerun_bench/dr_flows.py", "bench/durablerun_bench/dbos_flows.py"
@@ -98,7 +99,7 @@ def _python_files() -> Iterator[tuple[str, Path]]:
     for root in ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
             rel = path.relative_to(REPO).as_posix()
-            if "/.venv/" in f"/{rel}" or "/build/" in f"/{rel}" or rel in (CONTRACT_MODULE, THIS):
+            if "/.venv/" in f"/{rel}" or "/build/" in f"/{rel}" or rel in (*CONTRACT_MODULES, THIS):
                 continue
             yield rel, path
 

@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Any
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_bench import writecost
 from durablerun_testbed.testbed import TestBed
 
@@ -59,7 +59,7 @@ def parent_with_children(bed: TestBed, namespace: str, children: int) -> dict[st
                                              "phase": api.Phase.SUCCEEDED.value} for child in batch}}})
         custom.patch_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-            {"spec": {"events": {api.child_event(child): {
+            {"spec": {"events": {resource.child_event(child): {
                 "phase": api.Phase.SUCCEEDED.value, "run": f"{name}-{child}", "uid": str(uuid.uuid4()),
                 "cost": {"usd": "0.0123", "tokens": 1234}, "result": {"verdict": "ok", "score": 0.87}}
                 for child in batch}}})

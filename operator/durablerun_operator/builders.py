@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator.config import Settings
 
 DEFAULT_COMMAND = ["durablerun", "pod"]
@@ -204,19 +204,19 @@ def memory_limit(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def child_run(parent: dict[str, Any], child: str, request: api.ChildRequest) -> dict[str, Any]:
+def child_run(parent: dict[str, Any], child: str, request: resource.ChildRequest) -> dict[str, Any]:
     """The DurableRun ``<parent>-<child>`` a parent's runner asked for; ValueError naming what is wrong.
 
     Owned by the parent (controller, so deleting the parent deletes it: garbage collection) and
     labelled with its name (``kubectl get dr -l durablerun.dev/parent=<parent>``). Its spec is
-    ``api.child_spec``: the parent's template and store, its policy narrowed by the request.
+    ``resource.child_spec``: the parent's template and store, its policy narrowed by the request.
     """
     meta = parent["metadata"]
-    spec = api.child_spec(api.DurableRunSpec.model_validate(parent["spec"]), request)
+    spec = resource.child_spec(resource.DurableRunSpec.model_validate(parent["spec"]), request)
     return {
         "apiVersion": api.API_VERSION, "kind": api.KIND,
         "metadata": {
-            "name": api.child_run_name(meta["name"], child),
+            "name": resource.child_run_name(meta["name"], child),
             "namespace": meta["namespace"],
             "labels": {api.LABEL_PARENT: meta["name"], api.LABEL_MANAGED_BY: "durable-run"},
             # Born suspended with a suspended parent, and resumed with it.

@@ -1,6 +1,6 @@
 """The DurableRun CustomResourceDefinition, generated from the API models.
 
-``durablerun.api`` is the one source of the resource's shape; this module turns
+``durablerun.resource`` is the one source of the resource's shape; this module turns
 its pydantic models into the structural OpenAPI v3 schema the API server
 validates and defaults with, and adds the printer columns. ``spec.template`` gets
 the real PodTemplateSpec schema, converted from the Kubernetes OpenAPI
@@ -14,7 +14,7 @@ import copy
 import re
 from typing import Any
 
-from durablerun import api
+from durablerun import api, resource
 
 # Keys of pydantic's JSON schema that have no place in a CRD schema.
 _DROPPED_KEYS = ("title",)
@@ -181,8 +181,8 @@ def _bounded(spec: dict[str, Any]) -> None:
 
 def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     """The DurableRun's schema; ``kubernetes_definitions``: the Kubernetes OpenAPI's (for spec.template)."""
-    spec_schema = api.DurableRunSpec.model_json_schema()
-    status_schema = api.DurableRunStatus.model_json_schema()
+    spec_schema = resource.DurableRunSpec.model_json_schema()
+    status_schema = resource.DurableRunStatus.model_json_schema()
     spec = _inline(spec_schema, spec_schema.get("$defs", {}))
     spec.pop("$defs", None)
     _default_nested_objects(spec)
@@ -191,8 +191,8 @@ def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     _bounded(spec)
     status = _inline(status_schema, status_schema.get("$defs", {}))
     status.pop("$defs", None)
-    spec["description"] = api.DurableRunSpec.__doc__
-    status["description"] = api.DurableRunStatus.__doc__
+    spec["description"] = resource.DurableRunSpec.__doc__
+    status["description"] = resource.DurableRunStatus.__doc__
     return {
         "type": "object",
         "description": (
@@ -260,8 +260,8 @@ def admission_policy() -> list[dict[str, Any]]:
                 "resources": [api.PLURAL],
             }]},
             "validations": [
-                {"expression": api.INPUT_RULE, "message": api.INPUT_IMMUTABLE, "reason": "Invalid"},
-                {"expression": api.EVENTS_RULE, "message": api.EVENTS_IMMUTABLE, "reason": "Invalid"},
+                {"expression": resource.INPUT_RULE, "message": resource.INPUT_IMMUTABLE, "reason": "Invalid"},
+                {"expression": resource.EVENTS_RULE, "message": resource.EVENTS_IMMUTABLE, "reason": "Invalid"},
             ],
         },
     }

@@ -41,7 +41,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from durablerun import api
+from durablerun import api, resource
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class _Snapshot:
     observed_mono: float
 
 
-def _ratio(status: api.DurableRunStatus, phase: str) -> float | None:
+def _ratio(status: resource.DurableRunStatus, phase: str) -> float | None:
     progress = status.progress
     fraction = _number(progress.fraction)
     if fraction is not None:
@@ -137,7 +137,7 @@ def _ratio(status: api.DurableRunStatus, phase: str) -> float | None:
     return 1.0 if phase == api.Phase.SUCCEEDED.value else None
 
 
-def _snapshot(status: api.DurableRunStatus, policy: api.Policy, now: datetime, mono: float) -> _Snapshot:
+def _snapshot(status: resource.DurableRunStatus, policy: resource.Policy, now: datetime, mono: float) -> _Snapshot:
     # A run the operator has not yet given a phase is, for humans and alerts, Pending.
     phase = (status.phase or api.Phase.PENDING).value
     if now.tzinfo is None:
@@ -341,7 +341,7 @@ class RunMetrics:
     # --- per run --------------------------------------------------------------
 
     def observe_run(
-        self, namespace: str, name: str, status: api.DurableRunStatus, policy: api.Policy, now: datetime
+        self, namespace: str, name: str, status: resource.DurableRunStatus, policy: resource.Policy, now: datetime
     ) -> None:
         """Sets every gauge of the run from its status and policy, as of ``now``."""
         snapshot = _snapshot(status, policy, now, self._monotonic())

@@ -11,7 +11,8 @@ Write a workflow against :class:`DurableContext`::
 Public modules: ``durablerun`` (this: the workflow API and its errors),
 ``durablerun.engine`` (running attempts: what the CLI and the runner pod use),
 ``durablerun.stores`` (journal stores), ``durablerun.sinks`` (progress sinks),
-``durablerun.errors``, ``durablerun.api`` (the DurableRun contract), ``durablerun.cli``,
+``durablerun.errors``, ``durablerun.api`` and ``durablerun.resource`` (the DurableRun contract),
+``durablerun.cli``,
 ``durablerun.testing``, ``durablerun.llm`` (LLM cost from model responses) and
 ``durablerun.agents`` (agent helpers); the agent frameworks' adapters are in
 ``durablerun.integrations`` (extras). Everything under ``durablerun._private`` is internal.
@@ -19,7 +20,7 @@ Public modules: ``durablerun`` (this: the workflow API and its errors),
 
 from durablerun._private.context import DurableContext
 from durablerun._version import __version__
-from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.api import AbortReason, Outcome
 from durablerun.errors import (
     ChildRunFailed,
     ConfigError,
@@ -36,6 +37,7 @@ from durablerun.errors import (
     StoreError,
     WorkflowError,
 )
+from durablerun.resource import Policy
 
 __all__ = [
     "AbortReason",

@@ -7,7 +7,7 @@ maps to the exit code of docs/design.md::
 
     from durablerun.engine import Run, EngineConfig
     from durablerun.stores import open_store, RunRef
-    from durablerun.api import Policy
+    from durablerun.resource import Policy
 
     run = Run(
         store=open_store("s3://bucket/runs"),

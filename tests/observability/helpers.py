@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import metrics
 from durablerun_testbed.prometheus import Prometheus
 
@@ -36,10 +36,10 @@ class FakeOperator:
 
     metrics: metrics.RunMetrics
 
-    def observe(self, namespace: str, name: str, policy: api.Policy | None = None, **status: Any) -> None:
+    def observe(self, namespace: str, name: str, policy: resource.Policy | None = None, **status: Any) -> None:
         started = time.perf_counter()
-        self.metrics.observe_run(namespace, name, api.DurableRunStatus.model_validate(status),
-                                 policy or api.Policy(), api.now())
+        self.metrics.observe_run(namespace, name, resource.DurableRunStatus.model_validate(status),
+                                 policy or resource.Policy(), api.now())
         self.metrics.observe_reconcile(time.perf_counter() - started + 0.004)
 
 

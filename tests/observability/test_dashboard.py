@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,13 +38,13 @@ def exposed_names() -> set[str]:
     """Every sample name RunMetrics exposes once every optional series is present."""
     registry = CollectorRegistry()
     run_metrics = metrics.RunMetrics(registry)
-    status = api.DurableRunStatus.model_validate({
+    status = resource.DurableRunStatus.model_validate({
         "phase": "Aborted", "abortReason": "UserRequested",
         "progress": {"completedSteps": 1, "totalSteps": 2, "lastProgressTime": "2025-01-01T00:00:00Z"},
         "checkpoint": {"time": "2025-01-01T00:00:00Z"}, "lease": {"renewTime": "2025-01-01T00:00:00Z"},
         "childrenTotal": {"runs": 1, "usd": "0.1"},
     })
-    policy = api.Policy(costCeilingUSD="1", maxTokens=1, maxSteps=1)
+    policy = resource.Policy(costCeilingUSD="1", maxTokens=1, maxSteps=1)
     run_metrics.observe_run("ns", "aborted", status, policy, datetime.now(UTC))
     run_metrics.observe_run("ns", "running", status.model_copy(update={"phase": api.Phase.RUNNING}), policy,
                             datetime.now(UTC))

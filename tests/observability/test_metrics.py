@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import metrics
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -45,9 +45,9 @@ def run_metrics(registry: CollectorRegistry, clock: FakeMonotonic) -> metrics.Ru
     return metrics.RunMetrics(registry, version="1.2.3", monotonic=clock)
 
 
-def status(**fields: Any) -> api.DurableRunStatus:
+def status(**fields: Any) -> resource.DurableRunStatus:
     """A status parsed from the camelCase JSON the API server returns."""
-    return api.DurableRunStatus.model_validate(fields)
+    return resource.DurableRunStatus.model_validate(fields)
 
 
 def value(registry: CollectorRegistry, metric: str, /, **labels: str) -> float | None:
@@ -74,7 +74,7 @@ RUNNING = status(
     checkpoint={"position": 40, "key": "journal/40.json", "time": ts(31)},
     startTime=ts(7200),
 )
-POLICY = api.Policy(costCeilingUSD="10.00", maxTokens=1_000_000, maxSteps=500, progressTimeout="15m")
+POLICY = resource.Policy(costCeilingUSD="10.00", maxTokens=1_000_000, maxSteps=500, progressTimeout="15m")
 
 
 def test_gauges_match_the_status_and_policy(run_metrics: metrics.RunMetrics, registry: CollectorRegistry) -> None:
@@ -109,11 +109,11 @@ def test_progress_ratio_from_steps_and_absent_when_unknown(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry
 ) -> None:
     run_metrics.observe_run("ns", "counted", status(phase="Running", progress={"completedSteps": 3, "totalSteps": 4}),
-                            api.Policy(), NOW)
+                            resource.Policy(), NOW)
     run_metrics.observe_run("ns", "open-ended", status(phase="Running", progress={"completedSteps": 3}),
-                            api.Policy(), NOW)
+                            resource.Policy(), NOW)
     run_metrics.observe_run("ns", "done", status(phase="Succeeded", progress={"completedSteps": 9}),
-                            api.Policy(), NOW)
+                            resource.Policy(), NOW)
     assert value(registry, "durablerun_run_progress_ratio", namespace="ns", name="counted") == 0.75
     assert value(registry, "durablerun_run_progress_ratio", namespace="ns", name="open-ended") is None
     assert value(registry, "durablerun_run_progress_ratio", namespace="ns", name="done") == 1.0
@@ -125,7 +125,7 @@ def test_progress_ratio_from_steps_and_absent_when_unknown(
 
 
 def test_a_run_without_a_phase_counts_as_pending(run_metrics: metrics.RunMetrics, registry: CollectorRegistry) -> None:
-    run_metrics.observe_run("ns", "new", status(), api.Policy(), NOW)
+    run_metrics.observe_run("ns", "new", status(), resource.Policy(), NOW)
     assert value(registry, "durablerun_run_phase", namespace="ns", name="new", phase="Pending") == 1
     assert value(registry, "durablerun_run_cost_usd", namespace="ns", name="new") == 0
 
@@ -150,7 +150,7 @@ def test_a_runner_clock_ahead_of_the_operator_reads_as_zero_not_negative(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry
 ) -> None:
     ahead = status(phase="Running", lease={"renewTime": ts(-3)}, progress={"lastProgressTime": ts(-3)})
-    run_metrics.observe_run("ns", "skewed", ahead, api.Policy(), NOW)
+    run_metrics.observe_run("ns", "skewed", ahead, resource.Policy(), NOW)
     assert value(registry, "durablerun_run_seconds_since_lease_renewal", namespace="ns", name="skewed") == 0
     assert value(registry, "durablerun_run_seconds_since_progress", namespace="ns", name="skewed") == 0
 
@@ -161,7 +161,7 @@ def test_staleness_is_exported_only_where_something_should_move(
     stamps = {"lease": {"renewTime": ts(100)}, "progress": {"lastProgressTime": ts(100)},
               "checkpoint": {"time": ts(100)}}
     for phase in ("Backoff", "Waiting", "Succeeded", "Aborted"):
-        run_metrics.observe_run("ns", phase.lower(), status(phase=phase, **stamps), api.Policy(), NOW)
+        run_metrics.observe_run("ns", phase.lower(), status(phase=phase, **stamps), resource.Policy(), NOW)
     since = "durablerun_run_seconds_since_"
     # Between attempts the old lease is stale by design: no lease series outside Running.
     assert value(registry, since + "lease_renewal", namespace="ns", name="backoff") is None
@@ -175,18 +175,18 @@ def test_staleness_is_exported_only_where_something_should_move(
 def test_a_run_that_never_completed_a_step_is_stale_since_it_started(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry
 ) -> None:
-    run_metrics.observe_run("ns", "slow-start", status(phase="Pending", startTime=ts(700)), api.Policy(), NOW)
+    run_metrics.observe_run("ns", "slow-start", status(phase="Pending", startTime=ts(700)), resource.Policy(), NOW)
     assert value(registry, "durablerun_run_seconds_since_progress", namespace="ns", name="slow-start") == 700
     assert value(registry, "durablerun_run_seconds_since_checkpoint", namespace="ns", name="slow-start") is None
 
 
 def test_abort_reason_series_exists_while_aborted(run_metrics: metrics.RunMetrics, registry: CollectorRegistry) -> None:
     aborted = status(phase="Aborted", abortReason="BudgetExhausted", cost={"usd": "10.02"})
-    run_metrics.observe_run("ns", "pricey", aborted, api.Policy(costCeilingUSD="10"), NOW)
+    run_metrics.observe_run("ns", "pricey", aborted, resource.Policy(costCeilingUSD="10"), NOW)
     assert value(registry, "durablerun_run_abort_reason", namespace="ns", name="pricey", reason="BudgetExhausted") == 1
     # Raising the ceiling resumes the run: the abort series goes away.
     run_metrics.observe_run("ns", "pricey", status(phase="Running", cost={"usd": "10.02"}),
-                            api.Policy(costCeilingUSD="20"), NOW)
+                            resource.Policy(costCeilingUSD="20"), NOW)
     assert "durablerun_run_abort_reason" not in series_of(registry, "ns", "pricey")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from durablerun import api
+from durablerun import resource
 from durablerun_operator import metrics
 from durablerun_testbed import procs
 from tests.helpers import StartPrometheus
@@ -56,7 +56,7 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
 ) -> None:
     run_metrics, operator = served
     started = time.time()
-    ceiling_25 = api.Policy(costCeilingUSD="25.00")
+    ceiling_25 = resource.Policy(costCeilingUSD="25.00")
     # Seven runs in two namespaces, as the operator would observe them.
     operator.observe("research", "survey", ceiling_25, **running(1, 12, 40, "1.75", 42_000))
     operator.observe("research", "costly", ceiling_25, **running(1, 30, None, "23.10", 910_000))
@@ -65,7 +65,7 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     operator.observe("research", "done", **running(1, 20, 20, "3.00", 70_000) | {
         "phase": "Succeeded", "outcome": "Completed", "completionTime": now(-120)})
     operator.observe("ml", "flaky", **running(1, 5, 50, "0.90", 15_000))
-    operator.observe("ml", "pricey", api.Policy(costCeilingUSD="10"), **running(1, 60, 100, "8.00", 400_000))
+    operator.observe("ml", "pricey", resource.Policy(costCeilingUSD="10"), **running(1, 60, 100, "8.00", 400_000))
     hung = running(1, 3, 30, "0.20", 2_000)
     hung["progress"]["lastProgressTime"] = now(-1200)  # progressTimeout is 10m
     hung["lease"]["renewTime"] = now(-300)  # leaseDuration is 60s
@@ -93,7 +93,7 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     # ml/pricey reaches its ceiling and is aborted.
     run_metrics.record_abort("ml", "pricey", "BudgetExhausted")
     run_metrics.record_completion("ml", "pricey", "Aborted")
-    operator.observe("ml", "pricey", api.Policy(costCeilingUSD="10"), **running(1, 71, 100, "10.02", 480_000) | {
+    operator.observe("ml", "pricey", resource.Policy(costCeilingUSD="10"), **running(1, 71, 100, "10.02", 480_000) | {
         "phase": "Aborted", "abortReason": "BudgetExhausted", "outcome": "Aborted", "completionTime": now()})
     procs.wait_for(lambda: prometheus.query('durablerun_run_abort_reason{name="pricey"}'),
                    timeout=WAIT, what="the abort in Prometheus")

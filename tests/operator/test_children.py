@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_testbed import procs
 from tests.operator.helpers import Operator, RunEnv, StartOperator
 
@@ -37,7 +37,7 @@ def test_a_supervisor_fans_out_waits_without_a_pod_and_combines_results_and_fail
                              {"children": 3, "sleep": 1.5, "fail": 2, "big": 1}))
     # While its children run, the parent waits with no pod.
     waiting = runs.wait_phase("sup", "Waiting", timeout=90)
-    assert waiting["status"]["waitingFor"]["event"].startswith(api.CHILD_EVENT_PREFIX)
+    assert waiting["status"]["waitingFor"]["event"].startswith(resource.CHILD_EVENT_PREFIX)
     assert "waiting for child run sup-w" in waiting["status"]["message"]
     procs.wait_for(lambda: not [p for p in runs.pods("sup") if p["status"].get("phase") == "Running"],
                    timeout=30, what="the waiting parent's pod to be gone")

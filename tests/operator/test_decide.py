@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import decide
 from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
 
@@ -466,4 +466,4 @@ def test_transition(name: str) -> None:
         assert [reason for _, reason, _ in plan.events] == want_events
     for key, value in want_plan.items():
         assert getattr(plan, key) == value, (key, getattr(plan, key))
-    api.DurableRunStatus.model_validate(status)  # what the API server would store is a valid status
+    resource.DurableRunStatus.model_validate(status)  # what the API server would store is a valid status

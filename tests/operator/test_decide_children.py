@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import builders, decide
 from tests.operator.run_bodies import T0, body, runner_pod, running
 
@@ -62,43 +62,44 @@ def test_a_requested_child_is_created_once_owned_and_labelled_with_the_parent_te
     gone = body(running(childRequests={"w1": REQUEST}, children=status["children"]))
     p, _ = plan(gone, {"run-w1": None}, [runner_pod()])
     assert not p.create_runs
-    assert p.add_events[api.child_event("w1")]["phase"] == "Failed"
-    assert "was deleted before it finished" in p.add_events[api.child_event("w1")]["message"]
+    assert p.add_events[resource.child_event("w1")]["phase"] == "Failed"
+    assert "was deleted before it finished" in p.add_events[resource.child_event("w1")]["message"]
 
 
 def test_a_name_taken_by_another_run_or_too_long_is_refused_to_the_parent() -> None:
     parent = body(running(childRequests={"w1": REQUEST}))
     p, _ = plan(parent, {"run-w1": child(owner="someone-else")}, [runner_pod()])
     assert not p.create_runs
-    assert "is not a child of run" in p.add_events[api.child_event("w1")]["message"]
+    assert "is not a child of run" in p.add_events[resource.child_event("w1")]["message"]
     long = "x" * 70
     p, _ = plan(body(running(childRequests={long: REQUEST})), {}, [runner_pod()])
-    assert "at most 63" in p.add_events[api.child_event(long)]["message"]
+    assert "at most 63" in p.add_events[resource.child_event(long)]["message"]
 
 
 def test_a_child_may_narrow_its_parents_budgets_but_never_widen_them() -> None:
     parent = {"metadata": {"name": "run", "namespace": "ns", "uid": "u1"},
               "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://b/r"},
                        "policy": {"costCeilingUSD": "5", "maxDuration": "1h"}}}
-    narrowed = builders.child_run(parent, "w1", api.ChildRequest(
+    narrowed = builders.child_run(parent, "w1", resource.ChildRequest(
         workflow="m:c", policy={"costCeilingUSD": "1.5", "maxRetries": 9}))
     assert narrowed["spec"]["policy"]["costCeilingUSD"] == "1.5"
     assert narrowed["spec"]["policy"]["maxRetries"] == 9
     assert narrowed["spec"]["policy"]["maxDuration"] == "1h"
     with pytest.raises(ValueError, match=r"policy.costCeilingUSD: 6 is above the parent's 5"):
-        builders.child_run(parent, "w1", api.ChildRequest(workflow="m:c", policy={"costCeilingUSD": "6"}))
+        builders.child_run(parent, "w1", resource.ChildRequest(workflow="m:c", policy={"costCeilingUSD": "6"}))
     with pytest.raises(ValueError, match=r"policy.maxDuration: 2h is above the parent's 1h"):
-        builders.child_run(parent, "w1", api.ChildRequest(workflow="m:c", policy={"maxDuration": "2h"}))
+        builders.child_run(parent, "w1", resource.ChildRequest(workflow="m:c", policy={"maxDuration": "2h"}))
     with pytest.raises(ValueError, match=r"policy.costCeiling: not a policy field"):
-        builders.child_run(parent, "w1", api.ChildRequest(workflow="m:c", policy={"costCeiling": "1"}))
+        builders.child_run(parent, "w1", resource.ChildRequest(workflow="m:c", policy={"costCeiling": "1"}))
 
 
 def test_a_finished_childs_outcome_reaches_the_waiting_parent_once_and_wakes_it() -> None:
-    waiting = {"phase": "Waiting", "waitingFor": {"event": api.child_event("w1")}, "childRequests": {"w1": REQUEST}}
+    waiting = {"phase": "Waiting", "waitingFor": {"event": resource.child_event("w1")},
+               "childRequests": {"w1": REQUEST}}
     done = child(phase="Succeeded", result={"ref": "r", "size": 2, "sha256": "x", "inline": '{"a": 1}'},
                  cost={"usd": "0.5", "tokens": 3})
     p, status = plan(body(waiting), {"run-w1": done})
-    assert p.add_events == {api.child_event("w1"): {
+    assert p.add_events == {resource.child_event("w1"): {
         "phase": "Succeeded", "run": "run-w1", "uid": "uid-run-w1", "result": {"a": 1},
         "cost": {"usd": "0.5", "tokens": 3}}}
     assert status["childrenTotal"] == {"runs": 1, "finished": 1, "summary": "1/1", "usd": "0.5", "tokens": 3}
@@ -113,7 +114,7 @@ def test_a_finished_childs_outcome_reaches_the_waiting_parent_once_and_wakes_it(
 def test_a_failed_child_reaches_the_parent_as_a_failure_with_its_message() -> None:
     failed = child(phase="Aborted", abortReason="BudgetExhausted", message="over budget")
     p, _ = plan(body(running(childRequests={"w1": REQUEST})), {"run-w1": failed}, [runner_pod()])
-    outcome = p.add_events[api.child_event("w1")]
+    outcome = p.add_events[resource.child_event("w1")]
     assert (outcome["phase"], outcome["abortReason"], outcome["message"]) == ("Aborted", "BudgetExhausted",
                                                                               "over budget")
     assert any(reason == "ChildFailed" for _, reason, _ in p.events)
@@ -159,7 +160,7 @@ def test_suspend_and_abort_pass_down_to_running_children_and_are_lifted_with_the
 
 
 def test_the_childrens_cost_counts_toward_the_parents_ceiling() -> None:
-    parent = body({"phase": "Waiting", "waitingFor": {"event": api.child_event("w1")}, "cost": {"usd": "1"},
+    parent = body({"phase": "Waiting", "waitingFor": {"event": resource.child_event("w1")}, "cost": {"usd": "1"},
                    "childRequests": {"w1": REQUEST}}, spec={"policy": {"costCeilingUSD": "3"}})
     cheap = child(cost={"usd": "1.5"})
     p, status = plan(parent, {"run-w1": cheap})

@@ -20,8 +20,8 @@ from durablerun._private import layout
 from durablerun._private.backends.fs import FsBackend
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.backends.s3 import S3Backend
-from durablerun.api import Policy
 from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.resource import Policy
 from durablerun.stores import RunRef, Store, open_store
 
 HERE = Path(__file__).resolve().parent

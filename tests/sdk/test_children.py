@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import ChildRunFailed, DurableContext, api, errors
+from durablerun import ChildRunFailed, DurableContext, errors, resource
 from durablerun._private.children import PodBroker
 from durablerun.api import Outcome
 from durablerun.stores import open_store
@@ -56,17 +56,17 @@ def test_children_are_asked_for_once_and_their_outcomes_replay_from_the_journal(
     first = t.attempt()
     assert first.outcome == Outcome.WAITING
     assert first.waiting is not None
-    assert first.waiting.event == api.child_event("a")
+    assert first.waiting.event == resource.child_event("a")
     assert broker.children == [("a", {"workflow": "m:worker", "input": {"n": 1}, "policy": {"maxSteps": 5}}),
                                ("b", {"workflow": "m:worker", "input": {"n": 2}, "policy": {}})]
 
-    t.send_event(api.child_event("a"), {"phase": "Succeeded", "run": "test-a", "uid": "u", "result": {"sq": 1}})
-    t.send_event(api.child_event("b"), {"phase": "Aborted", "run": "test-b", "uid": "u2",
+    t.send_event(resource.child_event("a"), {"phase": "Succeeded", "run": "test-a", "uid": "u", "result": {"sq": 1}})
+    t.send_event(resource.child_event("b"), {"phase": "Aborted", "run": "test-b", "uid": "u2",
                                         "abortReason": "BudgetExhausted", "message": "over budget"})
     second = t.attempt()
     assert second.waiting is not None
-    assert second.waiting.event == api.child_event("c")
-    t.send_event(api.child_event("c"), {"phase": "Succeeded", "run": "test-c", "uid": "u3"})  # no inline result
+    assert second.waiting.event == resource.child_event("c")
+    t.send_event(resource.child_event("c"), {"phase": "Succeeded", "run": "test-c", "uid": "u3"})  # no inline result
     done = t.attempt()
     assert done.outcome == Outcome.COMPLETED, done.message
     assert done.result == {"a": {"sq": 1}, "failed": [["b", "test-b", "Aborted", "BudgetExhausted", "over budget"]],

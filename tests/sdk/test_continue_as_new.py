@@ -16,8 +16,9 @@ from durablerun import DurableContext, EventTimeout, ResultNotSerializableError,
 from durablerun._private import codec, layout
 from durablerun._private.journal import RunStore
 from durablerun._private.model import ContinueRecord, Record
-from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.api import AbortReason, Outcome
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
+from durablerun.resource import Policy
 from durablerun.sinks import ProgressSink
 from durablerun.stores import RunRef, Store
 

@@ -11,8 +11,9 @@ import code_migration
 import fake_llm_research
 import pytest
 
-from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.api import AbortReason, Outcome
 from durablerun.engine import EngineConfig, Run
+from durablerun.resource import Policy
 from durablerun.stores import RunRef, Store
 
 from .helpers import REPO, cli

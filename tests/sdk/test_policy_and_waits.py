@@ -19,8 +19,9 @@ from durablerun import DurableContext, EventTimeout, StepError
 from durablerun._private.backends import memory
 from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.stores import Store
-from durablerun.api import AbortReason, Outcome, Policy
+from durablerun.api import AbortReason, Outcome
 from durablerun.engine import AttemptResult, EngineConfig, Run
+from durablerun.resource import Policy
 from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
 from durablerun.stores import RunRef
 

@@ -8,8 +8,9 @@ import pytest
 
 from durablerun import api
 from durablerun._private import codec
-from durablerun.api import RESULT_INLINE_MAX, Outcome
+from durablerun.api import Outcome
 from durablerun.engine import EngineConfig, Run
+from durablerun.resource import RESULT_INLINE_MAX
 from durablerun.stores import RunRef
 
 from .helpers import StoreSpec, cli

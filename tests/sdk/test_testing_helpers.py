@@ -6,7 +6,8 @@ from collections import Counter
 from typing import Any
 
 from durablerun import DurableContext
-from durablerun.api import Outcome, Policy
+from durablerun.api import Outcome
+from durablerun.resource import Policy
 from durablerun.testing import WorkflowTest
 
 calls: Counter[str] = Counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator.decide import clocks, facts, transition
 
 
@@ -34,12 +34,12 @@ def _abort(t: transition.Transition, reason: api.AbortReason, message: str, pod:
     if aborting is None and grace > timedelta(0) and reason != api.AbortReason.PROGRESS_TIMEOUT:
         deadline = api.format_time(t.now + grace)
         if _holds_its_lease(t, pod):
-            t.new.aborting = api.Aborting(reason=reason, message=message, deadline=deadline)
+            t.new.aborting = resource.Aborting(reason=reason, message=message, deadline=deadline)
             t.new.message = (f"aborting: {message}; the runner stops at its next operation and undoes its work "
                              f"(Sagas) until {deadline} (policy.abortGracePeriod)")
             t.event("Aborting", t.new.message)
             return
-        if _undo_the_wait(t, api.Aborting(reason=reason, message=message, deadline=deadline)):
+        if _undo_the_wait(t, resource.Aborting(reason=reason, message=message, deadline=deadline)):
             return
     if aborting is not None:
         if _within_grace(t, aborting):
@@ -57,7 +57,7 @@ def _abort(t: transition.Transition, reason: api.AbortReason, message: str, pod:
     t.finish(api.Phase.ABORTED, message, reason)
 
 
-def _undo_the_wait(t: transition.Transition, aborting: api.Aborting) -> bool:
+def _undo_the_wait(t: transition.Transition, aborting: resource.Aborting) -> bool:
     """A run waiting inside a Saga (no pod): start an attempt that aborts at the wait and compensates."""
     status = t.run.status
     undo = status.waitingFor.compensations if status.phase == api.Phase.WAITING and status.waitingFor else None
@@ -85,7 +85,7 @@ def finishing_abort(t: transition.Transition) -> bool:
     return t.new.aborting is not None and _within_grace(t, t.new.aborting)
 
 
-def _within_grace(t: transition.Transition, aborting: api.Aborting) -> bool:
+def _within_grace(t: transition.Transition, aborting: resource.Aborting) -> bool:
     return t.now < (api.parse_time(aborting.deadline) or t.now)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator.decide import facts
 
 # The runner stamps renewTime with its clock, the operator compares it with its own: a lease counts as
@@ -21,7 +21,7 @@ CLOCK_SKEW_MARGIN = timedelta(seconds=2)
 NEVER = datetime.max.replace(tzinfo=UTC)
 
 
-def attempt_start(status: api.DurableRunStatus) -> datetime | None:
+def attempt_start(status: resource.DurableRunStatus) -> datetime | None:
     """When the current attempt (if Running) started; the lease's acquisition for a status without it."""
     if status.phase != api.Phase.RUNNING:
         return None
@@ -30,7 +30,7 @@ def attempt_start(status: api.DurableRunStatus) -> datetime | None:
     return api.parse_time(status.lease.acquireTime) if status.lease.epoch == status.epoch else None
 
 
-def active_time(status: api.DurableRunStatus, now: datetime) -> timedelta:
+def active_time(status: resource.DurableRunStatus, now: datetime) -> timedelta:
     """The time the run has had a pod, over all its attempts: what maxDuration is held against."""
     began = attempt_start(status)
     current = max(now - began, timedelta(0)) if began else timedelta(0)
@@ -97,7 +97,7 @@ def quiet_until(run: facts.RunView) -> datetime | None:
     if phase == api.Phase.BACKOFF:
         return api.parse_time(status.nextAttemptTime)
     if phase == api.Phase.WAITING:
-        waiting = status.waitingFor or api.WaitingFor()
+        waiting = status.waitingFor or resource.WaitingFor()
         if waiting.event and waiting.event in spec.events:
             return None
         moments = [m for m in (api.parse_time(waiting.wakeTime), api.parse_time(waiting.deadline)) if m]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import builders
 
 R = api.RestartReason
@@ -192,8 +192,8 @@ class RunView:
     deleting: bool
     finalizers: tuple[str, ...]
     annotations: dict[str, str]
-    spec: api.DurableRunSpec
-    status: api.DurableRunStatus
+    spec: resource.DurableRunSpec
+    status: resource.DurableRunStatus
     raw_status: dict[str, Any] | None
     body: dict[str, Any]
 
@@ -206,8 +206,8 @@ class RunView:
             deleting=meta.get("deletionTimestamp") is not None,
             finalizers=tuple(meta.get("finalizers") or ()),
             annotations=dict(meta.get("annotations") or {}),
-            spec=api.DurableRunSpec.model_validate(body["spec"]),
-            status=api.DurableRunStatus.model_validate(body.get("status") or {}),
+            spec=resource.DurableRunSpec.model_validate(body["spec"]),
+            status=resource.DurableRunStatus.model_validate(body.get("status") or {}),
             raw_status=body.get("status"),
             body=body,
         )
@@ -226,5 +226,5 @@ def retry_requested(run: RunView) -> bool:
 def pending_requests(run: RunView) -> bool:
     """Whether the runner asked for a child or a signal the operator has not acted on yet."""
     status, events = run.status, run.spec.events
-    return (any(c not in status.children and api.child_event(c) not in events for c in status.childRequests)
+    return (any(c not in status.children and resource.child_event(c) not in events for c in status.childRequests)
             or any(s not in status.signals for s in status.signalRequests))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import builders
 from durablerun_operator.decide import facts, transition
 
@@ -26,7 +26,7 @@ def related_names(run: facts.RunView) -> set[str]:
     names = set()
     for child in run.status.childRequests:
         with contextlib.suppress(ValueError):  # refused by decide, naming why
-            names.add(api.child_run_name(run.name, child))
+            names.add(resource.child_run_name(run.name, child))
     names.update(r.run for key, r in run.status.signalRequests.items() if key not in run.status.signals)
     return names
 
@@ -43,7 +43,7 @@ def children(run: facts.RunView, related: Mapping[str, facts.RunView | None]) ->
     out = {}
     for child in run.status.childRequests:
         try:
-            found = related.get(api.child_run_name(run.name, child))
+            found = related.get(resource.child_run_name(run.name, child))
         except ValueError:
             continue
         if found is not None and owner_uid(found) == run.uid:
@@ -51,7 +51,7 @@ def children(run: facts.RunView, related: Mapping[str, facts.RunView | None]) ->
     return out
 
 
-def children_total(children: Mapping[str, facts.RunView]) -> api.ChildrenTotal | None:
+def children_total(children: Mapping[str, facts.RunView]) -> resource.ChildrenTotal | None:
     if not children:
         return None
     usd, tokens, finished = Decimal(0), 0, 0
@@ -61,12 +61,12 @@ def children_total(children: Mapping[str, facts.RunView]) -> api.ChildrenTotal |
             usd += Decimal(child.status.cost.usd) + (Decimal(grand.usd) if grand else 0)
         tokens += child.status.cost.tokens + (grand.tokens if grand else 0)
         finished += bool(child.status.phase and child.status.phase.finished)
-    return api.ChildrenTotal(runs=len(children), finished=finished, summary=f"{finished}/{len(children)}",
+    return resource.ChildrenTotal(runs=len(children), finished=finished, summary=f"{finished}/{len(children)}",
                              usd=f"{usd:f}", tokens=tokens)
 
 
 def child_outcome(child: facts.RunView) -> dict[str, Any]:
-    """What a finished child's parent receives as event ``api.child_event(<child>)``."""
+    """What a finished child's parent receives as event ``resource.child_event(<child>)``."""
     status = child.status
     assert status.phase is not None
     out: dict[str, Any] = {"phase": status.phase.value, "run": child.name, "uid": child.uid,
@@ -87,12 +87,12 @@ def act(t: transition.Transition) -> None:
     phase = new.phase or status.phase
     ended = bool(phase and phase.finished)
     for child, request in status.childRequests.items():
-        event = api.child_event(child)
+        event = resource.child_event(child)
         found = t.children.get(child)
         if found is None:
             _missing_child(t, child, request, ended)
             continue
-        state = api.ChildState(run=found.name, uid=found.uid, phase=found.status.phase)
+        state = resource.ChildState(run=found.name, uid=found.uid, phase=found.status.phase)
         if status.children.get(child) != state:
             new.children = {**new.children, child: state}
         active = not (found.status.phase and found.status.phase.finished)
@@ -110,13 +110,13 @@ def act(t: transition.Transition) -> None:
     _signals(t)
 
 
-def _missing_child(t: transition.Transition, child: str, request: api.ChildRequest, ended: bool) -> None:
+def _missing_child(t: transition.Transition, child: str, request: resource.ChildRequest, ended: bool) -> None:
     run = t.run
-    event = api.child_event(child)
+    event = resource.child_event(child)
     if ended or event in run.spec.events:
         return
     try:
-        name = api.child_run_name(run.name, child)
+        name = resource.child_run_name(run.name, child)
         manifest = builders.child_run(run.body, child, request)
     except ValueError as error:
         t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": f"{run.name}-{child}", "uid": "",
@@ -175,16 +175,16 @@ def _signals(t: transition.Transition) -> None:
             continue
         target = t.related.get(request.run)
         if target is None or target.deleting:
-            state = api.SignalState(state="NotFound", message=f"no DurableRun {request.run} in {t.run.namespace}")
+            state = resource.SignalState(state="NotFound", message=f"no DurableRun {request.run} in {t.run.namespace}")
             t.event("SignalNotDelivered", f"event {request.event!r} for {request.run}: {state.message}", warning=True)
         elif request.event not in target.spec.events:
             t.plan.patch_runs.append((request.run, {"spec": {"events": {request.event: json.loads(request.value)}}}))
             continue  # recorded once the target holds it
         elif target.spec.events[request.event] == json.loads(request.value):
-            state = api.SignalState(state="Delivered")
+            state = resource.SignalState(state="Delivered")
             t.event("SignalDelivered", f"event {request.event!r} delivered to {request.run}")
         else:
-            state = api.SignalState(state="Ignored", message=f"{request.run} already had another value for "
+            state = resource.SignalState(state="Ignored", message=f"{request.run} already had another value for "
                                     f"event {request.event!r}: the first value wins")
             t.event("SignalIgnored", f"event {request.event!r} for {request.run}: {state.message}")
         t.new.signals = {**t.new.signals, key: state}

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator import builders
 from durablerun_operator.decide import aborts, clocks, facts, transition
 
 
 def admit(t: transition.Transition) -> None:
-    t.new = api.DurableRunStatus(
+    t.new = resource.DurableRunStatus(
         phase=api.Phase.PENDING, epoch=1, attempt=0,
         inputHash=api.input_hash(t.run.spec.input), startTime=api.format_time(t.now),
         message="admitted: starting the first attempt",
@@ -43,7 +43,7 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
     t.new.phase = api.Phase.RUNNING
     t.new.attempt = status.attempt + 1
     t.new.pod = builders.pod_name(t.run.name, epoch)
-    t.new.lease = api.Lease()
+    t.new.lease = resource.Lease()
     t.new.outcome = None
     t.new.waitingFor = None
     t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
@@ -125,14 +125,15 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
     elif outcome == api.Outcome.WAITING:
         waiting = ending.waiting_for or {}
         t.new.phase = api.Phase.WAITING
-        t.new.waitingFor = api.WaitingFor(
+        t.new.waitingFor = resource.WaitingFor(
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
             since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
             holder=waiting.get("holder"), compensations=waiting.get("compensations") or None,
         )
         event = str(waiting.get("event") or "")
-        t.new.message = (f"waiting for child run {t.run.name}-{event[len(api.CHILD_EVENT_PREFIX):]} to finish (no pod)"
-                         if event.startswith(api.CHILD_EVENT_PREFIX) else ending.message)
+        prefix = resource.CHILD_EVENT_PREFIX
+        t.new.message = (f"waiting for child run {t.run.name}-{event[len(prefix):]} to finish (no pod)"
+                         if event.startswith(prefix) else ending.message)
         t.event(api.Phase.WAITING.value, t.new.message)
     elif outcome == api.Outcome.SUSPENDED:
         if t.run.spec.suspend:
@@ -175,7 +176,7 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
 
 
 def waiting(t: transition.Transition) -> None:
-    waiting = t.run.status.waitingFor or api.WaitingFor()
+    waiting = t.run.status.waitingFor or resource.WaitingFor()
     if waiting.event and waiting.event in t.run.spec.events:
         t.new.phase = api.Phase.PENDING
         t.new.message = f"event {waiting.event!r} arrived: resuming"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from durablerun import api
+from durablerun import api, resource
 from durablerun_operator.decide import clocks, facts
 
 
@@ -55,7 +55,7 @@ class Plan:
 
 
 def status_patch(
-    old: dict[str, Any] | None, new: api.DurableRunStatus, *, guard: dict[str, Any]
+    old: dict[str, Any] | None, new: resource.DurableRunStatus, *, guard: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """A JSON patch from ``old`` to ``new`` whose ``test`` ops pin ``guard`` (path -> value).
 
@@ -69,7 +69,7 @@ def status_patch(
         ]
     ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
     for key in sorted(set(old) | set(new_doc)):
-        if key in api.RUNNER_REQUEST_FIELDS:
+        if key in resource.RUNNER_REQUEST_FIELDS:
             continue  # the runner's alone: a stale copy written back could drop a request it just added
         if key not in new_doc:
             ops.append({"op": "remove", "path": f"/status/{key}"})
@@ -78,7 +78,7 @@ def status_patch(
     return ops
 
 
-def conditions(status: api.DurableRunStatus, now: datetime, generation: int) -> list[api.Condition]:
+def conditions(status: resource.DurableRunStatus, now: datetime, generation: int) -> list[resource.Condition]:
     """Job-style conditions derived from the phase: Progressing, Suspended, Complete, Failed."""
     phase = status.phase
     wanted = {
@@ -98,7 +98,7 @@ def conditions(status: api.DurableRunStatus, now: datetime, generation: int) -> 
         value = "True" if true else "False"
         previous = old.get(kind)
         changed = previous is None or previous.status != value
-        out.append(api.Condition(
+        out.append(resource.Condition(
             type=kind.value, status=value, reason=reason, message=(status.message or "")[:1024],
             lastTransitionTime=(stamp if changed or not previous else previous.lastTransitionTime) or stamp,
             observedGeneration=generation,
@@ -110,7 +110,7 @@ class Transition:
     """Builds the next status from the current one, with guards and side effects."""
 
     def __init__(self, run: facts.RunView, now: datetime, related: Mapping[str, facts.RunView | None],
-                 children: Mapping[str, facts.RunView], children_total: api.ChildrenTotal | None) -> None:
+                 children: Mapping[str, facts.RunView], children_total: resource.ChildrenTotal | None) -> None:
         self.run, self.now = run, now
         self.new = run.status.model_copy(deep=True)
         self.plan = Plan()
@@ -131,7 +131,7 @@ class Transition:
     def fence(self) -> None:
         """Leave the current attempt: bump the epoch, so its pod can no longer write."""
         self.new.epoch = self.run.status.epoch + 1
-        self.new.lease = api.Lease()
+        self.new.lease = resource.Lease()
 
     def finish(self, phase: api.Phase, message: str, abort: api.AbortReason | None = None) -> None:
         self.new.phase = phase

@@ -3,7 +3,7 @@
 Built on the public operations of the context: asking is a step (journaled, so a replay never asks
 again; a crash between the ask and the journal asks once more, which the child's deterministic name
 makes a no-op), and a child's outcome is an event the operator sends the parent
-(``api.child_event``), read with ``wait_for_event``: a parent waiting for a child holds no pod.
+(``resource.child_event``), read with ``wait_for_event``: a parent waiting for a child holds no pod.
 
 ``RunBroker`` is what an attempt needs for that; the runner pod provides one (``PodBroker``). A
 local run has none, and these operations fail with a usage error saying so.
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durablerun import api, errors
+from durablerun import api, errors, resource
 from durablerun._private import codec
 from durablerun._private.layout import RunRef, check_event_name
 from durablerun._private.model import CompleteRecord
@@ -78,7 +78,7 @@ class ChildRun:
         return self.result().__await__()
 
     async def result(self) -> Any:
-        outcome = await self._ctx.wait_for_event(api.child_event(self.name))
+        outcome = await self._ctx.wait_for_event(resource.child_event(self.name))
         if not isinstance(outcome, dict):
             raise errors.WorkflowError(f"child run {self.run}: its outcome event holds {outcome!r}, not an outcome")
         phase = str(outcome.get("phase"))
@@ -100,8 +100,8 @@ async def start_child(ctx: Workflow, runs: RunBroker | None, name: str, workflow
     broker = _broker(runs, f"ctx.start_child({name!r})")
     parent = ctx.run_id.split("/")[1]
     try:
-        api.child_run_name(parent, name)
-        request = api.ChildRequest(workflow=workflow, input=input or {}, policy=policy or {})
+        resource.child_run_name(parent, name)
+        request = resource.ChildRequest(workflow=workflow, input=input or {}, policy=policy or {})
         payload = json.loads(codec.dumps(request.model_dump(mode="json")))
     except (ValueError, TypeError) as error:
         raise errors.WorkflowError(f"ctx.start_child({name!r}): {error}") from None
@@ -112,7 +112,7 @@ async def start_child(ctx: Workflow, runs: RunBroker | None, name: str, workflow
 async def signal(ctx: Workflow, runs: RunBroker | None, run: str, event: str, value: Any) -> None:
     broker = _broker(runs, f"ctx.signal({run!r}, {event!r})")
     try:
-        api.valid_run_name(run)
+        resource.valid_run_name(run)
         check_event_name(event)
         payload = json.loads(codec.dumps(value))
     except (ValueError, TypeError, errors.ConfigError) as error:
@@ -160,7 +160,7 @@ class PodBroker:
             self._publish(ops)
 
     def request_child(self, name: str, request: dict[str, Any]) -> str:
-        run = api.child_run_name(self.name, name)
+        run = resource.child_run_name(self.name, name)
         self._ask("childRequests", name, request, f"ctx.start_child({name!r})")
         return run
 

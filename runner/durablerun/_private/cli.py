@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from durablerun import api, errors
+from durablerun import api, errors, resource
 from durablerun._private import arguments, inspection, layout, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
@@ -39,7 +39,8 @@ from durablerun._private.journal import RunStore
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import Store, open_store, store_from_checkpoint
-from durablerun.api import AbortReason, Outcome, Policy, parse_duration, parse_time
+from durablerun.api import AbortReason, Outcome, parse_duration, parse_time
+from durablerun.resource import Policy
 
 EXIT_STORE_UNAVAILABLE = 75
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
@@ -299,7 +300,7 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
     except (urllib3.exceptions.HTTPError, OSError) as e:  # the API server cannot be reached
         raise arguments.UsageError(f"--kubernetes: cannot reach the API server of your kubeconfig: "
                                    f"{type(e).__name__}: {e}") from None
-    checkpoint = api.DurableRunSpec.model_validate(body["spec"]).checkpoint
+    checkpoint = resource.DurableRunSpec.model_validate(body["spec"]).checkpoint
     overrides = {k: v for k, v in (("uri", None if args.store == arguments.FROM_RUN else args.store),
                                    ("endpoint", args.endpoint_url), ("region", args.region)) if v}
     checkpoint = checkpoint.model_copy(update=overrides)

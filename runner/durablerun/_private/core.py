@@ -64,7 +64,8 @@ from durablerun._private.results import Results, fresh, store_halt
 from durablerun._private.sinks import EventKind, SinkSet
 from durablerun._private.workers import StepThreads
 from durablerun._private.writer import Writer
-from durablerun.api import AbortReason, Policy, format_time, parse_duration, parse_time
+from durablerun.api import AbortReason, format_time, parse_duration, parse_time
+from durablerun.resource import Policy
 
 T = TypeVar("T")
 _NO_PAYLOAD = Payload(None, None, None)

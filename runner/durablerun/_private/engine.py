@@ -39,16 +39,8 @@ from durablerun._private.model import (
 from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
-from durablerun.api import (
-    RESULT_INLINE_MAX,
-    AbortReason,
-    Outcome,
-    Policy,
-    format_time,
-    input_hash,
-    parse_duration,
-    parse_time,
-)
+from durablerun.api import AbortReason, Outcome, format_time, input_hash, parse_duration, parse_time
+from durablerun.resource import RESULT_INLINE_MAX, Policy
 
 SDK_VERSION = __version__
 log = logging.getLogger("durablerun")

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from durablerun import api, errors
+from durablerun import api, errors, resource
 from durablerun._private import arguments, inspection, layout, timeline
 from durablerun._private.stores import store_from_checkpoint
 from durablerun._version import __version__
@@ -197,7 +197,7 @@ def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
 
 def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
     body = kube.run(args.run)
-    spec = api.DurableRunSpec.model_validate(body["spec"])
+    spec = resource.DurableRunSpec.model_validate(body["spec"])
     meta = body["metadata"]
     access_key = secret_key = None
     if args.credentials_from_secret:

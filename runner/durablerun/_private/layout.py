@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from durablerun import api, errors
+from durablerun import errors, resource
 
 LAYOUT_VERSION = 1
 SEQ_DIGITS = 12
@@ -39,7 +39,7 @@ SEGMENT_RECORDS = 4096
 
 LOCAL_NAMESPACE = "_local"
 
-_RUN_ID_RE = re.compile(api.RUN_ID_PATTERN)
+_RUN_ID_RE = re.compile(resource.RUN_ID_PATTERN)
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 _EVENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")

@@ -408,8 +408,8 @@ class AttemptResult:
     error_type: str | None = None
     #: A budget the totals went past (a step charged it after the check before it), else None.
     overshoot: str | None = None
-    #: Completed: where the result is stored (api.RunResult's fields: ref, size, sha256, and
-    #: inline, its JSON text, when at most api.RESULT_INLINE_MAX bytes).
+    #: Completed: where the result is stored (resource.RunResult's fields: ref, size, sha256, and
+    #: inline, its JSON text, when at most resource.RESULT_INLINE_MAX bytes).
     result_info: dict[str, Any] | None = None
 
     @property

@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from durablerun import api, errors
+from durablerun import api, errors, resource
 from durablerun._private import tracing
 from durablerun._private.children import PodBroker
 from durablerun._private.engine import Run
@@ -52,7 +52,7 @@ log = logging.getLogger("durablerun.pod")
 CRASH_EXIT = 70  # not an outcome: the operator counts it as a crash and restarts with backoff
 
 
-def _store(spec: api.DurableRunSpec) -> Store:
+def _store(spec: resource.DurableRunSpec) -> Store:
     checkpoint = spec.checkpoint
     if checkpoint.endpoint is None and os.environ.get("AWS_ENDPOINT_URL_S3"):
         # From the credentials Secret's optional AWS_ENDPOINT_URL_S3 key.
@@ -64,7 +64,7 @@ def _store(spec: api.DurableRunSpec) -> Store:
     )
 
 
-def _engine_config(spec: api.DurableRunSpec) -> EngineConfig:
+def _engine_config(spec: resource.DurableRunSpec) -> EngineConfig:
     """Engine tuning from the spec, plus DURABLERUN_INLINE_SLEEP_MAX_SECONDS from the pod template's env."""
     config = EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery)
     raw = os.environ.get(api.Env.INLINE_SLEEP_MAX_SECONDS)
@@ -94,7 +94,7 @@ def kubectl_advice(namespace: str, name: str) -> Callable[[str], str]:
 _STORE_CONFIG_ERRORS = (errors.StoreAccessError, errors.StoreNotFoundError)
 
 
-def _name_the_credentials(message: str, spec: api.DurableRunSpec, identity: Identity) -> str:
+def _name_the_credentials(message: str, spec: resource.DurableRunSpec, identity: Identity) -> str:
     """A store usage error, with where this pod's credentials came from: the user fixes that Secret."""
     secret = spec.checkpoint.credentialsSecret
     if secret:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 def _purge(identity: Identity) -> int:
     """Retention Delete: remove every object of the run from its store."""
     body = StatusClient(identity).get()
-    spec = api.DurableRunSpec.model_validate(body["spec"])
+    spec = resource.DurableRunSpec.model_validate(body["spec"])
     store = _store(spec)
     ref = _run_ref(spec, identity)
     if spec.checkpoint.runId:
@@ -177,12 +177,12 @@ def _purge(identity: Identity) -> int:
     return _terminate(identity, _report(api.Outcome.COMPLETED, message), api.Outcome.COMPLETED.exit_code)
 
 
-def _run_ref(spec: api.DurableRunSpec, identity: Identity) -> RunRef:
+def _run_ref(spec: resource.DurableRunSpec, identity: Identity) -> RunRef:
     """The journal this run continues: its run id's, or by default the DurableRun's own (uid in the key)."""
     return RunRef.durable_run(identity.namespace, identity.name, identity.uid, spec.checkpoint.runId)
 
 
-def _owner(store: Store, ref: RunRef, identity: Identity, spec: api.DurableRunSpec) -> OwnerLease:
+def _owner(store: Store, ref: RunRef, identity: Identity, spec: resource.DurableRunSpec) -> OwnerLease:
     holder = Holder(cluster=os.environ.get(api.Env.CLUSTER) or None, namespace=identity.namespace,
                     name=identity.name, uid=identity.uid, pod=identity.pod, epoch=identity.epoch)
     return OwnerLease(store.backend, ref, holder, spec.policy.lease_duration.total_seconds())
@@ -208,7 +208,7 @@ def _attempt(identity: Identity) -> int:
     if body["metadata"]["uid"] != identity.uid:
         raise Fenced(f"DurableRun {identity.name} was recreated (uid {body['metadata']['uid']}): "
                      "this pod belongs to the old one")
-    spec = api.DurableRunSpec.model_validate(body["spec"])
+    spec = resource.DurableRunSpec.model_validate(body["spec"])
     sink = StatusSink()
     lease = Lease(status, identity, spec.policy.lease_duration, sink)
     body = lease.acquire()
@@ -245,7 +245,7 @@ def _attempt(identity: Identity) -> int:
     except _STORE_CONFIG_ERRORS as error:
         raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
     # maxDuration counts the time the run had a pod (the operator sums it), not waits between attempts.
-    status_now = api.DurableRunStatus.model_validate(body.get("status") or {})
+    status_now = resource.DurableRunStatus.model_validate(body.get("status") or {})
     active = timedelta(seconds=status_now.activeSeconds)
     run = Run(
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
@@ -268,7 +268,7 @@ def _attempt(identity: Identity) -> int:
         # letting Sagas undo their work, before its deadline (policy.abortGracePeriod) fences this attempt.
         aborting = (latest.get("status") or {}).get("aborting")
         if aborting:
-            abort = api.Aborting.model_validate(aborting)
+            abort = resource.Aborting.model_validate(aborting)
             run.request_abort(abort.reason, abort.message)
 
     lease.on_spec.append(on_spec)

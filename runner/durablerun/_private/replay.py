@@ -39,7 +39,8 @@ from durablerun import errors
 from durablerun._private.halts import Halt, HaltKind, strongest
 from durablerun._private.journal import Loaded
 from durablerun._private.model import Record, StepRecord, Totals
-from durablerun.api import AbortReason, Policy
+from durablerun.api import AbortReason
+from durablerun.resource import Policy
 
 T = TypeVar("T")
 

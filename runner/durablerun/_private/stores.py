@@ -17,7 +17,8 @@ from durablerun._private.backends.memory import MemoryBackend
 from durablerun._private.backends.options import S3Options
 from durablerun._private.journal import RunStore
 from durablerun._private.model import Totals, decode_record
-from durablerun.api import Checkpoint, parse_time
+from durablerun.api import parse_time
+from durablerun.resource import Checkpoint
 
 
 @dataclass(frozen=True)

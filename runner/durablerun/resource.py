@@ -1,0 +1,580 @@
+"""The DurableRun custom resource's spec and status, the other half of the contract.
+
+It is one module of over 400 lines because it is one schema: the CRD is
+generated from the spec and status together, and each CEL rule sits beside the
+fields it checks.
+
+The CRD's OpenAPI schema is generated from these models (see
+``durablerun_operator.crd``): the spec, its policy and checkpoint settings, the
+status the operator and the runner write, the child-run and signal requests,
+and the CEL rules and messages the schema carries. ``durablerun.api`` holds
+the names and encodings these models use (group, labels, enums, durations,
+times); this module imports it, never the reverse.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from durablerun.api import (
+    USD_PATTERN,
+    AbortReason,
+    Outcome,
+    Phase,
+    _duration_field,
+    parse_duration,
+)
+
+# --- spec ---------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class Backoff(_Model):
+    """Delay before restarting a crashed attempt; doubles each restart."""
+
+    initial: str = _duration_field("10s", "Delay before the first restart after a crash.")
+    max: str = _duration_field("5m", "Upper bound of the doubling restart delay.")
+
+    @property
+    def initial_delay(self) -> timedelta:
+        return parse_duration(self.initial)
+
+    @property
+    def max_delay(self) -> timedelta:
+        return parse_duration(self.max)
+
+    def delay(self, restarts: int) -> timedelta:
+        """The delay before restart number ``restarts`` (1 = first restart)."""
+        doubled = self.initial_delay * float(2 ** max(restarts - 1, 0))
+        return min(doubled, self.max_delay)
+
+
+class Policy(_Model):
+    """Limits the run is held to. Counters survive restarts: they are journaled."""
+
+    maxDuration: str = _duration_field(
+        "8h",
+        "Time the run may have a pod, summed over its attempts, before it is Aborted "
+        "(MaxDurationExceeded). Waits for events, durable sleeps, suspension and backoff do not "
+        "count: a run may wait for a human for days (a wait's own timeout bounds it).",
+        positive=True,
+    )
+    costCeilingUSD: str | None = Field(
+        default=None,
+        description=(
+            "Abort (BudgetExhausted) once the run's cost reaches this many US dollars. A decimal "
+            'string such as "5.00". Raise it with kubectl patch to resume an aborted run.'
+        ),
+        pattern=USD_PATTERN,
+    )
+    maxTokens: int | None = Field(
+        default=None, ge=0, description="Abort (BudgetExhausted) once the run has used this many tokens."
+    )
+    maxSteps: int | None = Field(
+        default=None, ge=1, description="Abort (BudgetExhausted) before executing more than this many steps."
+    )
+    maxRetries: int = Field(
+        default=3, ge=0, le=100,
+        description="Default retries of a failing step (per step; a step may override it).",
+    )
+    maxRestarts: int = Field(
+        default=3, ge=0, le=1000,
+        description=(
+            "Restarts allowed after crashes, OOM kills and expired leases before the run is "
+            "Aborted (RetryLimitExceeded)."
+        ),
+    )
+    maxDisruptions: int = Field(
+        default=20, ge=0, le=10000,
+        description=(
+            "Restarts allowed after evictions, preemptions, lost nodes and pods deleted by "
+            "someone else. Infrastructure failures do not consume maxRestarts."
+        ),
+    )
+    backoff: Backoff = Field(default_factory=Backoff, description=Backoff.__doc__)
+    progressTimeout: str = _duration_field(
+        "10m", "Abort (ProgressTimeout) when no step completes for this long while running.", positive=True
+    )
+    leaseDuration: str = _duration_field(
+        "3m",
+        "How long a runner's lease is valid without renewal: the time to replace a hung or cut-off runner (a "
+        "crashed one is seen at once from its pod). The runner renews every third of it, carrying its progress: "
+        "the default costs one status write a minute per running run.",
+        positive=True,
+    )
+    abortGracePeriod: str = _duration_field(
+        "30s",
+        "How long a running attempt gets to end by itself when the run is aborted from outside (the "
+        "durablerun.dev/abort annotation, maxDuration, the child runs' cost): it stops at its next operation, "
+        "its Sagas undo their work, and it ends Aborted. After this the operator fences the attempt and "
+        "deletes its pod. 0s: at once, without undoing anything.",
+    )
+
+    # The durations as timedeltas: read these, never parse the strings again.
+    @property
+    def max_duration(self) -> timedelta:
+        return parse_duration(self.maxDuration)
+
+    @property
+    def progress_timeout(self) -> timedelta:
+        return parse_duration(self.progressTimeout)
+
+    @property
+    def lease_duration(self) -> timedelta:
+        return parse_duration(self.leaseDuration)
+
+    @property
+    def abort_grace_period(self) -> timedelta:
+        return parse_duration(self.abortGracePeriod)
+
+
+#: A run id: names a journal in a store (``durablerun run --run-id`` and ``spec.checkpoint.runId``).
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+RUN_ID_IMMUTABLE = (
+    "spec.checkpoint.runId is immutable: it names the journal the run continues; set it when the "
+    "DurableRun is created (create a new DurableRun to continue another journal)"
+)
+
+
+class Checkpoint(_Model):
+    """Where the run's journal, snapshots and events are stored."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", json_schema_extra={
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.kmsKeyId) || (has(self.serverSideEncryption) && self.serverSideEncryption == 'aws:kms')",
+            "message": "kmsKeyId needs serverSideEncryption: aws:kms",
+        }, {
+            # A transition rule: neither added, removed nor changed after creation.
+            "rule": "has(self.runId) == has(oldSelf.runId) && (!has(self.runId) || self.runId == oldSelf.runId)",
+            "message": RUN_ID_IMMUTABLE,
+        }],
+    })
+
+    uri: str = Field(
+        description=(
+            "s3://bucket/prefix for S3 or an S3-compatible server, or file:///path on a volume "
+            "that every attempt mounts."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$') || "
+                    "self.matches('^file:///.+$')",
+                    "message": "must be s3://<bucket>[/prefix] or file:///<absolute path>",
+                }
+            ]
+        },
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="Endpoint URL of an S3-compatible server, e.g. http://minio.storage:9000.",
+        pattern=r"^https?://.+$",
+    )
+    region: str | None = Field(default=None, description="S3 region, e.g. us-east-1.")
+    credentialsSecret: str | None = Field(
+        default=None,
+        description=(
+            "Secret in the run's namespace with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(optional: AWS_SESSION_TOKEN, and AWS_ENDPOINT_URL_S3 when endpoint is not set). "
+            "Omit it to use workload identity."
+        ),
+    )
+    runId: str | None = Field(
+        default=None,
+        description=(
+            "A run id naming the journal this run continues, in the store at uri: "
+            "<prefix>/_local/<runId>/, the same journal `durablerun run --run-id` opens. Set it to move "
+            "a run between clusters, or to resume a deleted run whose journal was retained: the same "
+            "manifest applied anywhere continues where the journal ends. Only one runner writes a run "
+            "id's journal at a time (an owner record in the store, renewed every leaseDuration/3); "
+            "another one waits until that record is released or expires. Omitted (the default), the "
+            "journal is the DurableRun's own (<prefix>/<namespace>/<name>/<uid>/): a re-created run "
+            "never adopts an old journal. 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit; immutable."
+        ),
+        pattern=RUN_ID_PATTERN, max_length=128,
+    )
+    snapshotEvery: int = Field(
+        default=100, ge=1, le=100000,
+        description="Write a snapshot of the replay state every this many steps (resume reads O(1) objects).",
+    )
+    retention: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description="What happens to the journal when the DurableRun is deleted: Retain or Delete.",
+    )
+    serverSideEncryption: Literal["AES256", "aws:kms"] | None = Field(
+        default=None,
+        description=(
+            "S3 server-side encryption of every object the runner writes: AES256 (SSE-S3) or aws:kms "
+            "(SSE-KMS, with kmsKeyId or the account's default key). The server must support it: MinIO "
+            "needs a KMS. Omit it for the bucket's default encryption."
+        ),
+    )
+    kmsKeyId: str | None = Field(
+        default=None,
+        description="KMS key id or ARN for serverSideEncryption aws:kms (and only with it).",
+    )
+
+
+# Immutable parts of the spec, refused at the API server. The CRD's own rules (x-kubernetes-validations)
+# see a schemaless object (input, events: any JSON) only as a whole, and their equality misses a key
+# renamed in an object of the same size; so a ValidatingAdmissionPolicy, which sees plain JSON, holds
+# both exactly (durablerun_operator.crd.admission_policy). The CRD rule on spec.input stays for
+# clusters where only the CRD is installed.
+INPUT_IMMUTABLE = (
+    "spec.input is immutable: a run's input is fixed when it is created; create a new DurableRun "
+    "(a new name) for a new input"
+)
+INPUT_RULE = "!has(oldObject.spec.input) || (has(object.spec.input) && object.spec.input == oldObject.spec.input)"
+EVENTS_IMMUTABLE = (
+    "spec.events: an event already set cannot be changed or removed (the workflow may have read it); "
+    "send new events under new names"
+)
+EVENTS_RULE = (
+    "!has(oldObject.spec.events) || oldObject.spec.events.all(name, has(object.spec.events) && "
+    "name in object.spec.events && object.spec.events[name] == oldObject.spec.events[name])"
+)
+
+WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class DurableRunSpec(_Model):
+    """The desired state of a durable run."""
+
+    workflow: str = Field(
+        description="The workflow function the runner executes, as module:function (e.g. agents.research:run).",
+        pattern=WORKFLOW_PATTERN,
+    )
+    input: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "JSON object passed to the workflow. Immutable: the API server refuses a change; "
+            "create a new DurableRun for a new input."
+        ),
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            # Defaulted, so the transition rule also sees an input that is added or removed.
+            "default": {},
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": INPUT_IMMUTABLE}],
+        },
+    )
+    template: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Pod template for the runner (image, resources, env, serviceAccountName, "
+            "nodeSelector, tolerations, ...): a PodTemplateSpec, whose metadata holds labels and "
+            "annotations only; containers may be omitted (the operator then adds one named runner). "
+            "The operator adds its own env, labels, owner reference and restartPolicy Never."
+        ),
+        # The CRD gives it the PodTemplateSpec schema of the Kubernetes OpenAPI (durablerun_operator.crd).
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    checkpoint: Checkpoint = Field(description=Checkpoint.__doc__)
+    policy: Policy = Field(default_factory=Policy, description=Policy.__doc__)
+    suspend: bool = Field(
+        default=False,
+        description="true: the runner stops cleanly at the next step boundary and no pod runs until false.",
+    )
+    events: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Events for ctx.wait_for_event, by name, each any JSON value. Add new names at any "
+            "time; the API server refuses a change to or the removal of a name already set."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    ttlSecondsAfterFinished: int | None = Field(
+        default=None, ge=0,
+        description="Delete the DurableRun this many seconds after it finishes (as Jobs do).",
+    )
+
+
+# --- status -------------------------------------------------------------------
+
+
+class Lease(_Model):
+    holder: str | None = Field(default=None, description="Pod holding the lease.")
+    epoch: int | None = Field(default=None, description="Epoch the holder was started with.")
+    acquireTime: str | None = Field(default=None, description="When the holder acquired the lease.")
+    renewTime: str | None = Field(default=None, description="When the holder last renewed the lease.")
+    durationSeconds: int | None = Field(default=None, description="Lease validity without renewal.")
+
+
+class Progress(_Model):
+    step: int | None = Field(default=None, description="Journal position of the current step.")
+    stepName: str | None = Field(default=None, description="Name of the current step.")
+    completedSteps: int = Field(default=0, description="Steps journaled so far.")
+    totalSteps: int | None = Field(default=None, description="Total steps, when the workflow declares it.")
+    fraction: str | None = Field(default=None, description="completedSteps / totalSteps, as a decimal string.")
+    summary: str | None = Field(
+        default=None, description='Progress for humans: "5/12" when totalSteps is known, else "5 steps".'
+    )
+    lastProgressTime: str | None = Field(default=None, description="When a step last completed.")
+
+
+class Cost(_Model):
+    usd: str = Field(default="0", description="Cost so far in US dollars, a decimal string.")
+    tokens: int = Field(default=0, description="Tokens used so far.")
+
+
+class CheckpointStatus(_Model):
+    position: int | None = Field(default=None, description="Latest journal position written.")
+    key: str | None = Field(default=None, description="Object key of the latest journal entry or snapshot.")
+    time: str | None = Field(default=None, description="When it was written.")
+
+
+class WaitingFor(_Model):
+    event: str | None = Field(default=None, description="Event name the run waits for.")
+    wakeTime: str | None = Field(default=None, description="When a durable sleep ends.")
+    since: str | None = Field(default=None, description="When the wait began.")
+    deadline: str | None = Field(default=None, description="When the wait times out.")
+    holder: str | None = Field(
+        default=None,
+        description="Who holds the run's journal (spec.checkpoint.runId) in the store: the run waits until that "
+                    "holder releases it or its store lease expires, then takes it over.",
+    )
+    compensations: int | None = Field(
+        default=None, ge=1,
+        description="Saga compensations registered and not run when the wait began: an abort while the run waits "
+                    "starts an attempt to run them (policy.abortGracePeriod).",
+    )
+
+
+class Aborting(_Model):
+    """An abort from outside that the running attempt is given policy.abortGracePeriod to carry out itself."""
+
+    reason: AbortReason = Field(description="The abort's reason; the run ends Aborted with it.")
+    message: str = Field(description="Why, for humans.")
+    deadline: str = Field(description="When the operator fences the attempt if it has not ended by then.")
+
+
+#: A Succeeded run's result goes into status.result.inline up to this many bytes of JSON.
+RESULT_INLINE_MAX = 4096
+
+
+class RunResult(_Model):
+    """Where a Succeeded run's result lives, and the result itself when it is small."""
+
+    inline: str | None = Field(
+        default=None,
+        description=f"The workflow's return value as JSON text, when it is at most {RESULT_INLINE_MAX} "
+                    "bytes; absent for a bigger result (read it through ref).",
+    )
+    ref: str = Field(
+        description="Where the full result lives in the run's store: the journal record holding it (or, "
+                    "for a big result, its own object). durablerun inspect --kubernetes NAMESPACE/NAME "
+                    "--result prints it.",
+    )
+    size: int = Field(description="Bytes of the result's JSON.")
+    sha256: str = Field(description="sha256 of the result's JSON.")
+
+
+class Condition(_Model):
+    """A condition in the standard Kubernetes shape (metav1.Condition), one per type."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", json_schema_extra={
+        "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+    })
+
+    type: str = Field(description="Progressing, Suspended, Complete or Failed.", max_length=316,
+                      pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                              r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="Why, in CamelCase: the phase, or the abort reason.", min_length=1,
+        max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    )
+    message: str | None = Field(default=None, description="Details for humans.", max_length=32768)
+    lastTransitionTime: str | None = Field(
+        default=None, description="When the status last changed.", json_schema_extra={"format": "date-time"},
+    )
+    observedGeneration: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation the condition was set for.",
+    )
+
+
+class DurableRunStatus(_Model):
+    """Observed state of the run, written by the operator and the runner."""
+
+    phase: Phase | None = Field(
+        default=None, description="Pending, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted."
+    )
+    attempt: int = Field(default=0, description="Number of pods started for this run.")
+    epoch: int = Field(
+        default=0, description="Fencing token: bumped before every new pod; only the pod of this epoch may write."
+    )
+    pod: str | None = Field(default=None, description="The current attempt's pod.")
+    restarts: int = Field(default=0, description="Restarts after crashes, OOM kills and expired leases.")
+    disruptions: int = Field(
+        default=0, description="Restarts after evictions, preemptions, lost nodes and deleted pods."
+    )
+    lease: Lease = Field(default_factory=Lease)
+    progress: Progress = Field(default_factory=Progress)
+    cost: Cost = Field(default_factory=Cost)
+    checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
+    waitingFor: WaitingFor | None = Field(default=None, description="What a Waiting run waits for.")
+    abortReason: AbortReason | None = Field(default=None, description="Why the run was Aborted.")
+    aborting: Aborting | None = Field(default=None, description=Aborting.__doc__)
+    outcome: Outcome | None = Field(default=None, description="How the last attempt ended.")
+    message: str | None = Field(default=None, description="Human-readable detail of the current phase.")
+    inputHash: str | None = Field(default=None, description="sha256 of spec.input at the first attempt.")
+    startTime: str | None = Field(default=None, description="When the first attempt started.")
+    completionTime: str | None = Field(default=None, description="When the run finished.")
+    result: RunResult | None = Field(default=None, description=RunResult.__doc__)
+    nextAttemptTime: str | None = Field(default=None, description="When a Backoff run starts its next attempt.")
+    lastPodEndTime: str | None = Field(default=None, description="When the previous attempt's pod ended.")
+    attemptStartTime: str | None = Field(default=None, description="When the current attempt started (Running only).")
+    retry: str | None = Field(default=None, description="The durablerun.dev/retry annotation value last acted on.")
+    retryTime: str | None = Field(
+        default=None, description="When the last retry started: steps that failed before it are executed again."
+    )
+    activeSeconds: int = Field(
+        default=0, description="Seconds the run had a pod in its finished attempts: maxDuration counts these."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Progressing, Suspended, Complete and Failed, as a Job's (kubectl wait "
+            "--for=condition=Complete)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observedGeneration: int | None = Field(
+        default=None, description="The .metadata.generation the operator last acted on."
+    )
+    childRequests: dict[str, ChildRequest] = Field(
+        default_factory=dict,
+        description="Child runs the workflow asked for, by child name (written by the runner).")
+    children: dict[str, ChildState] = Field(
+        default_factory=dict, description="Child runs the operator created, by child name.")
+    childrenTotal: ChildrenTotal | None = Field(
+        default=None, description="The children's count and cost (kubectl get: Children, Child Cost).")
+    signalRequests: dict[str, SignalRequest] = Field(
+        default_factory=dict,
+        description="Events the workflow sends to other runs, by id (written by the runner).")
+    signals: dict[str, SignalState] = Field(
+        default_factory=dict, description="What became of each signal request, by id.")
+
+
+# --- child runs and signals (docs/operator.md#child-runs-and-signals) ----------------------
+#
+# A runner never creates or patches another run: it asks through its own status (childRequests,
+# signalRequests; written with its lease's epoch guard), and the operator acts and reports back:
+# a child's outcome arrives as the parent's event CHILD_EVENT_PREFIX + <child>, first value wins.
+
+#: Event names the operator writes into a parent's spec.events: one per child, its outcome.
+CHILD_EVENT_PREFIX = "durablerun.child."
+#: A run's name is the value of its pods' durablerun.dev/run label: at most 63 characters.
+RUN_NAME_MAX = 63
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: Budgets a child may only narrow: its value may not be above its parent's.
+_NARROW_ONLY = ("costCeilingUSD", "maxTokens", "maxSteps", "maxDuration")
+
+
+def child_event(child: str) -> str:
+    """The event in the parent's spec.events that carries child ``child``'s outcome."""
+    return CHILD_EVENT_PREFIX + child
+
+
+def child_run_name(parent: str, child: str) -> str:
+    """The child's DurableRun name, ``<parent>-<child>``; ValueError naming the fix if it cannot be one."""
+    if not isinstance(child, str) or not _DNS_LABEL.match(child):
+        raise ValueError(f"child name {child!r}: use lowercase letters, digits and '-', starting and ending "
+                         "with a letter or digit (it becomes part of a DurableRun's name)")
+    full = f"{parent}-{child}"
+    if len(full) > RUN_NAME_MAX:
+        raise ValueError(f"child name {child!r}: the child's DurableRun would be {full!r}, {len(full)} "
+                         f"characters; a run's name may have at most {RUN_NAME_MAX} (it labels the run's "
+                         f"pods): use a child name of at most {RUN_NAME_MAX - len(parent) - 1} characters")
+    return full
+
+
+def valid_run_name(name: str) -> str:
+    """A DurableRun's name in the same namespace (a signal's target); ValueError naming the fix."""
+    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > RUN_NAME_MAX:
+        raise ValueError(f"run name {name!r}: a DurableRun's name is 1-{RUN_NAME_MAX} lowercase letters, "
+                         "digits and '-', starting and ending with a letter or digit")
+    return name
+
+
+class ChildRequest(_Model):
+    """A child run the workflow asked for (ctx.start_child); written by the runner, acted on by the operator."""
+
+    workflow: str = Field(description="The child's workflow, module:function.", pattern=WORKFLOW_PATTERN)
+    input: dict[str, Any] = Field(
+        default_factory=dict, description="The child's input.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Policy fields that differ from the parent's (budgets may only be lowered).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+
+def child_spec(parent: DurableRunSpec, request: ChildRequest) -> DurableRunSpec:
+    """The child's spec: the parent's template, checkpoint store and policy, narrowed by the request.
+
+    ValueError naming the field when the request would widen a budget of the parent's (a child's
+    cost also counts toward its parent's ceiling, so a wider one could never be honoured).
+    """
+    base = parent.policy.model_dump(mode="json", exclude_none=True)
+    unknown = sorted(set(request.policy) - set(Policy.model_fields))
+    if unknown:
+        raise ValueError(f"policy.{unknown[0]}: not a policy field (fields: {', '.join(Policy.model_fields)})")
+    for field_name in _NARROW_ONLY:
+        mine, theirs = request.policy.get(field_name), base.get(field_name)
+        if mine is None or theirs is None:
+            continue
+        if field_name == "maxDuration":
+            wider = parse_duration(str(mine)) > parse_duration(str(theirs))
+        else:
+            wider = float(mine) > float(theirs)
+        if wider:
+            raise ValueError(f"policy.{field_name}: {mine} is above the parent's {theirs}: a child may only "
+                             "narrow its parent's budgets")
+    policy = Policy.model_validate({**base, **request.policy})
+    return DurableRunSpec(
+        workflow=request.workflow, input=request.input, template=parent.template,
+        checkpoint=parent.checkpoint, policy=policy, suspend=parent.suspend,
+    )
+
+
+class ChildState(_Model):
+    run: str = Field(description="The child's DurableRun (same namespace).")
+    uid: str = Field(description="The child's uid: a child that disappears is not created again.")
+    phase: Phase | None = Field(default=None, description="The child's phase, as last seen.")
+
+
+class ChildrenTotal(_Model):
+    runs: int = Field(default=0, description="Child runs created.")
+    finished: int = Field(default=0, description="Child runs that have finished.")
+    summary: str = Field(default="", description='For kubectl get: "3/5" (finished of created).')
+    usd: str = Field(default="0", description="The children's cost, their own children's included.")
+    tokens: int = Field(default=0, description="The children's tokens.")
+
+
+class SignalRequest(_Model):
+    """An event the workflow sends to another run (ctx.signal); written by the runner."""
+
+    run: str = Field(description="The DurableRun (same namespace) to send it to.")
+    event: str = Field(description="The event's name in the target's spec.events.")
+    value: str = Field(default="null", description="The payload, as JSON text.")
+
+
+class SignalState(_Model):
+    state: Literal["Delivered", "Ignored", "NotFound"] = Field(
+        description="Delivered; Ignored (the target already had another value: the first one wins); "
+                    "NotFound (no such run).")
+    message: str | None = Field(default=None, description="Details for humans.")
+
+
+#: Status fields only the runner writes (the operator never patches them, so no write of its can drop one).
+RUNNER_REQUEST_FIELDS = ("childRequests", "signalRequests")
+
+DurableRunStatus.model_rebuild()
