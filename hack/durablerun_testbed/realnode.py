@@ -1,5 +1,10 @@
 """A real node: the kubelet and containerd (with runc) running the images built here.
 
+It is one module of over 400 lines because the node, its pod network and its
+cgroups are made and undone together (:func:`clean_up` and :func:`end_cgroups`
+undo what :class:`RealNode` and :class:`PodNetwork` make), and one file keeps
+the two sides in step.
+
 What the process node stands in for, done for real: images pulled from nowhere
 (imported from the OCI archives ``hack/build-images.sh`` built), pod sandboxes,
 cgroup memory limits (a real OOM kill), probes, ``kubectl logs``, restricted Pod

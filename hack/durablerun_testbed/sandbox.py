@@ -1,5 +1,9 @@
 """The local sandbox: the test bed left running for a person with kubectl.
 
+It is one module of over 400 lines because it is one command-line tool: its
+commands (up, down, status, demo, image, node faults) share the saved
+:class:`SandboxState` and the helpers that read it.
+
   python -m durablerun_testbed sandbox up      start it (prints KUBECONFIG, S3, metrics)
   python -m durablerun_testbed sandbox down    stop everything it started
   python -m durablerun_testbed sandbox status  what is running

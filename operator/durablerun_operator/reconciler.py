@@ -1,5 +1,9 @@
 """Reconcile runs: read facts, decide (pure), apply the plan, repeat until settled.
 
+It is one module of over 400 lines because it is one loop, :class:`Reconciler`,
+with the work queue and rate limiter that feed it; the read-decide-apply pass
+reads best in one place.
+
 A work queue (the controller-runtime pattern) gives each run at most one
 reconcile at a time in this process and folds bursts of events into one pass.
 Correctness never depends on that: every status write is guarded, so two

@@ -12,8 +12,7 @@ Public modules: ``durablerun`` (this: the workflow API and its errors),
 ``durablerun.engine`` (running attempts: what the CLI and the runner pod use),
 ``durablerun.stores`` (journal stores), ``durablerun.sinks`` (progress sinks),
 ``durablerun.errors``, ``durablerun.api`` and ``durablerun.resource`` (the DurableRun contract),
-``durablerun.cli``,
-``durablerun.testing``, ``durablerun.llm`` (LLM cost from model responses) and
+``durablerun.cli``, ``durablerun.testing``, ``durablerun.llm`` (LLM cost from model responses) and
 ``durablerun.agents`` (agent helpers); the agent frameworks' adapters are in
 ``durablerun.integrations`` (extras). Everything under ``durablerun._private`` is internal.
 """

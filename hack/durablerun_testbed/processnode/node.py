@@ -1,4 +1,9 @@
-"""The process node itself: binds pods, runs their containers as processes, reports their status, injects faults."""
+"""The process node itself: binds pods, runs their containers as processes, reports their status, injects faults.
+
+It is one module of over 400 lines because it is one class,
+:class:`ProcessNode`, whose steps (bind, start, watch, report, inject a fault)
+all act on one table of its pods and their processes.
+"""
 
 from __future__ import annotations
 

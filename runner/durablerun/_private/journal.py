@@ -1,5 +1,9 @@
 """A run's objects in a store: manifest, journal records, snapshots, blobs, events, status.
 
+It is one module of over 400 lines because it is one class, :class:`RunStore`,
+whose reads and writes share the record format and the snapshot invariants
+below; split, the two halves would drift apart.
+
 This layer is the same for every backend. It seals and checks every object
 (:mod:`~durablerun._private.codec`), owns the record format, and makes resume
 cheap with *snapshots*:

@@ -1,5 +1,9 @@
 """The model layer: the runner's plain data, shared by every layer above it.
 
+It is one module of over 400 lines because the layers above import these plain
+types together, and a record class is read beside ``decode_record``, which must
+know every kind.
+
 Journal records and the run's totals, the engine's configuration, and what an
 attempt reports (how it started, how it ended, what a Waiting run waits for).
 Nothing here does IO, holds a thread, or imports anything of the runner but

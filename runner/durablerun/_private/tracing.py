@@ -1,5 +1,9 @@
 """Traces of runs through OpenTelemetry: one trace per run, a span per attempt, a child span per step.
 
+It is one module of over 400 lines because it is one sink,
+:class:`TracingSink`, and the ids it puts on spans must be the ones
+:func:`trace_id_of` and :func:`attempt_span_id` beside it derive.
+
 A progress sink (:class:`TracingSink`), on when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set and the ``otel`` extra is installed; the other standard
 ``OTEL_*`` variables (service name, resource attributes, sampler, headers, batch queue) are honoured.

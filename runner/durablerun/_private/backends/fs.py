@@ -1,5 +1,9 @@
 """Filesystem backend (``file:///path``): the SDK's embedded default.
 
+It is one module of over 400 lines because it is one backend, and the
+durability rules below cover every object it writes; split, they would be
+stated in two places.
+
 Durability, object by object:
 
 * Objects (manifest, events, blobs, chunks) are written to a temp file,
