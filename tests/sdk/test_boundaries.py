@@ -92,10 +92,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("replay", {"durablerun._private.replay"}),
     ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.results",
                  "durablerun._private.sagas", "durablerun._private.core", "durablerun._private.children",
-                 "durablerun._private.context", "durablerun._private.loading", "durablerun._private.engine"}),
+                 "durablerun._private.context", "durablerun._private.loading", "durablerun._private.engine",
+                 "durablerun._private.tracing"}),
     ("front", {"durablerun._private.display", "durablerun._private.arguments", "durablerun._private.inspection",
                "durablerun._private.cli", "durablerun._private.lease", "durablerun._private.pod",
-               "durablerun._private.kubectl"}),
+               "durablerun._private.kubectl", "durablerun._private.timeline"}),
 ]
 #: Public modules the private ones may import: the contract. Every other public module is a façade over
 #: ``_private`` (it re-exports names, or starts a command) and nothing under ``_private`` imports it.
