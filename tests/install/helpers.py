@@ -194,6 +194,12 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
             "egress": [{"ports": [{"port": 6443, "protocol": "TCP"}]}],
         },
+        "webhooks": {
+            "enabled": True, "url": "https://hooks.example.com", "namespaces": watch_namespaces, "replicas": 2,
+            "port": 9443, "metricsPort": 19091, "tls": {"secretName": "hooks-tls"}, "maxBodyBytes": 65536,
+            "rate": 5, "burst": 10, "service": {"type": "LoadBalancer", "port": 8443},
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        },
         "extraObjects": [
             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "{{ .Release.Name }}-extra"},
              "stringData": {"note": "made with {{ .Chart.Name }}"}},

@@ -89,6 +89,17 @@ def test_full_values_render_is_accepted_by_the_api_server(
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(served))
     assert result.stdout.count("(server dry run)") == len(served), result.stdout
 
+    # The webhook ingress's objects (webhooks.enabled): its own Deployment, Service, account and, in each of
+    # its namespaces, a Role, a RoleBinding and the signing keys; the rest of this test is the operator's.
+    webhooks = [o for o in objects if (o["metadata"].get("labels") or {}).get(api.LABEL_COMPONENT) == "webhooks"]
+    objects = [o for o in objects if o not in webhooks]
+    ingress = one(webhooks, "Deployment")["spec"]
+    assert ingress["replicas"] == 2
+    assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
+    assert one(webhooks, "Role")["metadata"]["namespace"] == namespace
+    assert one(webhooks, "Secret")["metadata"]["name"] == api.WEBHOOK_KEYS_SECRET
+    assert one(webhooks, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"].endswith(
+        f':{one(webhooks, "ServiceAccount")["metadata"]["name"]}"')
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = one([{"kind": "c", **c} for c in pod["containers"]], "c")

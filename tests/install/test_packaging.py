@@ -80,7 +80,8 @@ def test_the_wheel_and_sdist_carry_the_metadata_users_rely_on(dist: Path) -> Non
     by_extra = {extra: {r.name for r in requires if r.marker and r.marker.evaluate({"extra": extra})}
                 for extra in meta.get_all("Provides-Extra") or []}
     assert by_extra == {"s3": {"boto3"}, "pod": {"kubernetes"},
-                        "operator": {"kopf", "kubernetes", "prometheus-client"},
+                        "operator": {"aiohttp", "kopf", "kubernetes", "prometheus-client"},
+                        "otel": {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"},
                         "pydantic-ai": {"pydantic-ai-slim"}, "langgraph": {"langgraph"}}, by_extra
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()

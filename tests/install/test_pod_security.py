@@ -19,7 +19,7 @@ from durablerun_operator import builders
 from durablerun_operator.config import Settings
 from durablerun_testbed.testbed import TestBed
 
-from .helpers import Helm, Kubectl, full_values, one
+from .helpers import Helm, Kubectl, full_values, of_kind
 
 pytestmark = pytest.mark.testbed
 
@@ -32,15 +32,17 @@ def restricted(testbed: TestBed, namespace: str) -> str:
 
 
 def operator_pods(helm: Helm, admin: Kubectl, namespace: str, full: bool = True) -> list[dict[str, Any]]:
-    """The chart's operator pod, with default and with full values (their ServiceAccounts created)."""
+    """The chart's pods (the operator's; with full values the webhook ingress's too), their ServiceAccounts created."""
     pods = []
     for values in (None, full_values([namespace])) if full else (None,):
         objects = helm.template("durable-run", namespace, values)
-        admin("apply", "-f", "-", input=json.dumps(one(objects, "ServiceAccount")))
-        template = one(objects, "Deployment")["spec"]["template"]
-        pods.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {**template["metadata"], "generateName": "operator-", "namespace": namespace},
-                     "spec": template["spec"]})
+        for account in of_kind(objects, "ServiceAccount"):
+            admin("apply", "-f", "-", input=json.dumps(account))
+        for deployment in of_kind(objects, "Deployment"):
+            template = deployment["spec"]["template"]
+            pods.append({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {**template["metadata"], "generateName": "operator-", "namespace": namespace},
+                         "spec": template["spec"]})
     return pods
 
 
