@@ -25,7 +25,7 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from tests.faults.helpers import scrape
-from tests.operator.conftest import Operator, RunEnv, StartOperator
+from tests.operator.helpers import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

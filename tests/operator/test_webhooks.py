@@ -28,10 +28,10 @@ from durablerun._private import webhooks
 from durablerun_operator.ingress import auth
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.conftest import SESSION_ID
+from tests.helpers import SESSION_ID
 from tests.install.helpers import Helm, dump, service_account_kubectl
 
-from .conftest import RunEnv, StartOperator
+from .helpers import RunEnv, StartOperator
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from durablerun.api import Outcome
 
-from .conftest import cli, sub_env, wait_until
+from .helpers import cli, sub_env, wait_until
 
 WORKFLOW = textwrap.dedent('''
     import os, time
