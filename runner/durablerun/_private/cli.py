@@ -43,6 +43,7 @@ from durablerun.api import AbortReason, Outcome, parse_duration, parse_time
 from durablerun.resource import Policy
 
 EXIT_STORE_UNAVAILABLE = 75
+LOCAL_LEASE_SECONDS = 60.0  # the local CLI's hold on a run's owner record (cmd_run)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
 
 
@@ -110,7 +111,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
                 f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
         stored_policy = rs.read_policy()
-        owner = _hold(store, ref, Policy.model_validate(stored_policy or {}).lease_duration.total_seconds())
+        # The local store lease stays a minute (renewed every 20 s), whatever the run's leaseDuration: that
+        # default grew to 3m for the API server's sake, and a second `durablerun run` would wait a renewal out.
+        lease = min(Policy.model_validate(stored_policy or {}).lease_duration.total_seconds(), LOCAL_LEASE_SECONDS)
+        owner = _hold(store, ref, lease)
         if owner is None:
             return Outcome.WAITING.exit_code
         policy = _run_policy(args, rs)
