@@ -32,7 +32,8 @@ def live_pod() -> dict[str, Any]:
                          "finalizers": [api.POD_FINALIZER]},
             "spec": {"containers": [{"name": "runner"}]},
             "status": {"phase": "Running", "containerStatuses": [
-                {"name": "runner", "state": {"running": {"startedAt": at(-50)}}}]}}
+                {"name": "runner", "state": {"running": {
+                    "startedAt": api.format_time(datetime.now(UTC) - timedelta(seconds=50))}}}]}}
 
 
 class Stub:
@@ -113,11 +114,17 @@ def test_the_rate_limiter_lets_a_burst_through_then_paces_at_qps() -> None:
     assert [limiter.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
 
 
-EXPIRED: dict[str, Any] = {
-    **RUN, "status": {**RUN["status"],
-                      "lease": {"holder": "run-a2", "epoch": 2, "acquireTime": at(-200), "renewTime": at(-100),
-                                "durationSeconds": 30}},
-}
+def expired() -> dict[str, Any]:
+    """A run whose lease lapsed 70 s ago, stamped now: times fixed at import would, 10 minutes into a
+    full test session, also exceed the default progressTimeout and abort the run instead."""
+    now = datetime.now(UTC)
+
+    def ago(seconds: float) -> str:
+        return api.format_time(now - timedelta(seconds=seconds))
+
+    return {**RUN, "status": {**RUN["status"], "startTime": ago(200),
+                              "lease": {"holder": "run-a2", "epoch": 2, "acquireTime": ago(200),
+                                        "renewTime": ago(100), "durationSeconds": 30}}}
 
 
 def late_leases(rec: Reconciler, late: int, fresh: int) -> None:
@@ -131,7 +138,7 @@ def late_leases(rec: Reconciler, late: int, fresh: int) -> None:
 
 def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
     registry = CollectorRegistry()
-    kube = Stub(EXPIRED, [live_pod()])
+    kube = Stub(expired(), [live_pod()])
     rec = Reconciler(kube, Settings(), metrics.RunMetrics(registry, version="test"))  # type: ignore[arg-type]
     late_leases(rec, late=50, fresh=10)
 
@@ -148,7 +155,7 @@ def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
 
 
 def test_a_lone_expired_lease_is_restarted_at_once() -> None:
-    kube = Stub(EXPIRED, [live_pod()])
+    kube = Stub(expired(), [live_pod()])
     rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
     late_leases(rec, late=3, fresh=500)
     asyncio.run(rec.reconcile("ns", "run"))
@@ -157,7 +164,7 @@ def test_a_lone_expired_lease_is_restarted_at_once() -> None:
 
 
 def test_the_hold_is_off_when_the_fraction_is_zero() -> None:
-    kube = Stub(EXPIRED, [live_pod()])
+    kube = Stub(expired(), [live_pod()])
     rec = Reconciler(kube, Settings(mass_expiry_fraction=0))  # type: ignore[arg-type]
     late_leases(rec, late=500, fresh=0)
     asyncio.run(rec.reconcile("ns", "run"))
