@@ -14,10 +14,12 @@ setup:
 demo: setup
 	$(PY) -m durablerun_testbed sandbox demo $(NODE_FLAG)
 
-## The whole test suite against the real test bed (what CI runs).
+## The whole test suite against the real test bed (what CI runs), on TEST_WORKERS pytest workers (2: the suite
+## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker).
+TEST_WORKERS ?= 2
 test: setup lint
 	hack/build-binaries.sh jaeger  # the tracing tests' collector: built once, outside any test's timeout
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
 ## apply: the chart rendered with its defaults and with every feature on, deploy/ and its samples.
