@@ -17,6 +17,7 @@ demo: setup
 ## The whole test suite against the real test bed (what CI runs).
 test: setup lint
 	hack/build-binaries.sh jaeger  # the tracing tests' collector: built once, outside any test's timeout
+	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
 	$(PY) -m pytest
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users

@@ -178,21 +178,27 @@ class RunWatch:
 
 
 class Timelines:
-    """Built timelines of the last few runs looked at, rebuilt when the run's journal grew."""
+    """Built timelines of the last few runs looked at. A run's is rebuilt when its journal grew, at most every
+    ``REBUILD_SECONDS`` while it runs: the journal of a long run is read whole, so not on every poll."""
+
+    REBUILD_SECONDS = 10.0
 
     def __init__(self, credentials_from_secret: bool, keep: int = 4) -> None:
         self.credentials_from_secret, self.keep = credentials_from_secret, keep
-        self.built: OrderedDict[tuple[str, str, str], timeline.Timeline] = OrderedDict()
+        # (namespace, name, uid) -> (the timeline, the checkpoint and phase it was built at, when)
+        self.built: OrderedDict[tuple[str, str, str], tuple[timeline.Timeline, str, float]] = OrderedDict()
         self.lock = threading.Lock()
 
     def get(self, kube: Kubectl, body: dict[str, Any]) -> timeline.Timeline:
         meta, status = body["metadata"], body.get("status") or {}
-        checkpoint = (status.get("checkpoint") or {}).get("key") or ""
-        key = (meta["namespace"], meta["name"], f"{meta['uid']}:{checkpoint}:{status.get('phase')}")
+        key = (meta["namespace"], meta["name"], meta["uid"])
+        seen = f"{(status.get('checkpoint') or {}).get('key')}:{status.get('phase')}"
         with self.lock:
             if key in self.built:
                 self.built.move_to_end(key)
-                return self.built[key]
+                built, at, when = self.built[key]
+                if at == seen or time.monotonic() - when < self.REBUILD_SECONDS:
+                    return built
         store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=self.credentials_from_secret)
         try:
             store.check()
@@ -207,7 +213,7 @@ class Timelines:
             store.close()
         built = timeline.build(ref.key, records, now=time.time())
         with self.lock:
-            self.built[key] = built
+            self.built[key] = (built, seen, time.monotonic())
             while len(self.built) > self.keep:
                 self.built.popitem(last=False)
         return built
@@ -340,11 +346,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, (ASSETS / file).read_bytes(), STATIC[file])
 
     def api_runs(self, query: dict[str, list[str]]) -> None:
-        filters = Filters(query)
-        page = self.browser.watch.page(filters, _offset(query))
-        if (query.get("version") or [""])[0] == str(page["version"]):
-            page = {"version": page["version"], "unchanged": True}  # the poll's usual answer: nothing new
-        self._send(HTTPStatus.OK, page)
+        filters, offset = Filters(query), _offset(query)
+        version = self.browser.watch.version
+        if (query.get("version") or [""])[0] == str(version):  # the poll's usual answer: nothing new
+            return self._send(HTTPStatus.OK, {"version": version, "unchanged": True})
+        self._send(HTTPStatus.OK, self.browser.watch.page(filters, offset))
 
     def api_run(self, query: dict[str, list[str]], ns: str, name: str) -> None:
         self._send(HTTPStatus.OK, self.browser.run_page(ns, name))
