@@ -129,9 +129,9 @@ function runPage() {
   function show(page) {
     const run = page.run, status = run.status || {}, spec = run.spec || {};
     document.getElementById("phase").replaceChildren(phaseBadge(status.phase));
-    document.getElementById("message").textContent = status.message || "";
     const waiting = status.waitingFor, waitingLine = document.getElementById("waiting");
     waitingLine.hidden = !waiting || status.phase !== "Waiting";
+    document.getElementById("message").textContent = waitingLine.hidden ? status.message || "" : "";
     if (waiting) {
       waitingLine.textContent = waiting.event ? `Waiting for event "${waiting.event}" since ${waiting.since || "?"}` +
         (waiting.deadline ? ` (deadline ${waiting.deadline})` : "")
