@@ -58,10 +58,10 @@ def labelled(runs: RunEnv, name: str, workflow: str, input: dict[str, Any], team
     return manifest
 
 
-def screenshot(chrome: webdriver.Remote, name: str) -> None:
+def screenshot(chrome: webdriver.Remote, name: str, height: int) -> None:
     folder = os.environ.get("DURABLERUN_SCREENSHOTS")
     if folder:
-        chrome.set_window_size(1280, 900)
+        chrome.set_window_size(1280, height)
         chrome.save_screenshot(str(Path(folder) / name))
         chrome.set_window_size(1400, 1000)
 
@@ -92,7 +92,7 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     chrome.find_element(By.NAME, "age").clear()
     chrome.find_element(By.NAME, "label").send_keys("team\n")  # a label key alone: runs that have it
     until(chrome, lambda: {f"{ns}/review", f"{ns}/long"} <= listed(chrome), "both runs again")
-    screenshot(chrome, "run-browser-list.png")
+    screenshot(chrome, "run-browser-list.png", 480)
 
     # The run's page: where it waits, the restart and the wait on its timeline, its Events and conditions.
     chrome.find_element(By.LINK_TEXT, "review").click()
@@ -107,7 +107,7 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert runs.get("review")["status"]["restarts"] == 1
     until(chrome, lambda: chrome.find_elements(By.CSS_SELECTOR, "#events tbody tr"), "the run's Events")
     assert "Progressing" in text(chrome, "#conditions")
-    screenshot(chrome, "run-browser-run.png")
+    screenshot(chrome, "run-browser-run.png", 900)
 
     # Approve from the page: the awaited event's form, a confirmation, and the run resumes to Succeeded.
     form = chrome.find_element(By.ID, "event-form")
