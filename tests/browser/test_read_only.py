@@ -13,7 +13,7 @@ from selenium.webdriver.common.by import By
 from durablerun import api
 from durablerun_testbed.testbed import TestBed
 from tests.browser.conftest import StartUI
-from tests.browser.test_run_browser import confirm, listed, text, until
+from tests.browser.test_run_browser import confirm, listed, open_link, text, until
 from tests.operator.helpers import RunEnv
 
 pytestmark = pytest.mark.testbed
@@ -49,7 +49,7 @@ def test_a_reader_sees_no_actions_and_a_forced_one_is_refused(
     url = start_ui(viewer_kubeconfig(testbed, ns, tmp_path), "-n", ns)
     chrome.get(url)
     until(chrome, lambda: f"{ns}/review" in listed(chrome), "the run, to its reader")
-    chrome.find_element(By.LINK_TEXT, "review").click()
+    open_link(chrome, "review")
     until(chrome, lambda: text(chrome, "#facts"), "the run's facts")
     actions = chrome.find_element(By.ID, "actions")
     assert not actions.is_displayed()

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
@@ -32,12 +33,30 @@ WAIT = 60.0  # seconds for the page to show what the API server has: it polls ev
 
 
 def until(chrome: webdriver.Remote, condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    return WebDriverWait(chrome, timeout, poll_frequency=0.2).until(lambda _: condition(),
-                                                                     message=f"the page never showed {what}")
+    # The pages redraw their tables every poll: an element found a moment ago may be gone.
+    return WebDriverWait(chrome, timeout, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+                         ).until(lambda _: condition(), message=f"the page never showed {what}")
+
+
+def rows(chrome: webdriver.Remote, table: str) -> list[dict[str, Any]]:
+    """A table's rows as they are now, read in one go: each row's data attributes and its cells' text."""
+    return list(chrome.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
+        ".map(r => ({data: {...r.dataset}, cells: [...r.cells].map(c => c.innerText)}))", f"#{table}"))
+
+
+def open_link(chrome: webdriver.Remote, name: str) -> None:
+    """Click the list's link to run ``name`` (again if the list was redrawn under the click)."""
+    def click() -> bool:
+        chrome.find_element(By.LINK_TEXT, name).click()
+        return True
+
+    until(chrome, click, f"a link to {name}")
+    until(chrome, lambda: "/runs/" in chrome.current_url, f"{name}'s page")
 
 
 def listed(chrome: webdriver.Remote) -> set[str]:
-    return {row.get_attribute("data-run") or "" for row in chrome.find_elements(By.CSS_SELECTOR, "#runs tbody tr")}
+    return {row["data"].get("run", "") for row in rows(chrome, "runs")}
 
 
 def text(chrome: webdriver.Remote, selector: str) -> str:
@@ -95,17 +114,15 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     screenshot(chrome, "run-browser-list.png", 480)
 
     # The run's page: where it waits, the restart and the wait on its timeline, its Events and conditions.
-    chrome.find_element(By.LINK_TEXT, "review").click()
+    open_link(chrome, "review")
     until(chrome, lambda: 'Waiting for event "review"' in text(chrome, "#waiting"), "what the run waits for")
-    until(chrome, lambda: {"restart", "wait"} <= {row.get_attribute("data-kind") for row in
-                                                 chrome.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")},
+    until(chrome, lambda: {"restart", "wait"} <= {row["data"]["kind"] for row in rows(chrome, "timeline")},
           "the restart and the wait on the timeline")
-    kinds = [(row.get_attribute("data-kind"), row.find_elements(By.TAG_NAME, "td")[4].text)
-             for row in chrome.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")]
+    kinds = [(row["data"]["kind"], row["cells"][4]) for row in rows(chrome, "timeline")]
     assert [k for k in kinds if k[0] in ("step", "wait")] == [("step", "prepare"), ("step", "flaky"),
                                                               ("wait", "wait: review")], kinds
     assert runs.get("review")["status"]["restarts"] == 1
-    until(chrome, lambda: chrome.find_elements(By.CSS_SELECTOR, "#events tbody tr"), "the run's Events")
+    until(chrome, lambda: rows(chrome, "events"), "the run's Events")
     assert "Progressing" in text(chrome, "#conditions")
     screenshot(chrome, "run-browser-run.png", 900)
 
