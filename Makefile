@@ -19,6 +19,7 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup lint
 	hack/build-binaries.sh jaeger  # the tracing tests' collector: built once, outside any test's timeout
+	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users

@@ -1,4 +1,5 @@
-"""durable-run's Grafana dashboard: runs by phase, progress, cost, restarts, aborts, staleness, operator health.
+"""durable-run's Grafana dashboard: runs by phase, progress, cost, restarts, aborts, staleness, operator health,
+the webhook ingress.
 
 Built with the Grafana Foundation SDK (its typed builders for Grafana 11.6), so a misspelt option or a value of
 the wrong kind fails ``make generate`` (and mypy) instead of being ignored by Grafana.
@@ -29,6 +30,7 @@ DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RUN = config.RUN
 SEL = 'job=~"$job", namespace=~"$namespace"'
 OP = 'job=~"$job"'
+HOOKS = 'job=~"$webhook_job"'  # the webhook ingress is scraped as a job of its own (docs/web.md)
 PER_RUN = "{{namespace}}/{{name}}"
 
 Thresholds = Sequence[tuple[float | None, str]]
@@ -269,6 +271,19 @@ def rows() -> list[tuple[str, list[PanelBuilder]]]:
                           '(ALERTS{alertname=~"DurableRun.*", alertstate="firing"})', instant=True, table=True)],
                    {}, hide=("Time", "Value"), width=24, height=7),
         ]),
+        ("Webhook ingress", [
+            _timeseries("Webhook requests by outcome",
+                        "Requests a second the webhook ingress answered, by outcome: delivered, duplicate, "
+                        "unauthorized, gone, conflict, bad_request, too_large, rate_limited, error (docs/web.md).",
+                        [query(f"sum by (outcome) (rate(durablerun_webhook_requests_total{{{HOOKS}}}"
+                               "[$__rate_interval]))", "{{outcome}}")],
+                        stack=True, unit="reqps"),
+            _timeseries("Webhook answer time", "How long the ingress took to answer a request.",
+                        [query(f"histogram_quantile({q}, sum by (le) "
+                               f"(rate(durablerun_webhook_request_seconds_bucket{{{HOOKS}}}[$__rate_interval])))",
+                               name) for q, name in quantiles],
+                        unit="s"),
+        ]),
     ]
 
 
@@ -289,6 +304,7 @@ def _variables() -> list[cogbuilder.Builder[models.VariableModel]]:
         # "All" namespaces: ".+", short and also right for runs created after the page loaded.
         query_variable("namespace", "Namespace", 'label_values(durablerun_run_phase{job=~"$job"}, namespace)')
         .all_value(".+"),
+        query_variable("webhook_job", "Webhook job", "label_values(durablerun_webhook_requests_total, job)"),
     ]
 
 

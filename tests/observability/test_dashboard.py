@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from durablerun import api, resource
 from durablerun_operator import metrics
+from durablerun_operator.ingress import server
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "monitoring" / "durablerun-dashboard.json"
@@ -48,7 +49,10 @@ def exposed_names() -> set[str]:
     run_metrics.observe_run("ns", "aborted", status, policy, datetime.now(UTC))
     run_metrics.observe_run("ns", "running", status.model_copy(update={"phase": api.Phase.RUNNING}), policy,
                             datetime.now(UTC))
-    return {sample.name for family in registry.collect() for sample in family.samples}
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    # The webhook ingress's series (its own process and registry).
+    return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)
+                    for family in metric.collect() for sample in family.samples}
 
 
 def referenced_names(text: str) -> set[str]:
@@ -89,8 +93,10 @@ def test_per_run_selectors_filter_by_job_and_namespace(dashboard: dict[str, Any]
                 for selector in selectors:
                     assert 'namespace=~"$namespace"' in selector, f"{panel['title']}: {expr}"
                     assert 'job=~"$job"' in selector, f"{panel['title']}: {expr}"
-            for metric in re.findall(r"\b(?:durablerun_(?!run_)\w+|process_\w+|up)\{([^}]*)\}", expr):
+            for metric in re.findall(r"\b(?:durablerun_(?!run_|webhook_)\w+|process_\w+|up)\{([^}]*)\}", expr):
                 assert 'job=~"$job"' in metric, f"{panel['title']}: {expr}"
+            for metric in re.findall(r"\bdurablerun_webhook_\w+\{([^}]*)\}", expr):  # the ingress's own job
+                assert 'job=~"$webhook_job"' in metric, f"{panel['title']}: {expr}"
 
 
 def test_layout_ids_and_descriptions(dashboard: dict[str, Any]) -> None:
@@ -114,7 +120,8 @@ def test_layout_ids_and_descriptions(dashboard: dict[str, Any]) -> None:
 def test_the_panels_the_issue_asks_for(dashboard: dict[str, Any]) -> None:
     titles = {p["title"] for p in panels(dashboard)}
     for wanted in ("Runs by phase", "Progress per run", "Cost by namespace", "Restarts by reason",
-                   "Aborted runs", "Staleness of active runs", "Resume latency", "Operator up", "Reconciles"):
+                   "Aborted runs", "Staleness of active runs", "Resume latency", "Operator up", "Reconciles",
+                   "Webhook requests by outcome", "Webhook answer time"):
         assert wanted in titles
     aborted = next(p for p in panels(dashboard) if p["title"] == "Aborted runs")
     assert aborted["type"] == "table"

@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
 from durablerun import resource
 from durablerun_operator import metrics
+from durablerun_operator.ingress import server as ingress
 from durablerun_testbed import procs
 from tests.helpers import StartPrometheus
 from tests.observability.helpers import (
@@ -48,11 +49,25 @@ def served(tmp_path: Path) -> Iterator[tuple[metrics.RunMetrics, FakeOperator]]:
     run_metrics.stop()
 
 
+@pytest.fixture
+def ingress_served() -> Iterator[int]:
+    """The webhook ingress's series (its Counter and Histogram, as its process serves them) on a port."""
+    registry = CollectorRegistry()
+    registry.register(ingress.REQUESTS)
+    registry.register(ingress.LATENCY)
+    http, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    yield int(http.server_port)
+    http.shutdown()
+    http.server_close()
+    thread.join(timeout=10)
+
+
 # --- the test --------------------------------------------------------------------------------------
 
 
 def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
-    start_prometheus: StartPrometheus, served: tuple[metrics.RunMetrics, FakeOperator], tmp_path: Path
+    start_prometheus: StartPrometheus, served: tuple[metrics.RunMetrics, FakeOperator], ingress_served: int,
+    tmp_path: Path
 ) -> None:
     run_metrics, operator = served
     started = time.time()
@@ -72,10 +87,16 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     operator.observe("ml", "hung", **hung)
     observed_hung = time.monotonic()
 
-    prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}"], rule_files=[rules_for_test(tmp_path)])
+    prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}", f"127.0.0.1:{ingress_served}"],
+                                  rule_files=[rules_for_test(tmp_path)])
     # Counters are scraped at 0 before anything happens, as in a cluster.
     procs.wait_for(lambda: prometheus.query('durablerun_run_restarts_total{name="flaky", reason="Crash"} == 0'),
                    timeout=WAIT, what="the first scrape")
+    procs.wait_for(lambda: prometheus.query(f'up{{instance="127.0.0.1:{ingress_served}"}} == 1'),
+                   timeout=WAIT, what="the ingress's first scrape")
+    for outcome, seconds in (("delivered", 0.004), ("delivered", 0.03), ("unauthorized", 0.002)):  # webhooks
+        ingress.REQUESTS.labels(outcome).inc()
+        ingress.LATENCY.observe(seconds)
 
     # ml/flaky crashes, is OOM-killed and evicted; each time a new attempt resumes it.
     for epoch, (reason, latency, completed) in enumerate(

@@ -14,6 +14,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
+    kubectl durablerun ui [-A] [--port 8765]                          # the run browser on 127.0.0.1 (docs/web.md)
     kubectl durablerun completion bash
 
 ``-n/--namespace``, ``--context`` and ``--kubeconfig`` go to every kubectl
@@ -23,7 +24,6 @@ call. ``kubectl`` is the one on ``PATH`` (or ``$KUBECTL``).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import subprocess
@@ -31,51 +31,15 @@ import sys
 import time
 from typing import Any
 
-from durablerun import api, errors, resource
-from durablerun._private import arguments, inspection, layout, timeline
-from durablerun._private.stores import store_from_checkpoint
+from durablerun import api, errors
+from durablerun._private import arguments, browser, inspection, kubeapi, timeline
+from durablerun._private.kubeapi import KIND_REF, Kubectl, PluginError
 from durablerun._version import __version__
 
-RESOURCE = api.CRD_NAME  # as kubectl names the resource
-KIND_REF = f"{api.SINGULAR}.{api.GROUP}"  # as kubectl names objects: durablerun.durablerun.dev/NAME
+RESOURCE = kubeapi.RESOURCE
 # `wait` with no --for waits for a finished run; its exit code is the run's outcome's.
 FINISHED = {api.Phase.SUCCEEDED: 0, api.Phase.FAILED: 1, api.Phase.ABORTED: api.Outcome.ABORTED.exit_code}
 EXIT_TIMEOUT = 124  # as timeout(1)
-
-
-class PluginError(Exception):
-    """Exits 1 with the message (a refused patch, a missing run, ...)."""
-
-
-class Kubectl:
-    """The real kubectl, with the user's namespace/context/kubeconfig flags on every call."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.binary = os.environ.get("KUBECTL") or "kubectl"
-        self.flags = [f"--{flag}={value}" for flag, value in
-                      (("namespace", args.namespace), ("context", args.context), ("kubeconfig", args.kubeconfig))
-                      if value]
-
-    def __call__(self, *argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([self.binary, *self.flags, *argv], input=input, capture_output=True, text=True,
-                                check=False)
-        if check and result.returncode != 0:
-            raise PluginError(result.stderr.strip() or f"kubectl {' '.join(argv)} failed ({result.returncode})")
-        return result
-
-    def json(self, *argv: str) -> Any:
-        return json.loads(self(*argv, "-o", "json").stdout)
-
-    def run(self, name: str) -> dict[str, Any]:
-        body: dict[str, Any] = self.json("get", RESOURCE, name)
-        return body
-
-    def merge_patch(self, name: str, patch: dict[str, Any]) -> None:
-        self("patch", RESOURCE, name, "--type=merge", "-p", json.dumps(patch))
-
-    def annotate(self, name: str, key: str, value: str, *, remove: tuple[str, ...] = ()) -> None:
-        """Set ``key`` and remove the ``remove`` annotations, in one change."""
-        self("annotate", RESOURCE, name, f"{key}={value}", *(f"{r}-" for r in remove), "--overwrite")
 
 
 def _json_arg(text: str) -> Any:
@@ -89,53 +53,32 @@ def _json_arg(text: str) -> Any:
                                    "pass e.g. '{\"approved\": true}' or @file.json") from None
 
 
-def send_event(kube: Kubectl, run: str, event: str, payload: Any) -> int:
-    """Merge patch spec.events.<event>; a sent event is never changed (the run may already have read it)."""
-    layout.check_event_name(event)
-    sent = (kube.run(run).get("spec") or {}).get("events") or {}
-    if event in sent:
-        if sent[event] == payload:
-            print(f"event {event!r} was already sent to {run} with this payload")
-            return 0
-        raise PluginError(f"event {event!r} was already sent to {run} with another payload "
-                          f"({json.dumps(sent[event])}): events are write-once; send a new event instead")
-    kube.merge_patch(run, {"spec": {"events": {event: payload}}})
-    print(f"{KIND_REF}/{run} event {event!r} sent")
-    return 0
-
-
 def cmd_approve(kube: Kubectl, args: argparse.Namespace) -> int:
     payload: dict[str, Any] = {"approved": args.command == "approve",
                                "by": args.by or os.environ.get("USER") or "kubectl-durablerun"}
     if args.message:
         payload["message"] = args.message
-    return send_event(kube, args.run, args.event, payload)
+    print(kubeapi.send_event(kube, args.run, args.event, payload))
+    return 0
 
 
 def cmd_event(kube: Kubectl, args: argparse.Namespace) -> int:
-    return send_event(kube, args.run, args.event, _json_arg(args.payload))
+    print(kubeapi.send_event(kube, args.run, args.event, _json_arg(args.payload)))
+    return 0
 
 
 def cmd_suspend(kube: Kubectl, args: argparse.Namespace) -> int:
-    suspend = args.command == "suspend"
-    kube.merge_patch(args.run, {"spec": {"suspend": suspend}})
-    print(f"{KIND_REF}/{args.run} {'suspended' if suspend else 'resumed'}")
+    print(kubeapi.suspend(kube, args.run, args.command == "suspend"))
     return 0
 
 
 def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
-    kube.annotate(args.run, api.ANNOTATION_ABORT, args.reason)
-    print(f"{KIND_REF}/{args.run} abort requested: {args.reason} (a running attempt gets "
-          "spec.policy.abortGracePeriod to stop and undo its work)")
+    print(kubeapi.abort(kube, args.run, args.reason))
     return 0
 
 
 def cmd_retry(kube: Kubectl, args: argparse.Namespace) -> int:
-    # A new value each time: the operator acts once per value. A user abort stands until it is lifted (the
-    # operator refuses a retry while it is set), so asking for a retry lifts it in the same change.
-    value = api.format_time(api.now(), precise=True)
-    kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
-    print(f"{KIND_REF}/{args.run} retry requested ({api.ANNOTATION_RETRY}={value})")
+    print(kubeapi.retry(kube, args.run))
     return 0
 
 
@@ -196,20 +139,8 @@ def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
-    body = kube.run(args.run)
-    spec = resource.DurableRunSpec.model_validate(body["spec"])
-    meta = body["metadata"]
-    access_key = secret_key = None
-    if args.credentials_from_secret:
-        if not spec.checkpoint.credentialsSecret:
-            raise PluginError(f"{args.run} names no spec.checkpoint.credentialsSecret: drop "
-                              "--credentials-from-secret and export AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
-        data = kube.json("get", "secret", spec.checkpoint.credentialsSecret).get("data") or {}
-        access_key, secret_key = (base64.b64decode(data[k]).decode() if k in data else None
-                                  for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
-    store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
+    store, ref = kubeapi.open_journal(kube, kube.run(args.run), credentials_from_secret=args.credentials_from_secret)
     try:
-        ref = layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)
         if args.command == "timeline":  # the same journal, drawn over time
             return timeline.show(store, ref, as_json=args.output == "json")
         return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all)
@@ -245,9 +176,9 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
-            "completion", "timeline"]
+            "completion", "timeline", "ui"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
-TAKES_RUN = set(COMMANDS) - {"completion"}
+TAKES_RUN = set(COMMANDS) - {"completion", "ui"}
 
 BASH_COMPLETION = """\
 # bash completion of kubectl-durablerun: eval "$(kubectl-durablerun completion bash)"
@@ -353,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
     command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
+    p = command("ui", "serve the run browser on 127.0.0.1 as you (your kubeconfig, your RBAC): the runs, each "
+                      "run's timeline, events and children, and these commands as buttons (docs/web.md)")
+    p.add_argument("--port", type=int, default=8765, help="the port on 127.0.0.1 (default 8765; 0: any free one)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="list the runs of every namespace you may "
+                   "list (default: the context's or -n's namespace)")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal (for the timelines)")
     p = command("completion", "print a shell completion script")
     p.add_argument("shell", choices=["bash"])
     return parser
@@ -360,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
-            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal}
+            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal,
+            "ui": browser.serve}
 
 
 def main(argv: list[str] | None = None) -> int:

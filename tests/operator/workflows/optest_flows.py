@@ -136,3 +136,23 @@ async def booking(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
             await ctx.step("pay", hold, f"{tag}-pay")
         await ctx.step("confirm", work, f"{tag}-confirm", 0.05)
     return {"booked": True}
+
+
+def crash_once(name: str) -> str:
+    """SIGKILLs its process the first time it runs (the run restarts), returns the second time."""
+    with open(LEDGER) as ledger:
+        first = ledger.read().splitlines().count(f"start {name}") == 0
+    _record(f"start {name}")
+    if first:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return name.upper()
+
+
+async def restart_then_approve(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A step, a step that crashes its first attempt, a human approval, a last step: a run with a restart and
+    a wait, as the run browser's tests show it."""
+    await ctx.step("prepare", work, "prepare", 0.05)
+    await ctx.step("flaky", crash_once, "flaky")
+    decision = await ctx.wait_for_event("review", timeout=timedelta(hours=1))
+    await ctx.step("publish", work, "publish", 0.05)
+    return {"decision": decision}

@@ -1,0 +1,238 @@
+// The run browser's pages (served by `kubectl durablerun ui`). Plain DOM; every value is set as text,
+// never as HTML. The list polls /api/runs, which answers "unchanged" until the server's watch saw a change.
+"use strict";
+
+const POLL_MS = 2000;
+const token = document.querySelector('meta[name="durablerun-token"]').content;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value; else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child instanceof Node ? child : String(child ?? ""));
+  return node;
+}
+
+async function getJSON(url) {
+  const response = await fetch(url, {headers: {Accept: "application/json"}});
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+function ago(time) {
+  if (!time) return "";
+  const s = (Date.now() - Date.parse(time)) / 1000;
+  return s < 120 ? `${Math.round(s)}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago`
+    : s < 172800 ? `${Math.round(s / 3600)}h ago` : `${Math.round(s / 86400)}d ago`;
+}
+
+function seconds(s) {
+  return s < 1 ? `${Math.round(s * 1000)}ms` : s < 120 ? `${s.toFixed(1)}s` : s < 7200 ? `${(s / 60).toFixed(1)}m`
+    : `${(s / 3600).toFixed(1)}h`;
+}
+
+function bar(left, width) {
+  const node = el("div", {class: "bar"});  // placed through the CSSOM: the page's CSP refuses style attributes
+  node.style.marginLeft = `${left}%`;
+  node.style.width = `${width}%`;
+  return node;
+}
+
+function phaseBadge(phase) {
+  return el("span", {class: `phase phase-${(phase || "none").toLowerCase()}`}, phase || "-");
+}
+
+// ---- the list ----------------------------------------------------------------------------------------------
+
+function listPage() {
+  const form = document.getElementById("filters");
+  const params = new URLSearchParams(location.search);
+  for (const input of form.elements) if (params.has(input.name)) input.value = params.get(input.name);
+  let offset = Number(params.get("offset") || 0), version = "", total = 0, timer = null;
+
+  function query(withVersion) {
+    const q = new URLSearchParams();
+    for (const input of form.elements) if (input.value.trim()) q.set(input.name, input.value.trim());
+    if (offset) q.set("offset", offset);
+    if (withVersion && version) q.set("version", version);
+    return q;
+  }
+
+  async function refresh() {
+    clearTimeout(timer);
+    const error = document.getElementById("error");
+    try {
+      const page = await getJSON(`/api/runs?${query(true)}`);
+      version = page.version;
+      if (!page.unchanged) show(page);
+      error.hidden = !page.error;
+      if (page.error) error.textContent = page.error;
+    } catch (e) {
+      error.hidden = false;
+      error.textContent = e.message;
+    }
+    timer = setTimeout(refresh, POLL_MS);
+  }
+
+  function show(page) {
+    total = page.total;
+    const shown = page.runs.length;
+    document.getElementById("count").textContent = total
+      ? `${total} run${total === 1 ? "" : "s"}; showing ${page.offset + 1}-${page.offset + shown}` : "no runs match";
+    const rows = page.runs.map(r => el("tr", {"data-run": `${r.namespace}/${r.name}`},
+      el("td", {}, r.namespace),
+      el("td", {}, el("a", {href: `/runs/${encodeURIComponent(r.namespace)}/${encodeURIComponent(r.name)}`}, r.name)),
+      el("td", {}, phaseBadge(r.phase)), el("td", {class: "num"}, r.attempt), el("td", {class: "num"}, r.restarts),
+      el("td", {class: "num"}, `$${r.usd}`), el("td", {class: "num"}, r.tokens), el("td", {}, r.waitingFor || ""),
+      el("td", {title: r.created}, ago(r.created)), el("td", {class: "message"}, r.message)));
+    document.querySelector("#runs tbody").replaceChildren(...rows);
+    document.getElementById("prev").disabled = offset === 0;
+    document.getElementById("next").disabled = offset + shown >= total;
+  }
+
+  function changed() {
+    offset = 0;
+    version = "";
+    history.replaceState(null, "", `?${query(false)}`);
+    refresh();
+  }
+  form.addEventListener("change", changed);
+  form.addEventListener("submit", e => { e.preventDefault(); changed(); });
+  document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - 100); version = ""; refresh(); };
+  document.getElementById("next").onclick = () => { offset += 100; version = ""; refresh(); };
+  refresh();
+}
+
+// ---- a run -------------------------------------------------------------------------------------------------
+
+function runPage() {
+  const [, , ns, name] = location.pathname.split("/").map(decodeURIComponent);
+  const base = `/api/runs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
+  let tlOffset = 0, timer = null, eventPrefilled = false;
+  document.title = `${name} · DurableRun`;
+  document.getElementById("title").textContent = `${ns} / ${name}`;
+  document.getElementById("name").textContent = name;
+
+  async function refresh() {
+    clearTimeout(timer);
+    try {
+      show(await getJSON(base));
+      await showTimeline();
+    } catch (e) {
+      result(e.message, true);
+    }
+    timer = setTimeout(refresh, POLL_MS);
+  }
+
+  function show(page) {
+    const run = page.run, status = run.status || {}, spec = run.spec || {};
+    document.getElementById("phase").replaceChildren(phaseBadge(status.phase));
+    const waiting = status.waitingFor, waitingLine = document.getElementById("waiting");
+    waitingLine.hidden = !waiting || status.phase !== "Waiting";
+    document.getElementById("message").textContent = waitingLine.hidden ? status.message || "" : "";
+    if (waiting) {
+      waitingLine.textContent = waiting.event ? `Waiting for event "${waiting.event}" since ${waiting.since || "?"}` +
+        (waiting.deadline ? ` (deadline ${waiting.deadline})` : "")
+        : waiting.wakeTime ? `Sleeping until ${waiting.wakeTime}` : waiting.holder ? `Waiting for ${waiting.holder}` : "";
+      if (waiting.event && !eventPrefilled) {
+        document.querySelector("#event-form [name=event]").value = waiting.event;
+        eventPrefilled = true;
+      }
+    }
+    const cost = status.cost || {};
+    const facts = [["workflow", spec.workflow], ["attempt", status.attempt || 0], ["restarts", status.restarts || 0],
+      ["disruptions", status.disruptions || 0], ["cost", `$${cost.usd || "0"}, ${cost.tokens || 0} tokens`],
+      ["pod", status.pod || "-"], ["started", status.startTime || "-"], ["finished", status.completionTime || "-"],
+      ["suspend", spec.suspend ? "yes" : "no"]];
+    document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    document.getElementById("actions").hidden = !page.canChange;
+    document.querySelector("#conditions tbody").replaceChildren(...(status.conditions || []).map(c =>
+      el("tr", {}, el("td", {}, c.type), el("td", {}, c.status), el("td", {}, c.reason || ""),
+        el("td", {class: "message"}, c.message || ""))));
+    document.querySelector("#events tbody").replaceChildren(...page.events.map(e =>
+      el("tr", {class: e.type === "Warning" ? "warning" : ""}, el("td", {title: e.time || ""}, ago(e.time)),
+        el("td", {}, e.type), el("td", {}, e.reason), el("td", {class: "message"},
+          e.count > 1 ? `${e.message} (x${e.count})` : e.message))));
+    document.getElementById("children").replaceChildren(...tree(page.children, ns));
+    if (!page.children.length) document.getElementById("children").append(el("li", {class: "muted"}, "none"));
+    document.getElementById("input").textContent = JSON.stringify(spec.input ?? {}, null, 2);
+    const res = status.result;
+    document.getElementById("output").textContent = !res ? "-" : res.inline !== undefined && res.inline !== null
+      ? JSON.stringify(JSON.parse(res.inline), null, 2) : `${res.size} bytes at ${res.ref}`;
+  }
+
+  function tree(children, namespace) {
+    return children.map(c => el("li", {}, el("a", {href: `/runs/${encodeURIComponent(namespace)}/${encodeURIComponent(c.name)}`}, c.name),
+      " ", phaseBadge(c.phase), ` $${c.usd}`, c.children.length ? el("ul", {}, ...tree(c.children, namespace)) : ""));
+  }
+
+  async function showTimeline() {
+    const error = document.getElementById("timeline-error");
+    let t;
+    try {
+      t = await getJSON(`${base}/timeline?offset=${tlOffset}`);
+      error.hidden = true;
+    } catch (e) {
+      error.hidden = false;
+      error.textContent = `The journal could not be read: ${e.message}`;
+      return;
+    }
+    const start = Date.parse(t.start), span = Math.max(Date.parse(t.end) - start, 1);
+    document.getElementById("timeline-summary").textContent =
+      `${t.total} entries, ${t.attempts.length} attempt(s), $${t.cost.usd}, ${t.cost.tokens} tokens`;
+    document.querySelector("#timeline tbody").replaceChildren(...t.entries.map(e => {
+      const left = (Date.parse(e.start) - start) / span * 100, width = Math.max(0.5, e.duration * 1000 / span * 100);
+      const what = e.kind === "step" ? e.name : `${e.kind}: ${e.name}`;
+      return el("tr", {class: `entry kind-${e.kind}${e.ok ? "" : " failed"}`, "data-kind": e.kind},
+        el("td", {class: "num"}, `+${seconds((Date.parse(e.start) - start) / 1000)}`),
+        el("td", {class: "num"}, seconds(e.duration)),
+        el("td", {class: "barcell"}, bar(left, Math.min(width, 100 - left))),
+        el("td", {class: "num"}, e.attempt), el("td", {}, e.retries ? `${what} (${e.retries} retries)` : what),
+        el("td", {class: "num"}, e.usd !== "0" ? `$${e.usd}` : ""), el("td", {class: "num"}, e.tokens || ""),
+        el("td", {class: "message"}, [e.reason, ...e.marks.map(m => `<- ${m}`)].filter(Boolean).join("  ")));
+    }));
+    const last = Math.min(t.offset + t.pageSize, t.total);
+    document.getElementById("tl-page").textContent = t.total ? `${t.offset + 1}-${last} of ${t.total}` : "nothing journaled yet";
+    document.getElementById("tl-prev").disabled = t.offset === 0;
+    document.getElementById("tl-next").disabled = last >= t.total;
+    document.getElementById("tl-prev").onclick = () => { tlOffset = Math.max(0, tlOffset - t.pageSize); showTimeline(); };
+    document.getElementById("tl-next").onclick = () => { tlOffset += t.pageSize; showTimeline(); };
+  }
+
+  function result(text, failed) {
+    const line = document.getElementById("result");
+    line.hidden = false;
+    line.className = failed ? "result error" : "result";
+    line.textContent = text;
+  }
+
+  async function act(action, form, question) {
+    if (!confirm(question)) return;
+    const response = await fetch(`${base}/${action}`, {method: "POST", body: JSON.stringify(form),
+      headers: {"Content-Type": "application/json", "X-Durablerun-Token": token}});
+    const body = await response.json();
+    result(response.ok ? body.message : body.error, !response.ok);
+    refresh();
+  }
+
+  const questions = {
+    suspend: `Suspend ${name}? The attempt stops at its next step boundary.`,
+    resume: `Resume ${name}?`,
+    abort: `Abort ${name}? A running attempt gets spec.policy.abortGracePeriod to stop and let its Sagas undo their work; then the run is Aborted.`,
+    retry: `Retry ${name} from its journal? Finished steps are not executed again.`,
+  };
+  for (const button of document.querySelectorAll("[data-action]")) {
+    button.onclick = () => act(button.dataset.action, {}, questions[button.dataset.action]);
+  }
+  document.getElementById("event-form").addEventListener("submit", e => {
+    e.preventDefault();
+    const form = e.target;
+    act("event", {event: form.event.value, payload: form.payload.value},
+      `Send event "${form.event.value}" to ${name} with ${form.payload.value}? Events are write-once.`);
+  });
+  refresh();
+}
+
+if (document.body.dataset.page === "list") listPage(); else runPage();

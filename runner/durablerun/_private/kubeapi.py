@@ -1,0 +1,114 @@
+"""The user's own kubectl, and the changes a user makes to a DurableRun: one definition each.
+
+``kubectl durablerun`` (``durablerun._private.kubectl``) prints what the changes return; the run browser
+(``durablerun._private.browser``) shows it. Every call is the real ``kubectl`` with the user's kubeconfig,
+context and namespace, so the user's RBAC decides what they may do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import subprocess
+from typing import Any
+
+from durablerun import api, resource
+from durablerun._private import layout
+from durablerun._private.stores import Store, store_from_checkpoint
+
+RESOURCE = api.CRD_NAME  # as kubectl names the resource
+KIND_REF = f"{api.SINGULAR}.{api.GROUP}"  # as kubectl names objects: durablerun.durablerun.dev/NAME
+
+
+class PluginError(Exception):
+    """Exits 1 with the message (a refused patch, a missing run, ...)."""
+
+
+class Kubectl:
+    """The real kubectl, with the user's namespace/context/kubeconfig flags on every call."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.binary = os.environ.get("KUBECTL") or "kubectl"
+        self.args = args
+        self.flags = [f"--{flag}={value}" for flag, value in
+                      (("namespace", args.namespace), ("context", args.context), ("kubeconfig", args.kubeconfig))
+                      if value]
+
+    def in_namespace(self, namespace: str) -> Kubectl:
+        """The same identity (context, kubeconfig) acting in ``namespace``."""
+        return Kubectl(argparse.Namespace(**{**vars(self.args), "namespace": namespace}))
+
+    def __call__(self, *argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([self.binary, *self.flags, *argv], input=input, capture_output=True, text=True,
+                                check=False)
+        if check and result.returncode != 0:
+            raise PluginError(result.stderr.strip() or f"kubectl {' '.join(argv)} failed ({result.returncode})")
+        return result
+
+    def json(self, *argv: str) -> Any:
+        return json.loads(self(*argv, "-o", "json").stdout)
+
+    def run(self, name: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.json("get", RESOURCE, name)
+        return body
+
+    def merge_patch(self, name: str, patch: dict[str, Any]) -> None:
+        self("patch", RESOURCE, name, "--type=merge", "-p", json.dumps(patch))
+
+    def annotate(self, name: str, key: str, value: str, *, remove: tuple[str, ...] = ()) -> None:
+        """Set ``key`` and remove the ``remove`` annotations, in one change."""
+        self("annotate", RESOURCE, name, f"{key}={value}", *(f"{r}-" for r in remove), "--overwrite")
+
+
+# The changes a user makes to a run, one definition each: the commands below print what they return, and the
+# run browser (`kubectl durablerun ui`) shows it.
+
+def send_event(kube: Kubectl, run: str, event: str, payload: Any) -> str:
+    """Merge patch spec.events.<event>; a sent event is never changed (the run may already have read it)."""
+    layout.check_event_name(event)
+    sent = (kube.run(run).get("spec") or {}).get("events") or {}
+    if event in sent:
+        if sent[event] == payload:
+            return f"event {event!r} was already sent to {run} with this payload"
+        raise PluginError(f"event {event!r} was already sent to {run} with another payload "
+                          f"({json.dumps(sent[event])}): events are write-once; send a new event instead")
+    kube.merge_patch(run, {"spec": {"events": {event: payload}}})
+    return f"{KIND_REF}/{run} event {event!r} sent"
+
+
+def suspend(kube: Kubectl, run: str, on: bool) -> str:
+    kube.merge_patch(run, {"spec": {"suspend": on}})
+    return f"{KIND_REF}/{run} {'suspended' if on else 'resumed'}"
+
+
+def abort(kube: Kubectl, run: str, reason: str) -> str:
+    kube.annotate(run, api.ANNOTATION_ABORT, reason)
+    return (f"{KIND_REF}/{run} abort requested: {reason} (a running attempt gets "
+            "spec.policy.abortGracePeriod to stop and undo its work)")
+
+
+def retry(kube: Kubectl, run: str) -> str:
+    # A new value each time: the operator acts once per value. A user abort stands until it is lifted (the
+    # operator refuses a retry while it is set), so asking for a retry lifts it in the same change.
+    value = api.format_time(api.now(), precise=True)
+    kube.annotate(run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
+    return f"{KIND_REF}/{run} retry requested ({api.ANNOTATION_RETRY}={value})"
+
+
+def open_journal(kube: Kubectl, body: dict[str, Any], *, credentials_from_secret: bool) -> tuple[Store, layout.RunRef]:
+    """The store of run ``body`` and its journal's ref; the caller closes the store. S3 credentials come from the
+    environment, or with ``credentials_from_secret`` from the run's spec.checkpoint.credentialsSecret."""
+    spec = resource.DurableRunSpec.model_validate(body["spec"])
+    meta = body["metadata"]
+    access_key = secret_key = None
+    if credentials_from_secret:
+        if not spec.checkpoint.credentialsSecret:
+            raise PluginError(f"{meta['name']} names no spec.checkpoint.credentialsSecret: drop "
+                              "--credentials-from-secret and export AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
+        data = kube.json("get", "secret", spec.checkpoint.credentialsSecret).get("data") or {}
+        access_key, secret_key = (base64.b64decode(data[k]).decode() if k in data else None
+                                  for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
+    store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
+    return store, layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)

@@ -1,0 +1,184 @@
+"""The run browser (`kubectl durablerun ui`) in a real headless Chromium, against the test bed: the live list and
+its filters, a run's page (a restart and a wait on its timeline), approving it from the page until it Succeeds,
+aborting another; and what a request from anywhere but this server's own pages gets.
+
+Set DURABLERUN_SCREENSHOTS=<dir> to save the list's and the run page's screenshots there (docs/images/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.ui import WebDriverWait
+
+from durablerun_testbed import chromium
+from durablerun_testbed.testbed import TestBed
+from tests.browser.conftest import StartUI
+from tests.operator.helpers import Operator, RunEnv
+
+pytestmark = pytest.mark.testbed
+
+WAIT = 60.0  # seconds for the page to show what the API server has: it polls every 2 s
+
+
+def until(chrome: webdriver.Remote, condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    # The pages redraw their tables every poll: an element found a moment ago may be gone.
+    return WebDriverWait(chrome, timeout, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+                         ).until(lambda _: condition(), message=f"the page never showed {what}")
+
+
+def rows(chrome: webdriver.Remote, table: str) -> list[dict[str, Any]]:
+    """A table's rows as they are now, read in one go: each row's data attributes and its cells' text."""
+    return list(chrome.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
+        ".map(r => ({data: {...r.dataset}, cells: [...r.cells].map(c => c.innerText)}))", f"#{table}"))
+
+
+def open_link(chrome: webdriver.Remote, name: str) -> None:
+    """Click the list's link to run ``name`` (again if the list was redrawn under the click)."""
+    def click() -> bool:
+        chrome.find_element(By.LINK_TEXT, name).click()
+        return True
+
+    until(chrome, click, f"a link to {name}")
+    until(chrome, lambda: "/runs/" in chrome.current_url, f"{name}'s page")
+
+
+def listed(chrome: webdriver.Remote) -> set[str]:
+    return {row["data"].get("run", "") for row in rows(chrome, "runs")}
+
+
+def text(chrome: webdriver.Remote, selector: str) -> str:
+    return str(chrome.find_element(By.CSS_SELECTOR, selector).text)
+
+
+def confirm(chrome: webdriver.Remote) -> str:
+    """Accept the page's confirmation; its question."""
+    alert = WebDriverWait(chrome, 10).until(lambda c: c.switch_to.alert)
+    question = str(alert.text)
+    alert.accept()
+    return question
+
+
+def labelled(runs: RunEnv, name: str, workflow: str, input: dict[str, Any], team: str) -> dict[str, Any]:
+    manifest = runs.manifest(name, workflow, input)
+    manifest["metadata"]["labels"] = {"team": team}
+    return manifest
+
+
+def screenshot(chrome: webdriver.Remote, name: str, height: int) -> None:
+    folder = os.environ.get("DURABLERUN_SCREENSHOTS")
+    if folder:
+        chrome.set_window_size(1280, height)
+        chrome.save_screenshot(str(Path(folder) / name))
+        chrome.set_window_size(1400, 1000)
+
+
+def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, testbed: TestBed,
+                                            start_ui: StartUI, chrome: webdriver.Remote,
+                                            chromedriver: chromium.Chromedriver) -> None:
+    ns = runs.namespace
+    url = start_ui(testbed.kubeconfig, "--all-namespaces", "--credentials-from-secret")
+    chrome.get(url)
+    # The list is live: runs created after the page loaded appear without a reload.
+    runs.apply(labelled(runs, "review", "optest_flows:restart_then_approve", {}, "checkout"))
+    runs.apply(labelled(runs, "long", "optest_flows:steps", {"steps": 300, "sleep": 0.2}, "search"))
+    until(chrome, lambda: {f"{ns}/review", f"{ns}/long"} <= listed(chrome), "both new runs")
+    runs.wait_phase("review", "Waiting", timeout=120)
+
+    Select(chrome.find_element(By.NAME, "phase")).select_by_visible_text("Waiting")
+    until(chrome, lambda: f"{ns}/review" in listed(chrome) and f"{ns}/long" not in listed(chrome),
+          "only the waiting run with phase=Waiting")
+    Select(chrome.find_element(By.NAME, "phase")).select_by_visible_text("any")
+    label = chrome.find_element(By.NAME, "label")
+    label.send_keys("team=search\n")
+    until(chrome, lambda: f"{ns}/long" in listed(chrome) and f"{ns}/review" not in listed(chrome),
+          "only the team=search run")
+    label.clear()
+    chrome.find_element(By.NAME, "age").send_keys("2x\n")
+    until(chrome, lambda: "age:" in text(chrome, "#error"), "the bad age filter named")
+    chrome.find_element(By.NAME, "age").clear()
+    chrome.find_element(By.NAME, "label").send_keys("team\n")  # a label key alone: runs that have it
+    until(chrome, lambda: {f"{ns}/review", f"{ns}/long"} <= listed(chrome), "both runs again")
+    screenshot(chrome, "run-browser-list.png", 480)
+
+    # The run's page: where it waits, the restart and the wait on its timeline, its Events and conditions.
+    open_link(chrome, "review")
+    until(chrome, lambda: 'Waiting for event "review"' in text(chrome, "#waiting"), "what the run waits for")
+    until(chrome, lambda: {"restart", "wait"} <= {row["data"]["kind"] for row in rows(chrome, "timeline")},
+          "the restart and the wait on the timeline")
+    kinds = [(row["data"]["kind"], row["cells"][4]) for row in rows(chrome, "timeline")]
+    assert [k for k in kinds if k[0] in ("step", "wait")] == [("step", "prepare"), ("step", "flaky"),
+                                                              ("wait", "wait: review")], kinds
+    assert runs.get("review")["status"]["restarts"] == 1
+    until(chrome, lambda: rows(chrome, "events"), "the run's Events")
+    assert "Progressing" in text(chrome, "#conditions")
+    screenshot(chrome, "run-browser-run.png", 900)
+
+    # Approve from the page: the awaited event's form, a confirmation, and the run resumes to Succeeded.
+    form = chrome.find_element(By.ID, "event-form")
+    assert form.find_element(By.NAME, "event").get_attribute("value") == "review"
+    payload = form.find_element(By.NAME, "payload")
+    payload.clear()
+    payload.send_keys('{"approved": true, "by": "dana"}')
+    chrome.find_element(By.ID, "send-event").click()
+    assert "Events are write-once" in confirm(chrome)
+    until(chrome, lambda: "event 'review' sent" in text(chrome, "#result"), "the plugin's answer")
+    until(chrome, lambda: text(chrome, "#phase") == "Succeeded", "the run Succeeded", timeout=120)
+    assert runs.get("review")["spec"]["events"]["review"] == {"approved": True, "by": "dana"}
+    assert '"by": "dana"' in text(chrome, "#output")
+    assert runs.executions("flaky") == 2  # the crash and the restart
+    assert runs.executions("prepare") == 1  # replayed from the journal, not run again
+
+    # Abort the other from its page: the question says the Saga grace applies.
+    chrome.get(f"{url}runs/{ns}/long")
+    until(chrome, lambda: text(chrome, "#phase") == "Running", "the long run Running")
+    chrome.find_element(By.CSS_SELECTOR, "[data-action=abort]").click()
+    assert "abortGracePeriod" in confirm(chrome)
+    until(chrome, lambda: "abort requested" in text(chrome, "#result"), "the abort's answer")
+    until(chrome, lambda: text(chrome, "#phase") == "Aborted", "the run Aborted", timeout=120)
+    assert runs.get("long")["status"]["phase"] == "Aborted"
+
+    # Chromium and chromedriver listen on loopback only.
+    addresses = chromium.listening(chromedriver.pids())
+    assert addresses, "chromedriver listens somewhere"
+    assert all(a.startswith(("127.0.0.1:", "::1:")) for a in addresses), addresses
+
+
+def request(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_only_this_servers_pages_may_act(runs: RunEnv, testbed: TestBed, start_ui: StartUI) -> None:
+    runs.apply(runs.manifest("idle", "optest_flows:approval"))
+    url = start_ui(testbed.kubeconfig, "-n", runs.namespace)
+    action = f"{url}api/runs/{runs.namespace}/idle/suspend"
+    status, body = request(action, data=b"{}")
+    assert (status, "X-Durablerun-Token" in json.loads(body)["error"]) == (403, True), body
+    page = request(f"{url}runs/{runs.namespace}/idle")[1]
+    token = page.split('name="durablerun-token" content="')[1].split('"')[0]
+    # Another site's name for 127.0.0.1 (DNS rebinding) gets nothing, token or not.
+    assert request(action, data=b"{}", headers={"X-Durablerun-Token": token, "Host": "evil.example"})[0] == 421
+    assert request(f"{url}api/runs", headers={"Host": "evil.example"})[0] == 421
+    assert runs.get("idle")["spec"]["suspend"] is False
+    status, body = request(action, data=b"{}", headers={"X-Durablerun-Token": token})
+    assert (status, runs.get("idle")["spec"]["suspend"]) == (200, True), body
+    bad = request(f"{url}api/runs?phase=Sleeping")
+    assert bad[0] == 400
+    assert "phase: Sleeping is not a phase" in bad[1]

@@ -1,0 +1,54 @@
+"""The run browser's list filters and run summaries (pure logic; the browser itself is tested in tests/browser)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from durablerun import api
+from durablerun._private import browser
+
+NOW = api.parse_time("2026-01-02T00:00:00Z").timestamp()
+
+
+def run(name: str, phase: str, *, labels: dict[str, str] | None = None, created: str = "2026-01-01T23:00:00Z",
+        usd: str = "0") -> dict[str, Any]:
+    return browser.summary({"metadata": {"namespace": "ns", "name": name, "labels": labels or {},
+                                         "creationTimestamp": created},
+                            "status": {"phase": phase, "cost": {"usd": usd, "tokens": 3}}})
+
+
+RUNS = [run("a", "Waiting", labels={"team": "x", browser.QUEUE_LABEL: "gpu"}, usd="0.5"),
+        run("b", "Running", labels={"team": "y"}, created="2025-12-01T00:00:00Z"),
+        run("c", "Succeeded")]
+
+
+@pytest.mark.parametrize(("query", "names"), [
+    ({}, ["a", "b", "c"]),
+    ({"phase": ["Waiting,Running"]}, ["a", "b"]),
+    ({"label": ["team=y"]}, ["b"]),
+    ({"label": ["team"]}, ["a", "b"]),
+    ({"label": ["team=x, " + browser.QUEUE_LABEL]}, ["a"]),
+    ({"queue": ["gpu"]}, ["a"]),
+    ({"age": ["2h"]}, ["a", "c"]),
+    ({"cost": ["0.25"]}, ["a"]),
+])
+def test_filters(query: dict[str, list[str]], names: list[str]) -> None:
+    keep = browser.Filters(query)
+    assert [r["name"] for r in RUNS if keep(r, NOW)] == names
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ({"phase": ["Sleeping"]}, "phase: Sleeping is not a phase"),
+    ({"age": ["two hours"]}, "age: "),
+    ({"cost": ["lots"]}, "cost: 'lots' is not a number"),
+])
+def test_a_bad_filter_names_its_field(query: dict[str, list[str]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        browser.Filters(query)
+
+
+def test_summary_shows_what_the_list_needs() -> None:
+    (a, *_) = RUNS
+    assert (a["queue"], a["usd"], a["tokens"], a["parent"]) == ("gpu", "0.5", 3, "")
