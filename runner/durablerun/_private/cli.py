@@ -9,6 +9,7 @@
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
     durablerun timeline --run-id ID [--store URI] [--output json]
+    durablerun replay MODULE:FUNC (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json]
     durablerun pod [...]          # the in-pod entrypoint (durablerun._private.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private import arguments, inspection, layout, timeline, tracing
+from durablerun._private import arguments, inspection, layout, replayer, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
@@ -313,18 +314,30 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
     return store_from_checkpoint(checkpoint), ref
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
+def _local_or_kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | None:
+    """The run ``--run-id`` or ``--kubernetes`` names, and its store; None (said why): no such DurableRun."""
     if args.kubernetes:
-        found = _kubernetes_run(args)
-        if found is None:
-            return 1
-        store, ref = found
-    else:
-        ref = layout.RunRef.local(args.run_id)
-        if args.store == arguments.FROM_RUN:
-            args.store = os.environ.get(api.Env.STORE, arguments.DEFAULT_STORE)
-        store = _open(args)
+        return _kubernetes_run(args)
+    if args.store == arguments.FROM_RUN:
+        args.store = os.environ.get(api.Env.STORE, arguments.DEFAULT_STORE)
+    return _open(args), layout.RunRef.local(args.run_id)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    found = _local_or_kubernetes_run(args)
+    if found is None:
+        return 1
+    store, ref = found
     return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all, result=args.result)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    found = _local_or_kubernetes_run(args)
+    if found is None:
+        return Outcome.USAGE_ERROR.exit_code
+    store, ref = found
+    sys.path.insert(0, os.getcwd())
+    return replayer.show(replayer.replay_run(store, ref, args.workflow), as_json=args.json)
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
@@ -346,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
                    "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
-                   "timeline": cmd_timeline}[args.command]
+                   "timeline": cmd_timeline, "replay": cmd_replay}[args.command]
         return handler(args)
     except BrokenPipeError:
         # The reader went away (`durablerun inspect ... | head`): stop quietly, as a

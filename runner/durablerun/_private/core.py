@@ -90,7 +90,8 @@ class AttemptCore:
     * queries for the outcome: :attr:`totals`, :meth:`spent`, :attr:`journal_records`,
       :attr:`total_steps`, :attr:`open_compensations`, :meth:`stalled_for`,
       :meth:`duration_halt`, :meth:`overshoot`, :meth:`advice`, :meth:`refuses_writes`;
-    * the journal: :meth:`recorded_value` (a completed run's result), :meth:`final_snapshot`.
+    * the journal: :meth:`recorded_value` (a completed run's result), :meth:`final_snapshot`;
+    * a replay-only attempt (``EngineConfig.replay``): :meth:`check_replayed_all`.
     """
 
     def __init__(
@@ -111,7 +112,8 @@ class AttemptCore:
         self.continuation: ContinueRecord | None = loaded.continuation
         self.gen = self.continuation.gen if self.continuation else 0
         # Resume in the generation the last ctx.continue_as_new started.
-        self.live = live = Live(loaded=loaded, totals=loaded.totals, prefix=gen_prefix(self.gen))
+        self.live = live = Live(loaded=loaded, totals=loaded.totals, prefix=gen_prefix(self.gen),
+                                probe=config.replay)
         for record in loaded.records:
             live.add(record)
         self.policy = policy
@@ -200,6 +202,13 @@ class AttemptCore:
 
     async def complete(self, value: Any) -> tuple[CompleteRecord, Any]:
         """Journal the workflow's result ``value``: its record, and the value as a replay returns it."""
+        if self.config.replay is not None:
+            self.reached.add("end")  # a completed journal's own record
+            self.live.check_unreached(self.reached)
+            done = self.live.index.get("end", {}).get("complete")
+            if isinstance(done, CompleteRecord):  # the journal completed here too
+                return done, await self.results.recorded(done, "the workflow's result")
+            self.replay_end("the workflow's completion")
         self.live.check_unreached(self.reached)
         payload, result = await self.results.encode(value, "the workflow")
         done = CompleteRecord(pos="end", name="result")
@@ -275,6 +284,21 @@ class AttemptCore:
     def peek(self) -> tuple[int, ...] | None:
         scope = SCOPE.get(None)
         return None if scope is None else (*scope.prefix, scope.counter)
+
+    def check_replayed_all(self) -> None:
+        """A replay-only attempt whose workflow raised: did it leave journaled operations unreached? (A
+        divergence, recorded in the probe: the journal went on past the point where the code now raises.)"""
+        with contextlib.suppress(Halt):
+            self.live.check_unreached(self.reached)
+
+    def replay_end(self, what: str) -> None:
+        """A new operation (``what``): a replay-only attempt stops here, the journal's end, having run nothing."""
+        probe = self.config.replay
+        if probe is None:
+            return
+        if probe.end is None:
+            probe.end = what
+        raise Halt(HaltKind.FENCE, f"replayed the whole journal; it ends before {what}")
 
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
@@ -369,6 +393,7 @@ class AttemptCore:
                                        str(err.get("message", "")), rec.attempts)
             # The run was retried after this failure: run the step again. Its new record, later in the
             # journal at the same position, is the one every later replay reads.
+        self.replay_end(f"step {name!r} at position {pos}")
         self.check_before_new_op(step=True)
         max_retries = self.policy.maxRetries if retries is None else retries
         live = self.live
@@ -431,6 +456,7 @@ class AttemptCore:
             rec = recs["value"]
             assert isinstance(rec, ValueRecord)
             return rec.value
+        self.replay_end(f"ctx.{kind}() at position {pos}")
         value = make()
         self.writer.commit_now(ValueRecord(pos=pos, name=kind, value=value))
         return value
@@ -445,7 +471,10 @@ class AttemptCore:
             rec = recs["sleep"]
             assert isinstance(rec, SleepRecord)
             wake = parse_time(rec.wake_at)
+            if self.config.replay is not None:
+                return  # a replay never sleeps: what follows the sleep in the journal replays at once
         else:
+            self.replay_end(f"sleep at position {pos}")
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
             await self.writer.commit(SleepRecord(pos=pos, name="sleep", wake_at=format_time(wake, precise=True)))
@@ -476,6 +505,7 @@ class AttemptCore:
             assert isinstance(end, EventRecord)
             return self._event_outcome(end)
         start = recs.get("wait")
+        self.replay_end(f"{'the delivery of' if start else 'wait for'} event {name!r} at position {pos}")
         if start is None:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
@@ -518,6 +548,7 @@ class AttemptCore:
             return True
         if self.live.replaying_at(cur):
             return False
+        self.replay_end(f"ctx.patched({change_id!r}) at position {pos}")
         self.writer.commit_now(PatchRecord(pos=pos, name=change_id))
         return True
 
@@ -563,6 +594,7 @@ class AttemptCore:
             self.continued = rec
             raise ContinueAsNew()
         self.live.check_unreached(self.reached)
+        self.replay_end(f"ctx.continue_as_new() at position {pos}")
         self.check_before_new_op(step=False)
         self.check_duration()
         payload, _ = await self.results.encode(new_input, f"the input given to {what}", verb="is", root="input")

@@ -217,6 +217,8 @@ class Run:
 
         await self._io(self.store.backend.check)
         manifest = await self._io(rs.read_manifest)
+        if manifest is None and self.config.replay is not None:
+            raise errors.ConfigError(f"no run {self.ref} in {self.store.uri}: nothing to replay")
         if manifest is None:
             manifest = await self._io(rs.create_manifest, {
                 "layout": layout.LAYOUT_VERSION,
@@ -245,7 +247,8 @@ class Run:
         first_start = parse_time(str(manifest["created"]))
         if self.config.active_before is not None:
             first_start = datetime.now(UTC) - self.config.active_before
-        loaded: Loaded = await self._io(lambda: rs.load(for_writing=True))
+        replay_only = self.config.replay is not None
+        loaded: Loaded = await self._io(lambda: rs.load(for_writing=not replay_only))
         for w in loaded.warnings:
             self.sinks.emit(EventKind.WARNING, message=w)
         assert self._io_pool is not None
@@ -260,7 +263,7 @@ class Run:
                 code_version=code_version, generation=c.gen, first_loaded=loaded.base,
                 journal=loaded.records))
             done = loaded.records[-1] if loaded.records else None
-            if isinstance(done, CompleteRecord):
+            if isinstance(done, CompleteRecord) and not replay_only:
                 try:
                     value = await c.recorded_value(done, "the workflow's result")
                 except Halt as h:
@@ -297,6 +300,8 @@ class Run:
             if isinstance(outcome, AttemptResult):
                 await self._finish(c, rs, outcome, code_version)
                 return outcome
+            if self.config.replay is not None:  # never reached: a replay ends at the first wait it cannot replay
+                return self._result(c, Outcome.FENCED, "a replay-only attempt does not wait")
             # Waiting: publish it, then look again (an event sent meanwhile is never lost:
             # a sender writes the event first and reads our status second).
             waiting = outcome
@@ -429,6 +434,8 @@ class Run:
             return self._result(c, Outcome.SUSPENDED, "the workflow was cancelled")
         if isinstance(exc, errors.ConfigError):
             return self._result(c, Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc))
+        if self.config.replay is not None:
+            c.check_replayed_all()
         detail = "".join(traceback.format_exception(exc)[-4:]).strip()
         log.error("the workflow raised:\n%s", detail)
         return self._result(c, Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
