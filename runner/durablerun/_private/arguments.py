@@ -94,6 +94,22 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(resume)
     run_args(resume)
 
+    rerun = sub.add_parser("rerun", help="run a run again from a step: drop its journal from the step's first "
+                                         "record on (archived first), then resume it")
+    store_args(rerun)
+    rerun.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                       help="the step's name, as `durablerun inspect` shows it")
+    run_args(rerun)
+    rerun.set_defaults(workflow=None)
+
+    fork = sub.add_parser("fork", help="start a new run whose journal is a copy of this run's before a step")
+    store_args(fork)
+    fork.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                      help="the first step the fork executes itself, as `durablerun inspect` shows it")
+    fork.add_argument("--to", required=True, metavar="NEW_RUN_ID", help="the new run's id (must not exist)")
+    run_args(fork)
+    fork.set_defaults(workflow=None)
+
     send = sub.add_parser("send-event", help="send an event to a run (first write wins)")
     store_args(send)
     send.add_argument("name", help="event name")

@@ -9,6 +9,8 @@
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
     durablerun timeline --run-id ID [--store URI] [--output json]
+    durablerun rerun --run-id ID --from STEP [--store URI] [run flags]
+    durablerun fork --run-id ID --from STEP --to NEW_ID [--store URI] [--input JSON|@file] [run flags]
     durablerun replay MODULE:FUNC (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json]
     durablerun pod [...]          # the in-pod entrypoint (durablerun._private.pod)
 
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private import arguments, inspection, layout, replayer, timeline, tracing
+from durablerun._private import arguments, inspection, layout, replayer, reruns, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
@@ -199,6 +201,28 @@ def _resume_command(args: argparse.Namespace) -> str:
     return f"durablerun resume --run-id {args.run_id} --store {args.store}"
 
 
+def cmd_rerun(args: argparse.Namespace) -> int:
+    """Cut the run back to ``--from`` (refused, nothing changed, while an attempt holds it), then resume it."""
+    ref = layout.RunRef.local(args.run_id)
+    arguments.policy_flags(args)  # flag errors before anything is touched
+    store = _open(args)
+    store.check()
+    if args.command == "fork":
+        new = layout.RunRef.local(args.to)
+        given = arguments.json_arg("--input", args.input) if args.input is not None else None
+        cut = reruns.fork(store, ref, args.from_step, new, reruns.Origin.local(), input=given)
+        print(f"durablerun: forked run {ref} to {new}: its journal copies the {cut.kept} records before step "
+              f"{args.from_step!r} (position {cut.position}); {new} executes that step on", file=sys.stderr)
+        args.run_id = args.to
+    else:
+        cut = reruns.rerun(store, ref, args.from_step, reruns.Origin.local())
+        print(f"durablerun: run {ref}: dropped {cut.dropped} journal records from step {args.from_step!r} "
+              f"(position {cut.position}) on, kept {cut.kept}; a copy of the run as it was is in "
+              f"{store.uri.rstrip('/')}/{ref.path}/{cut.archive}", file=sys.stderr)
+    args.command = "resume"
+    return cmd_run(args)
+
+
 def cmd_send_event(args: argparse.Namespace) -> int:
     ref = layout.RunRef.local(args.run_id)
     layout.check_event_name(args.name)
@@ -359,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
                    "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
-                   "timeline": cmd_timeline, "replay": cmd_replay}[args.command]
+                   "timeline": cmd_timeline, "replay": cmd_replay,
+                   "rerun": cmd_rerun, "fork": cmd_rerun}[args.command]
         return handler(args)
     except BrokenPipeError:
         # The reader went away (`durablerun inspect ... | head`): stop quietly, as a
