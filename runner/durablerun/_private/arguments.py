@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(fork)
     fork.set_defaults(workflow=None)
 
+    retry = sub.add_parser("retry", help="retry a Failed or Aborted run after a fix: its failed steps run again, "
+                                         "its completed ones replay")
+    retry.add_argument("workflow", metavar="MODULE:FUNC", nargs="?",
+                       help="the async workflow function (default: the one the run started with)")
+    store_args(retry)
+    run_args(retry)
+
     send = sub.add_parser("send-event", help="send an event to a run (first write wins)")
     store_args(send)
     send.add_argument("name", help="event name")

@@ -4,6 +4,7 @@
 
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
     durablerun resume [MODULE:FUNC] --run-id ID [--store URI] [--max-cost USD] ...
+    durablerun retry [MODULE:FUNC] --run-id ID [--store URI] ...   # a Failed run: its failed steps run again
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
     durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
     durablerun list [--store URI] [--json]
@@ -32,6 +33,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from durablerun import api, errors, resource
@@ -108,12 +110,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         store.check()
         manifest = rs.read_manifest()
-        if manifest is None and args.command == "resume":
+        if args.command == "retry":
+            outcome = (rs.read_status() or {}).get("outcome")
+            if manifest is not None and outcome not in (Outcome.FAILED, Outcome.ABORTED):
+                raise arguments.UsageError(
+                    f"run {ref} is {outcome or 'running or was stopped'}: retry is for a Failed or Aborted run "
+                    f"(its failed steps run again); to go on with it: {_resume_command(args)}")
+            # Failures journaled before now run again (as on Kubernetes: status.retryTime).
+            config_fields["rerun_failed_before"] = api.now()
+        if manifest is None and args.command in ("resume", "retry"):
             raise arguments.UsageError(
                 f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
                 f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
                 f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
         stored_policy = rs.read_policy()
+        # maxDuration counts the time the run's attempts ran (api.active_time), as on Kubernetes: not the waits,
+        # durable sleeps or pauses between `durablerun` commands. Each attempt records the sum in status.json.
+        config_fields["active_before"] = timedelta(
+            seconds=float((rs.read_status() or {}).get("activeSeconds") or 0))
         # The local store lease stays a minute (renewed every 20 s), whatever the run's leaseDuration: that
         # default grew to 3m for the API server's sake, and a second `durablerun run` would wait a renewal out.
         lease = min(Policy.model_validate(stored_policy or {}).lease_duration.total_seconds(), LOCAL_LEASE_SECONDS)
@@ -229,6 +243,10 @@ def cmd_send_event(args: argparse.Namespace) -> int:
     payload = arguments.json_arg("payload", args.payload)
     store = _open(args)
     store.check()
+    if store.run_store(ref).read_manifest() is None:
+        raise arguments.UsageError(
+            f"no run {ref} in {args.store}: nothing was sent. Check --run-id and --store (`durablerun list "
+            f"--store {args.store}` shows the runs there)")
     won = store.put_event(run=ref, name=args.name, payload=payload)
     info = store.read_run(run=ref)
     if won:
@@ -238,9 +256,7 @@ def cmd_send_event(args: argparse.Namespace) -> int:
               "(first write wins)")
     status = info.status or {}
     waiting = status.get("waitingFor") or {}
-    if not info.exists:
-        print(f"no run {ref} has started yet; it will get the event when it waits for it")
-    elif status.get("outcome") == Outcome.WAITING and waiting.get("event") == args.name:
+    if status.get("outcome") == Outcome.WAITING and waiting.get("event") == args.name:
         until = status.get("pollingUntil")
         if until and parse_time(str(until)) > api.now():
             print(f"run {ref} is waiting for it and its attempt is still polling for it (until "
@@ -381,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = arguments.build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
+        handler = {"run": cmd_run, "resume": cmd_run, "retry": cmd_run, "send-event": cmd_send_event,
                    "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
                    "timeline": cmd_timeline, "replay": cmd_replay,
                    "rerun": cmd_rerun, "fork": cmd_rerun}[args.command]

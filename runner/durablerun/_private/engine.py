@@ -39,7 +39,15 @@ from durablerun._private.model import (
 from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
-from durablerun.api import AbortReason, Outcome, format_time, input_hash, parse_duration, parse_time
+from durablerun.api import (
+    AbortReason,
+    Outcome,
+    active_time,
+    format_time,
+    input_hash,
+    parse_duration,
+    parse_time,
+)
 from durablerun.resource import RESULT_INLINE_MAX, Policy
 
 SDK_VERSION = __version__
@@ -99,6 +107,7 @@ class Run:
         self._fence: str | None = None
         self._next_hb = 0.0
         self._io_pool: ThreadPoolExecutor | None = None
+        self._attempt_start: datetime | None = None
         self.attempt_id = uuid.uuid4().hex[:16]
 
     # --- control from other threads --------------------------------------------------------
@@ -245,8 +254,9 @@ class Run:
                 "Nothing journaled was changed."
             )
         first_start = parse_time(str(manifest["created"]))
-        if self.config.active_before is not None:
-            first_start = datetime.now(UTC) - self.config.active_before
+        if self.config.active_before is not None:  # maxDuration counts active time (api.active_time)
+            self._attempt_start = datetime.now(UTC)
+            first_start = self._attempt_start - self.config.active_before
         replay_only = self.config.replay is not None
         loaded: Loaded = await self._io(lambda: rs.load(for_writing=not replay_only))
         for w in loaded.warnings:
@@ -531,6 +541,9 @@ class Run:
         doc = result.to_json()
         doc.update({"attempt": self.attempt_id, "time": format_time(time.time(), precise=True),
                     "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
+        if self.config.active_before is not None:  # what the next attempt's active_before is (the local CLI)
+            doc["activeSeconds"] = round(active_time(self.config.active_before, self._attempt_start,
+                                                     datetime.now(UTC)).total_seconds(), 3)
         return doc
 
 

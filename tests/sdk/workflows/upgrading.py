@@ -6,10 +6,11 @@ which steps ran (and how often).
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
-from durablerun import DurableContext
+from durablerun import DurableContext, NonRetryableError
 
 
 def _do(ledger: str, name: str) -> str:
@@ -69,3 +70,19 @@ async def crashing(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]
     await ctx.step("plan", _do, input["ledger"], "plan")
     await ctx.sleep(timedelta(hours=input.get("sleep_hours", 0)))
     raise RuntimeError("a bug in the new release")
+
+
+def _fetch(ledger: str, broken: str) -> str:
+    _do(ledger, "fetch")
+    if os.path.exists(broken):
+        raise NonRetryableError(f"{broken} exists: the bug is not fixed yet")
+    return "fetched"
+
+
+async def fixable(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """A step that fails for good while the file ``input.broken`` exists (the bug), between two good ones."""
+    ledger = input["ledger"]
+    plan = await ctx.step("plan", _do, ledger, "plan")
+    fetched = await ctx.step("fetch", _fetch, ledger, input["broken"])
+    done = await ctx.step("publish", _do, ledger, "publish")
+    return {"plan": plan, "fetched": fetched, "done": done}
