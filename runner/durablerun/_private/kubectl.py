@@ -14,6 +14,8 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
+    kubectl durablerun rerun RUN --from STEP                        # cut the journal back, then a new attempt
+    kubectl durablerun fork RUN --from STEP --to NEW                # a new DurableRun with RUN's history before STEP
     kubectl durablerun completion bash
 
 ``-n/--namespace``, ``--context`` and ``--kubeconfig`` go to every kubectl
@@ -32,8 +34,8 @@ import time
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private import arguments, inspection, layout, timeline
-from durablerun._private.stores import store_from_checkpoint
+from durablerun._private import arguments, inspection, layout, reruns, timeline
+from durablerun._private.stores import Store, store_from_checkpoint
 from durablerun._version import __version__
 
 RESOURCE = api.CRD_NAME  # as kubectl names the resource
@@ -195,10 +197,9 @@ def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
-    body = kube.run(args.run)
+def _store_of(kube: Kubectl, args: argparse.Namespace, body: dict[str, Any]) -> Store:
+    """The run's store, with your credentials or (``--credentials-from-secret``) the run's own."""
     spec = resource.DurableRunSpec.model_validate(body["spec"])
-    meta = body["metadata"]
     access_key = secret_key = None
     if args.credentials_from_secret:
         if not spec.checkpoint.credentialsSecret:
@@ -207,14 +208,82 @@ def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
         data = kube.json("get", "secret", spec.checkpoint.credentialsSecret).get("data") or {}
         access_key, secret_key = (base64.b64decode(data[k]).decode() if k in data else None
                                   for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
-    store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
+    return store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
+
+
+def _ref_of(body: dict[str, Any]) -> layout.RunRef:
+    meta, run_id = body["metadata"], ((body["spec"].get("checkpoint") or {}).get("runId"))
+    return layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], run_id)
+
+
+def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
+    body = kube.run(args.run)
+    store = _store_of(kube, args, body)
     try:
-        ref = layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)
+        ref = _ref_of(body)
         if args.command == "timeline":  # the same journal, drawn over time
             return timeline.show(store, ref, as_json=args.output == "json")
         return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all)
     finally:
         store.close()
+
+
+def _origin(kube: Kubectl) -> reruns.Origin:
+    context = kube("config", "current-context", check=False).stdout.strip() or "?"
+    return reruns.Origin(who=os.environ.get("USER") or "?", via=f"kubectl durablerun (context {context})")
+
+
+def cmd_rerun(kube: Kubectl, args: argparse.Namespace) -> int:
+    """Cut the finished run's journal back to STEP (reruns.rerun), then ask the operator for a new attempt."""
+    body = kube.run(args.run)
+    phase = (body.get("status") or {}).get("phase")
+    if phase not in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED):
+        raise PluginError(f"{args.run} is {phase or 'not started'}: rerun is for a finished run (Failed, Aborted or "
+                          f"Succeeded); stop it first (kubectl durablerun abort {args.run}); nothing was changed")
+    store = _store_of(kube, args, body)
+    try:
+        cut = reruns.rerun(store, _ref_of(body), args.from_step, _origin(kube))
+    finally:
+        store.close()
+    value = api.format_time(api.now(), precise=True)
+    kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
+    print(f"{KIND_REF}/{args.run} rerun from step {args.from_step!r} (position {cut.position}): dropped "
+          f"{cut.dropped} journal records, kept {cut.kept} (archived under {cut.archive}); a new attempt starts")
+    return 0
+
+
+def cmd_fork(kube: Kubectl, args: argparse.Namespace) -> int:
+    """A new DurableRun NEW: the run's spec (no events), created suspended; its journal copied up to STEP; resumed."""
+    body = kube.run(args.run)
+    phase = (body.get("status") or {}).get("phase")
+    if phase in (api.Phase.PENDING, api.Phase.RUNNING):
+        raise PluginError(f"{args.run} is {phase}: an attempt holds its journal; fork it once it waits, is suspended "
+                          "or has finished; nothing was changed")
+    if kube("get", RESOURCE, args.to, "--ignore-not-found", "-o", "name").stdout.strip():
+        raise PluginError(f"--to {args.to!r}: a DurableRun by that name exists; pick another name; nothing was "
+                          "changed")
+    store = _store_of(kube, args, body)
+    try:
+        records = store.run_store(_ref_of(body)).read_all()
+        reruns.first_record_of(records, args.from_step, _ref_of(body))  # refused before anything is created
+        spec = {k: v for k, v in body["spec"].items() if k not in ("events", "suspend")}
+        spec["checkpoint"] = {k: v for k, v in spec["checkpoint"].items() if k != "runId"}  # its own journal
+        manifest = {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                    "metadata": {"name": args.to, "labels": body["metadata"].get("labels") or {}},
+                    "spec": {**spec, "suspend": True}}
+        created = json.loads(kube("create", "-f", "-", "-o", "json", input=json.dumps(manifest)).stdout)
+        new = layout.RunRef.kubernetes(created["metadata"]["namespace"], args.to, created["metadata"]["uid"])
+        try:
+            cut = reruns.fork(store, _ref_of(body), args.from_step, new, _origin(kube))
+        except BaseException:
+            kube("delete", RESOURCE, args.to, "--wait=false", check=False)  # nothing half-made is left
+            raise
+    finally:
+        store.close()
+    kube.merge_patch(args.to, {"spec": {"suspend": False}})
+    print(f"{KIND_REF}/{args.to} forked from {args.run} before step {args.from_step!r} (position {cut.position}): "
+          f"its journal copies {cut.kept} records; it executes that step on")
+    return 0
 
 
 def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
@@ -245,7 +314,7 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
-            "completion", "timeline"]
+            "completion", "timeline", "rerun", "fork"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
 TAKES_RUN = set(COMMANDS) - {"completion"}
 
@@ -352,6 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "credentials as for journal)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
+    p = command("rerun", "run a finished run again from a step: drop its journal from the step's first record on "
+                         f"(archived first), then start a new attempt ({api.ANNOTATION_RETRY})")
+    p.add_argument("--from", dest="from_step", required=True, metavar="STEP", help="the step's name (see journal)")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
+    p = command("fork", "create DurableRun NEW: this run's spec and input, its journal a copy of this run's "
+                        "before a step")
+    p.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                   help="the first step NEW executes itself (see journal)")
+    p.add_argument("--to", required=True, metavar="NEW", help="the new DurableRun's name (must not exist)")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
     command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
     p = command("completion", "print a shell completion script")
     p.add_argument("shell", choices=["bash"])
@@ -360,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
-            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal}
+            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal,
+            "rerun": cmd_rerun, "fork": cmd_fork}
 
 
 def main(argv: list[str] | None = None) -> int:

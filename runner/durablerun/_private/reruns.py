@@ -56,7 +56,7 @@ class Cut:
     archive: str | None = None
 
 
-def _first_record_of(records: list[Record], step: str, run: layout.RunRef) -> StepRecord:
+def first_record_of(records: list[Record], step: str, run: layout.RunRef) -> StepRecord:
     for record in records:
         if isinstance(record, StepRecord) and record.name == step:
             return record
@@ -97,13 +97,13 @@ def rerun(store: Store, ref: layout.RunRef, step: str, origin: Origin) -> Cut:
     rs = store.run_store(ref)
     try:
         _manifest(rs)
-        _first_record_of(rs.read_all(), step, ref)  # bad input is refused before anything is written
+        first_record_of(rs.read_all(), step, ref)  # bad input is refused before anything is written
     finally:
         rs.close()
     owner = _hold(store, ref, f"rerun of run {ref}")
     rs = store.run_store(ref)
     try:
-        first = _first_record_of(rs.read_all(), step, ref)  # again, now that no attempt can append
+        first = first_record_of(rs.read_all(), step, ref)  # again, now that no attempt can append
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         archive = f"{layout.ARCHIVE_DIR}{stamp}/"
         skip = (layout.OWNER, layout.ARCHIVE_DIR, layout.HISTORY_DIR)
@@ -139,7 +139,7 @@ def fork(store: Store, ref: layout.RunRef, step: str, new: layout.RunRef, origin
         held = _hold(store, ref, f"fork of run {ref}")
         held.release()  # checked: no attempt is writing the source now; a fork only reads it
         records = source.read_all()
-        first = _first_record_of(records, step, ref)
+        first = first_record_of(records, step, ref)
         policy = source.read_policy()
         blobs = store.backend.list_keys(source.key(layout.BLOBS_DIR))
     finally:
