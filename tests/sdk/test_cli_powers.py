@@ -1,9 +1,11 @@
 """The local CLI has the operator's powers: retry after a fix, maxDuration counting active time only, an event
-for an unknown run refused."""
+for an unknown run refused, `run --follow` through waits."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from durablerun._private import codec, layout
 from durablerun.api import Outcome, format_time, now
 from durablerun.stores import RunRef, open_store
 
-from .helpers import cli
+from .helpers import cli, sub_env, wait_until
 
 
 def test_retry_runs_the_failed_step_again_after_a_fix(tmp_path: Path) -> None:
@@ -74,3 +76,27 @@ def test_an_event_for_an_unknown_run_is_refused_and_not_stored(tmp_path: Path) -
     assert "no run _local/nope in" in sent.stderr
     assert "nothing was sent" in sent.stderr
     assert not any((tmp_path / "store").rglob("*.json"))
+
+
+def test_run_follow_stays_through_a_wait_and_finishes_once_the_event_is_sent(tmp_path: Path) -> None:
+    store_uri, ledger = f"file://{tmp_path / 'store'}", tmp_path / "ledger"
+    base = ["--run-id", "f1", "--store", store_uri]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durablerun", "run", "upgrading:v1", *base, "--quiet", "--follow",
+         "--input", json.dumps({"ledger": str(ledger)})],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sub_env())
+    try:
+        rs = open_store(store_uri).run_store(RunRef.local("f1"))
+        wait_until(lambda: (rs.read_status() or {}).get("outcome") == Outcome.WAITING, timeout=60,
+                   what="the run to wait for its review")
+        assert proc.poll() is None, "run --follow exited at the wait"
+        assert cli(["send-event", *base, "review", '{"ok": true}']).returncode == 0
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "following: waiting here for event 'review'" in err
+    assert json.loads(out)["review"] == {"ok": True}
+    assert ledger.read_text().split() == ["plan", "draft", "publish"]

@@ -76,6 +76,9 @@ def run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-log", metavar="FILE",
                    help="also write progress events as JSON lines to FILE ('-' = stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--follow", action="store_true",
+                   help="stay through durable sleeps and waits: poll the store here, and resume once the wake "
+                        "time passes or the event is sent (no manual resume)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -41,6 +42,7 @@ from durablerun._private import arguments, inspection, layout, replayer, reruns,
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
+from durablerun._private.model import WaitingFor
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import Store, open_store, store_from_checkpoint
@@ -50,6 +52,7 @@ from durablerun.resource import Policy
 EXIT_STORE_UNAVAILABLE = 75
 LOCAL_LEASE_SECONDS = 60.0  # the local CLI's hold on a run's owner record (cmd_run)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
+FOLLOW_POLL_SECONDS = 1.0  # run --follow: how often a wait reads the store
 
 
 def _open(args: argparse.Namespace) -> Store:
@@ -90,6 +93,38 @@ def _cli_advice(args: argparse.Namespace) -> Callable[[str], str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """One attempt; with ``--follow``, attempts until the run stops waiting (waits polled in this process)."""
+    while True:
+        code, waiting = _attempt(args)
+        if not (args.follow and waiting and _follow(args, waiting)):
+            return code
+        args.command = "resume"
+
+
+def _follow(args: argparse.Namespace, w: WaitingFor) -> bool:
+    """Wait here for what the run waits for, polling the store; True once it is there (False: Ctrl-C)."""
+    store = _open(args)
+    rs = store.run_store(layout.RunRef.local(args.run_id))
+    what = f"event {w.event!r}" if w.event else f"its wake time {w.wake_time.isoformat() if w.wake_time else '?'}"
+    print(f"durablerun: following: waiting here for {what}, polling the store (Ctrl-C stops; the run stays "
+          "Waiting)", file=sys.stderr)
+    try:
+        while True:
+            now = api.now()
+            if w.event and rs.get_event(w.event) is not None:
+                return True
+            due = [t for t in (w.deadline, w.wake_time) if t is not None]
+            if due and now >= min(due):
+                return True
+            wait = min([FOLLOW_POLL_SECONDS, *((t - now).total_seconds() for t in due)])
+            time.sleep(max(0.0, wait))  # a durable wait: minutes or days, one store read a second
+    except KeyboardInterrupt:
+        return False
+    finally:
+        rs.close()
+
+
+def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None]:
     ref = layout.RunRef.local(args.run_id)
     arguments.policy_flags(args)  # flag errors before anything is touched
     if args.snapshot_every < 1:
@@ -133,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         lease = min(Policy.model_validate(stored_policy or {}).lease_duration.total_seconds(), LOCAL_LEASE_SECONDS)
         owner = _hold(store, ref, lease)
         if owner is None:
-            return Outcome.WAITING.exit_code
+            return Outcome.WAITING.exit_code, None
         policy = _run_policy(args, rs)
     finally:
         rs.close()
@@ -181,14 +216,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif result.outcome == Outcome.WAITING:
         w = result.waiting
         if w and w.event:
+            then = "" if args.follow else f"  then: {resume}"
             print(f"durablerun: send it with: durablerun send-event --run-id {args.run_id} "
-                  f"--store {args.store} {w.event} '<json>'  then: {resume}", file=sys.stderr)
+                  f"--store {args.store} {w.event} '<json>'{then}", file=sys.stderr)
         elif w and w.wake_time:
             print(f"durablerun: resume it after {w.wake_time.isoformat()}: {resume}",
                   file=sys.stderr)
     elif result.outcome == Outcome.SUSPENDED or result.abort_reason == AbortReason.USER_REQUESTED:
         print(f"durablerun: to resume: {resume}", file=sys.stderr)
-    return result.exit_code
+    return result.exit_code, result.waiting if result.outcome == Outcome.WAITING else None
 
 
 def _hold(store: Store, ref: layout.RunRef, lease_seconds: float) -> OwnerLease | None:
