@@ -100,3 +100,25 @@ def test_run_follow_stays_through_a_wait_and_finishes_once_the_event_is_sent(tmp
     assert "following: waiting here for event 'review'" in err
     assert json.loads(out)["review"] == {"ok": True}
     assert ledger.read_text().split() == ["plan", "draft", "publish"]
+
+
+def test_a_failing_step_shows_its_own_traceback_once_and_each_retry_its_delay(tmp_path: Path) -> None:
+    ledger, broken = tmp_path / "ledger", tmp_path / "broken"
+    broken.write_text("")
+    store = ["--store", f"file://{tmp_path / 'store'}"]
+    failed = cli(["run", "upgrading:fixable", "--run-id", "f1", *store,
+                  "--input", json.dumps({"ledger": str(ledger), "broken": str(broken)})])
+    assert failed.returncode == Outcome.FAILED.exit_code
+    err = failed.stderr
+    assert err.count("step 1 'fetch' failed after 1 attempt; its traceback:") == 1, err
+    assert err.count('raise NonRetryableError(f"{broken} exists: the bug is not fixed yet")') == 1, err
+    assert err.count("the bug is not fixed yet") == 3, err  # the traceback, the step line, the outcome
+    assert "durablerun/_private" not in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+
+    retried = cli(["run", "upgrading:flaky", "--run-id", "f2", *store, "--retry-initial", "10ms",
+                   "--input", json.dumps({"ledger": str(tmp_path / "flaky")})])
+    assert retried.returncode == 0, retried.stderr
+    for attempt in (1, 2):
+        assert f"step 0 'flaky' attempt {attempt} raised ValueError: flaky {attempt}: retrying in 0.0" \
+            in retried.stderr, retried.stderr

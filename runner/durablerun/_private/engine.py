@@ -446,8 +446,9 @@ class Run:
             return self._result(c, Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc))
         if self.config.replay is not None:
             c.check_replayed_all()
-        detail = "".join(traceback.format_exception(exc)[-4:]).strip()
-        log.error("the workflow raised:\n%s", detail)
+        if not isinstance(exc, errors.StepError):  # a step's failure was shown with its own traceback already
+            detail = "".join(traceback.format_exception(exc)[-4:]).strip()
+            log.error("the workflow raised:\n%s", detail)
         return self._result(c, Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
                             error_type=_qual(exc))
 

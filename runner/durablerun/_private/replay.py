@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from durablerun import errors
 from durablerun._private.halts import Halt, HaltKind, strongest
 from durablerun._private.journal import Loaded
-from durablerun._private.model import Divergence, Record, ReplayProbe, StepRecord, Totals
+from durablerun._private.model import CompleteRecord, Divergence, Record, ReplayProbe, StepRecord, Totals
 from durablerun.api import AbortReason
 from durablerun.resource import Policy
 
@@ -165,6 +165,24 @@ class Live:
     total_steps: int | None = None
     #: A replay-only attempt's findings (EngineConfig.replay): divergences are recorded here too.
     probe: ReplayProbe | None = None
+
+    def journal_end(self, what: str) -> None:
+        """A new operation (``what``): a replay-only attempt stops here, at the journal's end, having run nothing."""
+        if self.probe is None:
+            return
+        if self.probe.end is None:
+            self.probe.end = what
+        raise Halt(HaltKind.FENCE, f"replayed the whole journal; it ends before {what}")
+
+    def replayed_completion(self, reached: set[str]) -> CompleteRecord:
+        """A replay-only attempt's workflow returned: the journal's completion, if it completed too (else its end)."""
+        reached.add("end")  # the complete record's own position
+        self.check_unreached(reached)
+        done = self.index.get("end", {}).get("complete")
+        if not isinstance(done, CompleteRecord):
+            self.journal_end("the workflow's completion")
+        assert isinstance(done, CompleteRecord)
+        return done
 
     def diverged(self, pos: str, expected: str, found: str, message: str) -> Halt:
         """The halt of a divergence at ``pos``; a replay-only attempt also records the first one."""
@@ -315,6 +333,21 @@ def budget_overshoot(t: Totals, p: Policy) -> str | None:
         return None
     return ("budget overshoot: " + "; ".join(over) + " (budgets are checked before each step "
             "starts; steps already running charged it)")
+
+
+def in_step() -> bool:
+    """Whether this code runs inside a step (ctx.step's function)."""
+    return STEP.get() is not None
+
+
+def charge_step(usd: Decimal, tokens: int) -> bool:
+    """Charge the step running in this context (its journal record carries the cost); False outside a step."""
+    frame = STEP.get()
+    if frame is None:
+        return False
+    frame.usd += usd
+    frame.tokens += tokens
+    return True
 
 
 def misuse(message: str) -> Halt:

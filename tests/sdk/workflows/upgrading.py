@@ -86,3 +86,17 @@ async def fixable(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     fetched = await ctx.step("fetch", _fetch, ledger, input["broken"])
     done = await ctx.step("publish", _do, ledger, "publish")
     return {"plan": plan, "fetched": fetched, "done": done}
+
+
+def _flaky(ledger: str) -> str:
+    _do(ledger, "flaky")
+    with open(ledger) as f:
+        tries = f.read().split().count("flaky")
+    if tries < 3:
+        raise ValueError(f"flaky {tries}")
+    return "ok"
+
+
+async def flaky(ctx: DurableContext, input: dict[str, Any]) -> str:
+    """A step that raises on its first two attempts."""
+    return str(await ctx.step("flaky", _flaky, input["ledger"]))
