@@ -152,26 +152,26 @@ def test_suspend_resume_abort_retry(operator: Operator, runs: RunEnv, plugin: Pl
 def test_rerun_and_fork_from_a_step(operator: Operator, runs: RunEnv, plugin: Plugin) -> None:
     """After a fix: rerun a finished run from a step, fork a new run from one; a ledger counts what ran."""
     runs.apply(runs.manifest("review", "optest_flows:approval"))
-    assert plugin.dr("wait", "review", "--for", "Waiting", "--timeout", "60s").returncode == 0
+    assert plugin.dr("wait", "review", "--for", "Waiting", "--timeout", "180s").returncode == 0
     busy = plugin.dr("rerun", "review", "--from", "draft", "--credentials-from-secret")
     assert busy.returncode == 1
     assert "review is Waiting: rerun is for a finished run" in busy.stderr
     assert plugin.dr("approve", "review", "review").returncode == 0
-    assert plugin.dr("wait", "review", "--timeout", "60s").returncode == 0
+    assert plugin.dr("wait", "review", "--timeout", "180s").returncode == 0
 
     rerun = plugin.dr("rerun", "review", "--from", "draft", "--credentials-from-secret")
     assert rerun.returncode == 0, rerun.stderr
     assert "dropped 5 journal records, kept 0" in rerun.stdout
     asked = runs.get("review")["metadata"]["annotations"][api.ANNOTATION_RETRY]
     procs.wait_for(lambda: (s := runs.get("review")["status"]).get("retry") == asked and s["phase"] == "Succeeded",
-                   timeout=90, what="the rerun's attempt to succeed")
+                   timeout=180, what="the rerun's attempt to succeed")
     assert (runs.executions("draft"), runs.executions("publish")) == (2, 2), runs.ledger()
     facts = [k for k in runs.store_objects() if f"/{layout.HISTORY_DIR}" in k and k.endswith("-rerun.json")]
     assert len(facts) == 1, facts
 
     fork = plugin.dr("fork", "review", "--from", "publish", "--to", "review-b", "--credentials-from-secret")
     assert fork.returncode == 0, fork.stderr
-    assert plugin.dr("wait", "review-b", "--timeout", "90s").returncode == 0
+    assert plugin.dr("wait", "review-b", "--timeout", "180s").returncode == 0
     assert (runs.executions("draft"), runs.executions("publish")) == (2, 3), "the fork ran more than 'publish'"
     assert runs.get("review-b")["status"]["phase"] == "Succeeded"
 
