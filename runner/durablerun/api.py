@@ -227,6 +227,13 @@ class OperatorEnv:
 # --- times and input hashes ---------------------------------------------------
 
 
+def active_time(before: timedelta, attempt_start: datetime | None, at: datetime) -> timedelta:
+    """What policy.maxDuration is held against, on Kubernetes and locally alike: the time the run had an attempt
+    running, summed over its attempts (``before``: the earlier ones'; ``attempt_start``: the current one's, if
+    one runs). The waits for events, durable sleeps, suspension and backoff between attempts never count."""
+    return before + (max(at - attempt_start, timedelta(0)) if attempt_start else timedelta(0))
+
+
 def now() -> datetime:
     """The current time, timezone-aware, in UTC: the one clock every part of durable-run reads."""
     return datetime.now(UTC)

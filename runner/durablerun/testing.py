@@ -1,6 +1,8 @@
 """Helpers for testing workflows: :class:`WorkflowTest` runs a workflow in a
-private in-memory store, one attempt at a time, and delivers events on cue."""
+private in-memory store, one attempt at a time, and delivers events on cue; :func:`replay_run` checks
+today's code against a recorded journal, executing nothing (a CI test of an upgrade)."""
 
+from durablerun._private.replayer import ReplayReport, replay_run
 from durablerun._private.testing import WorkflowTest
 
-__all__ = ["WorkflowTest"]
+__all__ = ["ReplayReport", "WorkflowTest", "replay_run"]

@@ -62,12 +62,16 @@ def test_retry_of_a_failed_run_starts_over_from_the_journal_with_a_new_restart_b
     assert decide.quiet_until(decide.RunView.from_body(run_body)) is None
 
 
-def test_retry_acts_once_per_value_and_only_on_failed_or_aborted_runs() -> None:
+def test_retry_acts_once_per_value_and_only_on_finished_runs() -> None:
     for run_body in (body(failed(retry="1"), annotations={api.ANNOTATION_RETRY: "1"}),
-                     body({"phase": "Succeeded", "completionTime": at(100)},
+                     body({"phase": "Succeeded", "completionTime": at(100), "retry": "1"},
                           annotations={api.ANNOTATION_RETRY: "1"})):
         assert plan_for(run_body)[0].empty
         assert decide.quiet_until(decide.RunView.from_body(run_body)) == decide.NEVER
+    # A Succeeded run is retried too: `kubectl durablerun rerun` cut its journal back first.
+    rerun = body({"phase": "Succeeded", "completionTime": at(100)}, annotations={api.ANNOTATION_RETRY: "2"})
+    status = plan_for(rerun)[1]
+    assert (status["phase"], status["retry"]) == ("Pending", "2")
 
 
 def test_retry_with_the_abort_annotation_still_set_is_refused_once() -> None:

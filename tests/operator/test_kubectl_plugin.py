@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from durablerun import api
-from durablerun_testbed import binaries
+from durablerun._private import layout
+from durablerun_testbed import binaries, procs
 from durablerun_testbed.testbed import TestBed
 from tests.operator.helpers import Operator, RunEnv
 
@@ -146,6 +147,45 @@ def test_suspend_resume_abort_retry(operator: Operator, runs: RunEnv, plugin: Pl
     timed_out = plugin.dr("wait", "long", "--for", "Pending", "--timeout", "2s")
     assert timed_out.returncode == 124
     assert "timed out after 2s" in timed_out.stderr
+
+
+def test_rerun_and_fork_from_a_step(operator: Operator, runs: RunEnv, plugin: Plugin) -> None:
+    """After a fix: rerun a finished run from a step, fork a new run from one; a ledger counts what ran."""
+    runs.apply(runs.manifest("review", "optest_flows:approval"))
+    assert plugin.dr("wait", "review", "--for", "Waiting", "--timeout", "180s").returncode == 0
+    busy = plugin.dr("rerun", "review", "--from", "draft", "--credentials-from-secret")
+    assert busy.returncode == 1
+    assert "review is Waiting: rerun is for a finished run" in busy.stderr
+    assert plugin.dr("approve", "review", "review").returncode == 0
+    assert plugin.dr("wait", "review", "--timeout", "180s").returncode == 0
+
+    rerun = plugin.dr("rerun", "review", "--from", "draft", "--credentials-from-secret")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "dropped 5 journal records, kept 0" in rerun.stdout
+    asked = runs.get("review")["metadata"]["annotations"][api.ANNOTATION_RETRY]
+    procs.wait_for(lambda: (s := runs.get("review")["status"]).get("retry") == asked and s["phase"] == "Succeeded",
+                   timeout=180, what="the rerun's attempt to succeed")
+    assert (runs.executions("draft"), runs.executions("publish")) == (2, 2), runs.ledger()
+    facts = [k for k in runs.store_objects() if f"/{layout.HISTORY_DIR}" in k and k.endswith("-rerun.json")]
+    assert len(facts) == 1, facts
+
+    fork = plugin.dr("fork", "review", "--from", "publish", "--to", "review-b", "--credentials-from-secret")
+    assert fork.returncode == 0, fork.stderr
+    assert plugin.dr("wait", "review-b", "--timeout", "180s").returncode == 0
+    assert (runs.executions("draft"), runs.executions("publish")) == (2, 3), "the fork ran more than 'publish'"
+    assert runs.get("review-b")["status"]["phase"] == "Succeeded"
+
+    # Bad input: one line, nothing created or cut.
+    taken = plugin.dr("fork", "review", "--from", "publish", "--to", "review-b", "--credentials-from-secret")
+    assert taken.returncode == 1
+    assert "a DurableRun by that name exists" in taken.stderr
+    for command in (["rerun", "review"], ["fork", "review", "--to", "review-c"]):
+        unknown = plugin.dr(*command, "--from", "nope", "--credentials-from-secret")
+        assert unknown.returncode == api.Outcome.USAGE_ERROR.exit_code, unknown.stderr
+        assert "has no step by that name" in unknown.stderr
+        assert unknown.stderr.strip().count("\n") == 0, unknown.stderr
+    assert runs.testbed.kubectl("get", "dr", "review-c", "-n", runs.namespace, "--ignore-not-found").stdout == ""
+    assert runs.executions("publish") == 3
 
 
 def test_tree_completion_and_errors(runs: RunEnv, plugin: Plugin) -> None:

@@ -201,3 +201,22 @@ def test_a_read_from_a_later_record_does_not_check_the_ones_before_it(fs: FsJour
     writer.close()
     with pytest.raises(errors.CorruptionError):
         journal.read(1)
+
+
+def test_truncate_cuts_across_segments_and_appends_resume_at_the_cut(fs: FsJournal,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun's cut inside the first segment of two: the later segment goes, the first is cut at a line."""
+    monkeypatch.setattr(layout, "SEGMENT_RECORDS", 8)  # small segments: the same code, 13 appends not 4,101
+    n = layout.SEGMENT_RECORDS + 5
+    store = fs.write(n)
+    journal = store.backend.journal(REF.path + "/")
+    assert journal.truncate(layout.SEGMENT_RECORDS - 2) == 7
+    assert not fs.segment(layout.SEGMENT_RECORDS).exists()
+    assert fs.seqs() == list(range(layout.SEGMENT_RECORDS - 2))
+    journal.close()
+    rs = fs.open().run_store(REF)
+    assert rs.load(for_writing=True).next_seq == layout.SEGMENT_RECORDS - 2
+    for seq in range(layout.SEGMENT_RECORDS - 2, layout.SEGMENT_RECORDS + 1):
+        rs.append(_rec(seq))
+    rs.close()
+    assert fs.seqs() == list(range(layout.SEGMENT_RECORDS + 1))

@@ -28,6 +28,7 @@ from typing import Any
 from durablerun.api import Outcome
 from durablerun.engine import EngineConfig, Run
 from durablerun.stores import RunRef, Store, open_store
+from durablerun.testing import replay_run
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REF = RunRef.local("kinds")
@@ -92,6 +93,26 @@ def test_a_layout_v1_journal_replays_every_record_kind(tmp_path: Path) -> None:
     assert result.result == EXPECTED
     assert golden_kinds.EXECUTED == [], "a journaled step ran again"
     assert (result.totals.steps, str(result.totals.usd), result.totals.tokens) == (7, "0.30", 127)
+
+
+def test_the_replayer_checks_todays_code_against_the_layout_v1_journal(tmp_path: Path) -> None:
+    """What CI does for an upgrade: today's workflow replays the golden journal, executing and writing nothing."""
+    shutil.copytree(GOLDEN / "v1-fs", tmp_path / "store")
+    store = open_store(f"file://{tmp_path / 'store'}")
+    import golden_kinds
+
+    golden_kinds.EXECUTED.clear()
+    before = {p: p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file()}
+    report = replay_run(store, REF, "golden_kinds:run")
+    assert report.clean, report.summary()
+    assert report.end is not None
+    assert report.end.startswith("the run would go on with the delivery of event 'finish'"), report.end
+    assert golden_kinds.EXECUTED == [], "the replayer executed a step"
+    assert {p: p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file()} == before
+    assert _finish(store).outcome == Outcome.COMPLETED
+    completed = replay_run(store, REF, "golden_kinds:run")
+    assert completed.clean, completed.summary()
+    assert completed.end == "the journal's workflow completed, and so does the code's"
 
 
 def test_todays_code_writes_the_records_layout_v1_wrote(tmp_path: Path) -> None:

@@ -85,6 +85,24 @@ def test_journal_positions_are_written_once(store: Store) -> None:
     other.close()
 
 
+def test_truncate_drops_a_journal_tail_and_frees_its_positions(store: Store) -> None:
+    """What `durablerun rerun` does to a journal: records from a position on are gone, those before are
+    kept byte for byte, and the next writer appends at the cut."""
+    rs = store.run_store(REF)
+    for seq in range(5):
+        rs.append(_record(seq))
+    kept = rs.journal().read(0)[:2]
+    assert rs.journal().truncate(2) == 3
+    rs.close()
+    again = store.run_store(REF)
+    assert again.journal().read(0) == kept
+    assert again.load(for_writing=True).next_seq == 2
+    again.append(_record(2, "rerun"))
+    assert [r.name for r in store.run_store(REF).load().records] == ["s", "s", "rerun"]
+    assert again.journal().truncate(3) == 0
+    again.close()
+
+
 def test_two_writers_racing_each_position_exactly_one_wins(store: Store) -> None:
     """Two writers race for the same positions: each position has one winner, whose
     record is what is stored; the loser learns it is fenced."""

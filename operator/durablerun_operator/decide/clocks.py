@@ -32,9 +32,7 @@ def attempt_start(status: resource.DurableRunStatus) -> datetime | None:
 
 def active_time(status: resource.DurableRunStatus, now: datetime) -> timedelta:
     """The time the run has had a pod, over all its attempts: what maxDuration is held against."""
-    began = attempt_start(status)
-    current = max(now - began, timedelta(0)) if began else timedelta(0)
-    return timedelta(seconds=status.activeSeconds) + current
+    return api.active_time(timedelta(seconds=status.activeSeconds), attempt_start(status), now)
 
 
 def lease_validity(run: facts.RunView) -> timedelta:

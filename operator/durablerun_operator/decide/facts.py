@@ -217,9 +217,10 @@ class RunView:
 
 
 def retry_requested(run: RunView) -> bool:
-    """A Failed or Aborted run whose retry annotation holds a value not acted on yet."""
+    """A finished run whose retry annotation holds a value not acted on yet (``kubectl durablerun rerun`` retries a
+    Succeeded run whose journal it cut back; a Succeeded run whose journal is whole just completes again)."""
     value = run.annotations.get(api.ANNOTATION_RETRY)
-    return (run.status.phase in (api.Phase.FAILED, api.Phase.ABORTED) and value is not None
+    return (run.status.phase in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED) and value is not None
             and value != run.status.retry)
 
 

@@ -42,6 +42,18 @@ def store_args(p: argparse.ArgumentParser, *, run_id: bool = True, default_store
     p.add_argument("--region", help="S3 region")
 
 
+def kubernetes_run_args(p: argparse.ArgumentParser) -> None:
+    """``--run-id ID`` (a local run) or ``--kubernetes NAMESPACE/NAME`` (a DurableRun's journal), and the store."""
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", help="a local run: <store>/_local/<run-id>/")
+    which.add_argument("--kubernetes", metavar="NAMESPACE/NAME",
+                       help="a DurableRun: its store and uid are read through your kubeconfig; the "
+                            "store is read with your own credentials (AWS_* or --store/--endpoint-url)")
+    # No default: a DurableRun's store is its spec.checkpoint.uri unless --store overrides it.
+    store_args(p, run_id=False, default_store=FROM_RUN)
+    p.add_argument("--context", help="kubeconfig context (with --kubernetes)")
+
+
 def run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
                                    "of an existing run, else {})")
@@ -64,6 +76,9 @@ def run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-log", metavar="FILE",
                    help="also write progress events as JSON lines to FILE ('-' = stderr)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--follow", action="store_true",
+                   help="stay through durable sleeps and waits: poll the store here, and resume once the wake "
+                        "time passes or the event is sent (no manual resume)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,26 +97,48 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(resume)
     run_args(resume)
 
+    rerun = sub.add_parser("rerun", help="run a run again from a step: drop its journal from the step's first "
+                                         "record on (archived first), then resume it")
+    store_args(rerun)
+    rerun.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                       help="the step's name, as `durablerun inspect` shows it")
+    run_args(rerun)
+    rerun.set_defaults(workflow=None)
+
+    fork = sub.add_parser("fork", help="start a new run whose journal is a copy of this run's before a step")
+    store_args(fork)
+    fork.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                      help="the first step the fork executes itself, as `durablerun inspect` shows it")
+    fork.add_argument("--to", required=True, metavar="NEW_RUN_ID", help="the new run's id (must not exist)")
+    run_args(fork)
+    fork.set_defaults(workflow=None)
+
+    retry = sub.add_parser("retry", help="retry a Failed or Aborted run after a fix: its failed steps run again, "
+                                         "its completed ones replay")
+    retry.add_argument("workflow", metavar="MODULE:FUNC", nargs="?",
+                       help="the async workflow function (default: the one the run started with)")
+    store_args(retry)
+    run_args(retry)
+
     send = sub.add_parser("send-event", help="send an event to a run (first write wins)")
     store_args(send)
     send.add_argument("name", help="event name")
     send.add_argument("payload", nargs="?", default="null", help="JSON payload or @file")
 
     inspect = sub.add_parser("inspect", help="show a run's journal, cost, state and result")
-    which = inspect.add_mutually_exclusive_group(required=True)
-    which.add_argument("--run-id", help="a local run: <store>/_local/<run-id>/")
-    which.add_argument("--kubernetes", metavar="NAMESPACE/NAME",
-                       help="a DurableRun: its store and uid are read through your kubeconfig; the "
-                            "store is read with your own credentials (AWS_* or --store/--endpoint-url)")
-    # No default: a DurableRun's store is its spec.checkpoint.uri unless --store overrides it.
-    store_args(inspect, run_id=False, default_store=FROM_RUN)
-    inspect.add_argument("--context", help="kubeconfig context (with --kubernetes)")
+    kubernetes_run_args(inspect)
     inspect.add_argument("--result", action="store_true",
                          help="print the completed run's result (its full JSON) and nothing else")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.add_argument("--all", action="store_true",
                          help="every generation's records, not only the current one's (reads "
                               "the whole journal: one object per record on S3)")
+
+    replay = sub.add_parser("replay", help="check today's code against a run's journal: replays it, executing "
+                                          "nothing (exit 0 replays cleanly, 1 diverges, 3 the code raised)")
+    replay.add_argument("workflow", metavar="MODULE:FUNC", help="the async workflow function to check")
+    kubernetes_run_args(replay)
+    replay.add_argument("--json", action="store_true", help="machine-readable output")
 
     runs = sub.add_parser("list", help="list the local runs in a store")
     store_args(runs, run_id=False)

@@ -4,11 +4,15 @@
 
     durablerun run MODULE:FUNC --run-id ID [--store URI] [--input JSON|@file] [--max-cost USD] ...
     durablerun resume [MODULE:FUNC] --run-id ID [--store URI] [--max-cost USD] ...
+    durablerun retry [MODULE:FUNC] --run-id ID [--store URI] ...   # a Failed run: its failed steps run again
     durablerun send-event --run-id ID [--store URI] NAME [JSON|@file]
     durablerun inspect (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json] [--all] [--result]
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
     durablerun timeline --run-id ID [--store URI] [--output json]
+    durablerun rerun --run-id ID --from STEP [--store URI] [run flags]
+    durablerun fork --run-id ID --from STEP --to NEW_ID [--store URI] [--input JSON|@file] [run flags]
+    durablerun replay MODULE:FUNC (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json]
     durablerun pod [...]          # the in-pod entrypoint (durablerun._private.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
@@ -28,14 +32,17 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private import arguments, inspection, layout, timeline, tracing
+from durablerun._private import arguments, inspection, layout, replayer, reruns, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
 from durablerun._private.journal import RunStore
+from durablerun._private.model import WaitingFor
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import Store, open_store, store_from_checkpoint
@@ -45,6 +52,7 @@ from durablerun.resource import Policy
 EXIT_STORE_UNAVAILABLE = 75
 LOCAL_LEASE_SECONDS = 60.0  # the local CLI's hold on a run's owner record (cmd_run)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader left
+FOLLOW_POLL_SECONDS = 1.0  # run --follow: how often a wait reads the store
 
 
 def _open(args: argparse.Namespace) -> Store:
@@ -85,6 +93,38 @@ def _cli_advice(args: argparse.Namespace) -> Callable[[str], str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """One attempt; with ``--follow``, attempts until the run stops waiting (waits polled in this process)."""
+    while True:
+        code, waiting = _attempt(args)
+        if not (args.follow and waiting and _follow(args, waiting)):
+            return code
+        args.command = "resume"
+
+
+def _follow(args: argparse.Namespace, w: WaitingFor) -> bool:
+    """Wait here for what the run waits for, polling the store; True once it is there (False: Ctrl-C)."""
+    store = _open(args)
+    rs = store.run_store(layout.RunRef.local(args.run_id))
+    what = f"event {w.event!r}" if w.event else f"its wake time {w.wake_time.isoformat() if w.wake_time else '?'}"
+    print(f"durablerun: following: waiting here for {what}, polling the store (Ctrl-C stops; the run stays "
+          "Waiting)", file=sys.stderr)
+    try:
+        while True:
+            now = api.now()
+            if w.event and rs.get_event(w.event) is not None:
+                return True
+            due = [t for t in (w.deadline, w.wake_time) if t is not None]
+            if due and now >= min(due):
+                return True
+            wait = min([FOLLOW_POLL_SECONDS, *((t - now).total_seconds() for t in due)])
+            time.sleep(max(0.0, wait))  # a durable wait: minutes or days, one store read a second
+    except KeyboardInterrupt:
+        return False
+    finally:
+        rs.close()
+
+
+def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None]:
     ref = layout.RunRef.local(args.run_id)
     arguments.policy_flags(args)  # flag errors before anything is touched
     if args.snapshot_every < 1:
@@ -105,18 +145,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         store.check()
         manifest = rs.read_manifest()
-        if manifest is None and args.command == "resume":
+        if args.command == "retry":
+            outcome = (rs.read_status() or {}).get("outcome")
+            if manifest is not None and outcome not in (Outcome.FAILED, Outcome.ABORTED):
+                raise arguments.UsageError(
+                    f"run {ref} is {outcome or 'running or was stopped'}: retry is for a Failed or Aborted run "
+                    f"(its failed steps run again); to go on with it: {_resume_command(args)}")
+            # Failures journaled before now run again (as on Kubernetes: status.retryTime).
+            config_fields["rerun_failed_before"] = api.now()
+        if manifest is None and args.command in ("resume", "retry"):
             raise arguments.UsageError(
                 f"no run {ref} in {args.store}: nothing to resume. Check --run-id and --store "
                 f"(`durablerun list --store {args.store}` shows the runs there), or start a new "
                 f"run with `durablerun run MODULE:FUNC --run-id {args.run_id}`")
         stored_policy = rs.read_policy()
+        # maxDuration counts the time the run's attempts ran (api.active_time), as on Kubernetes: not the waits,
+        # durable sleeps or pauses between `durablerun` commands. Each attempt records the sum in status.json.
+        config_fields["active_before"] = timedelta(
+            seconds=float((rs.read_status() or {}).get("activeSeconds") or 0))
         # The local store lease stays a minute (renewed every 20 s), whatever the run's leaseDuration: that
         # default grew to 3m for the API server's sake, and a second `durablerun run` would wait a renewal out.
         lease = min(Policy.model_validate(stored_policy or {}).lease_duration.total_seconds(), LOCAL_LEASE_SECONDS)
         owner = _hold(store, ref, lease)
         if owner is None:
-            return Outcome.WAITING.exit_code
+            return Outcome.WAITING.exit_code, None
         policy = _run_policy(args, rs)
     finally:
         rs.close()
@@ -164,14 +216,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif result.outcome == Outcome.WAITING:
         w = result.waiting
         if w and w.event:
+            then = "" if args.follow else f"  then: {resume}"
             print(f"durablerun: send it with: durablerun send-event --run-id {args.run_id} "
-                  f"--store {args.store} {w.event} '<json>'  then: {resume}", file=sys.stderr)
+                  f"--store {args.store} {w.event} '<json>'{then}", file=sys.stderr)
         elif w and w.wake_time:
             print(f"durablerun: resume it after {w.wake_time.isoformat()}: {resume}",
                   file=sys.stderr)
     elif result.outcome == Outcome.SUSPENDED or result.abort_reason == AbortReason.USER_REQUESTED:
         print(f"durablerun: to resume: {resume}", file=sys.stderr)
-    return result.exit_code
+    return result.exit_code, result.waiting if result.outcome == Outcome.WAITING else None
 
 
 def _hold(store: Store, ref: layout.RunRef, lease_seconds: float) -> OwnerLease | None:
@@ -198,12 +251,38 @@ def _resume_command(args: argparse.Namespace) -> str:
     return f"durablerun resume --run-id {args.run_id} --store {args.store}"
 
 
+def cmd_rerun(args: argparse.Namespace) -> int:
+    """Cut the run back to ``--from`` (refused, nothing changed, while an attempt holds it), then resume it."""
+    ref = layout.RunRef.local(args.run_id)
+    arguments.policy_flags(args)  # flag errors before anything is touched
+    store = _open(args)
+    store.check()
+    if args.command == "fork":
+        new = layout.RunRef.local(args.to)
+        given = arguments.json_arg("--input", args.input) if args.input is not None else None
+        cut = reruns.fork(store, ref, args.from_step, new, reruns.Origin.local(), input=given)
+        print(f"durablerun: forked run {ref} to {new}: its journal copies the {cut.kept} records before step "
+              f"{args.from_step!r} (position {cut.position}); {new} executes that step on", file=sys.stderr)
+        args.run_id = args.to
+    else:
+        cut = reruns.rerun(store, ref, args.from_step, reruns.Origin.local())
+        print(f"durablerun: run {ref}: dropped {cut.dropped} journal records from step {args.from_step!r} "
+              f"(position {cut.position}) on, kept {cut.kept}; a copy of the run as it was is in "
+              f"{store.uri.rstrip('/')}/{ref.path}/{cut.archive}", file=sys.stderr)
+    args.command = "resume"
+    return cmd_run(args)
+
+
 def cmd_send_event(args: argparse.Namespace) -> int:
     ref = layout.RunRef.local(args.run_id)
     layout.check_event_name(args.name)
     payload = arguments.json_arg("payload", args.payload)
     store = _open(args)
     store.check()
+    if store.run_store(ref).read_manifest() is None:
+        raise arguments.UsageError(
+            f"no run {ref} in {args.store}: nothing was sent. Check --run-id and --store (`durablerun list "
+            f"--store {args.store}` shows the runs there)")
     won = store.put_event(run=ref, name=args.name, payload=payload)
     info = store.read_run(run=ref)
     if won:
@@ -213,9 +292,7 @@ def cmd_send_event(args: argparse.Namespace) -> int:
               "(first write wins)")
     status = info.status or {}
     waiting = status.get("waitingFor") or {}
-    if not info.exists:
-        print(f"no run {ref} has started yet; it will get the event when it waits for it")
-    elif status.get("outcome") == Outcome.WAITING and waiting.get("event") == args.name:
+    if status.get("outcome") == Outcome.WAITING and waiting.get("event") == args.name:
         until = status.get("pollingUntil")
         if until and parse_time(str(until)) > api.now():
             print(f"run {ref} is waiting for it and its attempt is still polling for it (until "
@@ -313,18 +390,30 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
     return store_from_checkpoint(checkpoint), ref
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
+def _local_or_kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | None:
+    """The run ``--run-id`` or ``--kubernetes`` names, and its store; None (said why): no such DurableRun."""
     if args.kubernetes:
-        found = _kubernetes_run(args)
-        if found is None:
-            return 1
-        store, ref = found
-    else:
-        ref = layout.RunRef.local(args.run_id)
-        if args.store == arguments.FROM_RUN:
-            args.store = os.environ.get(api.Env.STORE, arguments.DEFAULT_STORE)
-        store = _open(args)
+        return _kubernetes_run(args)
+    if args.store == arguments.FROM_RUN:
+        args.store = os.environ.get(api.Env.STORE, arguments.DEFAULT_STORE)
+    return _open(args), layout.RunRef.local(args.run_id)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    found = _local_or_kubernetes_run(args)
+    if found is None:
+        return 1
+    store, ref = found
     return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all, result=args.result)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    found = _local_or_kubernetes_run(args)
+    if found is None:
+        return Outcome.USAGE_ERROR.exit_code
+    store, ref = found
+    sys.path.insert(0, os.getcwd())
+    return replayer.show(replayer.replay_run(store, ref, args.workflow), as_json=args.json)
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
@@ -344,9 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = arguments.build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"run": cmd_run, "resume": cmd_run, "send-event": cmd_send_event,
+        handler = {"run": cmd_run, "resume": cmd_run, "retry": cmd_run, "send-event": cmd_send_event,
                    "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
-                   "timeline": cmd_timeline}[args.command]
+                   "timeline": cmd_timeline, "replay": cmd_replay,
+                   "rerun": cmd_rerun, "fork": cmd_rerun}[args.command]
         return handler(args)
     except BrokenPipeError:
         # The reader went away (`durablerun inspect ... | head`): stop quietly, as a

@@ -53,6 +53,7 @@ from durablerun._private.replay import (
     StepFrame,
     budget_halt,
     budget_overshoot,
+    charge_step,
     duration_halt,
     gather,
     gen_prefix,
@@ -62,7 +63,7 @@ from durablerun._private.replay import (
 )
 from durablerun._private.results import Results, fresh, store_halt
 from durablerun._private.sinks import EventKind, SinkSet
-from durablerun._private.workers import StepThreads
+from durablerun._private.workers import StepThreads, own_traceback
 from durablerun._private.writer import Writer
 from durablerun.api import AbortReason, format_time, parse_duration, parse_time
 from durablerun.resource import Policy
@@ -90,7 +91,8 @@ class AttemptCore:
     * queries for the outcome: :attr:`totals`, :meth:`spent`, :attr:`journal_records`,
       :attr:`total_steps`, :attr:`open_compensations`, :meth:`stalled_for`,
       :meth:`duration_halt`, :meth:`overshoot`, :meth:`advice`, :meth:`refuses_writes`;
-    * the journal: :meth:`recorded_value` (a completed run's result), :meth:`final_snapshot`.
+    * the journal: :meth:`recorded_value` (a completed run's result), :meth:`final_snapshot`;
+      a replay-only attempt's (``EngineConfig.replay``): :meth:`check_replayed_all`.
     """
 
     def __init__(
@@ -111,7 +113,7 @@ class AttemptCore:
         self.continuation: ContinueRecord | None = loaded.continuation
         self.gen = self.continuation.gen if self.continuation else 0
         # Resume in the generation the last ctx.continue_as_new started.
-        self.live = live = Live(loaded=loaded, totals=loaded.totals, prefix=gen_prefix(self.gen))
+        self.live = live = Live(loaded, totals=loaded.totals, prefix=gen_prefix(self.gen), probe=config.replay)
         for record in loaded.records:
             live.add(record)
         self.policy = policy
@@ -200,6 +202,9 @@ class AttemptCore:
 
     async def complete(self, value: Any) -> tuple[CompleteRecord, Any]:
         """Journal the workflow's result ``value``: its record, and the value as a replay returns it."""
+        if self.config.replay is not None:
+            done = self.live.replayed_completion(self.reached)
+            return done, await self.results.recorded(done, "the workflow's result")
         self.live.check_unreached(self.reached)
         payload, result = await self.results.encode(value, "the workflow")
         done = CompleteRecord(pos="end", name="result")
@@ -275,6 +280,11 @@ class AttemptCore:
     def peek(self) -> tuple[int, ...] | None:
         scope = SCOPE.get(None)
         return None if scope is None else (*scope.prefix, scope.counter)
+
+    def check_replayed_all(self) -> None:
+        """A replay-only attempt whose workflow raised: a journaled operation it did not reach is a divergence."""
+        with contextlib.suppress(Halt):
+            self.live.check_unreached(self.reached)
 
     # --- budgets -----------------------------------------------------------------------
     def check_before_new_op(self, *, step: bool) -> None:
@@ -369,6 +379,7 @@ class AttemptCore:
                                        str(err.get("message", "")), rec.attempts)
             # The run was retried after this failure: run the step again. Its new record, later in the
             # journal at the same position, is the one every later replay reads.
+        self.live.journal_end(f"step {name!r} at position {pos}")
         self.check_before_new_op(step=True)
         max_retries = self.policy.maxRetries if retries is None else retries
         live = self.live
@@ -400,7 +411,10 @@ class AttemptCore:
                         break
                 finally:
                     STEP.reset(token)
-                await self.pause(self.backoff(attempt))
+                delay, error = self.backoff(attempt), f"{type(failure).__qualname__}: {failure}"[:500]
+                self.sinks.emit(EventKind.STEP_RETRYING, position=pos, name=name, attempt=attempt, delay=delay,
+                                error=error)
+                await self.pause(delay)
         finally:
             live.inflight_steps -= 1
         record = StepRecord(pos=pos, name=name, ok=failure is None, attempts=attempt,
@@ -415,6 +429,8 @@ class AttemptCore:
         self.sinks.emit(EventKind.STEP_COMPLETED, position=pos, name=name, seq=record.seq,
                         ok=failure is None, duration=record.dur)
         if failure is not None:
+            self.sinks.emit(EventKind.STEP_FAILED, position=pos, name=name, attempts=attempt,
+                            traceback=own_traceback(failure))
             raise errors.StepError(name, pos, type(failure).__qualname__, str(failure)[:4000],
                                    attempt) from failure
         return value
@@ -431,6 +447,7 @@ class AttemptCore:
             rec = recs["value"]
             assert isinstance(rec, ValueRecord)
             return rec.value
+        self.live.journal_end(f"ctx.{kind}() at position {pos}")
         value = make()
         self.writer.commit_now(ValueRecord(pos=pos, name=kind, value=value))
         return value
@@ -446,11 +463,12 @@ class AttemptCore:
             assert isinstance(rec, SleepRecord)
             wake = parse_time(rec.wake_at)
         else:
+            self.live.journal_end(f"sleep at position {pos}")
             self.check_before_new_op(step=False)
             wake = datetime.now(UTC) + duration
             await self.writer.commit(SleepRecord(pos=pos, name="sleep", wake_at=format_time(wake, precise=True)))
         remaining = (wake - datetime.now(UTC)).total_seconds()
-        if remaining <= 0:
+        if remaining <= 0 or self.config.replay is not None:  # a replay never sleeps
             return
         if remaining <= self.config.inline_sleep_max.total_seconds():
             await self.pause(remaining)
@@ -476,6 +494,7 @@ class AttemptCore:
             assert isinstance(end, EventRecord)
             return self._event_outcome(end)
         start = recs.get("wait")
+        self.live.journal_end(f"{'the delivery of' if start else 'wait for'} event {name!r} at position {pos}")
         if start is None:
             self.check_before_new_op(step=False)
             deadline = None if timeout is None else datetime.now(UTC) + timeout
@@ -518,6 +537,7 @@ class AttemptCore:
             return True
         if self.live.replaying_at(cur):
             return False
+        self.live.journal_end(f"ctx.patched({change_id!r}) at position {pos}")
         self.writer.commit_now(PatchRecord(pos=pos, name=change_id))
         return True
 
@@ -563,6 +583,7 @@ class AttemptCore:
             self.continued = rec
             raise ContinueAsNew()
         self.live.check_unreached(self.reached)
+        self.live.journal_end(f"ctx.continue_as_new() at position {pos}")
         self.check_before_new_op(step=False)
         self.check_duration()
         payload, _ = await self.results.encode(new_input, f"the input given to {what}", verb="is", root="input")
@@ -577,18 +598,3 @@ class AttemptCore:
 
 def new_uuid() -> str:
     return str(uuid.uuid4())
-
-
-def in_step() -> bool:
-    """Whether this code runs inside a step (ctx.step's function)."""
-    return STEP.get() is not None
-
-
-def charge_step(usd: Decimal, tokens: int) -> bool:
-    """Charge the step running in this context (its journal record carries the cost); False outside a step."""
-    frame = STEP.get()
-    if frame is None:
-        return False
-    frame.usd += usd
-    frame.tokens += tokens
-    return True

@@ -14,6 +14,15 @@ from durablerun._private.model import AttemptResult, RunStarted
 from durablerun._private.sinks import ProgressSink
 
 
+def retrying_line(position: str, name: str, attempt: int, delay: float, error: str) -> str:
+    return f"step {position} {name!r} attempt {attempt} raised {error}: retrying in {delay:.2f}s"
+
+
+def failed_text(position: str, name: str, attempts: int, traceback: str) -> str:
+    tries = "attempt" if attempts == 1 else "attempts"
+    return f"step {position} {name!r} failed after {attempts} {tries}; its traceback:\n{traceback}"
+
+
 class PlainProgress(ProgressSink):
     """One line per step: for logs and pipes."""
 
@@ -38,6 +47,12 @@ class PlainProgress(ProgressSink):
     ) -> None:
         state = "done" if ok else "FAILED"
         self._line(f"step {position} {name!r} {state} in {duration:.3f}s")
+
+    def step_retrying(self, *, position: str, name: str, attempt: int, delay: float, error: str) -> None:
+        self._line(retrying_line(position, name, attempt, delay, error))
+
+    def step_failed(self, *, position: str, name: str, attempts: int, traceback: str) -> None:
+        self._line(failed_text(position, name, attempts, traceback))
 
     def continued_as_new(self, *, generation: int, seq: int) -> None:
         self._line(f"continued as new: generation {generation} starts after journal record {seq}")
@@ -92,6 +107,12 @@ class TtyProgress(ProgressSink):
         if not ok:
             self.stream.write(f"\r\x1b[2Kstep {position} {name!r} FAILED\n")
         self._draw()
+
+    def step_retrying(self, *, position: str, name: str, attempt: int, delay: float, error: str) -> None:
+        self.stream.write(f"\r\x1b[2K{retrying_line(position, name, attempt, delay, error)}\n")
+
+    def step_failed(self, *, position: str, name: str, attempts: int, traceback: str) -> None:
+        self.stream.write(f"\r\x1b[2K{failed_text(position, name, attempts, traceback)}\n")
 
     def cost_updated(self, *, usd: Decimal, tokens: int, steps: int) -> None:
         self.usd, self.tokens, self.done = usd, tokens, steps

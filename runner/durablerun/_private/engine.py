@@ -39,7 +39,15 @@ from durablerun._private.model import (
 from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
 from durablerun._private.stores import Store
 from durablerun._version import __version__
-from durablerun.api import AbortReason, Outcome, format_time, input_hash, parse_duration, parse_time
+from durablerun.api import (
+    AbortReason,
+    Outcome,
+    active_time,
+    format_time,
+    input_hash,
+    parse_duration,
+    parse_time,
+)
 from durablerun.resource import RESULT_INLINE_MAX, Policy
 
 SDK_VERSION = __version__
@@ -99,6 +107,7 @@ class Run:
         self._fence: str | None = None
         self._next_hb = 0.0
         self._io_pool: ThreadPoolExecutor | None = None
+        self._attempt_start: datetime | None = None
         self.attempt_id = uuid.uuid4().hex[:16]
 
     # --- control from other threads --------------------------------------------------------
@@ -217,6 +226,8 @@ class Run:
 
         await self._io(self.store.backend.check)
         manifest = await self._io(rs.read_manifest)
+        if manifest is None and self.config.replay is not None:
+            raise errors.ConfigError(f"no run {self.ref} in {self.store.uri}: nothing to replay")
         if manifest is None:
             manifest = await self._io(rs.create_manifest, {
                 "layout": layout.LAYOUT_VERSION,
@@ -243,9 +254,11 @@ class Run:
                 "Nothing journaled was changed."
             )
         first_start = parse_time(str(manifest["created"]))
-        if self.config.active_before is not None:
-            first_start = datetime.now(UTC) - self.config.active_before
-        loaded: Loaded = await self._io(lambda: rs.load(for_writing=True))
+        if self.config.active_before is not None:  # maxDuration counts active time (api.active_time)
+            self._attempt_start = datetime.now(UTC)
+            first_start = self._attempt_start - self.config.active_before
+        replay_only = self.config.replay is not None
+        loaded: Loaded = await self._io(lambda: rs.load(for_writing=not replay_only))
         for w in loaded.warnings:
             self.sinks.emit(EventKind.WARNING, message=w)
         assert self._io_pool is not None
@@ -260,7 +273,7 @@ class Run:
                 code_version=code_version, generation=c.gen, first_loaded=loaded.base,
                 journal=loaded.records))
             done = loaded.records[-1] if loaded.records else None
-            if isinstance(done, CompleteRecord):
+            if isinstance(done, CompleteRecord) and not replay_only:
                 try:
                     value = await c.recorded_value(done, "the workflow's result")
                 except Halt as h:
@@ -297,6 +310,8 @@ class Run:
             if isinstance(outcome, AttemptResult):
                 await self._finish(c, rs, outcome, code_version)
                 return outcome
+            if self.config.replay is not None:  # never reached: a replay ends at the first wait it cannot replay
+                return self._result(c, Outcome.FENCED, "a replay-only attempt does not wait")
             # Waiting: publish it, then look again (an event sent meanwhile is never lost:
             # a sender writes the event first and reads our status second).
             waiting = outcome
@@ -429,8 +444,11 @@ class Run:
             return self._result(c, Outcome.SUSPENDED, "the workflow was cancelled")
         if isinstance(exc, errors.ConfigError):
             return self._result(c, Outcome.USAGE_ERROR, str(exc), error_type=_qual(exc))
-        detail = "".join(traceback.format_exception(exc)[-4:]).strip()
-        log.error("the workflow raised:\n%s", detail)
+        if self.config.replay is not None:
+            c.check_replayed_all()
+        if not isinstance(exc, errors.StepError):  # a step's failure was shown with its own traceback already
+            detail = "".join(traceback.format_exception(exc)[-4:]).strip()
+            log.error("the workflow raised:\n%s", detail)
         return self._result(c, Outcome.FAILED, f"the workflow raised {type(exc).__qualname__}: {exc}",
                             error_type=_qual(exc))
 
@@ -524,6 +542,9 @@ class Run:
         doc = result.to_json()
         doc.update({"attempt": self.attempt_id, "time": format_time(time.time(), precise=True),
                     "codeVersion": code_version, "sdk": SDK_VERSION, "totalSteps": total_steps})
+        if self.config.active_before is not None:  # what the next attempt's active_before is (the local CLI)
+            doc["activeSeconds"] = round(active_time(self.config.active_before, self._attempt_start,
+                                                     datetime.now(UTC)).total_seconds(), 3)
         return doc
 
 

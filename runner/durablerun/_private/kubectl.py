@@ -14,6 +14,8 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
+    kubectl durablerun rerun RUN --from STEP                        # cut the journal back, then a new attempt
+    kubectl durablerun fork RUN --from STEP --to NEW                # a new DurableRun with RUN's history before STEP
     kubectl durablerun ui [-A] [--port 8765]                          # the run browser on 127.0.0.1 (docs/web.md)
     kubectl durablerun completion bash
 
@@ -32,7 +34,7 @@ import time
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private import arguments, browser, inspection, kubeapi, timeline
+from durablerun._private import arguments, browser, inspection, kubeapi, layout, reruns, timeline
 from durablerun._private.kubeapi import KIND_REF, Kubectl, PluginError
 from durablerun._version import __version__
 
@@ -148,6 +150,65 @@ def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
         store.close()
 
 
+def _origin(kube: Kubectl) -> reruns.Origin:
+    context = kube("config", "current-context", check=False).stdout.strip() or "?"
+    return reruns.Origin(who=os.environ.get("USER") or "?", via=f"kubectl durablerun (context {context})")
+
+
+def cmd_rerun(kube: Kubectl, args: argparse.Namespace) -> int:
+    """Cut the finished run's journal back to STEP (reruns.rerun), then ask the operator for a new attempt."""
+    body = kube.run(args.run)
+    phase = (body.get("status") or {}).get("phase")
+    if phase not in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED):
+        raise PluginError(f"{args.run} is {phase or 'not started'}: rerun is for a finished run (Failed, Aborted or "
+                          f"Succeeded); stop it first (kubectl durablerun abort {args.run}); nothing was changed")
+    store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=args.credentials_from_secret)
+    try:
+        cut = reruns.rerun(store, ref, args.from_step, _origin(kube))
+    finally:
+        store.close()
+    value = api.format_time(api.now(), precise=True)
+    kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
+    print(f"{KIND_REF}/{args.run} rerun from step {args.from_step!r} (position {cut.position}): dropped "
+          f"{cut.dropped} journal records, kept {cut.kept} (archived under {cut.archive}); a new attempt starts")
+    return 0
+
+
+def cmd_fork(kube: Kubectl, args: argparse.Namespace) -> int:
+    """A new DurableRun NEW: the run's spec (no events), created suspended; its journal copied up to STEP; resumed."""
+    body = kube.run(args.run)
+    phase = (body.get("status") or {}).get("phase")
+    if phase in (api.Phase.PENDING, api.Phase.RUNNING):
+        raise PluginError(f"{args.run} is {phase}: an attempt holds its journal; fork it once it waits, is suspended "
+                          "or has finished; nothing was changed")
+    if kube("get", RESOURCE, args.to, "--ignore-not-found", "-o", "name").stdout.strip():
+        raise PluginError(f"--to {args.to!r}: a DurableRun by that name exists; pick another name; nothing was "
+                          "changed")
+    store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=args.credentials_from_secret)
+    try:
+        records = store.run_store(ref).read_all()
+        reruns.first_record_of(records, args.from_step, ref)  # refused before anything is created
+        spec = {k: v for k, v in body["spec"].items() if k not in ("events", "suspend")}
+        spec["checkpoint"] = {k: v for k, v in spec["checkpoint"].items() if k != "runId"}  # its own journal
+        manifest = {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                    "metadata": {"name": args.to, "labels": body["metadata"].get("labels") or {}},
+                    "spec": {**spec, "suspend": True}}
+        created = json.loads(kube("create", "-f", "-", "-o", "json", input=json.dumps(manifest)).stdout)
+        new = layout.RunRef.kubernetes(created["metadata"]["namespace"], args.to, created["metadata"]["uid"])
+        try:
+            cut = reruns.fork(store, ref, args.from_step, new, _origin(kube))
+        except BaseException:
+            kube("delete", RESOURCE, args.to, "--wait=false", check=False)  # nothing half-made is left
+            raise
+    finally:
+        store.close()
+    kube.merge_patch(args.to, {"spec": {"suspend": False}})
+    print(f"{KIND_REF}/{args.to} forked from {args.run} before step {args.from_step!r} (position {cut.position}): "
+          f"its journal copies {cut.kept} records; it executes that step on")
+    return 0
+
+
+
 def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
     root = kube.run(args.run)
 
@@ -176,7 +237,7 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
-            "completion", "timeline", "ui"]
+            "completion", "timeline", "rerun", "fork", "ui"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
 TAKES_RUN = set(COMMANDS) - {"completion", "ui"}
 
@@ -283,6 +344,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "credentials as for journal)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
+    p = command("rerun", "run a finished run again from a step: drop its journal from the step's first record on "
+                         f"(archived first), then start a new attempt ({api.ANNOTATION_RETRY})")
+    p.add_argument("--from", dest="from_step", required=True, metavar="STEP", help="the step's name (see journal)")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
+    p = command("fork", "create DurableRun NEW: this run's spec and input, its journal a copy of this run's "
+                        "before a step")
+    p.add_argument("--from", dest="from_step", required=True, metavar="STEP",
+                   help="the first step NEW executes itself (see journal)")
+    p.add_argument("--to", required=True, metavar="NEW", help="the new DurableRun's name (must not exist)")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
     command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
     p = command("ui", "serve the run browser on 127.0.0.1 as you (your kubeconfig, your RBAC): the runs, each "
                       "run's timeline, events and children, and these commands as buttons (docs/web.md)")
@@ -298,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
             "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal,
-            "ui": browser.serve}
+            "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,9 @@ given when only the local CLI named runs.) Inside a run's root::
     policy.json                a local run's policy (budgets), recorded at its first attempt
     owner.json                 a run id's owner record: who may write it now (compare-and-swap;
                                :mod:`durablerun._private.owner`)
+    history/<time>-<action>.json  facts about the run: a rerun or fork (who, when, from where, what)
+    archive/<time>/...         a copy of every object above as it was before a rerun dropped records
+                               (:mod:`durablerun._private.reruns`; readers of layout 1 ignore both)
 
 Every object is sealed (see :mod:`durablerun._private.codec`).
 """
@@ -116,6 +119,8 @@ JOURNAL_DIR = "journal/"
 CHUNKS_DIR = "chunks/"
 BLOBS_DIR = "blobs/"
 EVENTS_DIR = "events/"
+HISTORY_DIR = "history/"
+ARCHIVE_DIR = "archive/"
 
 
 def journal_key(seq: int) -> str:

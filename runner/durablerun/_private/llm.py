@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private import core, tracing
+from durablerun._private import replay, tracing
 from durablerun._private.context import DurableContext
 
 __all__ = ["PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
@@ -208,7 +208,7 @@ def charge(usage: Usage, ctx: DurableContext | None = None) -> Decimal:
     usd = cost(usage)
     if ctx is not None:
         ctx.add_cost(usd=usd, tokens=usage.tokens)
-    elif not core.charge_step(usd, usage.tokens):
+    elif not replay.charge_step(usd, usage.tokens):
         raise errors.WorkflowError(
             "durablerun.llm.charge() without ctx must be called inside a step (ctx.step); "
             "outside one pass ctx")
@@ -252,7 +252,7 @@ def _metered_call(fn: Any) -> Any:
             raise errors.WorkflowError(
                 "a metered client does not meter streamed responses: call durablerun.llm.charge_response() "
                 "with the final message (or use the unwrapped client)")
-        if not core.in_step():
+        if not replay.in_step():
             # Refused before the call: outside a step it would be made (and paid for) again on every resume.
             raise errors.WorkflowError(
                 "a metered client's calls must run inside a step (ctx.step): outside one the call is "

@@ -359,6 +359,31 @@ class EngineConfig:
     #: How the run asks for child runs and signals (durablerun._private.children.RunBroker): the runner pod
     #: sets it; None (a local run): ctx.start_child and ctx.signal fail, saying they need the operator.
     runs: Any = None
+    #: Set (durablerun._private.replayer): the attempt only replays. It executes no step, sleeps and waits for
+    #: nothing and writes nothing; where the journal ends or diverges it stops, and says so here.
+    replay: ReplayProbe | None = None
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where new code first asks for something other than what the journal holds."""
+
+    position: str
+    #: What the journal holds there ("step 'plan'"), and what the code asks for ("step 'plan-v2'";
+    #: "nothing" when the workflow finished without reaching it).
+    expected: str
+    found: str
+    message: str
+
+
+@dataclass
+class ReplayProbe:
+    """What a replay-only attempt (``EngineConfig.replay``) found; filled in by the runtime."""
+
+    #: The first divergence, if any (concurrent branches may find several: the first one found).
+    divergence: Divergence | None = None
+    #: The first operation past the journal's end ("step 'review' at position 4"): the run would go on there.
+    end: str | None = None
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from durablerun import errors
 from durablerun._private.halts import Halt, HaltKind, strongest
 from durablerun._private.journal import Loaded
-from durablerun._private.model import Record, StepRecord, Totals
+from durablerun._private.model import CompleteRecord, Divergence, Record, ReplayProbe, StepRecord, Totals
 from durablerun.api import AbortReason
 from durablerun.resource import Policy
 
@@ -163,6 +163,33 @@ class Live:
     prefix: str = ""
     #: The steps the workflow expects in all (ctx.set_total_steps), if it said.
     total_steps: int | None = None
+    #: A replay-only attempt's findings (EngineConfig.replay): divergences are recorded here too.
+    probe: ReplayProbe | None = None
+
+    def journal_end(self, what: str) -> None:
+        """A new operation (``what``): a replay-only attempt stops here, at the journal's end, having run nothing."""
+        if self.probe is None:
+            return
+        if self.probe.end is None:
+            self.probe.end = what
+        raise Halt(HaltKind.FENCE, f"replayed the whole journal; it ends before {what}")
+
+    def replayed_completion(self, reached: set[str]) -> CompleteRecord:
+        """A replay-only attempt's workflow returned: the journal's completion, if it completed too (else its end)."""
+        reached.add("end")  # the complete record's own position
+        self.check_unreached(reached)
+        done = self.index.get("end", {}).get("complete")
+        if not isinstance(done, CompleteRecord):
+            self.journal_end("the workflow's completion")
+        assert isinstance(done, CompleteRecord)
+        return done
+
+    def diverged(self, pos: str, expected: str, found: str, message: str) -> Halt:
+        """The halt of a divergence at ``pos``; a replay-only attempt also records the first one."""
+        if self.probe is not None and self.probe.divergence is None:
+            self.probe.divergence = Divergence(pos, expected, found, message)
+        err = errors.DivergenceError(message)
+        return Halt(HaltKind.FAIL, str(err), error=err)
 
     def reset(self, prefix: str) -> None:
         """A new generation: nothing journaled before it is looked up again."""
@@ -219,15 +246,14 @@ class Live:
         kinds = _OP_KINDS[family]
         for kind, rec in ops.items():
             if kind not in kinds or rec.name != name:
-                err = errors.DivergenceError(
+                raise self.diverged(
+                    pos, f"{kind} {rec.name!r}", f"{family} {name!r}",
                     f"replay diverged at journal position {pos}: the journal holds "
                     f"{kind} {rec.name!r} there, but the workflow now asks for {family} "
                     f"{name!r}. The code changed in a way that does not fit this run's "
                     "journal: guard the change with ctx.patched('<change-id>') (docs/sdk.md, "
                     "'Changing a workflow'), or finish this run with the code it started with. "
-                    "Nothing journaled was changed."
-                )
-                raise Halt(HaltKind.FAIL, str(err), error=err)
+                    "Nothing journaled was changed.")
         return ops
 
     def check_unreached(self, reached: set[str]) -> None:
@@ -237,13 +263,12 @@ class Live:
                 continue
             ops = [r for k, r in recs.items() if not k.startswith("patch:")]
             if ops:
-                err = errors.DivergenceError(
+                raise self.diverged(
+                    pos, f"{ops[0].kind} {ops[0].name!r}", "nothing (the workflow ended first)",
                     f"the workflow finished without reaching journal position {pos}, which "
                     f"holds {ops[0].kind} {ops[0].name!r}: the code changed in a way that does "
                     "not fit this run's journal (guard changes with ctx.patched). Nothing "
-                    "journaled was changed."
-                )
-                raise Halt(HaltKind.FAIL, str(err), error=err)
+                    "journaled was changed.")
 
 
 # --- budgets -------------------------------------------------------------------------------
@@ -308,6 +333,21 @@ def budget_overshoot(t: Totals, p: Policy) -> str | None:
         return None
     return ("budget overshoot: " + "; ".join(over) + " (budgets are checked before each step "
             "starts; steps already running charged it)")
+
+
+def in_step() -> bool:
+    """Whether this code runs inside a step (ctx.step's function)."""
+    return STEP.get() is not None
+
+
+def charge_step(usd: Decimal, tokens: int) -> bool:
+    """Charge the step running in this context (its journal record carries the cost); False outside a step."""
+    frame = STEP.get()
+    if frame is None:
+        return False
+    frame.usd += usd
+    frame.tokens += tokens
+    return True
 
 
 def misuse(message: str) -> Halt:

@@ -36,6 +36,12 @@ class EventKind(enum.StrEnum):
     STEP_STARTED = "step_started"
     #: ``position``, ``name``, ``seq``, ``ok``, ``duration``: a step's outcome is journaled at ``seq``.
     STEP_COMPLETED = "step_completed"
+    #: ``position``, ``name``, ``attempt``, ``delay`` (seconds), ``error`` (one line): attempt ``attempt`` of a step
+    #: raised; it runs again after ``delay``.
+    STEP_RETRYING = "step_retrying"
+    #: ``position``, ``name``, ``attempts``, ``traceback`` (the step function's own frames): a step failed for good
+    #: (after its retries, or a NonRetryableError); its failure is journaled.
+    STEP_FAILED = "step_failed"
     #: ``seq``, ``key``: a journal record (or a snapshot covering up to ``seq``) is durable at ``key``.
     CHECKPOINT_SAVED = "checkpoint_saved"
     #: ``record`` (model.Record): a journal record is durable (a step's outcome, a sleep, a wait, an event, ...).
@@ -101,6 +107,12 @@ class ProgressSink:
         self, *, position: str, name: str, seq: int, ok: bool, duration: float
     ) -> None:
         """A step's outcome was journaled at sequence ``seq`` (``ok`` False: it failed)."""
+
+    def step_retrying(self, *, position: str, name: str, attempt: int, delay: float, error: str) -> None:
+        """Attempt ``attempt`` of a step raised ``error``; the step runs again in ``delay`` seconds."""
+
+    def step_failed(self, *, position: str, name: str, attempts: int, traceback: str) -> None:
+        """A step failed for good after ``attempts`` attempts; ``traceback`` is the step function's own."""
 
     def checkpoint_saved(self, *, seq: int, key: str) -> None:
         """A journal record (or a snapshot covering up to ``seq``) is durable at ``key``."""

@@ -6,8 +6,11 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import os
 import queue
+import sysconfig
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -123,3 +126,15 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         except TypeError:
             pass
         return result
+
+
+_NOT_THE_STEPS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # the SDK
+                  sysconfig.get_paths()["stdlib"] + os.sep)  # asyncio, concurrent.futures, threading
+
+
+def own_traceback(e: BaseException) -> str:
+    """``e``'s traceback in the step function's own frames: without the SDK's and the standard library's."""
+    te = traceback.TracebackException.from_exception(e)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(_NOT_THE_STEPS)] or list(te.stack))
+    return "".join(te.format()).rstrip()

@@ -64,7 +64,7 @@ class Writer:
         """
         with self.lock:
             if self.refuse_writes():
-                raise Halt(HaltKind.FENCE, str(self.fenced))
+                raise Halt(HaltKind.FENCE, self.fenced or "a replay-only attempt writes nothing")
             if self.closed:
                 raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
             live = self.live
@@ -105,6 +105,8 @@ class Writer:
 
     def refuse_writes(self) -> bool:
         """True once this attempt may write nothing more: fenced, or its write guard says so."""
+        if self.config.replay is not None:
+            return True  # a replay-only attempt (the replayer) writes nothing, ever
         guard = self.config.write_guard
         reason = guard() if guard is not None and not self.fenced else None
         if reason:

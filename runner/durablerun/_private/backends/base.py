@@ -45,6 +45,14 @@ class JournalBackend(abc.ABC):
         Durable when it returns. Raises FencedError when ``seq`` is taken.
         """
 
+    @abc.abstractmethod
+    def truncate(self, from_seq: int) -> int:
+        """Drop the records from ``from_seq`` on (``durablerun rerun``); return how many were dropped.
+
+        The last first, so an interruption leaves a shorter prefix of the same journal, never a gap.
+        Only for a caller holding the run (its owner record): an appending writer would race it.
+        """
+
     def location(self, seq: int) -> str:
         """Where record ``seq`` is stored, relative to the run's root (for references)."""
         return layout.journal_key(seq)

@@ -341,6 +341,38 @@ class FsJournal(base.JournalBackend):
         self._next_seq = seq + 1
         return f"{path}#{seq}"
 
+    def truncate(self, from_seq: int) -> int:
+        lock_fd = self._lock()
+        with _flock(lock_fd, self._lock_s):
+            self._close_segment()
+            self._next_seq = None  # an append after this reopens the journal
+            starts = self._segments()
+            dropped = 0
+            for i in range(len(starts) - 1, -1, -1):  # the last segment first: a prefix stays at every moment
+                start = starts[i]
+                _, count, _ = self._scan(start, last=i == len(starts) - 1, from_seq=start)
+                path = self._dir / layout.segment_name(start)
+                if start >= from_seq:
+                    os.unlink(path)
+                    dropped += count
+                    continue
+                if start + count > from_seq:
+                    # Cut the segment at the first dropped record: the end of the line before it.
+                    data = path.read_bytes()
+                    offset = 0
+                    for _ in range(from_seq - start):
+                        offset = data.index(b"\n", offset) + 1
+                    fd = os.open(path, os.O_RDWR)
+                    try:
+                        os.ftruncate(fd, offset)
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+                    dropped += start + count - from_seq
+                break
+            _fsync_dir(self._dir)
+        return dropped
+
     def location(self, seq: int) -> str:
         return f"{layout.JOURNAL_DIR}{layout.segment_name(seq - seq % layout.SEGMENT_RECORDS)}#{seq}"
 

@@ -68,6 +68,13 @@ class MemoryJournal(base.JournalBackend):
             records.append(data)
         return key
 
+    def truncate(self, from_seq: int) -> int:
+        with self._space.lock:
+            records = self._space.journals.get(self._root, [])
+            dropped = max(0, len(records) - from_seq)
+            del records[from_seq:]
+        return dropped
+
 
 class MemoryBackend(base.Backend):
     io_inline = True

@@ -369,3 +369,9 @@ class S3Journal(base.JournalBackend):
             bucket=self._b.bucket,
             key=full,
         )
+
+    def truncate(self, from_seq: int) -> int:
+        seqs = [seq for seq, _ in self.read(from_seq)]
+        for seq in sorted(seqs, reverse=True):  # the last first: a prefix stays at every moment
+            self._b.delete([self._root + layout.journal_key(seq)])
+        return len(seqs)

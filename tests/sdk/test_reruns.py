@@ -1,0 +1,104 @@
+"""`durablerun rerun` and `durablerun fork` through the CLI, with a ledger of the steps that ran."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from durablerun._private import codec, layout
+from durablerun._private.owner import Holder, OwnerLease
+from durablerun.api import Outcome
+from durablerun.stores import RunRef, open_store
+
+from .helpers import cli
+
+
+def _completed_run(tmp_path: Path) -> tuple[list[str], Path]:
+    """Run upgrading:v1 to completion; returns the CLI's store arguments and the ledger (emptied)."""
+    ledger = tmp_path / "ledger"
+    base = ["--store", f"file://{tmp_path / 'store'}", "--quiet"]
+    first = cli(["run", "upgrading:v1", "--run-id", "r1", *base, "--input", json.dumps({"ledger": str(ledger)})])
+    assert first.returncode == Outcome.WAITING.exit_code, first.stderr
+    assert cli(["send-event", "--run-id", "r1", *base[:2], "review", '{"ok": true}']).returncode == 0
+    done = cli(["resume", "--run-id", "r1", *base])
+    assert done.returncode == 0, done.stderr
+    assert ledger.read_text().split() == ["plan", "draft", "publish"]
+    ledger.write_text("")
+    return base, ledger
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _history(tmp_path: Path, run_id: str) -> list[dict[str, object]]:
+    store = open_store(f"file://{tmp_path / 'store'}")
+    root = f"{RunRef.local(run_id).path}/{layout.HISTORY_DIR}"
+    return [codec.loads(codec.unseal(store.backend.get(k) or b"", what=k), what=k)
+            for k in store.backend.list_keys(root)]
+
+
+def test_rerun_from_a_step_executes_it_and_what_follows_once_and_archives_the_rest(tmp_path: Path) -> None:
+    base, ledger = _completed_run(tmp_path)
+    rerun = cli(["rerun", "--run-id", "r1", "--from", "draft", *base])
+    assert rerun.returncode == 0, rerun.stderr
+    assert ledger.read_text().split() == ["draft", "publish"], "plan ran again, or draft/publish not once"
+    assert "dropped 5 journal records from step 'draft' (position 2) on, kept 2" in rerun.stderr
+    assert json.loads(rerun.stdout)["plan"] == "PLAN"
+    [fact] = _history(tmp_path, "r1")
+    assert (fact["action"], fact["fromStep"], fact["fromSeq"], fact["dropped"]) == ("rerun", "draft", 2, 5)
+    assert fact["by"]
+    assert "durablerun CLI on host" in str(fact["via"])
+    archived = tmp_path / "store" / "_local" / "r1" / str(fact["archive"])
+    assert (archived / layout.MANIFEST).exists()
+    assert any((archived / "journal").iterdir()), "the dropped records were not archived"
+    # The archive keeps the old journal: the rerun run's own journal holds the new records.
+    replay = cli(["replay", "upgrading:v1", "--run-id", "r1", *base[:2]])
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+def test_fork_copies_the_journal_before_a_step_into_a_new_run(tmp_path: Path) -> None:
+    base, ledger = _completed_run(tmp_path)
+    source = _files(tmp_path / "store" / "_local" / "r1" / "journal")
+    fork = cli(["fork", "--run-id", "r1", "--from", "publish", "--to", "r2", *base])
+    assert fork.returncode == 0, fork.stderr
+    assert ledger.read_text().split() == ["publish"]
+    assert json.loads(fork.stdout)["review"] == {"ok": True}, "the journaled event was not copied"
+    assert _files(tmp_path / "store" / "_local" / "r1" / "journal") == source, "the source's journal changed"
+    [fact] = _history(tmp_path, "r2")
+    assert (fact["action"], fact["fromRun"], fact["fromStep"]) == ("fork", "_local/r1", "publish")
+
+
+def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    base, ledger = _completed_run(tmp_path)
+    assert cli(["fork", "--run-id", "r1", "--from", "publish", "--to", "r2", *base]).returncode == 0
+    ledger.write_text("")
+    before = _files(tmp_path / "store")
+    cases = {
+        "has no step by that name": ["rerun", "--run-id", "r1", "--from", "nope", *base],
+        "run _local/r2 exists": ["fork", "--run-id", "r1", "--from", "draft", "--to", "r2", *base],
+        "differs from run _local/r1's input": ["fork", "--run-id", "r1", "--from", "draft", "--to", "r3", *base,
+                                               "--input", '{"ledger": "elsewhere"}'],
+        "no run _local/r9": ["rerun", "--run-id", "r9", "--from", "draft", *base],
+    }
+    for said, args in cases.items():
+        result = cli(args)
+        assert result.returncode == Outcome.USAGE_ERROR.exit_code, (args, result.stderr)
+        assert said in result.stderr
+        assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert _files(tmp_path / "store") == before
+    assert ledger.read_text() == ""
+
+
+def test_rerun_is_refused_while_an_attempt_holds_the_run(tmp_path: Path) -> None:
+    base, ledger = _completed_run(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    holder = OwnerLease(store.backend, RunRef.local("r1"), Holder(host="elsewhere", pid=1), 60.0)
+    holder.acquire()
+    journal = _files(tmp_path / "store" / "_local" / "r1" / "journal")
+    refused = cli(["rerun", "--run-id", "r1", "--from", "draft", *base])
+    assert refused.returncode == Outcome.USAGE_ERROR.exit_code
+    assert "rerun of run _local/r1 refused" in refused.stderr
+    assert "held by `durablerun run` on host elsewhere" in refused.stderr
+    assert _files(tmp_path / "store" / "_local" / "r1" / "journal") == journal
+    assert ledger.read_text() == ""
