@@ -51,27 +51,6 @@ def test_crash_resumes_in_a_new_pod(operator: Operator, runs: RunEnv, how: str) 
         assert any("OOMKilled" in r and "limits.memory" in r for r in reasons(runs, "crash"))
 
 
-def test_a_crash_names_the_step_in_flight(operator: Operator, runs: RunEnv) -> None:
-    """The Event and status say which step the killed runner was in and for how long, not its last log line."""
-    runs.apply(runs.manifest("inflight", "optest_flows:steps", {"steps": 3, "sleep": 0, "hold": "s1"},
-                             policy={"backoff": {"initial": "30s", "max": "30s"}}))
-    # The runner reports the step in flight with its lease renewals (every leaseDuration/3).
-    procs.wait_for(lambda: ((runs.get("inflight").get("status") or {}).get("progress") or {}).get("inFlight"),
-                   timeout=60, what="the runner to report step s1 in flight")
-    pod = str(runs.get("inflight")["status"]["pod"])
-    assert runs.testbed.node
-    runs.testbed.node.kill(runs.namespace, pod)
-    run = runs.wait_phase("inflight", "Backoff", timeout=60)
-    restarting = [r for r in reasons(runs, "inflight") if r.startswith("Restarting: Crash")]
-    assert len(restarting) == 1, reasons(runs, "inflight")
-    for message in (restarting[0], run["status"]["message"]):
-        assert "exit code 137 (killed by SIGKILL) during step 's1' (position " in message, message
-        assert ", attempt 1, running for " in message, message
-        assert "{" not in message, message  # no raw log line
-    (runs.ledger_dir / "release-s1").touch()
-    runs.wait_phase("inflight", "Succeeded", timeout=90)
-
-
 @pytest.mark.parametrize("how", ["pod-deleted", "node-lost", "evicted"])
 def test_disruptions_do_not_consume_max_restarts(operator: Operator, runs: RunEnv, how: str) -> None:
     # s2 runs until released, so the disruption lands while the attempt is at work (a timed run could finish
