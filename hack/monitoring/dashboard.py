@@ -300,8 +300,7 @@ def _variables() -> list[cogbuilder.Builder[models.VariableModel]]:
         # "All" namespaces: ".+", short and also right for runs created after the page loaded.
         query_variable("namespace", "Namespace", 'label_values(durablerun_run_phase{job=~"$job"}, namespace)')
         .all_value(".+"),
-        # Where a trace id opens (docs/metrics.md, Traces): the id is appended, e.g. Jaeger's
-        # https://jaeger.example.com/trace/ or a Grafana Explore URL of a Tempo or Jaeger data source.
+        # Where a trace id opens (docs/metrics.md, Traces): any tracing UI whose trace URL ends in the id.
         dashboard_builders.TextBoxVariable("trace_url").label("Trace link").default_value("")
         .description("URL a trace id is appended to, to open it: e.g. https://jaeger.example.com/trace/")
         .hide(models.VariableHide.DONT_HIDE),
