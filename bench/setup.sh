@@ -3,7 +3,7 @@
 #   - the test bed (hack/setup.sh: kube-apiserver, etcd, MinIO, the dev venv)
 #   - Debian's PostgreSQL server (the benchmark starts its own throwaway cluster
 #     on loopback in a temp dir; the packaged service is kept from starting)
-#   - bench/.venv: the project (-e .[s3,pod,operator]) plus DBOS, LangGraph and their
+#   - bench/.venv: the project (-e .[s3,pod,operator,otel]) plus DBOS, LangGraph and their
 #     checkpointers, every version pinned by bench/constraints.txt. A venv of its
 #     own, so the dev venv that the test suite uses is never changed.
 set -euo pipefail
@@ -37,7 +37,7 @@ fi
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   log "installing the benchmark's Python packages (pinned by bench/constraints.txt)"
   "$VENV/bin/pip" install -q --upgrade "pip==25.3"
-  "$VENV/bin/pip" install -q -c "$BENCH/constraints.txt" -e "$ROOT[s3,pod,operator]" -r "$BENCH/requirements.txt"
+  "$VENV/bin/pip" install -q -c "$BENCH/constraints.txt" -e "$ROOT[s3,pod,operator,otel]" -r "$BENCH/requirements.txt"
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The harness (bench/) and the test bed (hack/) are not part of the wheel.
   printf '%s\n%s\n' "$BENCH" "$ROOT/hack" >"$site/durablerun-bench.pth"

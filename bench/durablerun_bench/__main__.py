@@ -3,7 +3,8 @@
 Sections: steps (per-step overhead), replay (journals of growing size, DBOS
 recovery), resume (SIGKILL -> first new step on the test bed), writecost (what
 one status write costs the API server, object sizes), scale (the operator with
-many DurableRuns, active and waiting). BENCH_QUICK=1 runs a fast smoke version.
+many DurableRuns, active and waiting), tracing (per-step overhead with traces
+on, beside off). BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
 
@@ -23,16 +24,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durablerun_bench import machine, objsize, postgres, replay, report, resume, scale, steps, webhooks, writecost
+from durablerun_bench import (
+    machine,
+    objsize,
+    postgres,
+    replay,
+    report,
+    resume,
+    scale,
+    steps,
+    tracing,
+    webhooks,
+    writecost,
+)
 from durablerun_bench.util import quick
 from durablerun_testbed import procs, realnode
+from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing")
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
                         tmp=str(tmp), s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("recovery")),
                         sizes=list(sizes.replay_sizes), dbos_steps=sizes.dbos_steps, repeats=sizes.replay_repeats,
                         export_from=sizes.export_from, log=log)
+        if "tracing" in sections:
+            log("tracing overhead per step (filesystem store, Jaeger on loopback)")
+            jaeger = Jaeger(root / "jaeger", run_id).start()
+            try:
+                results["tracing"] = tracing.bench(tmp=str(tmp), endpoint=jaeger.otlp_endpoint, steps=sizes.steps,
+                                                   repeats=sizes.step_repeats, log=log)
+            finally:
+                jaeger.stop()
         if {"resume", "scale", "writecost", "webhooks"} & set(sections):
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:

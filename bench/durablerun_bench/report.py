@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from durablerun_bench import tracing
+
 
 def _f(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -63,6 +65,10 @@ def render(r: dict[str, Any]) -> str:
         lines += _webhooks(r["webhooks"])
     if "scale" in r:
         lines += _scale(r["scale"], targets)
+    if "tracing" in r:
+        lines += tracing.section(r["tracing"])
+        targets.append(["tracing on adds <= 10% per step (filesystem store)",
+                        f"{r['tracing']['overhead'] * 100:.1f}%", _yes(r["tracing"]["overhead"] <= 0.10)])
     if targets:
         lines += ["## Targets (issue 7)", "", *_table(["target", "measured", ""], targets), ""]
     return "\n".join(lines) + "\n"

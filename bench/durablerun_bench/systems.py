@@ -233,13 +233,23 @@ def durablerun(p: dict[str, Any]) -> Series:
     ref = RunRef.local(f"steps-{uuid.uuid4().hex[:12]}")
     config = EngineConfig(snapshot_every=int(p.get("snapshot_every", 100)),
                           sync_steps_in_threads=bool(p.get("threads", True)))
+    sinks: list[Any] = []
+    if p.get("trace_endpoint"):  # the tracing section: the sink `durablerun run` adds when an endpoint is set
+        from durablerun._private import tracing
+
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = p["trace_endpoint"]  # the exporter reads the environment
+        sinks = tracing.sinks_for(store, ref)
+        if not sinks:
+            raise RuntimeError("tracing did not start: is the otel extra installed?")
     STAMPS.clear()
-    started = time.perf_counter()
-    result = Run(store=store, run=ref, workflow=workflow, input={}, config=config).run_attempt()
-    total = time.perf_counter() - started
+    started, cpu = time.perf_counter(), time.process_time()
+    result = Run(store=store, run=ref, workflow=workflow, input={}, sinks=sinks, config=config).run_attempt()
+    total, cpu = time.perf_counter() - started, time.process_time() - cpu  # CPU of every thread (exporter too)
     if result.outcome != api.Outcome.COMPLETED:
         raise RuntimeError(f"durable-run ended {result.outcome.value}: {result.message}")
-    extra: dict[str, Any] = {"end_to_end_s": total}
+    extra: dict[str, Any] = {"end_to_end_s": total, "cpu_ms_per_step": 1000 * cpu / n}
+    if sinks:
+        extra["spans_undelivered"] = sinks[0].undelivered
     if p["store"] == "fs":
         journal = workdir / ref.path / "journal"
         segment = sorted(journal.glob("*.log"))[0].read_bytes()

@@ -208,6 +208,17 @@ def rows() -> list[tuple[str, list[PanelBuilder]]]:
                                "aborted: {{reason}}")],
                         height=9, bars=True),
         ]),
+        ("Traces", [
+            _table("Runs and their traces",
+                   "Each run's OpenTelemetry trace id (status.traceID): one trace holds its attempts, steps, "
+                   "waits, model calls and the operator's decisions. Click an id to open the trace where the "
+                   "Trace link variable points (docs/metrics.md, Traces); without it, copy the id into your "
+                   "tracing backend.",
+                   [query(f"max by ({RUN}, trace_id) (durablerun_run_trace{{{SEL}}})", instant=True, table=True)],
+                   {}, hide=("Time", "Value"), width=24, height=7)
+            .override_by_name("trace_id", [models.DynamicConfigValue(id_val="links", value=[
+                {"title": "Open the run's trace", "url": "${trace_url}${__value.raw}", "targetBlank": True}])]),
+        ]),
         ("Staleness", [
             _stale_table(),
             _timeseries("Lease age / lease duration",
@@ -305,6 +316,10 @@ def _variables() -> list[cogbuilder.Builder[models.VariableModel]]:
         query_variable("namespace", "Namespace", 'label_values(durablerun_run_phase{job=~"$job"}, namespace)')
         .all_value(".+"),
         query_variable("webhook_job", "Webhook job", "label_values(durablerun_webhook_requests_total, job)"),
+        # Where a trace id opens (docs/metrics.md, Traces): any tracing UI whose trace URL ends in the id.
+        dashboard_builders.TextBoxVariable("trace_url").label("Trace link").default_value("")
+        .description("URL a trace id is appended to, to open it: e.g. https://jaeger.example.com/trace/")
+        .hide(models.VariableHide.DONT_HIDE),
     ]
 
 

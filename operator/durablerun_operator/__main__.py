@@ -15,7 +15,10 @@ import socket
 import kopf
 
 from durablerun import api
-from durablerun_operator import handlers  # noqa: F401  (registers the kopf handlers)
+from durablerun_operator import (
+    handlers,  # noqa: F401  (registers the kopf handlers)
+    tracing,
+)
 from durablerun_operator.config import Settings
 
 
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every handled watch event at INFO ("Handler 'run_changed' succeeded."): with lease
         # renewals that is tens of lines a second saying nothing. Its warnings and errors still show.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Before kopf starts: a malformed endpoint stops the operator here, naming the setting.
+    tracer = tracing.DecisionTracer.from_env(os.environ)
     asyncio.run(kopf.operator(
         standalone=True,  # one replica by design; correctness does not rest on kopf's peering
         # kopf would name itself after the OS user, but the image runs as uid 65532 with no
@@ -41,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         identity=f"durablerun-operator@{socket.gethostname()}",  # type: ignore[arg-type]
         clusterwide=not settings.namespaces,
         namespaces=list(settings.namespaces),
-        memo=kopf.Memo(settings=settings),
+        memo=kopf.Memo(settings=settings, tracer=tracer),
         liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
     ))
     return 0

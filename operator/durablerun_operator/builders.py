@@ -127,7 +127,11 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
         runner["command"] = list(DEFAULT_COMMAND)
     runner["terminationMessagePath"] = api.TERMINATION_MESSAGE_PATH
     runner["terminationMessagePolicy"] = "FallbackToLogsOnError"
-    runner["env"] = [*(runner.get("env") or []), *_runner_env(run, epoch, settings)]
+    own = [*(runner.get("env") or [])]
+    named = {e.get("name") for e in own}
+    # The chart's tracing settings, unless the template sets the variable itself (a run traced elsewhere).
+    otel = [{"name": k, "value": v} for k, v in settings.otel_env if k not in named]
+    runner["env"] = [*own, *otel, *_runner_env(run, epoch, settings)]
     security = runner.setdefault("securityContext", {})
     security.setdefault("allowPrivilegeEscalation", False)
     security.setdefault("readOnlyRootFilesystem", True)
@@ -177,6 +181,7 @@ def _runner_env(run: dict[str, Any], epoch: int, settings: Settings) -> list[dic
         {"name": api.Env.UID, "value": meta["uid"]},
         {"name": api.Env.EPOCH, "value": str(epoch)},
         {"name": api.Env.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": api.Env.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": api.Env.TERMINATION_MESSAGE_PATH, "value": api.TERMINATION_MESSAGE_PATH},
     ]
     if settings.cluster_name:
@@ -212,15 +217,19 @@ def child_run(parent: dict[str, Any], child: str, request: resource.ChildRequest
     ``resource.child_spec``: the parent's template and store, its policy narrowed by the request.
     """
     meta = parent["metadata"]
-    spec = resource.child_spec(resource.DurableRunSpec.model_validate(parent["spec"]), request)
+    parent_spec = resource.DurableRunSpec.model_validate(parent["spec"])
+    spec = resource.child_spec(parent_spec, request)
+    annotations = {api.ANNOTATION_PARENT_TRACE: api.trace_id(
+        api.run_key(meta["namespace"], meta["name"], meta["uid"], parent_spec.checkpoint.runId))}
+    if spec.suspend:  # born suspended with a suspended parent, and resumed with it
+        annotations[api.ANNOTATION_SUSPENDED_BY_PARENT] = "true"
     return {
         "apiVersion": api.API_VERSION, "kind": api.KIND,
         "metadata": {
             "name": resource.child_run_name(meta["name"], child),
             "namespace": meta["namespace"],
             "labels": {api.LABEL_PARENT: meta["name"], api.LABEL_MANAGED_BY: "durable-run"},
-            # Born suspended with a suspended parent, and resumed with it.
-            "annotations": {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"} if spec.suspend else {},
+            "annotations": annotations,
             "ownerReferences": [owner_reference(parent)],
         },
         "spec": spec.model_dump(mode="json", exclude_none=True),

@@ -67,6 +67,9 @@ class Settings:
     #: only on the lease are held until renewals recover. A fraction of 0 turns the hold off.
     mass_expiry_fraction: float = 0.5
     mass_expiry_min_runs: int = 10
+    #: The OTEL_* variables runners get (the chart's tracing values, set on the operator too), by name; the
+    #: operator traces its own decisions when they name an endpoint (docs/metrics.md, Traces).
+    otel_env: tuple[tuple[str, str], ...] = ()
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -87,5 +90,7 @@ class Settings:
             cluster_name=os.environ.get(api.OperatorEnv.CLUSTER) or os.environ.get(api.OperatorEnv.CLUSTER_OLD_NAME)
             or "",
             webhook_url=os.environ.get(api.Env.WEBHOOK_URL, ""),
+            otel_env=tuple(sorted((k, v) for k, v in os.environ.items()
+                                  if k.startswith(api.Env.OTEL_PREFIX) and k not in api.Env.OTEL_NOT_SHARED)),
             namespaces=namespaces,
         )

@@ -236,6 +236,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "The child runs' cost in US dollars; it counts toward policy.costCeilingUSD."},
     {"name": "Run ID", "type": "string", "jsonPath": ".spec.checkpoint.runId", "priority": 1,
      "description": "spec.checkpoint.runId: the run id whose journal the run continues (none: its own)."},
+    {"name": "Trace", "type": "string", "jsonPath": ".status.traceID", "priority": 1,
+     "description": "The run's OpenTelemetry trace id: look it up in the tracing backend."},
 ]
 
 

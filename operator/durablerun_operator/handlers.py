@@ -42,7 +42,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     run_metrics = metrics.RunMetrics()
     if own.metrics_port:
         run_metrics.serve(own.metrics_port, "0.0.0.0")
-    rec = reconciler.Reconciler(kube.Kube(), own, run_metrics)
+    rec = reconciler.Reconciler(kube.Kube(), own, run_metrics, memo.get("tracer"))
     # Set before kopf starts watching, so every per-object memo (a shallow copy of this one) holds it.
     memo.reconciler = rec
     memo.tasks = [
@@ -56,6 +56,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     for task in memo.get("tasks", []):
         task.cancel()
+    tracer = memo.get("tracer")
+    if tracer is not None:
+        await asyncio.to_thread(tracer.shutdown)
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)

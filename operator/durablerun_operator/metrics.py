@@ -103,6 +103,7 @@ class _Snapshot:
 
     phase: str
     abort_reason: str | None
+    trace_id: str | None
     progress_ratio: float | None
     completed_steps: int
     total_steps: int | None
@@ -146,6 +147,7 @@ def _snapshot(status: resource.DurableRunStatus, policy: resource.Policy, now: d
     return _Snapshot(
         phase=phase,
         abort_reason=status.abortReason.value if status.abortReason else None,
+        trace_id=status.traceID,
         progress_ratio=_ratio(status, phase),
         completed_steps=status.progress.completedSteps,
         total_steps=status.progress.totalSteps,
@@ -209,6 +211,8 @@ class _RunCollector(Collector):
         return [
             _gauge("run_phase", "1 for the run's current phase, 0 for every other phase.", "phase"),
             _gauge("run_abort_reason", "1 while the run is Aborted, labelled with status.abortReason.", "reason"),
+            _gauge("run_trace", "1, labelled with the run's OpenTelemetry trace id (status.traceID): the "
+                   "dashboard links a run to its trace.", "trace_id"),
             _gauge("run_progress_ratio", "Fraction of the run's steps completed, 0..1 (when known)."),
             _gauge("run_completed_steps", "Steps journaled so far (status.progress.completedSteps)."),
             _gauge("run_total_steps", "Total steps, when the workflow declares it (status.progress.totalSteps)."),
@@ -253,6 +257,8 @@ class _RunCollector(Collector):
             put("run_phase", 1.0 if phase == snap.phase else 0.0, phase)
         if snap.phase == api.Phase.ABORTED.value:
             put("run_abort_reason", 1.0, snap.abort_reason or "Unknown")
+        if snap.trace_id:
+            put("run_trace", 1.0, snap.trace_id)
         put("run_progress_ratio", snap.progress_ratio)
         put("run_completed_steps", snap.completed_steps)
         put("run_total_steps", snap.total_steps)

@@ -28,6 +28,7 @@ from durablerun_operator.kube import Conflict, Kube
 
 if TYPE_CHECKING:
     from durablerun_operator.metrics import RunMetrics
+    from durablerun_operator.tracing import DecisionTracer
 
 log = logging.getLogger("durablerun.operator")
 
@@ -88,8 +89,9 @@ class WorkQueue:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings, metrics: RunMetrics | None = None) -> None:
-        self.kube, self.settings, self.metrics = kube, settings, metrics
+    def __init__(self, kube: Kube, settings: Settings, metrics: RunMetrics | None = None,
+                 tracer: DecisionTracer | None = None) -> None:
+        self.kube, self.settings, self.metrics, self.tracer = kube, settings, metrics, tracer
         self.queue = WorkQueue()
         self._resumes_seen: set[tuple[str, int]] = set()
         # Runs whose last reconcile found nothing to do and whose pods have not changed since; for them a new
@@ -321,6 +323,8 @@ class Reconciler:
             # The transition is written: count it now. A pod or Event call below may fail, and the next
             # reconcile sees the new phase, not the transition, so it would never be counted.
             self._count(ns, name, plan)
+        if self.tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
+            self.tracer.record(run, plan)
         for pod in plan.delete_pods:
             await self._io(self.kube.delete_pod, ns, pod)
         for pod in plan.release_pods:

@@ -67,6 +67,8 @@ ANNOTATION_ABORT = f"{GROUP}/abort"
 ANNOTATION_RETRY = f"{GROUP}/retry"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
+# On a child run: its parent's trace id (status.traceID), so the operator links the two traces.
+ANNOTATION_PARENT_TRACE = f"{GROUP}/parent-trace"
 # Set by the operator on a child it suspended or aborted because its parent was suspended or ended; the
 # operator lifts what it set (and only that) when the parent resumes or is retried.
 ANNOTATION_SUSPENDED_BY_PARENT = f"{GROUP}/suspended-by-parent"
@@ -169,6 +171,8 @@ class Env:
     UID = "DURABLERUN_UID"
     EPOCH = "DURABLERUN_EPOCH"
     POD_NAME = "DURABLERUN_POD_NAME"
+    # The node the pod runs on (the downward API's spec.nodeName): an attribute of the attempt's span.
+    NODE_NAME = "DURABLERUN_NODE_NAME"
     # Where the runner writes its outcome for the kubelet to report; equals
     # the container's terminationMessagePath.
     TERMINATION_MESSAGE_PATH = "DURABLERUN_TERMINATION_MESSAGE_PATH"
@@ -190,6 +194,11 @@ class Env:
     LLM_PRICES = "DURABLERUN_LLM_PRICES"
     # The CLI's default --store.
     STORE = "DURABLERUN_STORE"
+    # OpenTelemetry's standard variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER...): the operator
+    # hands its own on to runners (the chart's tracing values), except these, which are not the runners' to
+    # share: its service name, and headers (they carry a backend's credentials: a Secret in spec.template).
+    OTEL_PREFIX = "OTEL_"
+    OTEL_NOT_SHARED = ("OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 
 
 # The webhook ingress (docs/web.md). In each namespace it serves, the chart's Secret of signing keys
@@ -270,6 +279,31 @@ def input_hash(value: Any) -> str:
     """sha256 of the canonical JSON (sorted keys, compact, no NaN) of a run's input: status.inputHash."""
     canonical = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- traces ------------------------------------------------------------------
+
+#: The namespace part of a local run's key (``durablerun run --run-id``, and ``spec.checkpoint.runId``).
+LOCAL_NAMESPACE = "_local"
+
+
+def run_key(namespace: str, name: str, uid: str | None, run_id: str | None = None) -> str:
+    """A run's stable identity: ``<namespace>/<name>/<uid>``, or ``_local/<run id>`` for a run that continues the
+    journal of ``spec.checkpoint.runId`` (or a local run): the runner's ``RunRef.key``."""
+    if run_id:
+        return f"{LOCAL_NAMESPACE}/{run_id}"
+    return f"{namespace}/{name}/{uid}" if uid else f"{namespace}/{name}"
+
+
+def trace_id_of(key: str) -> int:
+    """The OpenTelemetry trace id of run ``key`` (:func:`run_key`): every attempt of the run, in any pod or
+    cluster, and the operator's decisions about it add to this one trace."""
+    return int.from_bytes(hashlib.sha256(b"durablerun/trace/" + key.encode()).digest()[:16], "big") or 1
+
+
+def trace_id(key: str) -> str:
+    """:func:`trace_id_of` as tracing backends show it (32 hex digits): status.traceID."""
+    return f"{trace_id_of(key):032x}"
 
 
 # --- durations ---------------------------------------------------------------

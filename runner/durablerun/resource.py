@@ -307,6 +307,15 @@ class Lease(_Model):
     durationSeconds: int | None = Field(default=None, description="Lease validity without renewal.")
 
 
+class StepInFlight(_Model):
+    """The step the runner was executing at its last lease renewal (cleared when it is journaled)."""
+
+    name: str = Field(description="The step's name.")
+    position: str = Field(description="Its position in the workflow (as `durablerun inspect` shows).")
+    attempt: int = Field(default=1, description="Its attempt: 2 and up are retries.")
+    startTime: str = Field(description="When this attempt of the step started.")
+
+
 class Progress(_Model):
     step: int | None = Field(default=None, description="Journal position of the current step.")
     stepName: str | None = Field(default=None, description="Name of the current step.")
@@ -317,6 +326,7 @@ class Progress(_Model):
         default=None, description='Progress for humans: "5/12" when totalSteps is known, else "5 steps".'
     )
     lastProgressTime: str | None = Field(default=None, description="When a step last completed.")
+    inFlight: StepInFlight | None = Field(default=None, description=StepInFlight.__doc__)
 
 
 class Cost(_Model):
@@ -425,6 +435,9 @@ class DurableRunStatus(_Model):
     outcome: Outcome | None = Field(default=None, description="How the last attempt ended.")
     message: str | None = Field(default=None, description="Human-readable detail of the current phase.")
     inputHash: str | None = Field(default=None, description="sha256 of spec.input at the first attempt.")
+    traceID: str | None = Field(
+        default=None, description="The run's OpenTelemetry trace id (32 hex digits): every attempt and the operator's "
+        "decisions add to this one trace when tracing is on (docs/metrics.md, Traces).")
     startTime: str | None = Field(default=None, description="When the first attempt started.")
     completionTime: str | None = Field(default=None, description="When the run finished.")
     result: RunResult | None = Field(default=None, description=RunResult.__doc__)

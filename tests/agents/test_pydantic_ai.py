@@ -19,9 +19,11 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from durablerun import DurableContext, Outcome, Policy
+from durablerun import DurableContext, Outcome, Policy, api
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
+from durablerun_testbed import procs
+from durablerun_testbed.jaeger import Jaeger
 from tests.agents.helpers import cli, kill_with_turn_in_flight
 
 SCRIPT: list[dict[str, Any]] = [
@@ -68,6 +70,37 @@ def test_a_killed_agent_resumes_without_asking_a_finished_turn_again(
     assert inspected["totals"]["tokens"] == sum(1000 + 100 * t + 200 for t in range(4))
     assert Decimal(inspected["totals"]["usd"]) == (sum(1000 + 100 * t for t in range(4)) * Decimal("0.15")
                                                    + 4 * 200 * Decimal("0.60")) / 1_000_000
+
+
+def test_an_agents_model_calls_are_spans_whose_tokens_and_cost_add_up_to_the_runs(
+        llm_server: Any, jaeger: Jaeger, tmp_path: Path) -> None:
+    """Each model call is a ``chat <model>`` span (GenAI conventions) under its step, in the run's trace."""
+    server = llm_server(SCRIPT)
+    store_args = ["--store", f"file://{tmp_path / 'store'}"]
+    env = {"LLM_BASE_URL": server.openai_base_url, "TOOL_LOG": str(tmp_path / "tools.log"),
+           "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    done = cli(["run", "pai_research:research", "--run-id", "traced-agent", *store_args,
+                "--input", json.dumps({"question": "compare consensus protocols"}), "--quiet"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    totals = json.loads(cli(["inspect", "--run-id", "traced-agent", *store_args, "--json"], env, tmp_path)
+                        .stdout)["totals"]
+
+    def chats() -> list[dict[str, Any]] | None:
+        trace = jaeger.trace(api.trace_id(f"{api.LOCAL_NAMESPACE}/traced-agent"))
+        found = [s for s in (trace or {}).get("spans", []) if s["operationName"].startswith("chat ")]
+        return found if len(found) == len(SCRIPT) else None
+
+    spans = procs.wait_for(chats, timeout=30, interval=0.2, what="the agent's model-call spans in Jaeger")
+    tags = [{t["key"]: t["value"] for t in s["tags"]} for s in spans]
+    assert {t["gen_ai.request.model"] for t in tags} == {"gpt-4o-mini"}
+    assert {t["gen_ai.system"] for t in tags} == {"openai"}
+    assert sum(t["gen_ai.usage.input_tokens"] + t["gen_ai.usage.output_tokens"] for t in tags) == totals["tokens"]
+    assert sum(Decimal(str(t["durablerun.cost.usd"])) for t in tags) == pytest.approx(Decimal(totals["usd"]))
+    # Under the model-request steps that made them.
+    by_id = {s["spanID"]: s for s in jaeger.trace(api.trace_id(f"{api.LOCAL_NAMESPACE}/traced-agent"))["spans"]}
+    for span in spans:
+        (ref,) = [r for r in span["references"] if r["refType"] == "CHILD_OF"]
+        assert by_id[ref["spanID"]]["operationName"] == "step researcher__model.request"
 
 
 def test_a_runaway_agent_is_stopped_by_the_cost_budget(llm_server: Any, tmp_path: Path) -> None:

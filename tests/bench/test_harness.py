@@ -103,6 +103,17 @@ def test_report_renders_every_section_and_judges_the_targets() -> None:
     assert "| DBOS on PostgreSQL | 8.00× | 1.11× |" in text  # side by side, per store
 
 
+def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
+    tracing = {"steps": 1000, "repeats": 3, "overhead": 0.042, "overhead_all": [0.05, 0.042, 0.03], "added_us": 21.0,
+               "off_ms": 0.5, "on_ms": 0.521, "off_p99_ms": 2.0, "on_p99_ms": 2.1, "undelivered": 0, "target": 0.1}
+    text = report.render({**_results(), "tracing": tracing})
+    assert "## 5. Tracing overhead per step (filesystem store)" in text
+    assert "Tracing adds **4.2%** per step (21 µs; per repeat: 5.0%, 4.2%, 3.0%), which meets the target" in text
+    assert "| tracing on adds <= 10% per step (filesystem store) | 4.2% | **met** |" in text
+    slow = report.render({**_results(), "tracing": {**tracing, "overhead": 0.15}})
+    assert "which misses the target" in slow
+
+
 def test_report_skips_sections_that_did_not_run() -> None:
     results = _results()
     for section in ("steps", "replay", "resume", "scale"):

@@ -149,6 +149,8 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
         "kubeClient": {"qps": 80, "burst": 160},
         "massLeaseExpiry": {"fraction": 0.6, "minRuns": 25},
         "clusterName": "prod-eu",
+        "tracing": {"endpoint": "http://otel-collector.tracing:4318",
+                    "env": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}},
         "serviceAccount": {"create": True, "name": "durable-run-operator",
                            "annotations": {"iam.example/role": "durable-run"}},
         "rbac": {"aggregateClusterRoles": False},

@@ -117,6 +117,10 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env[api.OperatorEnv.MASS_EXPIRY_FRACTION]["value"] == "0.6"
     assert env[api.OperatorEnv.MASS_EXPIRY_MIN_RUNS]["value"] == "25"
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # tracing.*: the operator's own OTEL_* settings, which it hands on to runner pods.
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel-collector.tracing:4318"
+    assert (env["OTEL_TRACES_SAMPLER"]["value"], env["OTEL_TRACES_SAMPLER_ARG"]["value"]) == (
+        "parentbased_traceidratio", "0.25")
     assert "readinessProbe" not in container
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert pod["priorityClassName"] == "system-cluster-critical"
@@ -183,9 +187,13 @@ def pod_labels(deployment: dict[str, object]) -> dict[str, str]:
         (["--set", "metrics.port=http"], "at '/metrics/port': got string, want integer"),
         (["--set", "metrics.serviceMonitor.relabelings[0].targetLable=x"],
          "at '/metrics/serviceMonitor/relabelings/0': additional properties 'targetLable' not allowed"),
+        (["--set", "tracing.endpoint=otel-collector:4318"], "at '/tracing/endpoint': 'otel-collector:4318' does not "
+                                                            "match pattern"),
+        (["--set", "tracing.env.OTEL_EXPORTER_OTLP_HEADERS=x-key=secret"],
+         "invalid propertyName 'OTEL_EXPORTER_OTLP_HEADERS'"),
     ],
     ids=["typo-in-image", "typo-in-servicemonitor", "unknown-top-level", "bad-enum", "bad-type",
-         "typo-in-relabeling"],
+         "typo-in-relabeling", "tracing-endpoint-not-a-url", "tracing-headers-in-values"],
 )
 def test_schema_refuses_bad_values(helm: Helm, setting: list[str], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *setting, check=False)

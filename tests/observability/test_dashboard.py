@@ -43,7 +43,7 @@ def exposed_names() -> set[str]:
         "phase": "Aborted", "abortReason": "UserRequested",
         "progress": {"completedSteps": 1, "totalSteps": 2, "lastProgressTime": "2025-01-01T00:00:00Z"},
         "checkpoint": {"time": "2025-01-01T00:00:00Z"}, "lease": {"renewTime": "2025-01-01T00:00:00Z"},
-        "childrenTotal": {"runs": 1, "usd": "0.1"},
+        "childrenTotal": {"runs": 1, "usd": "0.1"}, "traceID": "0af7651916cd43dd8448eb211c80319c",
     })
     policy = resource.Policy(costCeilingUSD="1", maxTokens=1, maxSteps=1)
     run_metrics.observe_run("ns", "aborted", status, policy, datetime.now(UTC))
@@ -159,3 +159,14 @@ def test_generated_outputs_say_so() -> None:
     assert "Do not edit" in json.loads(DASHBOARD.read_text())["__generated"]
     rules = yaml.safe_load(RULES.read_text())
     assert [g["name"] for g in rules["groups"]] == ["durablerun.runs", "durablerun.operator"]
+
+
+def test_a_run_links_to_its_trace_through_the_trace_link_variable(dashboard: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["trace_url"]["type"] == "textbox"
+    traces = next(p for p in panels(dashboard) if p["title"] == "Runs and their traces")
+    assert "durablerun_run_trace" in traces["targets"][0]["expr"]
+    (override,) = traces["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byName", "options": "trace_id"}
+    (link,) = next(p["value"] for p in override["properties"] if p["id"] == "links")
+    assert link["url"] == "${trace_url}${__value.raw}"

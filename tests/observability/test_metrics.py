@@ -105,6 +105,14 @@ def test_gauges_match_the_status_and_policy(run_metrics: metrics.RunMetrics, reg
     assert value(registry, "durablerun_build_info", version="1.2.3") == 1
 
 
+def test_a_run_is_labelled_with_its_trace_id(run_metrics: metrics.RunMetrics, registry: CollectorRegistry) -> None:
+    trace_id = api.trace_id("ml/train/u1")
+    run_metrics.observe_run("ml", "train", RUNNING.model_copy(update={"traceID": trace_id}), POLICY, NOW)
+    assert value(registry, "durablerun_run_trace", namespace="ml", name="train", trace_id=trace_id) == 1
+    run_metrics.observe_run("ml", "old", RUNNING, POLICY, NOW)  # admitted before the operator recorded it
+    assert "durablerun_run_trace" not in series_of(registry, "ml", "old")
+
+
 def test_progress_ratio_from_steps_and_absent_when_unknown(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry
 ) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from durablerun._private import layout, tracing
+from durablerun import api
+from durablerun._private import layout
 from durablerun._private.model import WaitRecord
 from durablerun.stores import open_store
 from durablerun_testbed import procs
@@ -101,7 +102,7 @@ def test_a_run_killed_mid_step_is_one_trace_with_both_attempts(jaeger: Jaeger, p
     store = f"file://{project / 'store'}"
     argv, env = runner(project, jaeger.otlp_endpoint)
     args = [*argv, "wf_traced:run", "--run-id", run_id, "--store", store, "--quiet"]
-    trace_id = tracing.trace_id_hex(f"_local/{run_id}")
+    trace_id = api.trace_id(f"_local/{run_id}")
 
     first = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

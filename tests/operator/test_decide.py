@@ -236,7 +236,10 @@ TRANSITIONS: dict[str, Any] = {
     "a new run is admitted with epoch 1 and its input's hash": case(
         {**body({}, spec={"input": {"topic": "a"}}), "status": None},
         status={"phase": "Pending", "epoch": 1, "attempt": 0, "inputHash": api.input_hash({"topic": "a"}),
-                "startTime": at(120)}),
+                "startTime": at(120), "traceID": api.trace_id("ns/run/u1")}),
+    "a run continuing another run id's journal joins that run id's trace": case(
+        {**body({}, spec={"checkpoint": {"uri": "s3://b/r", "runId": "nightly"}}), "status": None},
+        status={"phase": "Pending", "traceID": api.trace_id("_local/nightly")}),
     "a new run gets the operator's finalizer first": case(
         body({"phase": "Pending"}, finalizers=()), add_run_finalizer=True),
     "a pending run starts its attempt in a pod named by its epoch": case(
@@ -402,12 +405,13 @@ TRANSITIONS: dict[str, Any] = {
         [runner_pod()], seconds=151,
         status={**FENCED, "phase": "Aborted", "abortReason": "UserRequested", "aborting": ABSENT,
                 "message": "aborted by request: wrong input; pod run-a2 did not end within "
-                           "policy.abortGracePeriod=30s, so it was stopped"},
+                           "policy.abortGracePeriod=30s, so it was stopped; it was stopped between steps "
+                           "(3 journaled)"},
         events=["Aborted"], abort_reason="UserRequested", delete_pods=["run-a2"]),
     "the abort annotation fences at once an attempt that does not hold its lease yet": case(
         body(running(lease={}), annotations={api.ANNOTATION_ABORT: "wrong input"}), [runner_pod()],
         status={**FENCED, "phase": "Aborted", "abortReason": "UserRequested",
-                "message": "aborted by request: wrong input"},
+                "message": "aborted by request: wrong input; it was stopped between steps (3 journaled)"},
         events=["Aborted"], abort_reason="UserRequested", delete_pods=["run-a2"]),
     "a waiting attempt reports the Saga compensations an abort would run": case(
         body(running()), [ended(4, report={"outcome": "Waiting", "message": "waiting", "waitingFor": {
@@ -471,3 +475,60 @@ def test_transition(name: str) -> None:
     for key, value in want_plan.items():
         assert getattr(plan, key) == value, (key, getattr(plan, key))
     resource.DurableRunStatus.model_validate(status)  # what the API server would store is a valid status
+
+
+# Every Restarting, Fenced or Aborted message names the step in flight (the runner's last report, status.progress),
+# never a raw log line: the kubelet's fallback termination message is the runner's last log line.
+FETCH = {"completedSteps": 3, "stepName": "fetch", "lastProgressTime": at(40),
+         "inFlight": {"name": "fetch", "position": "4", "attempt": 2, "startTime": at(50)}}
+LOG_LINE = '{"time":"2026-11-22T12:01:49Z","event":"heartbeat"}'
+IN_FLIGHT: dict[str, Any] = {
+    "a crash names the step in flight and how long it had run, not the last log line": (
+        body(running(progress=FETCH)), [ended(137)], 120, "Restarting",
+        "the runner crashed with exit code 137 (killed by SIGKILL) during step 'fetch' (position 4, attempt 2, "
+        "running for 1m): restart 1 of 3 in 10s"),
+    "an expired lease names the step in flight up to now": (
+        body(running(progress=FETCH)), [runner_pod()], 200, "Restarting",
+        "lease expired: pod run-a2 stopped renewing it (hung, paused or partitioned) during step 'fetch' "
+        "(position 4, attempt 2, running for 2m30s): restart 1 of 3 in 10s"),
+    "a fenced attempt names its step": (
+        body(running(progress=FETCH)), [ended(5, report={"outcome": "Fenced", "message": "lost position 4"})], 120,
+        "Restarting", "lost position 4 during step 'fetch' (position 4, attempt 2, running for 1m): restart 1 of 3 "
+                      "in 10s"),
+    "an abort that fences the attempt names its step": (
+        body(running(progress=FETCH, aborting={"reason": "UserRequested", "message": "aborted by request: x",
+                                               "deadline": at(150)}),
+             annotations={api.ANNOTATION_ABORT: "x"}), [runner_pod()], 151, "Aborted",
+        "UserRequested: aborted by request: x; pod run-a2 did not end within policy.abortGracePeriod=30s, so it "
+        "was stopped; it was stopped during step 'fetch' (position 4, attempt 2, running for 1m41s)"),
+    "a crash past maxRestarts names its step in the Aborted message": (
+        body(running(restarts=3, progress=FETCH)), [ended(1)], 120, "Aborted",
+        "RetryLimitExceeded: the runner crashed with exit code 1 during step 'fetch' (position 4, attempt 2, "
+        "running for 1m); 4 restarts exceed policy.maxRestarts=3"),
+    "a crash between steps names the last step journaled": (
+        body(running(progress={**FETCH, "inFlight": None})), [ended(137)], 120, "Restarting",
+        "the runner crashed with exit code 137 (killed by SIGKILL) between steps, after 'fetch' (3 journaled): "
+        "restart 1 of 3 in 10s"),
+}
+
+
+@pytest.mark.parametrize("name", IN_FLIGHT)
+def test_an_ending_names_the_step_in_flight(name: str) -> None:
+    run_body, pods, seconds, reason, message = IN_FLIGHT[name]
+    for pod in pods:  # what the kubelet reports for a runner killed without writing its outcome
+        for container in pod["status"].get("containerStatuses", []):
+            terminated = container["state"].get("terminated")
+            if terminated is not None and "message" not in terminated:
+                terminated["message"] = LOG_LINE
+    plan, status = plan_for(run_body, pods, seconds)
+    events = {r: m for _, r, m in plan.events}
+    assert events[reason].endswith(message), events
+    assert status["message"] in events[reason]
+    assert "heartbeat" not in " ".join(events.values())
+
+
+def test_a_new_attempt_forgets_the_last_attempts_step_in_flight() -> None:
+    _, status = plan_for(body({"phase": "Pending", "progress": FETCH}))
+    assert status["phase"] == "Running"
+    assert "inFlight" not in status["progress"]
+    assert status["progress"]["stepName"] == "fetch"

@@ -51,7 +51,8 @@ def test_a_requested_child_is_created_once_owned_and_labelled_with_the_parent_te
     assert manifest["spec"]["template"] == {"spec": {"nodeName": "n"}}
     assert manifest["spec"]["checkpoint"]["uri"] == "s3://bucket/runs"
     assert manifest["spec"]["input"] == {"n": 1}
-    assert manifest["metadata"]["annotations"] == {}
+    # The parent's trace id: the operator links the child's trace to the parent's at the child's admission.
+    assert manifest["metadata"]["annotations"] == {api.ANNOTATION_PARENT_TRACE: api.trace_id("ns/run/u1")}
     assert ("Normal", "ChildStarted", "child run run-w1 (m:child)") in p.events
     assert decide.quiet_until(decide.RunView.from_body(parent)) is None  # a request is acted on at once
 
@@ -135,7 +136,7 @@ def test_suspend_and_abort_pass_down_to_running_children_and_are_lifted_with_the
     p, _ = plan(body({"phase": "Suspended", **requests}, spec={"suspend": True}), {"run-w1": None})
     [manifest] = p.create_runs
     assert manifest["spec"]["suspend"] is True
-    assert manifest["metadata"]["annotations"] == {api.ANNOTATION_SUSPENDED_BY_PARENT: "true"}
+    assert manifest["metadata"]["annotations"][api.ANNOTATION_SUSPENDED_BY_PARENT] == "true"
     # A child the user suspended stays suspended.
     p, _ = plan(body({"phase": "Waiting", **requests}), {"run-w1": child(spec={"suspend": True})})
     assert not p.patch_runs

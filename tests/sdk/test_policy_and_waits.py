@@ -141,7 +141,7 @@ def test_a_declared_total_is_the_progress_denominator_while_running_and_on_repla
     # What the runner pod puts in status.progress (the Progress column, the ratio metric).
     assert sink.take()["progress"] == {"completedSteps": 2, "totalSteps": 3, "fraction": "0.6667",
                                        "summary": "2/3", "step": 1, "stepName": "b",
-                                       "lastProgressTime": ANY_TIME}
+                                       "lastProgressTime": ANY_TIME, "inFlight": None}
     assert '"event":"total_steps","total":3,"steps":0' in log.getvalue()
     assert (mem.read_run(run=REF).status or {})["totalSteps"] == 3
     mem.put_event(run=REF, name="go", payload=None)
@@ -158,6 +158,41 @@ def test_a_declared_total_is_the_progress_denominator_while_running_and_on_repla
     r = attempt(mem, in_a_step, ref=RunRef.local("in-step"))
     assert r.outcome == Outcome.FAILED
     assert "ctx.set_total_steps() was called inside a step" in r.message
+
+
+def test_the_step_in_flight_is_reported_until_it_is_journaled(mem: Store) -> None:
+    """status.progress.inFlight: what the operator names when the attempt ends mid-step (a crash, a fence)."""
+    from durablerun._private.lease import StatusSink, _status_ops
+
+    sink = StatusSink()
+    seen: list[dict[str, Any]] = []
+
+    def b() -> int:
+        seen.append(sink.take()["progress"])  # what the next lease renewal would ship, from inside the step
+        return 2
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("a", lambda: 1)
+        return await ctx.step("b", b)
+
+    assert Run(store=mem, run=REF, workflow=wf, input={}, sinks=[sink], config=FAST).run_attempt().outcome \
+        == Outcome.COMPLETED
+    (during,) = seen
+    assert during["inFlight"] == {"name": "b", "position": ANY_TEXT, "attempt": 1, "startTime": ANY_TIME}
+    assert during["stepName"] == "b"
+    # Journaled: the renewal clears it from the status, keeping the rest of the progress.
+    shipped = _status_ops(sink.take(), {"progress": during})
+    (op,) = (o for o in shipped if o["path"] == "/status/progress")
+    assert "inFlight" not in op["value"]
+    assert op["value"]["stepName"] == "b"
+
+
+class _AnyText:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY_TEXT = _AnyText()
 
 
 class _AnyTime:

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from durablerun import api
 from durablerun.api import Outcome
 
 from .helpers import cli, sub_env, wait_until
@@ -69,6 +70,7 @@ def test_timeline_of_a_run_with_a_restart_a_sleep_and_a_wait(tmp_path: Path) -> 
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert doc["run"] == "_local/tl"
+    assert doc["traceID"] == api.trace_id("_local/tl")  # where its spans are, when tracing is on
     # Attempt 1 journaled fetch and costly; attempt 2 (after the kill) hang and the wait; attempt 3 the rest.
     assert len(doc["attempts"]) == 3
     kinds = [(e["kind"], e["name"], e["attempt"]) for e in doc["entries"]]
@@ -92,6 +94,7 @@ def test_timeline_of_a_run_with_a_restart_a_sleep_and_a_wait(tmp_path: Path) -> 
     assert lines[0].startswith("run _local/tl: ")
     assert "3 attempt(s)" in lines[0]
     assert "2500 tokens" in lines[0]
+    assert lines[0].endswith(f"trace {api.trace_id('_local/tl')}")
     assert any("costly" in line and "<- most expensive" in line and "2500" in line for line in lines)
     assert any(" hang " in line and "<- slowest" in line for line in lines)
     assert sum("<restart>" in line for line in lines) == 2

@@ -17,7 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from durablerun._private import tracing
+from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.s3 import S3Server
@@ -59,7 +59,7 @@ def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server,
                           timeout=120)
     assert done.returncode == 0, done.stderr
 
-    trace_id = tracing.trace_id_hex("_local/secret-run")
+    trace_id = api.trace_id("_local/secret-run")
 
     def stored() -> bytes | None:
         body = jaeger.raw_trace(trace_id)

@@ -52,8 +52,10 @@ def _abort(t: transition.Transition, reason: api.AbortReason, message: str, pod:
             message += (f"; pod {pod.name} did not end within policy.abortGracePeriod="
                         f"{t.run.spec.policy.abortGracePeriod}, so it was stopped")
     t.fence()
-    if pod is not None and not pod.deleting:
-        t.plan.delete_pods.append(pod.name)
+    if pod is not None:
+        message += f"; it was stopped {transition.in_flight(status, t.now)}"
+        if not pod.deleting:
+            t.plan.delete_pods.append(pod.name)
     t.finish(api.Phase.ABORTED, message, reason)
 
 

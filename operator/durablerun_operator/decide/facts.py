@@ -11,6 +11,7 @@ child run, a signal): such a run is decided at once, whatever the clock says.
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -151,8 +152,17 @@ def _terminated_ending(terminated: dict[str, Any], view: PodView, disruption: ap
         )
     if disruption:
         return Ending(disruption, _disruption_message(disruption, view.name), finished_at=finished)
-    tail = raw.strip().splitlines()[-1][:300] if raw.strip() else "no termination message"
-    return Ending(R.CRASH, f"the runner crashed with exit code {code}: {tail}", finished_at=finished)
+    # Not its last log line (the kubelet's fallback termination message): what the run was doing is the step in
+    # flight, which the transition names from the runner's last report (transition.in_flight).
+    return Ending(R.CRASH, f"the runner crashed with exit code {code}{_signal_of(code)}", finished_at=finished)
+
+
+def _signal_of(code: int) -> str:
+    """" (killed by SIGKILL)" for exit code 137: a shell's and the kubelet's 128 + signal number."""
+    try:
+        return f" (killed by {signal.Signals(code - 128).name})" if code > 128 else ""
+    except ValueError:
+        return ""
 
 
 def _parse_termination_message(raw: str) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ TTL, and ``deleting`` stops the pods and applies the journal's retention.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from durablerun import api, resource
@@ -22,8 +23,13 @@ def admit(t: transition.Transition) -> None:
     t.new = resource.DurableRunStatus(
         phase=api.Phase.PENDING, epoch=1, attempt=0,
         inputHash=api.input_hash(t.run.spec.input), startTime=api.format_time(t.now),
-        message="admitted: starting the first attempt",
+        message="admitted: starting the first attempt", traceID=trace_id(t.run),
     )
+
+
+def trace_id(run: facts.RunView) -> str:
+    """The run's trace id: the one its runners derive from the journal they write (api.run_key)."""
+    return api.trace_id(api.run_key(run.namespace, run.name, run.uid, run.spec.checkpoint.runId))
 
 
 def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: float) -> None:
@@ -46,10 +52,13 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
     t.new.lease = resource.Lease()
     t.new.outcome = None
     t.new.waitingFor = None
+    t.new.progress.inFlight = None  # the last attempt's: this one reports its own
     t.new.message = f"attempt {t.new.attempt} starting in pod {t.new.pod}"
     t.new.attemptStartTime = api.format_time(t.now)
     if t.new.startTime is None:
         t.new.startTime = api.format_time(t.now)
+    if t.new.traceID is None:  # admitted by an operator that did not record it yet
+        t.new.traceID = trace_id(t.run)
     t.plan.create_pod_epoch = epoch
     t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
 
@@ -116,6 +125,10 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
         if (delete or not keep) and not pod.deleting:
             t.plan.delete_pods.append(pod.name)
     outcome = ending.outcome
+    ran = pod is not None or status.lease.epoch == status.epoch
+    if ran and (outcome is None or outcome == api.Outcome.FENCED):  # it did not end by itself: say what it did
+        doing = transition.in_flight(status, ending.finished_at or t.now)
+        ending = replace(ending, message=f"{ending.message} {doing}")
     if outcome == api.Outcome.COMPLETED:
         t.finish(api.Phase.SUCCEEDED, ending.message)
     elif outcome in (api.Outcome.FAILED, api.Outcome.USAGE_ERROR):

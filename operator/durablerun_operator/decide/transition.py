@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from durablerun import api, resource
@@ -104,6 +104,33 @@ def conditions(status: resource.DurableRunStatus, now: datetime, generation: int
             observedGeneration=generation,
         ))
     return out
+
+
+def in_flight(status: resource.DurableRunStatus, at: datetime) -> str:
+    """What the current attempt was doing at ``at``, from its runner's last report (status.progress): the step
+    in flight (name, position, attempt, how long it had run), else the last step it journaled."""
+    progress = status.progress
+    step = progress.inFlight
+    if step is not None:
+        began = api.parse_time(step.startTime)
+        ran = f", running for {_how_long(at - began)}" if began else ""
+        return f"during step {step.name!r} (position {step.position}, attempt {step.attempt}{ran})"
+    if progress.stepName:
+        return f"between steps, after {progress.stepName!r} ({progress.completedSteps} journaled)"
+    if progress.completedSteps:
+        return f"between steps ({progress.completedSteps} journaled)"
+    return "before its first step"
+
+
+def _how_long(delta: timedelta) -> str:
+    """``1h2m``, ``2m30s``, ``45s``: for people (api.format_duration is for the API's fields)."""
+    seconds = max(0, int(delta.total_seconds()))
+    hours, minutes, seconds = seconds // 3600, seconds // 60 % 60, seconds % 60
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{seconds}s" if seconds else f"{minutes}m"
+    return f"{seconds}s"
 
 
 class Transition:

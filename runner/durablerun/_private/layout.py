@@ -33,14 +33,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from durablerun import errors, resource
+from durablerun import api, errors, resource
 
 LAYOUT_VERSION = 1
 SEQ_DIGITS = 12
 # Filesystem journal segments hold this many records each (part of layout v1).
 SEGMENT_RECORDS = 4096
 
-LOCAL_NAMESPACE = "_local"
+LOCAL_NAMESPACE = api.LOCAL_NAMESPACE
 
 _RUN_ID_RE = re.compile(resource.RUN_ID_PATTERN)
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -94,7 +94,7 @@ class RunRef:
 
     @property
     def key(self) -> str:
-        """Stable identity used in idempotency keys: ``<namespace>/<name>[/<uid>]``."""
+        """Stable identity used in idempotency keys and trace ids: ``<namespace>/<name>[/<uid>]`` (api.run_key)."""
         return self.path
 
     def __str__(self) -> str:

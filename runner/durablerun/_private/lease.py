@@ -140,9 +140,11 @@ class StatusSink(ProgressSink):
             with self.lock:
                 progress = dict(self.fields.get("progress") or {})
                 if event.kind is EventKind.STEP_STARTED:
-                    progress.update(stepName=f["name"])
+                    # What the operator names when the attempt ends mid-step (a crash, a fence, an abort).
+                    progress.update(stepName=f["name"], inFlight={
+                        "name": f["name"], "position": f["position"], "attempt": f["attempt"], "startTime": _now()})
                 elif event.kind is EventKind.STEP_COMPLETED:
-                    progress.update(step=f["seq"], stepName=f["name"], lastProgressTime=_now())
+                    progress.update(step=f["seq"], stepName=f["name"], lastProgressTime=_now(), inFlight=None)
                 else:
                     if event.kind is EventKind.COST_UPDATED:
                         self.fields["cost"] = {"usd": str(f["usd"]), "tokens": f["tokens"]}
@@ -170,7 +172,8 @@ def _status_ops(fields: dict[str, Any], current: dict[str, Any]) -> list[dict[st
     """Merge collected progress into the status objects they belong to."""
     ops = []
     for key, value in fields.items():
-        merged = {**(current.get(key) or {}), **value} if isinstance(value, dict) else value
+        merged = ({k: v for k, v in {**(current.get(key) or {}), **value}.items() if v is not None}
+                  if isinstance(value, dict) else value)  # None clears a field (progress.inFlight)
         ops.append({"op": "add", "path": f"/status/{key}", "value": merged})
     return ops
 

@@ -251,6 +251,7 @@ def _attempt(identity: Identity) -> int:
         store=store, run=ref, workflow=spec.workflow, input=spec.input, policy=spec.policy,
         sinks=[sink, JsonLinesSink(sys.stderr), *tracing.sinks_for(store, ref, attributes={
             "k8s.namespace.name": identity.namespace, "k8s.pod.name": identity.pod,
+            "k8s.node.name": os.environ.get(api.Env.NODE_NAME) or None,
             "durablerun.name": identity.name, "durablerun.epoch": identity.epoch})],
         config=dataclasses.replace(_engine_config(spec), write_guard=lease.write_guard, active_before=active,
                                    rerun_failed_before=api.parse_time(status_now.retryTime),

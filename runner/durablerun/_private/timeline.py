@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import IO, Any
 
+from durablerun import api
 from durablerun._private.layout import RunRef
 from durablerun._private.model import (
     CompleteRecord,
@@ -80,7 +81,8 @@ class Timeline:
             doc["end"] = format_time(e.end, precise=True)
             doc["duration"] = round(e.duration, 6)
             entries.append(doc)
-        return {"run": self.run, "start": format_time(self.start, precise=True) if self.entries else None,
+        return {"run": self.run, "traceID": api.trace_id(self.run),
+                "start": format_time(self.start, precise=True) if self.entries else None,
                 "end": format_time(self.end, precise=True) if self.entries else None,
                 "attempts": self.attempts, "cost": {"usd": self.usd, "tokens": self.tokens}, "entries": entries}
 
@@ -156,7 +158,7 @@ def render(t: Timeline, out: IO[str] | None = None) -> None:
         return
     span = max(t.end - t.start, 1e-6)
     print(f"run {t.run}: {format_time(t.start)} .. {format_time(t.end)} ({_seconds(t.end - t.start)}), "
-          f"{len(t.attempts)} attempt(s), ${t.usd}, {t.tokens} tokens", file=out)
+          f"{len(t.attempts)} attempt(s), ${t.usd}, {t.tokens} tokens; trace {api.trace_id(t.run)}", file=out)
     print(f"{'start':>8} {'took':>7}  {'':{BAR}}  {'att':>3} {'what':<28} {'cost':>9} {'tokens':>7}", file=out)
     glyph = {"step": "█", "sleep": "·", "wait": "░", "restart": "x", "continue": "│", "complete": "│"}
     for e in t.entries:

@@ -1,17 +1,18 @@
 """Traces of runs through OpenTelemetry: one trace per run, a span per attempt, a child span per step.
 
 It is one module of over 400 lines because it is one sink,
-:class:`TracingSink`, and the ids it puts on spans must be the ones
-:func:`trace_id_of` and :func:`attempt_span_id` beside it derive.
+:class:`TracingSink`, and the span ids it puts on attempts must be the ones
+:func:`attempt_span_id` beside it derives (the trace id is the contract's, ``api.trace_id_of``).
 
 A progress sink (:class:`TracingSink`), on when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set and the ``otel`` extra is installed; the other standard
 ``OTEL_*`` variables (service name, resource attributes, sampler, headers, batch queue) are honoured.
 
-The trace id is a hash of the run's identity (:func:`trace_id_of`), and an attempt's span id a hash of
-the run and the attempt id, so every attempt of a run, in any pod or process, adds to one trace, and the
-steps of an attempt killed before it could end its own span still hang under it: the next attempt finds
-that attempt's records last in the journal with no outcome recorded, and ends a span for it.
+The trace id is a hash of the run's identity (``api.trace_id_of``: the operator computes it too), and an
+attempt's span id a hash of the run and the attempt id, so every attempt of a run, in any pod or process,
+adds to one trace, and the steps of an attempt killed before it could end its own span still hang under
+it: the next attempt finds that attempt's records last in the journal with no outcome recorded, and ends a
+span for it.
 
 Exporting never slows or fails the run: spans go through a bounded queue to a background thread; at the
 end of an attempt it waits :data:`FLUSH_SECONDS` at most, and says how many spans were not delivered.
@@ -66,16 +67,6 @@ _SAMPLERS = ("always_on", "always_off", "parentbased_always_on", "parentbased_al
              "parentbased_traceidratio")
 #: Set by the sink of the attempt running in this process: model calls (durablerun.llm) report to it.
 _ACTIVE: TracingSink | None = None
-
-
-def trace_id_of(run_key: str) -> int:
-    """The trace id of run ``run_key`` (``RunRef.key``): the same in every attempt, pod and cluster."""
-    return int.from_bytes(hashlib.sha256(b"durablerun/trace/" + run_key.encode()).digest()[:16], "big") or 1
-
-
-def trace_id_hex(run_key: str) -> str:
-    """:func:`trace_id_of` as tracing backends show it (32 hex digits)."""
-    return f"{trace_id_of(run_key):032x}"
 
 
 def attempt_span_id(run_key: str, attempt_id: str) -> int:
@@ -252,7 +243,7 @@ class TracingSink(ProgressSink):
         self.run_key = run_key
         self.tracer = provider.get_tracer(SCOPE)
         self.ids = cast(_Ids, provider.id_generator)
-        self.ids.trace_id = trace_id_of(run_key)
+        self.ids.trace_id = api.trace_id_of(run_key)
         self.attributes = {k: v for k, v in attributes.items() if v is not None}
         self.last_finished = last_finished
         self.lock = threading.Lock()

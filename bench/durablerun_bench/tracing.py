@@ -1,0 +1,145 @@
+"""What tracing costs a step: the same workload on the filesystem store with tracing off and on, in one run.
+
+Each repeat runs the workload untraced, then traced to a real Jaeger on loopback (OTLP over HTTP, the
+batch span processor's defaults), each in a fresh interpreter, back to back: the machine is shared, so each
+traced run is compared with the untraced run right before it and the median over repeats is reported.
+``python -m durablerun_bench.tracing`` runs this section alone and prints its report section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from durablerun_bench import machine
+from durablerun_bench.util import quick, run_json
+from durablerun_testbed.jaeger import Jaeger
+
+#: The issue's target: tracing on adds at most this share to a step (filesystem store).
+TARGET = 0.10
+
+
+def bench(*, tmp: str, endpoint: str, steps: int, repeats: int, log: Any = print) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for repeat in range(repeats):
+        pair = {}
+        for traced in (False, True):
+            params = {"store": "fs", "dir": tmp, "steps": steps, "trace_endpoint": endpoint if traced else None}
+            pair["on" if traced else "off"] = run_json(["durablerun_bench.systems", "durablerun", json.dumps(params)])
+        runs.append(pair)
+        log(f"  [{repeat + 1}/{repeats}] off {pair['off']['mean_ms']:.3f} ms/step, on {pair['on']['mean_ms']:.3f} "
+            f"ms/step, {pair['on'].get('spans_undelivered', 0)} spans undelivered")
+    ratios = [r["on"]["mean_ms"] / r["off"]["mean_ms"] - 1 for r in runs]
+    # CPU per step (every thread of the process, the exporter's too): steadier than wall time on a shared machine.
+    cpu = [r["on"]["cpu_ms_per_step"] / r["off"]["cpu_ms_per_step"] - 1 for r in runs]
+    added = [r["on"]["mean_ms"] - r["off"]["mean_ms"] for r in runs]
+    return {"steps": steps, "repeats": repeats, "overhead": statistics.median(ratios), "overhead_all": ratios,
+            "added_us": statistics.median(added) * 1000,
+            "off_ms": statistics.median(r["off"]["mean_ms"] for r in runs),
+            "on_ms": statistics.median(r["on"]["mean_ms"] for r in runs),
+            "off_p99_ms": statistics.median(r["off"]["p99_ms"] for r in runs),
+            "on_p99_ms": statistics.median(r["on"]["p99_ms"] for r in runs),
+            "cpu_overhead": statistics.median(cpu), "cpu_overhead_all": cpu,
+            "off_cpu_ms": statistics.median(r["off"]["cpu_ms_per_step"] for r in runs),
+            "on_cpu_ms": statistics.median(r["on"]["cpu_ms_per_step"] for r in runs),
+            "undelivered": max(int(r["on"].get("spans_undelivered", 0)) for r in runs), "target": TARGET}
+
+
+def section(t: dict[str, Any], load: str | None = None) -> list[str]:
+    """The report's section (report.render)."""
+    verdict = "meets" if t["overhead"] <= t["target"] else "misses"
+    return [
+        "## 5. Tracing overhead per step (filesystem store)",
+        "",
+        f"{t['steps']:,} sequential steps with 1 KB results, traced to "
+        f"{t.get('collector', 'a Jaeger v2 on loopback')} (OTLP/HTTP, the batch span processor's defaults) beside "
+        f"the same run untraced, each in a fresh interpreter, back to back, {t['repeats']} repeats; the median of "
+        "the per-repeat ratios"
+        + (f"; load average (1/5/15 min) {load} before the section" if load else "") + ".",
+        "",
+        "| | mean per step | p99 per step | CPU per step (all threads) |",
+        "|---|---|---|---|",
+        f"| tracing off | {t['off_ms']:.3f} ms | {t['off_p99_ms']:.3f} ms | {t.get('off_cpu_ms', math.nan):.3f} ms |",
+        f"| tracing on | {t['on_ms']:.3f} ms | {t['on_p99_ms']:.3f} ms | {t.get('on_cpu_ms', math.nan):.3f} ms |",
+        "",
+        f"Tracing adds **{t['overhead'] * 100:.1f}%** per step ({t['added_us']:.0f} µs; per repeat: "
+        + ", ".join(f"{r * 100:.1f}%" for r in t["overhead_all"])
+        + f"), which {verdict} the target of at most {t['target'] * 100:.0f}%; "
+        + (f"its CPU per step {t['cpu_overhead'] * 100:+.1f}% (per repeat: "
+           + ", ".join(f"{r * 100:+.1f}%" for r in t["cpu_overhead_all"]) + "). " if "cpu_overhead" in t else "")
+        + f"Spans not delivered at the end of a run: {t['undelivered']}.",
+        "",
+    ]
+
+
+class _Receiver:
+    """An OTLP/HTTP receiver on loopback that counts the spans it is sent and keeps none (``--receiver``): the
+    runner's side of the cost where no Jaeger is built. It spends less CPU than a collector that stores."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        receiver = self
+        self.spans = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.spans += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+                body = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, name="otlp-receiver", daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m durablerun_bench.tracing", description=__doc__.splitlines()[0])
+    parser.add_argument("--receiver", action="store_true",
+                        help="send spans to a loopback OTLP receiver that keeps none, instead of Jaeger")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-tracing-"))
+    run_id = "bench-" + uuid.uuid4().hex[:8]
+    load = machine.load()
+    collector: Jaeger | _Receiver = _Receiver() if args.receiver else Jaeger(root / "jaeger", run_id).start()
+    endpoint = collector.endpoint if isinstance(collector, _Receiver) else collector.otlp_endpoint
+    try:
+        steps, repeats = (200, 1) if quick() else (1000, 5)
+        result = bench(tmp=str(root), endpoint=endpoint, steps=steps, repeats=repeats,
+                       log=lambda m: print(m, file=sys.stderr))
+    finally:
+        collector.stop()
+    if isinstance(collector, _Receiver):
+        result["collector"] = f"a loopback OTLP/HTTP receiver that kept none ({collector.spans} spans received)"
+    print("\n".join(section(result, str(load))))
+    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
