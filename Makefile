@@ -16,7 +16,7 @@ demo: setup
 
 ## The whole test suite against the real test bed (what CI runs).
 test: setup lint
-	hack/build-binaries.sh jaeger  # the tracing tests' collector: built once, outside any test's timeout
+	hack/build-binaries.sh jaeger kueue  # the tracing tests' collector and the Kueue manager, outside any timeout
 	$(PY) -m pytest
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
