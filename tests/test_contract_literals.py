@@ -170,7 +170,9 @@ def test_the_contract_spells_these_values() -> None:
     assert (api.ANNOTATION_ABORT, api.ANNOTATION_RETRY, api.REPORTING_COMPONENT) == (
         "durablerun.dev/abort", "durablerun.dev/retry", "durablerun.dev/operator")
     assert [p.value for p in api.Phase] == [
-        "Pending", "Running", "Waiting", "Suspended", "Backoff", "Succeeded", "Failed", "Aborted"]
+        "Pending", "Queued", "Running", "Waiting", "Suspended", "Backoff", "Succeeded", "Failed", "Aborted"]
+    assert (api.LABEL_QUEUE_NAME, api.LABEL_PRIORITY_CLASS) == (
+        "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
     assert [o.value for o in api.Outcome] == [
         "Completed", "Failed", "UsageError", "Aborted", "Suspended", "Waiting", "Fenced"]
     assert [c.value for c in api.ConditionType] == ["Progressing", "Suspended", "Complete", "Failed"]

@@ -34,6 +34,13 @@ def _fraction(name: str, default: float) -> float:
     return value
 
 
+def _flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise SystemExit(f"{name}={raw!r} must be true or false")
+    return raw == "true"
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Image of runner pods whose template names none (DURABLERUN_RUNNER_IMAGE).
@@ -67,6 +74,10 @@ class Settings:
     #: only on the lease are held until renewals recover. A fraction of 0 turns the hold off.
     mass_expiry_fraction: float = 0.5
     mass_expiry_min_runs: int = 10
+    #: Admission through Kueue (DURABLERUN_KUEUE=true, the chart's kueue.enabled): a run labelled
+    #: kueue.x-k8s.io/queue-name gets a Workload and starts each attempt only once Kueue admits it. Off,
+    #: the label means nothing and the operator needs neither Kueue's CRDs nor RBAC for them.
+    kueue: bool = False
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -87,5 +98,6 @@ class Settings:
             cluster_name=os.environ.get(api.OperatorEnv.CLUSTER) or os.environ.get(api.OperatorEnv.CLUSTER_OLD_NAME)
             or "",
             webhook_url=os.environ.get(api.Env.WEBHOOK_URL, ""),
+            kueue=_flag(api.OperatorEnv.KUEUE),
             namespaces=namespaces,
         )

@@ -10,6 +10,7 @@ import pytest
 
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.testbed import TestBed
+from tests.helpers import REPO
 from tests.kueue.helpers import apply, queues, wait_active
 
 
@@ -34,3 +35,10 @@ def test_queues_become_active_and_kueue_webhooks_answer(testbed: TestBed, kueue:
         apply(testbed, [bad])
     assert 'admission webhook "vclusterqueue.kb.io" denied the request' in refused.value.stderr
     kueue.check_alive()
+
+
+def test_the_documented_sample_queues_become_active(testbed: TestBed, kueue: Kueue, namespace: str) -> None:
+    sample = REPO / "deploy" / "samples" / "kueue" / "queues.yaml"
+    testbed.kubectl("apply", "--server-side", "-n", namespace, "-f", str(sample))
+    wait_active(testbed, "clusterqueues.kueue.x-k8s.io", "durablerun-runners")
+    wait_active(testbed, "localqueues.kueue.x-k8s.io", "agents", namespace)
