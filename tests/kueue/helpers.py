@@ -55,8 +55,9 @@ def wait_active(testbed: TestBed, resource: str, name: str, namespace: str | Non
 
 def queued_run(runs: RunEnv, name: str, queue: str, *, cpu: str = "500m", **input: Any) -> dict[str, Any]:
     """A DurableRun of ``optest_kueue:tagged`` (tag = its name) in LocalQueue ``queue``, its runner asking for
-    ``cpu``."""
-    manifest = runs.manifest(name, "optest_kueue:tagged", {"tag": name, **input})
+    ``cpu``. Its lease is longer than the operator tests' 6s: a restart for a lease that lapsed on a loaded
+    machine is not what these tests are about, and they assert there is none."""
+    manifest = runs.manifest(name, "optest_kueue:tagged", {"tag": name, **input}, policy={"leaseDuration": "30s"})
     manifest["metadata"]["labels"] = {api.LABEL_QUEUE_NAME: queue}
     manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
     return manifest
