@@ -2,7 +2,7 @@
 
 The runner pods name a scheduler that does not exist, so none is bound and nothing runs: what is measured is
 the operator and Kueue alone (run created -> Workload queued -> admitted -> pod created on the admission's
-flavor). ``make test`` creates 20 runs; DURABLERUN_KUEUE_RUNS=100 is the figure reported in docs/install.md.
+flavor). ``make test`` creates 10 runs; DURABLERUN_KUEUE_RUNS=100 is the figure reported in docs/install.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.operator.helpers import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-RUNS = int(os.environ.get("DURABLERUN_KUEUE_RUNS", "20"))
+RUNS = int(os.environ.get("DURABLERUN_KUEUE_RUNS", "10"))
 
 
 def test_runs_created_at_once_get_their_pods_on_the_admitted_flavor(
