@@ -18,7 +18,7 @@ demo: setup
 ## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker).
 TEST_WORKERS ?= 2
 test: setup lint
-	hack/build-binaries.sh jaeger  # the tracing tests' collector: built once, outside any test's timeout
+	hack/build-binaries.sh jaeger kueue  # the tracing tests' collector and the Kueue manager, outside any timeout
 	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 

@@ -8,8 +8,9 @@
 # control-plane build.
 #
 # Usage: hack/build-binaries.sh [kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|etcd|minio|helm|
-#                                kubeconform|prometheus-operator-crds|jaeger ...]
-# (default: all but jaeger, which only the tracing tests need: `make test` builds it, keeping `make demo` short)
+#                                kubeconform|prometheus-operator-crds|jaeger|kueue ...]
+# (default: all but jaeger and kueue, which only the tracing and Kueue tests need: `make test` builds them,
+# keeping `make demo` short)
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -156,6 +157,18 @@ build_jaeger() {
   mv "$out.tmp" "$out"
 }
 
+# The Kueue manager (cmd/kueue). Its go.mod has no replace directives, so a plain `go install` builds it
+# (with -mod=mod, as exported above). Long: over half an hour on a loaded two-core machine.
+build_kueue() {
+  local out="$BIN/kueue-$KUEUE_VERSION"
+  [[ -x "$out" ]] && return 0
+  log "building kueue $KUEUE_VERSION (first time only; 15-60 minutes)"
+  local gobin="$SRC/kueue-$KUEUE_VERSION"
+  mkdir -p "$gobin"
+  GOBIN="$gobin" go install "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  mv "$gobin/kueue" "$out"
+}
+
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(kube-apiserver kube-controller-manager kube-scheduler kubelet etcd minio helm kubeconform
                                          prometheus-operator-crds)
@@ -175,6 +188,7 @@ for t in "${targets[@]}"; do
     kubeconform) (build_kubeconform) ;;
     prometheus-operator-crds) (build_prometheus_operator_crds) ;;
     jaeger) (build_jaeger) ;;
-    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio, helm, kubeconform, prometheus-operator-crds or jaeger)"; exit 2 ;;
+    kueue) (build_kueue) ;;
+    *) log "unknown binary '$t' (expected kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, minio, helm, kubeconform, prometheus-operator-crds, jaeger or kueue)"; exit 2 ;;
   esac
 done

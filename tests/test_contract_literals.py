@@ -51,6 +51,7 @@ TOOL_KNOBS: dict[str, tuple[str, ...]] = {
     "DURABLERUN_BENCH_STEP_MARKS": (_DR_FLOWS,),
     "DURABLERUN_SKIP_REAL_NODE": ("tests/helpers.py",),
     "DURABLERUN_KILL_EXAMPLES": ("tests/sdk/test_kill_resume.py",),
+    "DURABLERUN_KUEUE_RUNS": ("tests/kueue/test_latency.py",),
     "DURABLERUN_KILL_SEED": ("tests/sdk/test_kill_resume.py",),
     "DURABLERUN_KILL_DEBUG": ("tests/sdk/test_kill_resume.py",),
     "DURABLERUN_SCREENSHOTS": ("tests/browser/test_run_browser.py",),
@@ -171,7 +172,9 @@ def test_the_contract_spells_these_values() -> None:
     assert (api.ANNOTATION_ABORT, api.ANNOTATION_RETRY, api.REPORTING_COMPONENT) == (
         "durablerun.dev/abort", "durablerun.dev/retry", "durablerun.dev/operator")
     assert [p.value for p in api.Phase] == [
-        "Pending", "Running", "Waiting", "Suspended", "Backoff", "Succeeded", "Failed", "Aborted"]
+        "Pending", "Queued", "Running", "Waiting", "Suspended", "Backoff", "Succeeded", "Failed", "Aborted"]
+    assert (api.LABEL_QUEUE_NAME, api.LABEL_PRIORITY_CLASS) == (
+        "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
     assert [o.value for o in api.Outcome] == [
         "Completed", "Failed", "UsageError", "Aborted", "Suspended", "Waiting", "Fenced"]
     assert [c.value for c in api.ConditionType] == ["Progressing", "Suspended", "Complete", "Failed"]

@@ -143,13 +143,18 @@ def rows() -> list[tuple[str, list[PanelBuilder]]]:
         ("Runs", [
             _panel(stat.Panel(), "Runs by phase", "How many DurableRuns are in each phase now.",
                    [query(f"sum by (phase) (durablerun_run_phase{{{SEL}}})", "{{phase}}", instant=True)],
-                   width=10, height=6)
+                   width=8, height=6)
             .reduce_options(_reduce_last()).color_mode(common.BigValueColorMode.VALUE)
             .graph_mode(common.BigValueGraphMode.NONE).text_mode(common.BigValueTextMode.VALUE_AND_NAME)
             .orientation(common.VizOrientation.AUTO).justify_mode(common.BigValueJustifyMode.AUTO),
             _timeseries("Runs by phase over time", "Runs in each phase, stacked.",
                         [query(f"sum by (phase) (durablerun_run_phase{{{SEL}}})", "{{phase}}")],
-                        width=14, height=6, stack=True),
+                        width=10, height=6, stack=True),
+            _timeseries("Queued runs (Kueue)",
+                        "Runs waiting for Kueue to admit their next attempt, per namespace: no pod, no quota "
+                        "held (docs/install.md, Queues and quotas with Kueue). Empty without Kueue.",
+                        [query(f"sum by (namespace) (durablerun_runs_queued{{{SEL}}})", "{{namespace}}")],
+                        width=6, height=6, stack=True),
         ]),
         ("Progress and cost", [
             _bargauge("Progress per run",

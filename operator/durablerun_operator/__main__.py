@@ -15,10 +15,7 @@ import socket
 import kopf
 
 from durablerun import api
-from durablerun_operator import (
-    handlers,  # noqa: F401  (registers the kopf handlers)
-    tracing,
-)
+from durablerun_operator import handlers, tracing  # importing handlers registers the kopf handlers
 from durablerun_operator.config import Settings
 
 
@@ -30,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.all_namespaces and args.namespace:
         parser.error("--all-namespaces and --namespace exclude each other")
     settings = Settings.from_env(tuple(args.namespace))
+    if settings.kueue:
+        handlers.watch_workloads()
     level = os.environ.get(api.OperatorEnv.LOG_LEVEL, "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level != "DEBUG":

@@ -34,6 +34,13 @@ def _fraction(name: str, default: float) -> float:
     return value
 
 
+def _flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise SystemExit(f"{name}={raw!r} must be true or false")
+    return raw == "true"
+
+
 @dataclass(frozen=True)
 class Settings:
     #: Image of runner pods whose template names none (DURABLERUN_RUNNER_IMAGE).
@@ -70,6 +77,10 @@ class Settings:
     #: The OTEL_* variables runners get (the chart's tracing values, set on the operator too), by name; the
     #: operator traces its own decisions when they name an endpoint (docs/metrics.md, Traces).
     otel_env: tuple[tuple[str, str], ...] = ()
+    #: Admission through Kueue (DURABLERUN_KUEUE=true, the chart's kueue.enabled): a run labelled
+    #: kueue.x-k8s.io/queue-name gets a Workload and starts each attempt only once Kueue admits it. Off,
+    #: the label means nothing and the operator needs neither Kueue's CRDs nor RBAC for them.
+    kueue: bool = False
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -92,5 +103,6 @@ class Settings:
             webhook_url=os.environ.get(api.Env.WEBHOOK_URL, ""),
             otel_env=tuple(sorted((k, v) for k, v in os.environ.items()
                                   if k.startswith(api.Env.OTEL_PREFIX) and k not in api.Env.OTEL_NOT_SHARED)),
+            kueue=_flag(api.OperatorEnv.KUEUE),
             namespaces=namespaces,
         )

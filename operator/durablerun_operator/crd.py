@@ -212,7 +212,7 @@ def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
-     "description": "Pending, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted."},
+     "description": "Pending, Queued, Running, Waiting, Suspended, Backoff, Succeeded, Failed or Aborted."},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepName",
      "description": "The step running now, or the last one the run reached."},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary",
@@ -238,6 +238,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "spec.checkpoint.runId: the run id whose journal the run continues (none: its own)."},
     {"name": "Trace", "type": "string", "jsonPath": ".status.traceID", "priority": 1,
      "description": "The run's OpenTelemetry trace id: look it up in the tracing backend."},
+    {"name": "Queue", "type": "string", "priority": 1,
+     "jsonPath": ".metadata.labels." + api.LABEL_QUEUE_NAME.replace(".", "\\."),
+     "description": "The Kueue LocalQueue the run is admitted through (its kueue.x-k8s.io/queue-name label)."},
 ]
 
 
@@ -245,7 +248,8 @@ ADMISSION_POLICY = f"{api.PLURAL}.{api.GROUP}"
 
 
 def admission_policy() -> list[dict[str, Any]]:
-    """The ValidatingAdmissionPolicy (and its binding) that keeps spec.input and set events immutable.
+    """The ValidatingAdmissionPolicy (and its binding) that keeps spec.input and set events immutable, and a
+    Queued or Running run's Kueue queue label fixed.
 
     Installed with the CRD. It checks updates of DurableRuns only (not of their status), so it costs
     nothing on the runner's and the operator's status writes.
@@ -264,6 +268,7 @@ def admission_policy() -> list[dict[str, Any]]:
             "validations": [
                 {"expression": resource.INPUT_RULE, "message": resource.INPUT_IMMUTABLE, "reason": "Invalid"},
                 {"expression": resource.EVENTS_RULE, "message": resource.EVENTS_IMMUTABLE, "reason": "Invalid"},
+                {"expression": resource.QUEUE_LABEL_RULE, "message": resource.QUEUE_LABEL_FIXED, "reason": "Invalid"},
             ],
         },
     }

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from durablerun import api
-from durablerun_operator import kube, reconciler
+from durablerun_operator import kube, kueue, reconciler
 from durablerun_operator.config import Settings
 
 log = logging.getLogger("durablerun.operator")
@@ -74,3 +74,17 @@ async def pod_changed(namespace: str | None, labels: Mapping[str, str], memo: ko
     run = labels.get(api.LABEL_RUN)
     if rec is not None and namespace and run:
         rec.pod_changed(namespace, run)
+
+
+async def workload_changed(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    """Kueue admitted, evicted or deleted a run's Workload: decide the run again."""
+    rec: reconciler.Reconciler | None = memo.get("reconciler")
+    run = labels.get(api.LABEL_RUN)
+    if rec is not None and namespace and run:
+        rec.pod_changed(namespace, run)
+
+
+def watch_workloads() -> None:
+    """Watch the Workloads the operator creates for runs (Kueue on: settings.kueue). Registered only then, so
+    an operator without Kueue needs neither its CRDs nor RBAC for them."""
+    kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels={api.LABEL_RUN: kopf.PRESENT})(workload_changed)

@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from durablerun import api
+from durablerun_operator import kueue
 
 log = logging.getLogger("durablerun.operator.kube")
 
@@ -201,6 +202,43 @@ class Kube:
                 raise Conflict(f"pod {namespace}/{name} changed") from None
             if error.status != 404:
                 raise
+
+    # --- Kueue (only with the integration on: settings.kueue) ----------------------------
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, namespace, kueue.WORKLOADS, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def create_workload(self, workload: dict[str, Any]) -> None:
+        """Create a run's Workload; one of that name already there (a repeated create) is left as it is."""
+        try:
+            self.custom.create_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, workload["metadata"]["namespace"], kueue.WORKLOADS, workload)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        """Delete a Workload: Kueue gives its quota back at once."""
+        try:
+            self.custom.delete_namespaced_custom_object(kueue.GROUP, kueue.VERSION, namespace, kueue.WORKLOADS, name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def get_cluster_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass); None if there is none."""
+        try:
+            return dict(self.custom.get_cluster_custom_object(kueue.GROUP, kueue.VERSION, plural, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
 
     # --- per-run RBAC --------------------------------------------------------------
 

@@ -195,16 +195,27 @@ class _RunCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         # Names only, so the registry rejects a second collector with the same names.
-        return self._families()
+        return [*self._families(), self._queued()]
+
+    @staticmethod
+    def _queued() -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + "runs_queued", "Runs waiting for Kueue to admit their next attempt "
+                                 "(phase Queued), by namespace.", labels=("namespace",))
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
         by_name = {family.name: family for family in families}
         runs = self._metrics._runs_copy()
         mono = self._metrics._monotonic()
+        queued: dict[str, int] = {}
         for key, run in sorted(runs.items()):
             self._fill(by_name, key, run, mono)
-        return families
+            if run.snapshot is not None and run.snapshot.phase == api.Phase.QUEUED.value:
+                queued[key[0]] = queued.get(key[0], 0) + 1
+        runs_queued = self._queued()
+        for namespace, count in sorted(queued.items()):
+            runs_queued.add_metric([namespace], count)
+        return [*families, runs_queued]
 
     @staticmethod
     def _families() -> list[Metric]:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durablerun import api
-from durablerun_operator import builders, decide, overload, wakeups
+from durablerun_operator import builders, decide, kueue, overload, wakeups
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Conflict, Kube
 
@@ -267,6 +267,8 @@ class Reconciler:
             body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
             pods: list[dict[str, Any]] | None = None  # None: read them (again)
             related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
+            workload: dict[str, Any] | None = None  # the run's Kueue Workload, when it is admitted through Kueue
+            workload_read = False
             for _ in range(MAX_TRANSITIONS):
                 if body is None:
                     body = await self._io(self.kube.get_run, namespace, name)
@@ -283,8 +285,16 @@ class Reconciler:
                 self._observe(run, now)
                 if related is None:
                     related = await self._related(run)
+                queue = kueue.queue_name(body) if self.settings.kueue else None
+                if queue and not workload_read:
+                    workload = await self._io(self.kube.get_workload, namespace,
+                                              kueue.workload_name(name, run.uid))
+                    workload_read = True
+                queueing = kueue.Queueing(queue, kueue.WorkloadView.from_workload(workload) if workload else None) \
+                    if queue else None
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
-                                     related=related, create_failure=self._create_failures.get(key))
+                                     related=related, create_failure=self._create_failures.get(key),
+                                     queueing=queueing)
                 held = await self._hold(run, plan, now)
                 if plan.empty or held is not None:
                     # Settled: nothing happens to it before its next wake-up, or a watch event.
@@ -299,11 +309,14 @@ class Reconciler:
                     pods = None
                 if plan.touches_runs or plan.add_events:
                     related = None
+                if plan.touches_workload:
+                    workload_read = False
                 try:
                     body = await self._apply(run, plan)
                 except Conflict as conflict:
                     log.info("%s/%s: %s; deciding again", namespace, name, conflict)
                     body = pods = related = None
+                    workload_read = False
             log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
             return False
         finally:
@@ -323,6 +336,10 @@ class Reconciler:
             # The transition is written: count it now. A pod or Event call below may fail, and the next
             # reconcile sees the new phase, not the transition, so it would never be counted.
             self._count(ns, name, plan)
+        if plan.delete_workload:
+            await self._io(self.kube.delete_workload, ns, plan.delete_workload)
+        if plan.create_workload:
+            await self._io(self.kube.create_workload, kueue.workload(updated, self.settings, await self._priority(run)))
         if self.tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
             self.tracer.record(run, plan)
         for pod in plan.delete_pods:
@@ -331,7 +348,7 @@ class Reconciler:
             with contextlib.suppress(Conflict):
                 await self._io(self.kube.release_pod, ns, pod)
         if plan.create_pod_epoch is not None:
-            await self._start_pod(updated, plan.create_pod_epoch)
+            await self._start_pod(updated, plan.create_pod_epoch, plan.flavors)
         if plan.create_purge_pod:
             await self._io(self.kube.create_pod, builders.purge_pod(updated, self.settings))
         if plan.add_events:
@@ -378,7 +395,22 @@ class Reconciler:
             found[name] = decide.RunView.from_body(body) if body is not None else None
         return found
 
-    async def _start_pod(self, run: dict[str, Any], epoch: int) -> None:
+    async def _priority(self, run: decide.RunView) -> tuple[str, int] | None:
+        """The run's WorkloadPriorityClass and its value, as Kueue's jobframework resolves them for a Job."""
+        name = (run.body["metadata"].get("labels") or {}).get(api.LABEL_PRIORITY_CLASS)
+        if not name:
+            return None
+        found = await self._io(self.kube.get_cluster_object, kueue.WORKLOAD_PRIORITY_CLASSES, name)
+        if found is None:
+            raise RuntimeError(f"{run.namespace}/{run.name}: WorkloadPriorityClass {name!r} (its "
+                               f"{api.LABEL_PRIORITY_CLASS} label) does not exist")
+        return name, int(found.get("value", 0))
+
+    async def _placement(self, flavors: tuple[str, ...]) -> kueue.Placement:
+        found = [await self._io(self.kube.get_cluster_object, kueue.RESOURCE_FLAVORS, name) for name in flavors]
+        return kueue.placement([f for f in found if f is not None])
+
+    async def _start_pod(self, run: dict[str, Any], epoch: int, flavors: tuple[str, ...] = ()) -> None:
         """Create attempt ``epoch``'s pod (and the run's RBAC); a failure of any kind goes to decide, which fails
         or restarts the run (docs/operator.md): never a Running run whose pod does not exist."""
         meta = run["metadata"]
@@ -389,7 +421,10 @@ class Reconciler:
                 for obj in builders.runner_rbac(run):
                     await self._io(self.kube.ensure, obj)
                 self._rbac_ready[key] = meta["uid"]
-            created = await self._io(self.kube.create_pod, builders.runner_pod(run, epoch, self.settings))
+            pod = builders.runner_pod(run, epoch, self.settings)
+            if flavors:  # admitted by Kueue: to the nodes of the flavors it assigned
+                pod = kueue.place(pod, await self._placement(flavors))
+            created = await self._io(self.kube.create_pod, pod)
         except Exception as error:
             self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time
             message, permanent = self.kube.create_error(error)

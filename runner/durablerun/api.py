@@ -77,12 +77,17 @@ ANNOTATION_ABORTED_BY_PARENT = f"{GROUP}/aborted-by-parent"
 # the pod that deletes a run's journal (retention Delete).
 ANNOTATION_DELETED_BY_OPERATOR = f"{GROUP}/deleted-by-operator"
 LABEL_PURGE = f"{GROUP}/purge"
+# Kueue's own labels (its Job integration reads the same ones): a run with the first waits in that LocalQueue
+# for admission when the operator runs with Kueue on; the second names a WorkloadPriorityClass.
+LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 
 
 class Phase(enum.StrEnum):
     """Where a run is, for humans and for ``kubectl get``."""
 
     PENDING = "Pending"
+    QUEUED = "Queued"  # waiting for Kueue to admit the attempt (docs/install.md "Queues and quotas with Kueue")
     RUNNING = "Running"
     WAITING = "Waiting"
     SUSPENDED = "Suspended"
@@ -231,6 +236,8 @@ class OperatorEnv:
     # lease-only restarts (docs/operator.md).
     MASS_EXPIRY_FRACTION = "DURABLERUN_MASS_EXPIRY_FRACTION"
     MASS_EXPIRY_MIN_RUNS = "DURABLERUN_MASS_EXPIRY_MIN_RUNS"
+    # "true": runs labelled with a Kueue queue are admitted through Kueue (the chart's kueue.enabled).
+    KUEUE = "DURABLERUN_KUEUE"
 
 
 # --- times and input hashes ---------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from durablerun.api import (
+    LABEL_QUEUE_NAME,
     USD_PATTERN,
     AbortReason,
     Outcome,
@@ -236,6 +237,23 @@ INPUT_RULE = "!has(oldObject.spec.input) || (has(object.spec.input) && object.sp
 EVENTS_IMMUTABLE = (
     "spec.events: an event already set cannot be changed or removed (the workflow may have read it); "
     "send new events under new names"
+)
+QUEUE_LABEL_FIXED = (
+    f"metadata.labels['{LABEL_QUEUE_NAME}'] cannot be added, changed or removed while the run is Queued or "
+    "Running (Kueue holds or is deciding on its quota); change it while the run waits, is suspended or is "
+    "finished, or abort the run"
+)
+
+
+def _queue_label(obj: str) -> str:
+    return (f"(has({obj}.metadata.labels) && '{LABEL_QUEUE_NAME}' in {obj}.metadata.labels ? "
+            f"{obj}.metadata.labels['{LABEL_QUEUE_NAME}'] : '')")
+
+
+QUEUE_LABEL_RULE = (
+    f"!(has(oldObject.status) && has(oldObject.status.phase) && oldObject.status.phase in "
+    f"['{Phase.QUEUED.value}', '{Phase.RUNNING.value}']) || "
+    f"{_queue_label('oldObject')} == {_queue_label('object')}"
 )
 EVENTS_RULE = (
     "!has(oldObject.spec.events) || oldObject.spec.events.all(name, has(object.spec.events) && "

@@ -148,6 +148,7 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
         "resyncSeconds": 2.5,
         "kubeClient": {"qps": 80, "burst": 160},
         "massLeaseExpiry": {"fraction": 0.6, "minRuns": 25},
+        "kueue": {"enabled": True},
         "clusterName": "prod-eu",
         "tracing": {"endpoint": "http://otel-collector.tracing:4318",
                     "env": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}},

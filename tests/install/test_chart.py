@@ -82,7 +82,8 @@ def test_full_values_render_is_accepted_by_the_api_server(
 ) -> None:
     objects = helm.template("full", namespace, full_values([namespace]))
     kinds = {obj["kind"] for obj in objects}
-    assert kinds == {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
+    assert kinds == {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+                     "ClusterRoleBinding", "Deployment", "Service",
                      "ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy", "Secret",
                      "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, kinds
     served = [obj for obj in objects if obj["kind"] not in PROMETHEUS_OPERATOR_KINDS]
@@ -126,7 +127,16 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["serviceAccountName"] == "durable-run-operator"
 
-    # Namespaced mode: a Role and RoleBinding in the watched namespace, no cluster-wide grant.
+    # Kueue on: the operator is told so, may manage Workloads, and reads (only) flavors and priority classes
+    # cluster-wide.
+    assert env[api.OperatorEnv.KUEUE]["value"] == "true"
+    assert {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+            "verbs": ["get", "list", "watch", "create", "delete"]} in one(objects, "Role")["rules"]
+    assert one(objects, "ClusterRole")["rules"] == [{"apiGroups": ["kueue.x-k8s.io"],
+                                                     "resources": ["resourceflavors", "workloadpriorityclasses"],
+                                                     "verbs": ["get"]}]
+
+    # Namespaced mode: a Role and RoleBinding in the watched namespace; cluster-wide only Kueue's reads.
     assert one(objects, "RoleBinding")["metadata"]["namespace"] == namespace
     assert one(objects, "RoleBinding")["subjects"][0]["name"] == "durable-run-operator"
     assert "helm.sh/resource-policy" not in (one(objects, "CustomResourceDefinition")["metadata"]

@@ -49,6 +49,8 @@ def exposed_names() -> set[str]:
     run_metrics.observe_run("ns", "aborted", status, policy, datetime.now(UTC))
     run_metrics.observe_run("ns", "running", status.model_copy(update={"phase": api.Phase.RUNNING}), policy,
                             datetime.now(UTC))
+    run_metrics.observe_run("ns", "queued", status.model_copy(update={"phase": api.Phase.QUEUED}), policy,
+                            datetime.now(UTC))
     names = {sample.name for family in registry.collect() for sample in family.samples}
     # The webhook ingress's series (its own process and registry).
     return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)

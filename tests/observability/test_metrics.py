@@ -138,6 +138,20 @@ def test_a_run_without_a_phase_counts_as_pending(run_metrics: metrics.RunMetrics
     assert value(registry, "durablerun_run_cost_usd", namespace="ns", name="new") == 0
 
 
+def test_runs_queued_counts_the_queued_runs_of_each_namespace(
+    run_metrics: metrics.RunMetrics, registry: CollectorRegistry
+) -> None:
+    for namespace, name, phase in (("a", "q1", api.Phase.QUEUED), ("a", "q2", api.Phase.QUEUED),
+                                   ("a", "r", api.Phase.RUNNING), ("b", "q3", api.Phase.QUEUED),
+                                   ("c", "p", api.Phase.PENDING)):
+        run_metrics.observe_run(namespace, name, status(phase=phase), resource.Policy(), NOW)
+    assert value(registry, "durablerun_runs_queued", namespace="a") == 2
+    assert value(registry, "durablerun_runs_queued", namespace="b") == 1
+    assert value(registry, "durablerun_runs_queued", namespace="c") is None
+    run_metrics.observe_run("a", "q1", status(phase=api.Phase.RUNNING), resource.Policy(), NOW)
+    assert value(registry, "durablerun_runs_queued", namespace="a") == 1
+
+
 def test_seconds_since_advance_at_scrape_time_without_new_observations(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry, clock: FakeMonotonic
 ) -> None:

@@ -21,7 +21,7 @@ OP = "durablerun_operator"
 IO = {"kubernetes", "kubernetes_asyncio", "urllib3", "kopf", "aiohttp", "httpx", "requests", "socket", "ssl",
       "select", "urllib", "http", "subprocess", "multiprocessing", "threading", "concurrent", "asyncio", "os",
       "io", "shutil", "pathlib", "tempfile", "logging", "time", "prometheus_client", "wsgiref"}
-PURE = {f"{OP}.builders", f"{OP}.crd", f"{OP}.decide", f"{OP}.decide.facts", f"{OP}.decide.clocks",
+PURE = {f"{OP}.builders", f"{OP}.kueue", f"{OP}.crd", f"{OP}.decide", f"{OP}.decide.facts", f"{OP}.decide.clocks",
         f"{OP}.decide.transition", f"{OP}.decide.aborts", f"{OP}.decide.family", f"{OP}.decide.lifecycle",
         f"{OP}.wakeups", f"{OP}.overload"}
 
@@ -85,6 +85,7 @@ def test_only_kube_talks_to_the_api_server_and_only_the_wiring_imports_kopf() ->
 LAYERS: list[set[str]] = [
     {f"{OP}.config", f"{OP}.crd"},
     {f"{OP}.builders"},
+    {f"{OP}.kueue"},
     {f"{OP}.decide.facts"},
     {f"{OP}.decide.clocks"},
     {f"{OP}.decide.transition"},

@@ -72,6 +72,7 @@ def test_invalid_run_is_refused_naming_the_field(
 
 def test_printer_columns(testbed: TestBed, namespace: str) -> None:
     testbed.kubectl("apply", "-n", namespace, "-f", "-", input=manifest("columns"))
+    testbed.kubectl("label", "dr", "columns", "-n", namespace, f"{api.LABEL_QUEUE_NAME}=team-a")
     status = {"status": {"phase": "Running", "restarts": 2, "abortReason": "ProgressTimeout",
                          "progress": {"stepName": "plan", "summary": "3/12", "completedSteps": 3},
                          "cost": {"usd": "1.50", "tokens": 10}, "pod": "columns-a3",
@@ -82,8 +83,9 @@ def test_printer_columns(testbed: TestBed, namespace: str) -> None:
     assert table[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "COST", "RESTARTS", "SUSPENDED", "AGE"]
     assert table[1].split()[:7] == ["columns", "Running", "plan", "3/12", "1.50", "2", "false"]
     wide = testbed.kubectl("get", "durableruns", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-8:] == ["REASON", "STEPS", "POD", "CHILDREN", "CHILD", "COST", "RUN", "ID"]
-    assert wide[1].split()[-5:] == ["ProgressTimeout", "3", "columns-a3", "3/5", "0.40"]  # no run id: empty
+    assert wide[0].split()[-9:] == ["REASON", "STEPS", "POD", "CHILDREN", "CHILD", "COST", "RUN", "ID", "QUEUE"]
+    # No run id: that cell is empty.
+    assert wide[1].split()[-6:] == ["ProgressTimeout", "3", "columns-a3", "3/5", "0.40", "team-a"]
 
 
 def test_status_fields_survive_and_unknown_ones_are_pruned(testbed: TestBed, namespace: str) -> None:

@@ -107,4 +107,11 @@ Used by the ClusterRole (all namespaces) or by one Role per watched namespace.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch", "delete"]
+{{- if .Values.kueue.enabled }}
+# Kueue: one Workload per queued attempt, deleted when the attempt ends (its
+# quota released); watched for admission and eviction.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+{{- end }}
 {{- end -}}

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from durablerun import api
-from durablerun_operator import builders
+from durablerun_operator import builders, kueue
 from durablerun_operator.decide import aborts, family, lifecycle, transition
 from durablerun_operator.decide.clocks import CLOCK_SKEW_MARGIN, NEVER, quiet_until
 from durablerun_operator.decide.facts import CreateFailure, Ending, PodView, RunView
@@ -46,14 +46,15 @@ __all__ = ["CLOCK_SKEW_MARGIN", "NEVER", "CreateFailure", "Ending", "Plan", "Pod
 
 def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0,
            related: Mapping[str, RunView | None] | None = None,
-           create_failure: CreateFailure | None = None) -> Plan:
+           create_failure: CreateFailure | None = None, queueing: kueue.Queueing | None = None) -> Plan:
     """The next transition of ``run``, given every pod labelled with it (and the last failure to create one).
 
     ``related``: the runs, by name, its child requests and pending signals name (None: no such run).
+    ``queueing``: for a run admitted through Kueue, its queue and Workload; None, today's behaviour.
     """
     related = related or {}
     children = family.children(run, related)
-    t = transition.Transition(run, now, related, children, family.children_total(children))
+    t = transition.Transition(run, now, related, children, family.children_total(children), queueing)
     status, spec = run.status, run.spec
     purge = next((p for p in pods if p.name == builders.purge_pod_name(run.name)), None)
     pods = [p for p in pods if p is not purge]
@@ -94,7 +95,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
             t.new.phase = api.Phase.SUSPENDED
             t.new.message = "suspended: spec.suspend is true"
             t.event(api.Phase.SUSPENDED.value, "spec.suspend is true: no pod runs until it is false")
-    elif phase == api.Phase.PENDING:
+    elif phase in (api.Phase.PENDING, api.Phase.QUEUED):
         lifecycle.start(t, older, stuck_seconds)
     elif phase == api.Phase.BACKOFF:
         next_time = api.parse_time(status.nextAttemptTime)
@@ -109,4 +110,5 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         t.new.message = "resumed: spec.suspend is false"
         t.event("Resumed", "spec.suspend is false: resuming from the latest checkpoint")
     family.act(t)
+    lifecycle.release_workload(t)
     return t.done()

@@ -90,8 +90,8 @@ def quiet_until(run: facts.RunView) -> datetime | None:
         return None  # out of active time (a retried run, a lowered maxDuration): abort it now
     if spec.suspend != (phase == api.Phase.SUSPENDED):
         return None
-    if phase == api.Phase.SUSPENDED:
-        return NEVER  # no pod, so no active time: nothing on the clock
+    if phase in (api.Phase.SUSPENDED, api.Phase.QUEUED):
+        return NEVER  # no pod, so no active time: nothing on the clock (a Workload's change wakes a Queued run)
     if phase == api.Phase.BACKOFF:
         return api.parse_time(status.nextAttemptTime)
     if phase == api.Phase.WAITING:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from durablerun import api, resource
-from durablerun_operator import builders
+from durablerun_operator import builders, kueue
 from durablerun_operator.decide import aborts, clocks, facts, transition
 
 
@@ -45,6 +45,8 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
     if blocking:
         t.new.message = f"waiting for pod {blocking[0].name} to terminate before the next attempt"
         return
+    if t.queueing is not None and not _admitted(t, t.queueing):
+        return
     epoch = status.epoch
     t.new.phase = api.Phase.RUNNING
     t.new.attempt = status.attempt + 1
@@ -63,6 +65,57 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
     t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
 
 
+def _admitted(t: transition.Transition, queueing: kueue.Queueing) -> bool:
+    """Kueue's gate before an attempt starts: True once its Workload is admitted; until then the run is Queued
+    and its Workload is created (or a stale one, evicted or finished, deleted first)."""
+    workload = queueing.workload
+    if workload is not None and workload.deleting:
+        return False  # its deletion wakes the run, which then queues a new one
+    if workload is not None and not workload.usable:
+        t.plan.delete_workload = workload.name  # it cannot admit this attempt: queue a new one once it is gone
+        return False
+    if workload is not None and workload.admitted:
+        t.plan.flavors = workload.flavors
+        return True
+    if workload is None:
+        t.plan.create_workload = True
+    message = f"queued in LocalQueue {queueing.queue}: waiting for Kueue to admit the attempt"
+    if workload is not None and workload.pending:
+        message += f": {workload.pending}"
+    if t.run.status.phase != api.Phase.QUEUED:
+        t.new.phase = api.Phase.QUEUED
+        t.event(api.Phase.QUEUED.value, f"queued in LocalQueue {queueing.queue}: no pod until Kueue admits it")
+    if t.run.status.message != message:
+        t.new.message = message
+        if workload is not None and workload.inadmissible:
+            t.event("Inadmissible", f"{message}. Kueue cannot admit it as it stands: create the missing queue, fix "
+                    f"the run's {api.LABEL_QUEUE_NAME} label, or ask for resources a flavor has", warning=True)
+    return False
+
+
+def release_workload(t: transition.Transition) -> None:
+    """A run that needs no pod now (waiting, in backoff, suspended, finished) holds no quota: delete its Workload."""
+    workload = t.queueing.workload if t.queueing is not None else None
+    if workload is None or workload.deleting or t.plan.delete_workload or t.plan.create_workload:
+        return
+    if t.new.phase not in (api.Phase.QUEUED, api.Phase.RUNNING) or t.run.deleting:
+        t.plan.delete_workload = workload.name
+
+
+def _evicted(t: transition.Transition, pod: facts.PodView) -> bool:
+    """Kueue took the attempt's quota back (preempted, its queue stopped, its Workload deleted): stop it as a
+    disruption, and queue the run again."""
+    workload = t.queueing.workload if t.queueing is not None else None
+    if t.queueing is None or (workload is not None and not workload.evicted and not workload.deleting):
+        return False
+    why = f"Kueue evicted its Workload ({workload.evicted})" if workload and workload.evicted \
+        else "its Kueue Workload was deleted"
+    t.event(api.RestartReason.PREEMPTED.value, f"attempt {t.run.status.attempt} in pod {pod.name} stopped: {why}",
+            warning=True)
+    _ended(t, facts.Ending(api.RestartReason.PREEMPTED, f"pod {pod.name} was preempted: {why}"), pod, delete=True)
+    return True
+
+
 def running(t: transition.Transition, pod: facts.PodView | None, create_failure: facts.CreateFailure | None) -> None:
     status = t.run.status
     if pod is None:
@@ -76,6 +129,8 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
         return
     if pod.ending is not None:
         _ended(t, pod.ending, pod)
+        return
+    if _evicted(t, pod):
         return
     if (aborts.user_abort(t, pod) or aborts.limits_exceeded(t, pod)) and t.new.aborting is None:
         return  # finished Aborted; an attempt given time to end by itself still holds its lease
@@ -262,6 +317,7 @@ def deleting(t: transition.Transition, pods: list[facts.PodView], purge: facts.P
     settled = all(p.finished or (p.deleting and p.ending is not None) for p in pods)
     if not settled or api.RUN_FINALIZER not in t.run.finalizers:
         return t.done()
+    release_workload(t)
     if t.run.spec.checkpoint.retention == "Delete" and t.run.raw_status is not None:
         if purge is None:
             t.plan.create_purge_pod = True

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durablerun import api, resource
+from durablerun_operator import kueue
 from durablerun_operator.decide import clocks, facts
 
 
@@ -23,6 +24,11 @@ class Plan:
 
     patch: list[dict[str, Any]] = field(default_factory=list)
     create_pod_epoch: int | None = None
+    # Kueue (the kueue module): queue the run's Workload, delete it (releasing its quota), and the flavors its
+    # admission assigned, whose nodes the pod created with this plan must go to.
+    create_workload: bool = False
+    delete_workload: str | None = None
+    flavors: tuple[str, ...] = ()
     create_purge_pod: bool = False
     delete_pods: list[str] = field(default_factory=list)
     release_pods: list[str] = field(default_factory=list)
@@ -40,6 +46,10 @@ class Plan:
     patch_runs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
+    def touches_workload(self) -> bool:
+        return self.create_workload or self.delete_workload is not None
+
+    @property
     def touches_runs(self) -> bool:
         return bool(self.create_runs or self.patch_runs)
 
@@ -51,7 +61,7 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not (self.patch or self.touches_pods or self.add_run_finalizer or self.remove_run_finalizer
-                    or self.delete_run or self.add_events or self.touches_runs)
+                    or self.delete_run or self.add_events or self.touches_runs or self.touches_workload)
 
 
 def status_patch(
@@ -82,7 +92,8 @@ def conditions(status: resource.DurableRunStatus, now: datetime, generation: int
     """Job-style conditions derived from the phase: Progressing, Suspended, Complete, Failed."""
     phase = status.phase
     wanted = {
-        api.ConditionType.PROGRESSING: phase in (api.Phase.PENDING, api.Phase.RUNNING, api.Phase.BACKOFF,
+        api.ConditionType.PROGRESSING: phase in (api.Phase.PENDING, api.Phase.QUEUED, api.Phase.RUNNING,
+                                                 api.Phase.BACKOFF,
                                                  api.Phase.WAITING),
         api.ConditionType.SUSPENDED: phase == api.Phase.SUSPENDED,
         api.ConditionType.COMPLETE: phase == api.Phase.SUCCEEDED,
@@ -137,8 +148,10 @@ class Transition:
     """Builds the next status from the current one, with guards and side effects."""
 
     def __init__(self, run: facts.RunView, now: datetime, related: Mapping[str, facts.RunView | None],
-                 children: Mapping[str, facts.RunView], children_total: resource.ChildrenTotal | None) -> None:
+                 children: Mapping[str, facts.RunView], children_total: resource.ChildrenTotal | None,
+                 queueing: kueue.Queueing | None = None) -> None:
         self.run, self.now = run, now
+        self.queueing = queueing  # None: the run is not admitted through Kueue
         self.new = run.status.model_copy(deep=True)
         self.plan = Plan()
         self.related = related  # the runs decide was given, by name (None: no such run)

@@ -1,0 +1,186 @@
+"""A real Kueue manager (``cmd/kueue``, hack/build-binaries.sh kueue) against the test bed's API server.
+
+Nothing of Kueue is stubbed; what differs from its release manifests is only where things listen, since the
+bed has no kube-proxy and the manager runs as a process, not a pod:
+
+- Its CRDs, webhook configurations and certificate Secret come from the Kueue module's own source
+  (``config/components/{crd,webhook,internalcert}``, named as its release names them: ``kueue-`` prefix,
+  namespace ``kueue-system``). Each webhook and the five conversion webhooks point at
+  ``https://127.0.0.1:<port>`` instead of the ``kueue-webhook-service`` Service.
+- Only the webhooks of Kueue's own API (``kueue.x-k8s.io``) are installed: those of its Job, Pod, Deployment...
+  integrations would put every pod of every test behind the manager, and the bed runs none of them.
+- Kueue's internal certificate management stays on (with it off, the manager reads its metrics certificate
+  from a fixed /etc/kueue path). Its rotator keeps a Secret whose certificates are valid 90 days ahead; the bed
+  seeds it with a CA of its own (named ``kueue-ca``, as the rotator's) and a serving certificate for both the
+  Service's DNS name and 127.0.0.1, so the API server can call the webhooks by IP. The rotator then injects
+  that CA into the webhook configurations and the CRDs' conversion webhooks, as it does in a cluster. The
+  same files are in the manager's certificate directory, where a pod would have the Secret mounted.
+- The on-demand visibility API is off: its server writes self-signed certificates to a fixed /visibility
+  directory on the machine, outside the bed.
+- Every port (webhooks, health, metrics) is on 127.0.0.1; leader election is off (one manager).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from durablerun import api
+from durablerun_testbed import binaries, procs
+
+NAMESPACE = "kueue-system"
+SERVICE = "kueue-webhook-service"
+SECRET = "kueue-webhook-server-cert"
+GROUP = "kueue.x-k8s.io"
+#: The CRDs whose conversion webhook Kueue serves (config/components/crd/kustomization.yaml's patches).
+CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+#: How a DurableRun is named to Kueue as an external framework: Kind.version.group.
+EXTERNAL_FRAMEWORK = f"{api.KIND}.{api.VERSION}.{api.GROUP}"
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def module_dir() -> Path:
+    """Where the Go module cache holds Kueue's source at the pinned version (downloading it if missing)."""
+    version = binaries.versions()["KUEUE_VERSION"]
+    env = dict(os.environ, GOFLAGS="-mod=mod", GOTOOLCHAIN="local")
+    result = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/kueue@{version}"],
+                            capture_output=True, text=True, check=True, env=env)
+    return Path(json.loads(result.stdout)["Dir"])
+
+
+@dataclass
+class Kueue:
+    workdir: Path
+    testbed_id: str
+    kubeconfig: Path
+    process: procs.ManagedProcess | None = None
+    webhook_port: int = 0
+    health_port: int = 0
+    metrics_port: int = 0
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.webhook_port}"
+
+    def start(self, kubectl: Kubectl) -> Kueue:
+        """Install Kueue's CRDs, webhooks and Secret with ``kubectl`` (the bed's), start the manager, wait
+        until it is ready (certificates in place, webhooks served)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.webhook_port, self.health_port, self.metrics_port = (procs.free_port() for _ in range(3))
+        source = module_dir() / "config" / "components"
+        kubectl("create", "namespace", NAMESPACE, check=False)
+        documents = [*self._crds(source), self._secret(), *self._webhooks(source)]
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                input=yaml.safe_dump_all(documents), timeout=120)
+        established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+
+        def is_established(crd: str) -> bool:
+            return kubectl("get", "crd", crd, "-o", established, check=False).stdout == "True"
+
+        for crd in (doc["metadata"]["name"] for doc in documents if doc["kind"] == "CustomResourceDefinition"):
+            procs.wait_for(functools.partial(is_established, crd), timeout=120,
+                           what=f"Kueue's CRD {crd} to be established")
+        self.launch()
+        return self
+
+    def launch(self) -> None:
+        """Start the manager (again, after ``stop``: same ports and configuration) and wait until it is ready."""
+        config_path = self.workdir / "kueue-config.yaml"
+        config_path.write_text(yaml.safe_dump(self.configuration()))
+        self.process = procs.ManagedProcess(
+            "kueue", [str(binaries.find("kueue")), f"--config={config_path}", f"--kubeconfig={self.kubeconfig}"],
+            log_path=self.workdir / "kueue.log", testbed_id=self.testbed_id)
+        try:
+            procs.wait_for(self._ready, timeout=120, interval=0.5,
+                           what=f"the Kueue manager to be ready (log {self.workdir}/kueue.log)")
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def configuration(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": NAMESPACE,
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health_port}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{self.metrics_port}"},
+            "webhook": {"host": "127.0.0.1", "port": self.webhook_port, "certDir": str(self.workdir / "certs")},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": True, "webhookServiceName": SERVICE, "webhookSecretName": SECRET},
+            "featureGates": {"VisibilityOnDemand": False},
+            "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        }
+
+    def _crds(self, source: Path) -> Iterator[dict[str, Any]]:
+        for path in sorted((source / "crd" / "bases").glob("*.yaml")):
+            crd: dict[str, Any] = yaml.safe_load(path.read_text())
+            if crd["spec"]["names"]["plural"] in CONVERTED:
+                crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
+                    "clientConfig": {"url": f"{self.webhook_url}/convert"}, "conversionReviewVersions": ["v1"]}}
+            yield crd
+
+    def _webhooks(self, source: Path) -> Iterator[dict[str, Any]]:
+        for configuration in yaml.safe_load_all((source / "webhook" / "manifests.yaml").read_text()):
+            configuration["metadata"]["name"] = "kueue-" + configuration["metadata"]["name"]
+            hooks = [hook for hook in configuration["webhooks"]
+                     if all(GROUP in rule["apiGroups"] for rule in hook["rules"])]
+            for hook in hooks:
+                hook["clientConfig"] = {"url": self.webhook_url + hook["clientConfig"]["service"]["path"]}
+            configuration["webhooks"] = hooks
+            yield configuration
+
+    def _secret(self) -> dict[str, Any]:
+        """The rotator's Secret, seeded with certificates that also name 127.0.0.1 (see the module docstring)."""
+        certs = self.workdir / "seed"
+        certs.mkdir(parents=True, exist_ok=True)
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+        ca_key, ca, key, csr, cert, ext = (certs / name for name in (
+            "ca.key", "ca.crt", "tls.key", "tls.csr", "tls.crt", "tls.ext"))
+        # PKCS#1 keys (-traditional): the rotator parses nothing else. A year: it replaces anything that expires
+        # within 90 days.
+        for path in (ca_key, key):
+            openssl("genrsa", "-traditional", "-out", str(path), "2048")
+        openssl("req", "-x509", "-new", "-key", str(ca_key), "-out", str(ca), "-days", "365",
+                "-subj", "/O=kueue/CN=kueue-ca", "-addext", "subjectAltName=DNS:kueue-ca",
+                "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign")
+        openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", f"/CN={SERVICE}.{NAMESPACE}.svc")
+        ext.write_text(f"subjectAltName=DNS:{SERVICE}.{NAMESPACE}.svc,IP:127.0.0.1\n"
+                       "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n")
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                "-out", str(cert), "-days", "365", "-extfile", str(ext))
+        mounted = self.workdir / "certs"
+        mounted.mkdir(parents=True, exist_ok=True)
+        data = {name: (certs / name).read_text() for name in ("ca.crt", "ca.key", "tls.crt", "tls.key")}
+        for name, text in data.items():
+            (mounted / name).write_text(text)
+            (mounted / name).chmod(0o600)
+        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": SECRET, "namespace": NAMESPACE}, "stringData": data}
+
+    def _ready(self) -> bool:
+        assert self.process
+        self.process.check_alive()
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as response:
+            return bool(response.status == 200)
+
+    def check_alive(self) -> None:
+        if self.process is not None:
+            self.process.check_alive()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()

@@ -1,0 +1,25 @@
+"""One real Kueue manager for the session, on the session's test bed (hack/durablerun_testbed/kueue.py), and the
+operator tests' fixtures (an operator per test, a namespace with a bucket and a ledger)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durablerun_testbed.kueue import Kueue
+from durablerun_testbed.testbed import TestBed
+from tests.helpers import SESSION_ID
+from tests.operator.fixtures import operator, runs, start_operator
+
+__all__ = ["kueue", "operator", "runs", "start_operator"]
+
+
+@pytest.fixture(scope="session")
+def kueue(testbed: TestBed, testbed_root: Path) -> Iterator[Kueue]:
+    manager = Kueue(testbed_root / "kueue", SESSION_ID, testbed.kubeconfig).start(testbed.kubectl)
+    try:
+        yield manager
+    finally:
+        manager.stop()

@@ -1,0 +1,44 @@
+"""The real Kueue manager in the test bed: its webhooks and conversion are served, its queues become active."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import pytest
+
+from durablerun_testbed.kueue import Kueue
+from durablerun_testbed.testbed import TestBed
+from tests.helpers import REPO
+from tests.kueue.helpers import apply, queues, wait_active
+
+
+def test_queues_become_active_and_kueue_webhooks_answer(testbed: TestBed, kueue: Kueue, namespace: str) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    apply(testbed, queues(f"cq-{suffix}", "lq", namespace, cpu="2", flavor=f"flavor-{suffix}"))
+    wait_active(testbed, "clusterqueues.kueue.x-k8s.io", f"cq-{suffix}")
+    wait_active(testbed, "localqueues.kueue.x-k8s.io", "lq", namespace)
+
+    # Kueue's mutating webhook defaulted the ClusterQueue (its queueing strategy), and the API server reads the
+    # LocalQueue back in the older version through Kueue's conversion webhook.
+    cq = json.loads(testbed.kubectl("get", "clusterqueues.kueue.x-k8s.io", f"cq-{suffix}", "-o", "json").stdout)
+    assert cq["spec"]["queueingStrategy"] == "BestEffortFIFO"
+    old = json.loads(testbed.kubectl("get", "localqueues.v1beta1.kueue.x-k8s.io", "lq", "-n", namespace,
+                                     "-o", "json").stdout)
+    assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert old["spec"]["clusterQueue"] == f"cq-{suffix}"
+
+    # Kueue's validating webhook itself (not the CRD's schema) refuses a negative quota.
+    bad = queues(f"cq-bad-{suffix}", "lq-bad", namespace, cpu="-1", flavor=f"flavor-{suffix}")[1]
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        apply(testbed, [bad])
+    assert 'admission webhook "vclusterqueue.kb.io" denied the request' in refused.value.stderr
+    kueue.check_alive()
+
+
+def test_the_documented_sample_queues_become_active(testbed: TestBed, kueue: Kueue, namespace: str) -> None:
+    sample = REPO / "deploy" / "samples" / "kueue" / "queues.yaml"
+    testbed.kubectl("apply", "--server-side", "-n", namespace, "-f", str(sample))
+    wait_active(testbed, "clusterqueues.kueue.x-k8s.io", "durablerun-runners")
+    wait_active(testbed, "localqueues.kueue.x-k8s.io", "agents", namespace)

@@ -1,0 +1,171 @@
+"""decide() for runs admitted through Kueue, and the kueue module's Workload and views (pure, no test bed).
+
+tests/kueue/ proves the same against a real Kueue manager; these rows pin each transition exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from typing import Any
+
+from durablerun import api
+from durablerun_operator import decide, kueue
+from durablerun_operator.config import Settings
+from tests.operator.run_bodies import T0, body, runner_pod, running
+from tests.operator.test_decide import apply, ended, waiting_report
+
+QUEUE = "team-a"
+
+
+def workload(*conditions: tuple[str, str, str], flavors: dict[str, str] | None = None,
+             deleting: bool = False) -> kueue.WorkloadView:
+    """A Workload as Kueue left it: (type, status, reason) conditions, and the flavors its admission assigned."""
+    status: dict[str, Any] = {"conditions": [{"type": t, "status": s, "reason": r, "message": f"{r} message"}
+                                             for t, s, r in conditions]}
+    if flavors:
+        status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [{"name": "main", "flavors": flavors}]}
+    meta: dict[str, Any] = {"name": "durablerun-run-abcde", "uid": "w1"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-22T12:00:00Z"
+    return kueue.WorkloadView.from_workload({"metadata": meta, "status": status})
+
+
+ADMITTED = workload(("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"),
+                    flavors={"cpu": "spot", "memory": "spot"})
+PENDING = workload(("QuotaReserved", "False", "Pending"))
+EVICTED = workload(("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"),
+                   ("Evicted", "True", "Preempted"), flavors={"cpu": "spot"})
+
+
+def decided(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None, *,
+            wl: kueue.WorkloadView | None = None, queued: bool = True) -> tuple[decide.Plan, dict[str, Any]]:
+    now = T0 + timedelta(seconds=120)
+    views = [decide.PodView.from_pod(p, now, 60.0) for p in pods or []]
+    queueing = kueue.Queueing(QUEUE, wl) if queued else None
+    plan = decide.decide(decide.RunView.from_body(run_body), views, now, queueing=queueing)
+    return plan, apply(run_body, plan)
+
+
+def reasons(plan: decide.Plan) -> list[str]:
+    return [reason for _, reason, _ in plan.events]
+
+
+def test_a_pending_run_without_a_workload_queues_one_and_starts_no_pod() -> None:
+    plan, status = decided(body({"phase": "Pending"}))
+    assert plan.create_workload
+    assert plan.create_pod_epoch is None
+    assert status["phase"] == "Queued"
+    assert status["message"] == f"queued in LocalQueue {QUEUE}: waiting for Kueue to admit the attempt"
+    assert reasons(plan) == ["Queued"]
+    assert next(c for c in status["conditions"] if c["type"] == "Progressing")["status"] == "True"
+
+
+def test_a_queued_run_shows_why_kueue_has_not_admitted_it_once_and_stays_quiet() -> None:
+    plan, status = decided(body({"phase": "Queued"}), wl=PENDING)
+    assert status["phase"] == "Queued"
+    assert status["message"].endswith(": Pending message")
+    assert not plan.create_workload
+    assert plan.create_pod_epoch is None
+    assert reasons(plan) == []
+    again, _ = decided(body({"phase": "Queued", "message": status["message"]}), wl=PENDING)
+    assert again.empty
+    assert decide.quiet_until(decide.RunView.from_body(body({"phase": "Queued"}))) == decide.NEVER
+
+
+def test_an_inadmissible_workload_says_so_in_a_warning() -> None:
+    plan, status = decided(body({"phase": "Queued"}), wl=workload(("QuotaReserved", "False", "Inadmissible")))
+    assert status["phase"] == "Queued"
+    assert [(kind, reason) for kind, reason, _ in plan.events] == [("Warning", "Inadmissible")]
+
+
+def test_an_admitted_workload_starts_the_attempt_on_its_flavors() -> None:
+    plan, status = decided(body({"phase": "Queued"}), wl=ADMITTED)
+    assert status["phase"] == "Running"
+    assert plan.create_pod_epoch == 2
+    assert plan.flavors == ("spot",)
+    assert plan.delete_workload is None
+    assert reasons(plan) == ["AttemptStarted"]
+
+
+def test_an_eviction_stops_the_attempt_as_a_disruption_and_releases_the_quota() -> None:
+    plan, status = decided(body(running(restarts=1)), [runner_pod()], wl=EVICTED)
+    assert status["phase"] == "Pending"
+    assert (status["disruptions"], status["restarts"]) == (1, 1)
+    assert status["epoch"] == 3  # fenced: the evicted pod can no longer write
+    assert plan.delete_pods == ["run-a2"]
+    assert plan.delete_workload == EVICTED.name
+    assert plan.restart_reason == "Preempted"
+    assert reasons(plan) == ["Preempted", "Restarting"]
+
+
+def test_a_deleted_workload_under_a_running_attempt_is_an_eviction_too() -> None:
+    plan, status = decided(body(running()), [runner_pod()], wl=None)
+    assert status["phase"] == "Pending"
+    assert status["disruptions"] == 1
+    assert plan.delete_pods == ["run-a2"]
+
+
+def test_an_admitted_running_attempt_is_left_alone() -> None:
+    plan, _ = decided(body(running()), [runner_pod()], wl=ADMITTED)
+    assert plan.empty
+
+
+def test_an_attempt_that_ends_waiting_gives_its_quota_back() -> None:
+    pod = ended(api.Outcome.WAITING.exit_code, report=waiting_report(event="approve"))
+    plan, status = decided(body(running()), [pod], wl=ADMITTED)
+    assert status["phase"] == "Waiting"
+    assert plan.delete_workload == ADMITTED.name
+
+
+def test_a_finished_run_holds_no_quota() -> None:
+    plan, status = decided(body(running()), [ended(0, report={"outcome": "Completed", "message": "done"})],
+                           wl=ADMITTED)
+    assert status["phase"] == "Succeeded"
+    assert plan.delete_workload == ADMITTED.name
+
+
+def test_a_stale_workload_is_deleted_before_a_new_one_is_queued() -> None:
+    plan, _status = decided(body({"phase": "Pending"}), wl=EVICTED)
+    assert plan.delete_workload == EVICTED.name
+    assert not plan.create_workload
+    assert plan.create_pod_epoch is None
+    going = workload(("Admitted", "True", "Admitted"), deleting=True)
+    plan, _ = decided(body({"phase": "Queued"}), wl=going)
+    assert not plan.create_workload
+    assert plan.delete_workload is None
+    assert plan.create_pod_epoch is None
+
+
+def test_without_kueue_the_queue_label_changes_nothing() -> None:
+    plan, status = decided(body({"phase": "Pending"}), queued=False)
+    assert status["phase"] == "Running"
+    assert plan.create_pod_epoch == 2
+    assert not plan.create_workload
+
+
+def test_the_workload_is_named_as_kueue_names_a_jobs_and_carries_the_runner_pod() -> None:
+    run_body = body({"phase": "Pending"})
+    run_body["metadata"]["labels"] = {api.LABEL_QUEUE_NAME: QUEUE}
+    run_body["spec"]["template"] = {"spec": {"containers": [
+        {"name": "runner", "resources": {"requests": {"cpu": "500m"}}}]}}
+    manifest = kueue.workload(run_body, Settings(), ("high", 1000))
+    digest = hashlib.sha1(b"DurableRun\ndurablerun.dev\nrun\nu1").hexdigest()[:5]
+    assert manifest["metadata"]["name"] == f"durablerun-run-{digest}"
+    assert manifest["metadata"]["ownerReferences"][0]["controller"] is True
+    assert manifest["spec"]["queueName"] == QUEUE
+    assert manifest["spec"]["priorityClassRef"]["name"] == "high"
+    assert manifest["spec"]["priority"] == 1000
+    (pod_set,) = manifest["spec"]["podSets"]
+    assert (pod_set["name"], pod_set["count"]) == ("main", 1)
+    assert pod_set["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m"}
+    assert len(kueue.workload_name("x" * 300, "u1")) == 253
+
+
+def test_placement_adds_the_flavors_node_labels_and_tolerations() -> None:
+    toleration = {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    where = kueue.placement([{"spec": {"nodeLabels": {"pool": "spot"}, "tolerations": [toleration]}},
+                             {"spec": {"nodeLabels": {"zone": "a"}, "tolerations": [toleration]}}])
+    pod = kueue.place({"spec": {"nodeSelector": {"disk": "ssd"}}}, where)
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd", "pool": "spot", "zone": "a"}
+    assert pod["spec"]["tolerations"] == [toleration]
