@@ -22,13 +22,14 @@ Operations (``op``):
   ended its attempt Waiting for it; ``never``: not sent, the wait's short ``timeout_ms`` passes and the
   workflow gets ``EventTimeout``). Returns the payload, or ``"timeout"``.
 * ``saga``: ``steps`` (step operations that never fail), each registering a compensation
-  ``compensate:undo-<name>``; with ``fail`` set, a last step of that name raises ``NonRetryableError``: the
+  ``compensate:undo-<name>``; with ``fail`` (absent: none; a program holds no null, which kubectl apply
+  would drop from ``spec.input``), a last step of that name raises ``NonRetryableError``: the
   compensations run last first, the workflow catches the error and returns ``{"undone": fail}``.
 * ``child`` (only when generated ``with_children``: child runs need the operator): a child run named
   ``name`` running ``program`` (steps only); returns its result.
 * ``continue``: ``ctx.continue_as_new`` (top level only); returns ``"continued"`` in the final result.
 
-Replay a generated program with ``GEN_SEED=<seed>`` (tests/sdk/test_generated_workflows.py and
+Replay a generated program with ``GEN_SEED=<seed>`` (tests/faults/test_generated_local.py and
 tests/faults/test_generated_faults.py print the seed of every program they run).
 """
 
@@ -121,7 +122,10 @@ def generate(seed: int, *, size: int = 8, with_children: bool = False) -> Progra
             program.append({"op": "wait", "event": names.event(), "when": when, "timeout_ms": 50})
         elif kind == "saga":
             steps = [_step(rng, names, may_fail=False) for _ in range(rng.randint(1, 3))]
-            program.append({"op": "saga", "steps": steps, "fail": names.step() if rng.random() < 0.5 else None})
+            saga: dict[str, Any] = {"op": "saga", "steps": steps}
+            if rng.random() < 0.5:  # no null in a program: kubectl apply drops null fields from spec.input
+                saga["fail"] = names.step()
+            program.append(saga)
         elif kind == "continue":
             program.append({"op": "continue"})
         else:
@@ -146,7 +150,7 @@ def _value(op: dict[str, Any]) -> Any:
         return "timeout" if op["when"] == "never" else payload(op["event"])
     if kind == "saga":
         done = [step_result(s["name"]) for s in op["steps"]]
-        return {"undone": op["fail"]} if op["fail"] else done
+        return {"undone": op["fail"]} if op.get("fail") else done
     if kind == "child":
         return {"out": [_value(o) for o in op["program"]]}
     if kind == "continue":
@@ -170,7 +174,7 @@ def _calls(op: dict[str, Any], out: dict[str, int]) -> None:
     elif kind == "saga":
         for s in op["steps"]:
             _calls(s, out)
-        if op["fail"]:
+        if op.get("fail"):
             out[op["fail"]] = 1  # NonRetryableError: one call, no retries
             for s in op["steps"]:
                 out[f"compensate:undo-{s['name']}"] = 1

@@ -103,10 +103,10 @@ async def _saga(ctx: DurableContext, ledger: str, op: dict[str, Any]) -> Any:
             for s in op["steps"]:
                 done.append(await _step(ctx, ledger, s))
                 saga.add(f"undo-{s['name']}", undo, ledger, f"compensate:undo-{s['name']}")
-            if op["fail"]:
+            if op.get("fail"):
                 await ctx.step(op["fail"], call, ctx, ledger, op["fail"], 0, True)
     except StepError:
-        return {"undone": op["fail"]}
+        return {"undone": op.get("fail")}
     return done
 
 
