@@ -14,7 +14,6 @@ import os
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -72,7 +71,7 @@ def check(runs: RunEnv, pods: PodRecorder, run: Tortured, program: generated.Pro
 
 
 def test_generated_workflows_on_the_bed_under_runner_kills(start_operator: StartOperator, runs: RunEnv,
-                                                           pods: PodRecorder, tally: Tally, tmp_path: Path) -> None:
+                                                           pods: PodRecorder, tally: Tally) -> None:
     start_operator()
     seeds = generated.seeds(PROGRAMS, "generated workflows on the bed")
     rng = random.Random(seeds[0])

@@ -365,7 +365,7 @@ class S3Journal(base.JournalBackend):
         # The object is stored, nothing of the answer acted on: to a killed process, the same as
         # dying before the answer arrived.
         base.crash_point("after-write")
-        if etag is not None or self._b.get(key) == data:  # else: our own write if the retry got 412
+        if etag is not None or self._b.get(key) == data:  # or our own write: the first try landed, the retry got 412
             base.crash_point("after-answer")
             return full
         raise errors.FencedError(
