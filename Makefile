@@ -59,7 +59,8 @@ bench:
 	bench/.venv/bin/python -m durablerun_bench
 
 ## The fault suite's long version (docs/faults.md; ~40 min): >=100 runner kills, 40 operator kills, 40 pauses
-## past the lease, 3 S3 outages and 3 API server restarts, each with the full invariant checks. CI runs the
+## past the lease, 3 S3 outages and 3 API server restarts, each with the full invariant checks, and generated
+## workflows against their oracle (120 per store under SIGKILL, 30 on the test bed). CI runs the
 ## bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a reported failure.
 .PHONY: faults
 faults: setup

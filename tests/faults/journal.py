@@ -119,8 +119,13 @@ def check_journal(journal: Journal, *, complete: bool = True) -> None:
         assert all(c == journal.bodies[seq] for c in copies), f"a snapshot chunk altered record {seq}"
     if journal.pointer is not None:
         assert journal.pointer["seq"] <= seqs[-1], "the snapshot pointer is ahead of the journal"
+        # A snapshot covers its generation: from the last continuation at or before its seq (else 0) on.
+        base = max((s for s in seqs if journal.records[s]["kind"] == "continue" and s <= journal.pointer["seq"]),
+                   default=0)
+        assert journal.pointer.get("base", 0) == base, f"the snapshot's base is not the last continuation {base}"
         covered = sorted(s for c in journal.pointer["chunks"] for s in range(c["first"], c["last"] + 1))
-        assert covered == list(range(journal.pointer["seq"] + 1)), f"snapshot chunks do not tile 0..seq: {covered}"
+        assert covered == list(range(base, journal.pointer["seq"] + 1)), \
+            f"snapshot chunks do not tile {base}..seq: {covered}"
         for chunk in journal.pointer["chunks"]:
             assert chunk["key"] in journal.etags, f"the snapshot names a missing chunk {chunk['key']}"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import generated
 from tests.faults.helpers import Ledger, check_executions
 from tests.faults.journal import Journal, check_journal, check_kept, unseal
 
@@ -30,6 +31,19 @@ def test_a_sound_journal_passes() -> None:
     j = journal({}, {"w": "b"}, {"w": "b", "pos": "end", "kind": "complete"})
     j.chunk_records[0] = [j.bodies[0]]
     check_journal(j)
+
+
+def test_a_snapshot_tiles_its_own_generation() -> None:
+    j = journal({}, {"kind": "continue"}, {"pos": "g1.0"}, {"pos": "end", "kind": "complete"})
+    j.etags["chunks/c"] = '"c"'
+    j.pointer = {"seq": 2, "base": 1, "chunks": [{"key": "chunks/c", "first": 1, "last": 2}]}
+    check_journal(j)
+    j.pointer["base"] = 0
+    with pytest.raises(AssertionError, match="last continuation"):
+        check_journal(j)
+    j.pointer = {"seq": 2, "base": 1, "chunks": [{"key": "chunks/c", "first": 2, "last": 2}]}
+    with pytest.raises(AssertionError, match=r"do not tile 1\.\.seq"):
+        check_journal(j)
 
 
 @pytest.mark.parametrize(("damage", "message"), [
@@ -87,3 +101,37 @@ def test_executions_beyond_the_kills_that_caught_a_step_are_caught() -> None:
                    ("effect", "r:2:c", "p-a2")])
     with pytest.raises(AssertionError, match="different idempotency keys"):
         check_executions(keys, ["c"], interrupted={"p-a1"})
+
+
+def test_the_oracle_check_fails_on_every_execution_the_design_does_not_permit() -> None:
+    program = [{"op": "step", "name": "s1", "fails": 1, "retries": 2},
+               {"op": "saga", "steps": [{"op": "step", "name": "s2", "fails": 0, "retries": 0}], "fail": "s3"}]
+    assert generated.expected_steps(program) == {"s1": 2, "s2": 1, "s3": 1, "compensate:undo-s2": 1}
+    assert generated.expected_result(program) == {"out": [generated.step_result("s1"), {"undone": "s3"}]}
+    good = ["call s1 p1", "call s1 p2", "call s1 p2", "call s2 p2", "call s3 p2", "call compensate:undo-s2 p2"]
+    attempts = [generated.Attempt("p1", killed=True), generated.Attempt("p2", killed=False, journaled={"s1"})]
+    assert generated.check_ledger(program, good, attempts) == []
+    bad = {
+        "never executed": good[:-1],
+        "no such step": [*good, "call s9 p2"],
+        "oracle says 2": good[:2] + good[3:],
+        "at most 2": ["call s1 p1"] * 3 + good[1:],
+        "several processes nobody killed": [*good, "call s2 p3"],
+    }
+    for what, lines in bad.items():
+        assert any(what in p for p in generated.check_ledger(program, lines, attempts)), what
+    # A step journaled when its attempt was killed must not run again.
+    journaled = [generated.Attempt("p1", killed=True, journaled={"s1"}), attempts[1]]
+    assert any("executed again" in p for p in generated.check_ledger(program, good, journaled))
+
+
+def test_generated_programs_are_the_same_for_a_seed_and_use_every_operation() -> None:
+    assert generated.generate(7) == generated.generate(7)
+    assert generated.generate(7) != generated.generate(8)
+    ops: set[str] = set()
+    for seed in range(200):
+        program = generated.generate(seed, with_children=True)
+        assert "null" not in json.dumps(program), program  # kubectl apply would drop it from spec.input
+        ops |= {op["op"] for op in program}
+        ops |= {o["op"] for op in program if op["op"] == "gather" for b in op["branches"] for o in b}
+    assert ops == {"step", "gather", "sleep", "wait", "saga", "continue", "child"}

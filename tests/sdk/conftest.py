@@ -12,7 +12,7 @@ import pytest
 from durablerun._private.backends import memory
 from durablerun.stores import Store, open_store
 
-from .helpers import REPO, WORKFLOWS, StoreSpec
+from .helpers import REPO, WORKFLOWS, StoreSpec, s3_store_spec
 
 # Test workflows and the examples import by their own names, as `durablerun run` does.
 for _path in (str(WORKFLOWS), str(REPO / "examples")):
@@ -29,22 +29,7 @@ def mem() -> Iterator[Store]:
 
 
 def _s3_spec(request: pytest.FixtureRequest) -> StoreSpec:
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    env = {
-        "AWS_ACCESS_KEY_ID": server.access_key,
-        "AWS_SECRET_ACCESS_KEY": server.secret_key,
-        "AWS_REGION": server.region,
-        "AWS_ENDPOINT_URL_S3": server.endpoint_url,
-    }
-    options = {
-        "endpoint_url": server.endpoint_url,
-        "region": server.region,
-        "access_key": server.access_key,
-        "secret_key": server.secret_key,
-    }
-    return StoreSpec("s3", f"s3://{bucket}/runs", env, ["--endpoint-url", server.endpoint_url],
-                     options)
+    return s3_store_spec(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
 
 
 @pytest.fixture(params=["memory", "fs", "s3"])

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durablerun import api
 from durablerun._private import layout
@@ -23,6 +23,9 @@ from durablerun._private.backends.s3 import S3Backend
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.resource import Policy
 from durablerun.stores import RunRef, Store, open_store
+
+if TYPE_CHECKING:
+    from durablerun_testbed.s3 import S3Server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -41,6 +44,23 @@ class StoreSpec:
 
     def open(self) -> Store:
         return open_store(self.uri, **self.options)
+
+
+def s3_store_spec(server: S3Server, bucket: str) -> StoreSpec:
+    """A bucket on a MinIO of the test bed, as a store spec."""
+    env = {
+        "AWS_ACCESS_KEY_ID": server.access_key,
+        "AWS_SECRET_ACCESS_KEY": server.secret_key,
+        "AWS_REGION": server.region,
+        "AWS_ENDPOINT_URL_S3": server.endpoint_url,
+    }
+    options = {
+        "endpoint_url": server.endpoint_url,
+        "region": server.region,
+        "access_key": server.access_key,
+        "secret_key": server.secret_key,
+    }
+    return StoreSpec("s3", f"s3://{bucket}/runs", env, ["--endpoint-url", server.endpoint_url], options)
 
 
 def sub_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -20,10 +20,45 @@ against all three):
 from __future__ import annotations
 
 import abc
+import os
+import signal
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from durablerun._private import layout
+
+#: A test hook, off unless set: ``<point>:<n>`` SIGKILLs this process the n-th time (from 1) a journal
+#: append reaches ``<point>`` (:data:`CRASH_POINTS`). Read once, here; tests/sdk/test_write_crashes.py
+#: arms it in the runner processes it starts (docs/faults.md).
+CRASH_ENV = "DURABLERUN_CRASH_AT"
+#: A journal append's points, in order: before the record is written; written but not yet durable (the
+#: filesystem's fdatasync still to come; S3's PUT landed, its answer not yet seen by the backend); and
+#: durable, the append about to return (the step's result not yet handed back).
+CRASH_POINTS = ("before-write", "after-write", "after-answer")
+
+
+def _crash_plan(value: str) -> tuple[str, int] | None:
+    if not value:
+        return None
+    point, _, nth = value.partition(":")
+    if point not in CRASH_POINTS or not nth.isdigit() or int(nth) < 1:
+        raise ValueError(f"{CRASH_ENV}={value!r}: expected <point>:<n>, point one of {', '.join(CRASH_POINTS)}, "
+                         "n from 1")
+    return point, int(nth)
+
+
+_CRASH_AT = _crash_plan(os.environ.get(CRASH_ENV, ""))
+_crash_passes = 0
+
+
+def crash_point(point: str) -> None:
+    """Where a journal append may be killed (the hook above); unset, this returns at once."""
+    global _crash_passes
+    if _CRASH_AT is None or _CRASH_AT[0] != point:
+        return
+    _crash_passes += 1
+    if _crash_passes == _CRASH_AT[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class JournalBackend(abc.ABC):

@@ -330,7 +330,9 @@ class FsJournal(base.JournalBackend):
                     grow = end - self._allocated + PREALLOCATE_BYTES
                     _pwrite_all(self._seg_fd, bytes(grow), self._allocated)
                     self._allocated += grow
+                base.crash_point("before-write")
                 _pwrite_all(self._seg_fd, line, self._expected_size)
+                base.crash_point("after-write")
                 os.fdatasync(self._seg_fd)
             except OSError as e:
                 self._broken = f"{e.strerror or e}"
@@ -339,6 +341,7 @@ class FsJournal(base.JournalBackend):
                 ) from e
         self._expected_size += len(line)
         self._next_seq = seq + 1
+        base.crash_point("after-answer")
         return f"{path}#{seq}"
 
     def truncate(self, from_seq: int) -> int:

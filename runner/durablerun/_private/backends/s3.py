@@ -360,10 +360,14 @@ class S3Journal(base.JournalBackend):
     def append(self, seq: int, data: bytes) -> str:
         key = self._root + layout.journal_key(seq)
         full = self._b._key(key)
-        if self._b._conditional_put(full, data, IfNoneMatch="*") is not None:
+        base.crash_point("before-write")
+        etag = self._b._conditional_put(full, data, IfNoneMatch="*")
+        # The object is stored, nothing of the answer acted on: to a killed process, the same as
+        # dying before the answer arrived.
+        base.crash_point("after-write")
+        if etag is not None or self._b.get(key) == data:  # or our own write: the first try landed, the retry got 412
+            base.crash_point("after-answer")
             return full
-        if self._b.get(key) == data:
-            return full  # our own write: the first try landed, the retry got 412
         raise errors.FencedError(
             "journal position already written by another writer (412 Precondition Failed)",
             bucket=self._b.bucket,

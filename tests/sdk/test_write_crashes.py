@@ -1,0 +1,86 @@
+"""A crash during every write: the runner SIGKILLed at each point of a step's journal append, then resumed.
+
+The storage layer's fault hook (``backends.base.CRASH_ENV``, docs/faults.md) kills the runner the n-th time
+a journal append reaches a point: before the record is written, after it is written but before it is durable
+(the filesystem's ``fdatasync``; S3's PUT answered, the answer not acted on), and after the append is durable,
+before the step's result is handed back. Against the filesystem and S3 (real MinIO) stores, every point in
+turn; a second runner resumes the run. What must hold, exactly (a SIGKILL ends the process, not the machine,
+so a written record survives it whether or not it was synced):
+
+* killed before the write, the step's record was never stored: the step runs again, twice in all;
+* killed after the write, the record is there: the step never runs again, once in all;
+* never lost: every step journaled exactly once, the result and totals equal an uncrashed run's.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from durablerun._private.backends.base import CRASH_ENV, CRASH_POINTS
+from durablerun.stores import RunRef
+
+from .helpers import StoreSpec, cli
+from .workflows import chaos
+
+#: Two steps in sequence, then a gather: the crash hits the second step's record (nth 2), whose step is
+#: known, with a journaled step before it and steps of both kinds after it.
+SEGMENTS = [{"kind": "steps", "n": 2}, {"kind": "gather", "n": 3}]
+NTH = 2
+CRASHED_STEP = "s0-1"
+
+
+def _run(spec: StoreSpec, run_id: str, ledger: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    done = cli(["run", "chaos:shape", "--run-id", run_id, "--store", spec.uri, *spec.cli_args,
+                "--input", json.dumps({"ledger": str(ledger), "segments": SEGMENTS}), "--quiet",
+                "--retry-initial", "1ms"], env={**spec.env, **env}, timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _journaled_steps(spec: StoreSpec, ref: RunRef) -> list[str]:
+    rs = spec.open().run_store(ref)
+    try:
+        return [r.name for r in rs.read_all() if r.kind == "step"]
+    finally:
+        rs.close()
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_crash_at_each_point_of_a_journal_write(durable_store_spec: StoreSpec, tmp_path: Path,
+                                                  point: str) -> None:
+    spec = durable_store_spec
+    run_id = "w" + uuid.uuid4().hex[:10]
+    ref = RunRef.local(run_id)
+    ledger = tmp_path / f"{run_id}.ledger"
+
+    code, _, err = _run(spec, run_id, ledger, {CRASH_ENV: f"{point}:{NTH}"})
+    assert code == -signal.SIGKILL, f"the hook did not kill the runner at {point}: exit {code}\n{err[-2000:]}"
+    stored = _journaled_steps(spec, ref)
+    written = point != "before-write"
+    assert stored == (["s0-0", CRASHED_STEP] if written else ["s0-0"]), (point, stored)
+
+    code, out, err = _run(spec, run_id, ledger, {})
+    assert code == 0, f"the resumed runner exited {code}\n{err[-2000:]}"
+    assert json.loads(out) == chaos.expected(SEGMENTS)
+
+    starts = [line.split()[1] for line in ledger.read_text().splitlines() if line.startswith("start ")]
+    names = chaos.step_names(SEGMENTS)
+    expected = {name: 1 for name in names}
+    expected[CRASHED_STEP] = 1 if written else 2
+    assert {name: starts.count(name) for name in names} == expected, (point, starts)
+    assert sorted(_journaled_steps(spec, ref)) == sorted(names)
+    totals = spec.open().read_run(run=ref).totals
+    assert (totals.steps, totals.usd, totals.tokens) == (len(names), Decimal("0.01") * len(names), 10 * len(names))
+
+
+def test_the_hook_refuses_a_point_it_does_not_know(tmp_path: Path) -> None:
+    code, _, err = _run(StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}), "bad", tmp_path / "ledger",
+                        {CRASH_ENV: "during-write:1"})
+    assert code != 0
+    assert CRASH_ENV in err
+    assert "before-write" in err
