@@ -59,9 +59,11 @@ bench:
 	bench/.venv/bin/python -m durablerun_bench
 
 ## The fault suite's long version (docs/faults.md; ~40 min): >=100 runner kills, 40 operator kills, 40 pauses
-## past the lease, 3 S3 outages and 3 API server restarts, each with the full invariant checks, and generated
-## workflows against their oracle (120 per store under SIGKILL, 30 on the test bed). CI runs the
+## past the lease, 3 S3 outages and 3 API server restarts, each with the full invariant checks, generated
+## workflows against their oracle (120 per store under SIGKILL, 30 on the test bed), and the real node's faults
+## (tests/realnode/test_faults.py: 20 runs under the control plane's restart). CI runs the
 ## bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a reported failure.
 .PHONY: faults
 faults: setup
-	FAULT_TRIALS=$${FAULT_TRIALS:-120} $(PY) -m pytest tests/faults -p no:cacheprovider -rA --timeout=5400
+	FAULT_TRIALS=$${FAULT_TRIALS:-120} $(PY) -m pytest tests/faults tests/realnode/test_faults.py \
+		-p no:cacheprovider -rA --timeout=5400

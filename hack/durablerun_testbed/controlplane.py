@@ -203,6 +203,15 @@ class ControlPlane:
         )
         procs.wait_for(self._apiserver_ready, timeout=60, what=f"kube-apiserver at {self.url} to come back")
 
+    def restart_etcd(self) -> None:
+        """Stop etcd and start it again on the same ports and data: the API server reconnects to it."""
+        assert self.etcd
+        previous = self.etcd
+        previous.stop()
+        self.etcd = procs.ManagedProcess("etcd", list(previous.popen.args),  # type: ignore[arg-type]
+                                         log_path=previous.log_path, testbed_id=self.testbed_id)
+        procs.wait_for(self._etcd_healthy, timeout=60, what=f"etcd at {self.etcd_url} to come back")
+
     def _apiserver_ready(self) -> bool:
         assert self.apiserver
         self.apiserver.check_alive()

@@ -243,15 +243,15 @@ class RealNode:
             log_path=self.workdir / "logs" / "containerd.log", testbed_id=self.testbed_id,
         )
 
-        def ready() -> bool:
-            assert self.containerd
-            self.containerd.check_alive()
-            if not self.socket.exists():
-                return False
-            return any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
-                       for line in self.ctr("plugins", "ls").splitlines())
+        procs.wait_for(self._containerd_ready, timeout=30, what="containerd's CRI plugin")
 
-        procs.wait_for(ready, timeout=30, what="containerd's CRI plugin")
+    def _containerd_ready(self) -> bool:
+        assert self.containerd
+        self.containerd.check_alive()
+        if not self.socket.exists():
+            return False
+        return any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
+                   for line in self.ctr("plugins", "ls").splitlines())
 
     def _start_kubelet(self, controlplane: ControlPlane) -> None:
         base = self.workdir / "kubelet"
@@ -293,20 +293,37 @@ class RealNode:
             "maxPods": 50,
         }
         (base / "config.yaml").write_text(yaml.safe_dump(config))
-        self.kubelet = procs.ManagedProcess(
-            "kubelet",
-            [
-                str(binaries.find("kubelet")),
-                "--config", str(base / "config.yaml"),
-                "--kubeconfig", str(controlplane.node_kubeconfig(self.name)),
-                "--root-dir", str(base / "root"),
-                "--cert-dir", str(base / "pki"),
-                "--hostname-override", self.name,
-                "--node-ip", self.network.gateway,
-                "--v=1",
-            ],
-            log_path=self.workdir / "logs" / "kubelet.log", testbed_id=self.testbed_id,
-        )
+        self.kubelet_argv = [
+            str(binaries.find("kubelet")),
+            "--config", str(base / "config.yaml"),
+            "--kubeconfig", str(controlplane.node_kubeconfig(self.name)),
+            "--root-dir", str(base / "root"),
+            "--cert-dir", str(base / "pki"),
+            "--hostname-override", self.name,
+            "--node-ip", self.network.gateway,
+            "--v=1",
+        ]
+        self.start_kubelet()
+
+    def start_kubelet(self) -> None:
+        """Start the kubelet (again, after :meth:`stop_kubelet`): it finds its pods' containers still running."""
+        self.kubelet = procs.ManagedProcess("kubelet", self.kubelet_argv,
+                                            log_path=self.workdir / "logs" / "kubelet.log", testbed_id=self.testbed_id)
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet as an operator or a crash would; its containers keep running without it."""
+        assert self.kubelet
+        self.kubelet.stop()
+
+    def restart_containerd(self) -> None:
+        """Stop containerd and start it again on the same state: the shims keep the containers running, and
+        the new containerd reconnects to them (an upgrade or a crash of the runtime)."""
+        assert self.containerd
+        previous = self.containerd
+        previous.stop()
+        self.containerd = procs.ManagedProcess("containerd", list(previous.popen.args),  # type: ignore[arg-type]
+                                               log_path=previous.log_path, testbed_id=self.testbed_id)
+        procs.wait_for(self._containerd_ready, timeout=60, what="containerd's CRI plugin after a restart")
 
     def ready(self, kubectl: Any) -> bool:
         """The Node is registered and Ready (``kubectl`` runs the real kubectl against the bed)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 import time
 import urllib.request
@@ -123,6 +124,20 @@ def check_executions(ledger: Ledger, steps: list[str], interrupted: set[str]) ->
             assert set(pods[:-1]) <= interrupted, f"step {step} ran again after {pods[:-1]} completed it"
     for step, keys in ledger.effects().items():
         assert len(set(keys)) == 1, f"side effect {step} saw different idempotency keys: {keys}"
+
+
+def fenced_by_the_fencing(ending: dict[str, Any] | None, paused_attempt: str | None, journal: Any) -> bool:
+    """Whether a later attempt's ending (its pod's terminated state) was the fencing's doing: it exited Fenced
+    because its own lease lapsed, or because its journal write was refused (412) at a position the paused
+    attempt's record holds (``journal``: a ``tests.faults.journal.Journal``)."""
+    if not ending or ending.get("exitCode") != api.Outcome.FENCED.exit_code:
+        return False
+    why = str(json.loads(ending.get("message") or "{}").get("message") or "")
+    if "lapsed without renewal" in why:
+        return True
+    refused = re.search(r"412 Precondition Failed\) \[.*key=.*/journal/(\d+)\.json", why)
+    return bool(refused and paused_attempt is not None
+                and journal.records.get(int(refused.group(1)), {}).get("w") == paused_attempt)
 
 
 class PodRecorder:
@@ -310,3 +325,50 @@ def reference(input: dict[str, Any], tmp: Path) -> tuple[Any, Any]:
                  input={**input, "ledger": str(tmp / f"reference-{uuid.uuid4().hex}.txt"), "pace": 0}).run_attempt()
     assert result.outcome == api.Outcome.COMPLETED, result.message
     return result.result, result.totals
+
+
+class RunTimeline:
+    """Watches the namespace's DurableRuns and records, with the time seen, every change of who holds a run:
+    phase, epoch, pod, lease holder and renewal. A fault trial's lease timeline, for its recording."""
+
+    def __init__(self, testbed: TestBed, namespace: str) -> None:
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(testbed.api_client())
+        self.namespace = namespace
+        self.lines: dict[str, list[str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"runs-{namespace}", daemon=True)
+        self._thread.start()
+
+    def _record(self, run: dict[str, Any]) -> None:
+        status = run.get("status") or {}
+        lease = status.get("lease") or {}
+        line = (f"{api.format_time(time.time(), precise=True)} {status.get('phase')} epoch={status.get('epoch')} "
+                f"pod={status.get('pod')} lease={lease.get('holder')}@{lease.get('epoch')} "
+                f"renewed={lease.get('renewTime')} restarts={status.get('restarts')} "
+                f"step={(status.get('progress') or {}).get('step')}")
+        lines = self.lines.setdefault(run["metadata"]["name"], [])
+        if not lines or lines[-1].split(" ", 1)[1] != line.split(" ", 1)[1]:
+            lines.append(line)
+
+    def _loop(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            try:
+                for event in watch.Watch().stream(self.custom.list_namespaced_custom_object, api.GROUP,
+                                                  api.VERSION, self.namespace, api.PLURAL, timeout_seconds=5):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._record(event["object"])
+                    if self._stop.is_set():
+                        break
+            except Exception:  # the API server restarting: watch again
+                time.sleep(0.2)
+
+    def of(self, name: str) -> list[str]:
+        return list(self.lines.get(name, []))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

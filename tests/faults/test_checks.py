@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.faults import generated
-from tests.faults.helpers import Ledger, check_executions
+from tests.faults.helpers import Ledger, check_executions, fenced_by_the_fencing
 from tests.faults.journal import Journal, check_journal, check_kept, unseal
 
 
@@ -135,3 +135,20 @@ def test_generated_programs_are_the_same_for_a_seed_and_use_every_operation() ->
         ops |= {op["op"] for op in program}
         ops |= {o["op"] for op in program if op["op"] == "gather" for b in op["branches"] for o in b}
     assert ops == {"step", "gather", "sleep", "wait", "saga", "continue", "child"}
+
+
+def test_only_the_fencing_s_own_endings_excuse_a_later_attempt() -> None:
+    def fenced(why: str, code: int = 5) -> dict[str, Any]:
+        return {"exitCode": code, "message": json.dumps({"outcome": "Fenced", "message": why})}
+
+    j = journal({"w": "paused"}, {"w": "next"})
+    refused = ("journal position already written by another writer (412 Precondition Failed) "
+               "[bucket=b, key=runs/ns/r/uid/journal/{:012d}.json]")
+    assert fenced_by_the_fencing(fenced(refused.format(0)), "paused", j)
+    assert fenced_by_the_fencing(fenced("lease of 6s lapsed without renewal"), "paused", j)
+    # Refused at a position another attempt holds, fenced by a newer epoch, or a crash: not excused.
+    assert not fenced_by_the_fencing(fenced(refused.format(1)), "paused", j)
+    assert not fenced_by_the_fencing(fenced(refused.format(0)), None, j)
+    assert not fenced_by_the_fencing(fenced("status.epoch is no longer 2: a newer attempt owns the run"), "paused", j)
+    assert not fenced_by_the_fencing(fenced("lease of 6s lapsed without renewal", code=70), "paused", j)
+    assert not fenced_by_the_fencing(None, "paused", j)

@@ -10,8 +10,10 @@ from typing import Any
 import boto3
 
 from durablerun import api
+from durablerun_operator import builders
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
+from tests.faults.helpers import Ledger
 
 #: Where the chart installs the operator.
 OPERATOR_NAMESPACE = "durable-run-system"
@@ -27,7 +29,8 @@ class RealRuns:
     image: str
 
     def manifest(self, name: str, workflow: str, input: dict[str, Any] | None = None,
-                 resources: dict[str, Any] | None = None, policy: dict[str, Any] | None = None) -> dict[str, Any]:
+                 resources: dict[str, Any] | None = None, policy: dict[str, Any] | None = None,
+                 grace: int = 5) -> dict[str, Any]:
         assert self.bed.s3
         runner: dict[str, Any] = {"name": "runner", "image": self.image}
         if resources:
@@ -41,7 +44,7 @@ class RealRuns:
                 "checkpoint": {"uri": f"s3://{self.bucket}/runs", "endpoint": self.bed.s3.endpoint_url,
                                "region": "us-east-1", "credentialsSecret": "s3-credentials"},
                 "policy": {"leaseDuration": "10s", "backoff": {"initial": "1s", "max": "2s"}, **(policy or {})},
-                "template": {"spec": {"containers": [runner], "terminationGracePeriodSeconds": 5}},
+                "template": {"spec": {"containers": [runner], "terminationGracePeriodSeconds": grace}},
             },
         }
 
@@ -91,10 +94,21 @@ class RealRuns:
         return list(json.loads(self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}",
                                             "-o", "json"))["items"])
 
-    def executions(self) -> Counter[str]:
-        """How often each step ran, across every attempt, from the markers its executions left in S3."""
+    def s3(self) -> Any:
         assert self.bed.s3
-        s3 = boto3.client("s3", endpoint_url=self.bed.s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id=self.bed.s3.access_key, aws_secret_access_key=self.bed.s3.secret_key)
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix="executions/")
-        return Counter(o["Key"].split("/")[1] for page in pages for o in page.get("Contents", []))
+        return boto3.client("s3", endpoint_url=self.bed.s3.endpoint_url, region_name="us-east-1",
+                            aws_access_key_id=self.bed.s3.access_key, aws_secret_access_key=self.bed.s3.secret_key)
+
+    def _markers(self, prefix: str) -> list[tuple[str, int]]:
+        pages = self.s3().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix + "/")
+        return [(key.split("/")[1], int(key.split("/")[2].split("-")[0]))
+                for page in pages for key in (o["Key"] for o in page.get("Contents", []))]
+
+    def executions(self, prefix: str = "executions") -> Counter[str]:
+        """How often each step ran, across every attempt, from the markers its executions left in S3."""
+        return Counter(step for step, _ in self._markers(prefix))
+
+    def ledger(self, name: str, prefix: str = "executions") -> Ledger:
+        """The fault suite's ledger of a run's step executions (``start <step> <pod>``), in epoch order."""
+        return Ledger([("start", step, builders.pod_name(name, epoch))
+                       for step, epoch in sorted(self._markers(prefix), key=lambda marker: marker[1])])

@@ -21,7 +21,8 @@ from durablerun import DurableContext, api
 def _mark(input: dict[str, Any], name: str) -> None:
     s3 = boto3.client("s3", endpoint_url=input["endpoint"], region_name="us-east-1")
     epoch = os.environ[api.Env.EPOCH]
-    s3.put_object(Bucket=input["bucket"], Key=f"executions/{name}/{epoch}-{uuid.uuid4().hex}", Body=b"")
+    prefix = input.get("marks", "executions")  # one per run when several runs share the bucket
+    s3.put_object(Bucket=input["bucket"], Key=f"{prefix}/{name}/{epoch}-{uuid.uuid4().hex}", Body=b"")
 
 
 def work(input: dict[str, Any], name: str) -> str:

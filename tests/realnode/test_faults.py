@@ -1,0 +1,213 @@
+"""Faults on the real node: a runner frozen or cut off past its lease, the node's runtime and kubelet restarted,
+the control plane restarted.
+
+What the process node simulates (tests/faults), done to real containers: the
+cgroup freezer, a veth on the bed's bridge taken down, containerd and the
+kubelet stopped and started again, kube-apiserver and etcd restarted under
+many runs. Every run's step executions are counted
+from the markers they leave in S3 and checked with the fault suite's ledger
+check: each step ran, at most once per pod, and again only after a pod the
+fault interrupted. ``FAULT_TRIALS`` sizes the runs under the restarts (CI: the
+default 8; ``make faults``: 120, so 20 runs under the control plane's restart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from durablerun import api
+from durablerun_testbed import podfaults, procs
+from durablerun_testbed.testbed import TestBed
+from tests.faults.helpers import PodRecorder, check_executions
+from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.realnode.helpers import RealRuns
+
+TRIALS = int(os.environ.get("FAULT_TRIALS", "8"))
+#: Runs under a restart of the control plane: 20 in the long version.
+CONTROL_PLANE_RUNS = max(3, TRIALS // 6)
+#: A lease short enough to expire within a test, long enough for a loaded machine's renewals (every 2 s).
+FENCED_POLICY = {"leaseDuration": "6s", "maxRestarts": 5}
+#: The kubelet's grace for a deleted pod: the fenced runner is woken (thawed, reconnected) within it, before
+#: the kubelet's SIGKILL would end it without a word.
+GRACE = 60
+
+
+@pytest.fixture
+def pods(real_runs: RealRuns) -> Iterator[PodRecorder]:
+    recorder = PodRecorder(real_runs.bed, real_runs.namespace)
+    yield recorder
+    recorder.stop()
+
+
+def node(bed: TestBed) -> Any:
+    assert bed.real_node
+    return bed.real_node
+
+
+def when(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def check_fenced_and_silent(real_runs: RealRuns, pods: PodRecorder, name: str, pod: str, since: float,
+                            listing: dict[str, str], status: dict[str, Any]) -> None:
+    """The woken pod exits Fenced (5) and has written nothing since ``since``: no journal record it began
+    later, no object changed, no status field a runner writes; the run then succeeds in a later pod."""
+    ending = procs.wait_for(lambda: pods.ending(pod), timeout=GRACE + 30, what=f"pod {pod} to end")
+    assert ending["exitCode"] == api.Outcome.FENCED.exit_code, ending
+    assert json.loads(ending["message"])["outcome"] == api.Outcome.FENCED.value, ending
+    now = real_runs.status(name)
+    # The runner's own fields: the next attempt's pod writes them only once it has acquired its lease.
+    for field in ("progress", "cost", "checkpoint"):
+        if (now.get("lease") or {}).get("holder") in (None, pod):
+            assert now.get(field) == status.get(field), f"status.{field} changed after {pod} woke"
+    assert (now.get("lease") or {}).get("holder") != pod or now["lease"] == status["lease"], now.get("lease")
+    final = real_runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=180)
+    assert final["phase"] == "Succeeded", final
+    root = run_root("runs", real_runs.namespace, name, real_runs.get(name)["metadata"]["uid"])
+    journal = read_journal(real_runs.s3(), real_runs.bucket, root)
+    check_journal(journal)
+    check_kept(listing, list_objects(real_runs.s3(), real_runs.bucket, root))
+    # The first attempt's records are those before ``since``; a write under way then may land later (its
+    # position still free: the next attempt starts only once this pod is gone), but nothing it began after.
+    before = [r for r in journal.records.values() if r["at"] < since]
+    writer = before[-1]["w"] if before else None
+    late = [r["seq"] for r in journal.records.values() if r["w"] == writer and r["at"] >= since]
+    assert not late, f"{pod} journaled {late} after it was fenced"
+    check_executions(real_runs.ledger(name), [f"s{i}" for i in range(STEPS)], {pod})
+    expired = [e["message"] for e in real_runs.events(name) if e["reason"] == "LeaseExpired"]
+    restarts = [e["message"] for e in real_runs.events(name) if e["reason"] == "Restarting"]
+    assert expired or any("Fenced" in m for m in restarts), (expired, restarts)
+
+
+STEPS = 12
+
+
+def fenced_while(real_runs: RealRuns, pods: PodRecorder, name: str,
+                 fault: Callable[[str], Callable[[], None]], *, frozen: bool) -> None:
+    """Run ``name``; after two steps apply ``fault(container id)`` (it returns how to undo it); once the
+    operator has fenced the attempt, or it ended, undo the fault and check the woken pod wrote nothing.
+
+    A frozen runner begins nothing after the freeze. One cut off still runs: a write it begins while its
+    lease is valid may land when the network is back (the known limit in docs/faults.md), so it must begin
+    nothing after its lease lapsed (its last renewal, to the second, plus the lease)."""
+    real_runs.apply(real_runs.manifest(name, "realnode_flows:steps", {"steps": STEPS, "sleep": 0.5},
+                                       policy=FENCED_POLICY, grace=GRACE))
+    first = real_runs.wait_steps(name, 2)
+    pod, epoch = first["pod"], first["epoch"]
+    undo = fault(real_runs.running_container_id(pod))
+    since = time.time()
+    try:
+        # Its last renewal: nothing it sends from now on arrives (cut off), or it sends nothing (frozen).
+        renewed = when(real_runs.status(name)["lease"]["renewTime"])
+        procs.wait_for(lambda: real_runs.status(name).get("epoch", 0) > epoch or pods.ending(pod) or None,
+                       timeout=60, interval=0.2, what=f"the operator to fence {pod}")
+        root = run_root("runs", real_runs.namespace, name, real_runs.get(name)["metadata"]["uid"])
+        listing = list_objects(real_runs.s3(), real_runs.bucket, root)
+        status = real_runs.status(name)
+    finally:
+        undo()
+    if not frozen:
+        since = renewed + 1 + api.parse_duration(FENCED_POLICY["leaseDuration"]).total_seconds()
+    check_fenced_and_silent(real_runs, pods, name, pod, since, listing, status)
+
+
+def test_frozen_runner_is_fenced_replaced_and_writes_nothing_once_thawed(real_bed: TestBed, real_runs: RealRuns,
+                                                                         pods: PodRecorder) -> None:
+    def freeze(container: str) -> Callable[[], None]:
+        state = podfaults.freeze(node(real_bed), container)
+        return lambda: podfaults.thaw(state)
+
+    fenced_while(real_runs, pods, "frozen", freeze, frozen=True)
+
+
+def test_runner_cut_off_the_network_is_fenced_and_writes_nothing_once_back(real_bed: TestBed, real_runs: RealRuns,
+                                                                           pods: PodRecorder) -> None:
+    def cut(container: str) -> Callable[[], None]:
+        veth = podfaults.cut_off(node(real_bed), container)
+        return lambda: podfaults.reconnect(veth)
+
+    fenced_while(real_runs, pods, "cutoff", cut, frozen=False)
+
+
+def start_runs(real_runs: RealRuns, prefix: str, count: int, steps: int, policy: dict[str, Any]) -> list[str]:
+    names = [f"{prefix}{i}" for i in range(count)]
+    for name in names:
+        real_runs.apply(real_runs.manifest(name, "realnode_flows:steps",
+                                           {"steps": steps, "sleep": 0.5, "marks": f"executions-{name}"},
+                                           policy=policy))
+    def holding(name: str) -> bool:
+        status = real_runs.status(name)
+        return status.get("phase") == "Running" and (status.get("lease") or {}).get("holder") == status.get("pod")
+
+    for name in names:  # each holding its lease in its first pod
+        procs.wait_for(lambda: holding(name),  # noqa: B023 (called before the loop moves on)
+                       timeout=240, interval=0.5, what=f"{name} to run in a pod holding its lease")
+    return names
+
+
+def still_running(real_runs: RealRuns, names: list[str]) -> None:
+    """Every run is still in its first attempt when the fault comes; else the fault tested nothing for it."""
+    done = {name: s.get("phase") for name in names if (s := real_runs.status(name)).get("phase") != "Running"}
+    assert not done, f"runs no longer running when the fault came: {done}"
+
+
+def check_runs(real_runs: RealRuns, names: list[str], steps: int, *, restarts: int = 0) -> list[dict[str, Any]]:
+    """Every run succeeded, every step ran, none twice in one pod or again after an uninterrupted pod."""
+    finals = []
+    for name in names:
+        final = real_runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=300)
+        seen = [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
+        assert final["phase"] == "Succeeded", (name, final, seen)
+        assert final["restarts"] == restarts, (name, final, seen)
+        ledger = real_runs.ledger(name, f"executions-{name}")
+        ended = {f"{name}-a{epoch}" for epoch in range(1, final["epoch"])}  # attempts the fault ended
+        check_executions(ledger, [f"s{i}" for i in range(steps)], ended)
+        finals.append(final)
+    return finals
+
+
+#: Long enough (15 s of steps) that the last of several runs starts before the first one ends.
+STEPS_UNDER_RESTART = 30
+
+
+#: CI restarts containerd and then the kubelet under one set of runs (the budget); the long version gives each
+#: restart runs of its own.
+RESTARTS = ["containerd", "kubelet"] if TRIALS >= 30 else ["containerd+kubelet"]
+
+
+@pytest.mark.parametrize("parts", RESTARTS)
+def test_restarting_the_runtime_or_the_kubelet_under_five_runs_loses_and_repeats_nothing(
+        real_bed: TestBed, real_runs: RealRuns, parts: str) -> None:
+    real = node(real_bed)
+    names = start_runs(real_runs, parts[:4], 5, STEPS_UNDER_RESTART, {"leaseDuration": "30s"})
+    for part in parts.split("+"):
+        still_running(real_runs, names)
+        if part == "containerd":
+            real.restart_containerd()
+        else:
+            real.stop_kubelet()
+            real.start_kubelet()
+        procs.wait_for(lambda: real.ready(real_bed.kubectl), timeout=120, what=f"the node to be Ready after {part}")
+    # The containers outlive their runtime's or kubelet's restart: each run finishes in its first pod.
+    finals = check_runs(real_runs, names, STEPS_UNDER_RESTART)
+    assert all(final["attempt"] == 1 and final["disruptions"] == 0 for final in finals), finals
+
+
+def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: TestBed, real_runs: RealRuns) -> None:
+    assert real_bed.controlplane
+    steps = STEPS_UNDER_RESTART + 2 * CONTROL_PLANE_RUNS
+    names = start_runs(real_runs, "cp", CONTROL_PLANE_RUNS, steps, {"leaseDuration": "30s"})
+    still_running(real_runs, names)
+    real_bed.controlplane.restart_etcd()
+    real_bed.controlplane.restart_apiserver()
+    # Unreachable for less than the lease (30 s): no false fencing, every run finishes in its first pod.
+    finals = check_runs(real_runs, names, steps)
+    assert all(final["attempt"] == 1 for final in finals), finals
+    assert not [e for name in names for e in real_runs.events(name) if e["reason"] == "LeaseExpired"]
