@@ -298,6 +298,10 @@ TRANSITIONS: dict[str, Any] = {
         restart_reason="NodeLost", delete_pods=[], release_pods=["run-a2"]),
     "a pod stuck Terminating on a lost node is waited for a while": case(
         body(running()), [lost_pod("DeletionByTaintManager", 30)], seconds=160, empty=True),
+    "a pod the taint manager is removing whose lease lapses first restarts as node lost, not lease expired": case(
+        body(running()), [lost_pod("DeletionByTaintManager", 30)], seconds=164,
+        status={**FENCED, "phase": "Pending", "disruptions": 1, "restarts": 0}, events=["Restarting"],
+        restart_reason="NodeLost"),
     "a pod stuck Terminating on a lost node past the limit restarts as node lost": case(
         body(running()), [lost_pod("DeletionByTaintManager", 30)], seconds=166,
         status={**FENCED, "phase": "Pending", "disruptions": 1}, restart_reason="NodeLost"),

@@ -60,6 +60,9 @@ class PodView:
     waiting_message: str | None
     ending: Ending | None
     memory_limit: str | None
+    #: Who is removing the pod, when someone other than the operator is (an eviction, the taint manager, a
+    #: user's delete): a lapsed lease then means the pod is going, not that the runner hung.
+    disruption: api.RestartReason | None = None
 
     @property
     def finished(self) -> bool:
@@ -111,6 +114,7 @@ def _with_ending(
     view: PodView, pod: dict[str, Any], state: dict[str, Any], now: datetime, stuck_seconds: float
 ) -> PodView:
     disruption = _disruption(pod, view)
+    view = replace(view, disruption=disruption)
     terminated = state.get("terminated")
     if terminated:
         ending = _terminated_ending(terminated, view, disruption)

@@ -138,6 +138,12 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
     renewed = api.parse_time(status.lease.renewTime) if status.lease.epoch == status.epoch else None
     reference = renewed or pod.running_since
     if reference is not None and t.now - reference > validity:
+        if pod.disruption is not None:
+            # Someone is removing the pod (the taint manager from a NotReady node, an eviction): its runner
+            # cannot renew (a deleted pod's token is refused), and the removal is what ended the attempt.
+            _ended(t, facts.Ending(pod.disruption, f"pod {pod.name} was being removed ({pod.disruption.value}) "
+                                   "and stopped renewing its lease"), pod, delete=True)
+            return
         what = "renewed" if renewed else "acquired"
         t.guard["/status/lease"] = status.lease.model_dump(mode="json", exclude_none=True)
         t.event("LeaseExpired", f"pod {pod.name} has not {what} its lease for {api.format_duration(validity)} "
