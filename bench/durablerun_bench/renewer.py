@@ -93,6 +93,20 @@ class Renewer:
                 self.counts["fenced" if error.status in (409, 422) else "errors"] += 1
             return None
 
+    def pod_exists(self, pod: str, timeout: float = 60.0) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        deadline = time.time() + timeout
+        while not self.done.is_set():
+            try:
+                self.core().read_namespaced_pod(pod, self.namespace)
+                return True
+            except ApiException as error:
+                if error.status != 404 or time.time() > deadline:
+                    return False
+            self.done.wait(0.5)
+        return False
+
     def acquire(self, name: str, epoch: int, pod: str) -> bool:
         now = _now()
         lease = {"holder": pod, "epoch": epoch, "acquireTime": now, "renewTime": now,
@@ -193,6 +207,10 @@ class Renewer:
     def acquire_or_forget(self, name: str, epoch: int, pod: str) -> None:
         acquired = False
         try:
+            # The operator names the pod in status before it creates it; a runner runs in it, so it exists
+            # before the runner acts. Ending an attempt (wait_event) needs the pod: wait for it.
+            if self.wait_event is not None and not self.pod_exists(pod):
+                return
             acquired = self.acquire(name, epoch, pod)
         finally:
             if not acquired:

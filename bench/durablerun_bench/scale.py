@@ -110,7 +110,7 @@ def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: int = 0)
     }
 
 
-def _create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: int, shards: int) -> None:
+def create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: int, shards: int) -> None:
     from kubernetes import client
 
     local = threading.local()
@@ -216,7 +216,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
     out: dict[str, Any] = {"runs": runs, "lease_seconds": lease_seconds, "stopped": stopped, "standins": shards}
     with resume.operator(bed, namespace, root, run_id) as op:
         cpu0, t0 = proc_cpu_seconds(op.pid), time.time()
-        _create_runs(bed, namespace, names, lease_seconds, shards)
+        create_runs(bed, namespace, names, lease_seconds, shards)
         created = time.time()
         log(f"  created {runs} DurableRuns in {created - t0:.1f}s")
         plan: dict[str, Any] = {"namespace": namespace, "lease_seconds": lease_seconds, "stop": {}}
@@ -301,7 +301,7 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
     with resume.operator(bed, namespace, root, run_id) as op:
         t0 = time.time()
         standins.start({"namespace": namespace, "lease_seconds": 180, "stop": {}, "wait_event": "go"})
-        _create_runs(bed, namespace, names, 180, shards)
+        create_runs(bed, namespace, names, 180, shards)
 
         def phases() -> dict[str, str]:
             with watcher.lock:

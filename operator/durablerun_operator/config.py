@@ -81,6 +81,15 @@ class Settings:
     #: kueue.x-k8s.io/queue-name gets a Workload and starts each attempt only once Kueue admits it. Off,
     #: the label means nothing and the operator needs neither Kueue's CRDs nor RBAC for them.
     kueue: bool = False
+    #: More than one replica: the shards the runs are split into (DURABLERUN_SHARDS; 0, the default, is one
+    #: replica deciding every run, with no shard Lease), each held for this many seconds
+    #: (DURABLERUN_SHARD_LEASE_SECONDS): a dead replica's shards are taken over within about that long.
+    shards: int = 0
+    shard_lease_seconds: float = 15.0
+    #: This replica's name in the shard Leases (DURABLERUN_POD_NAME, else the host's name) and the namespace
+    #: they live in (DURABLERUN_NAMESPACE: the operator's own; required with shards).
+    replica_name: str = ""
+    lease_namespace: str = ""
     #: Namespaces to watch; empty means all (--namespace).
     namespaces: tuple[str, ...] = field(default_factory=tuple)
 
@@ -105,4 +114,21 @@ class Settings:
                                   if k.startswith(api.Env.OTEL_PREFIX) and k not in api.Env.OTEL_NOT_SHARED)),
             kueue=_flag(api.OperatorEnv.KUEUE),
             namespaces=namespaces,
+            **_sharding(),
         )
+
+
+def _sharding() -> dict[str, Any]:
+    import socket
+
+    shards = _env_number(api.OperatorEnv.SHARDS, 0, int)
+    if shards < 0:
+        raise SystemExit(f"{api.OperatorEnv.SHARDS}={shards} must be 0 (one replica) or more: set it to e.g. 16")
+    lease_namespace = os.environ.get(api.OperatorEnv.NAMESPACE, "")
+    if shards and not lease_namespace:
+        raise SystemExit(f"{api.OperatorEnv.SHARDS}={shards} needs {api.OperatorEnv.NAMESPACE}, the namespace "
+                         "of the shard Leases (the operator's own): set it, as the chart does from the pod's")
+    return {"shards": shards, "lease_namespace": lease_namespace,
+            "shard_lease_seconds": _positive(api.OperatorEnv.SHARD_LEASE_SECONDS, Settings.shard_lease_seconds,
+                                             float),
+            "replica_name": os.environ.get(api.OperatorEnv.POD_NAME) or socket.gethostname()}

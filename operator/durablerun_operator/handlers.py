@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from durablerun import api
-from durablerun_operator import kube, kueue, reconciler
+from durablerun_operator import kube, kueue, reconciler, shards
 from durablerun_operator.config import Settings
 
 log = logging.getLogger("durablerun.operator")
@@ -42,13 +42,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     run_metrics = metrics.RunMetrics()
     if own.metrics_port:
         run_metrics.serve(own.metrics_port, "0.0.0.0")
-    rec = reconciler.Reconciler(kube.Kube(), own, run_metrics, memo.get("tracer"))
+    client = kube.Kube()
+    keeper = shards.Keeper(client, own) if own.shards else None
+    rec = reconciler.Reconciler(client, own, run_metrics, memo.get("tracer"), keeper)
     # Set before kopf starts watching, so every per-object memo (a shallow copy of this one) holds it.
-    memo.reconciler = rec
+    memo.reconciler, memo.keeper = rec, keeper
     memo.tasks = [
         asyncio.create_task(rec.run_workers(), name="durablerun-workers"),
         asyncio.create_task(rec.resync_forever(), name="durablerun-resync"),
     ]
+    if keeper is not None:
+        keeper.on_change = rec.shards_changed
+        memo.tasks.append(asyncio.create_task(keeper.run_forever(), name="durablerun-shards"))
+        log.info("replica %s: %d shards, leases of %ss in namespace %s", own.replica_name, own.shards,
+                 own.shard_lease_seconds, own.lease_namespace)
     log.info("durablerun operator started (namespaces: %s)", ", ".join(own.namespaces) or "all")
 
 
@@ -59,6 +66,12 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     tracer = memo.get("tracer")
     if tracer is not None:
         await asyncio.to_thread(tracer.shutdown)
+    keeper: shards.Keeper | None = memo.get("keeper")
+    if keeper is not None:  # hand the shards over now rather than when their Leases run out
+        try:
+            await keeper.release_all()
+        except Exception:
+            log.exception("could not hand the shards over; they are taken over when their Leases run out")
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)

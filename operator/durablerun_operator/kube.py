@@ -46,6 +46,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(self.client)
         self.core = client.CoreV1Api(self.client)
         self.rbac = client.RbacAuthorizationV1Api(self.client)
+        self.coordination = client.CoordinationV1Api(self.client)
 
     # --- DurableRuns ---------------------------------------------------------------
 
@@ -267,6 +268,55 @@ class Kube:
                 return None
             raise
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+
+    # --- shard Leases (shards.py) ------------------------------------------------------
+
+    def list_leases(self, namespace: str) -> list[dict[str, Any]]:
+        reply = self.coordination.list_namespaced_lease(namespace)
+        return [self.client.sanitize_for_serialization(lease) for lease in reply.items]
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            lease = self.coordination.read_namespaced_lease(name, namespace)
+            return dict(self.client.sanitize_for_serialization(lease))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def write_lease(self, namespace: str, name: str, read: dict[str, Any] | None, holder: str,
+                    duration: float) -> None:
+        """Hold (or, with holder "", release) the Lease ``name`` as last ``read`` (None: it did not exist);
+        Conflict if it changed since: the resourceVersion guards the write, as client-go's leader election."""
+        now = api.format_time(api.now(), precise=True)
+        spec: dict[str, Any] = dict((read or {}).get("spec") or {})
+        if spec.get("holderIdentity") != holder:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if read else 0)
+        spec.update(holderIdentity=holder or None, leaseDurationSeconds=max(1, round(duration)), renewTime=now)
+        try:
+            if read is None:
+                self.coordination.create_namespaced_lease(namespace, {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": name, "namespace": namespace}, "spec": spec})
+            else:
+                meta = {"name": name, "namespace": namespace,
+                        "resourceVersion": read["metadata"]["resourceVersion"]}
+                self.coordination.replace_namespaced_lease(name, namespace, {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec})
+        except ApiException as error:
+            if error.status in (404, 409):
+                raise Conflict(f"lease {namespace}/{name} changed") from None
+            raise
+
+    def delete_lease(self, namespace: str, name: str, resource_version: str) -> None:
+        """Delete the Lease if it is still at ``resource_version``."""
+        try:
+            self.coordination.delete_namespaced_lease(name, namespace, body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(resource_version=resource_version)))
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
 
     # --- Events --------------------------------------------------------------------
 

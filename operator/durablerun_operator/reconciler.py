@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durablerun import api
-from durablerun_operator import builders, decide, kueue, overload, wakeups
+from durablerun_operator import builders, decide, kueue, overload, shards, wakeups
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Conflict, Kube
 
@@ -90,8 +90,14 @@ class WorkQueue:
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: Settings, metrics: RunMetrics | None = None,
-                 tracer: DecisionTracer | None = None) -> None:
+                 tracer: DecisionTracer | None = None, keeper: shards.Keeper | None = None) -> None:
         self.kube, self.settings, self.metrics, self.tracer = kube, settings, metrics, tracer
+        # With more than one replica, the shards this one holds (shards.py); None: every run is ours.
+        self.keeper = keeper
+        self._uids: dict[Key, str] = {}  # every run seen, ours or not: which to decide when a shard comes
+        # Runs of other replicas' shards: when each must be decided (decide.quiet_until as last seen; None:
+        # now), so that a shard taken over has its overdue runs (a lapsed lease) decided first.
+        self._due: dict[Key, datetime | None] = {}
         self.queue = WorkQueue()
         self._resumes_seen: set[tuple[str, int]] = set()
         # Runs whose last reconcile found nothing to do and whose pods have not changed since; for them a new
@@ -180,6 +186,12 @@ class Reconciler:
         """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         version = body["metadata"].get("resourceVersion")
+        if self.keeper is not None:
+            if deleted:
+                self._uids.pop(key, None)
+                self._due.pop(key, None)
+            elif uid := body["metadata"].get("uid"):
+                self._uids[key] = uid
         if not deleted and key in self._settled and version is not None and self._settled_version.get(key) == version:
             return  # a re-list (kopf's, or the resync) of a version this run settled at: nothing is new
         if deleted:
@@ -195,9 +207,14 @@ class Reconciler:
         except Exception:  # the API server validated it; a reconcile reports whatever is wrong
             self.queue.add(key)
             return
+        self._tell_parent(run)  # the parent may be ours when the child is not
+        if not self._mine(key):
+            if self.keeper is not None:
+                self._due[key] = decide.quiet_until(run)
+            return
+        self._due.pop(key, None)
         now = api.now()
         self._observe(run, now)
-        self._tell_parent(run)
         if key in self._settled and self._wake_at(key, wakeups.combine(decide.quiet_until(run),
                                                                         self._pods_until.get(key)), now):
             if version is not None:
@@ -220,6 +237,8 @@ class Reconciler:
             self.queue.add((child.namespace, parent))
 
     def pod_changed(self, namespace: str, run_name: str) -> None:
+        if not self._mine((namespace, run_name)):
+            return
         self._unsettle((namespace, run_name))
         self.queue.add((namespace, run_name))
 
@@ -246,6 +265,34 @@ class Reconciler:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+
+    # --- more than one replica (shards.py) ---------------------------------------------
+
+    def _mine(self, key: Key, uid: str | None = None) -> bool:
+        """Whether this replica decides ``key`` now (a run not seen yet is read first, then judged)."""
+        if self.keeper is None:
+            return True
+        uid = uid or self._uids.get(key)
+        return uid is None or self.keeper.owns(uid)
+
+    def shards_changed(self, gained: set[int], lost: set[int]) -> None:
+        """The keeper took or gave up shards: decide every run of those taken, forget those given up."""
+        assert self.keeper is not None
+        now = api.now()
+        taken = []
+        for key, uid in list(self._uids.items()):
+            shard = self.keeper.shard_of(uid)
+            if shard in gained:
+                taken.append(key)
+            elif shard in lost:
+                self._forget(key)
+                if self.metrics:
+                    self.metrics.forget_run(*key)
+        # Every run of a shard taken is decided (its pods may have changed unseen), the overdue ones first.
+        dues = {key: self._due.pop(key, None) for key in taken}
+        for key in sorted(taken, key=lambda k: (due := dues[k]) is not None and due > now):
+            self._unsettle(key)
+            self.queue.add(key)
 
     def _forget(self, key: Key) -> None:
         self._unsettle(key)
@@ -277,6 +324,8 @@ class Reconciler:
                     if self.metrics:
                         self.metrics.forget_run(namespace, name)
                     return True
+                if not self._mine(key, body["metadata"].get("uid")):
+                    return self._not_mine(key)
                 if pods is None:
                     pods = await self._io(self.kube.list_pods, namespace, name)
                 now = api.now()
@@ -305,6 +354,8 @@ class Reconciler:
                     # A moment already past means decide and the wake-up disagree: look again soon, not in a loop.
                     self._wake_at(key, max(until, now + MIN_WAKE), now)
                     return True
+                if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
+                    return self._not_mine(key)
                 if plan.touches_pods:
                     pods = None
                 if plan.touches_runs or plan.add_events:
@@ -322,6 +373,13 @@ class Reconciler:
         finally:
             if self.metrics:
                 self.metrics.observe_reconcile(time.perf_counter() - started)
+
+    def _not_mine(self, key: Key) -> bool:
+        """Another replica decides ``key``: drop what this one knew of it (settled, as far as we are concerned)."""
+        self._forget(key)
+        if self.metrics:
+            self.metrics.forget_run(*key)
+        return True
 
     async def _apply(self, run: decide.RunView, plan: decide.Plan) -> dict[str, Any] | None:
         """Carry out ``plan``; the run as written by it, or None if it must be read again."""

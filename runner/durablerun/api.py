@@ -238,6 +238,13 @@ class OperatorEnv:
     MASS_EXPIRY_MIN_RUNS = "DURABLERUN_MASS_EXPIRY_MIN_RUNS"
     # "true": runs labelled with a Kueue queue are admitted through Kueue (the chart's kueue.enabled).
     KUEUE = "DURABLERUN_KUEUE"
+    # More than one replica (docs/operator.md, "More than one operator"): the number of shards the runs are
+    # split into (0: one replica, no shard Leases), the shard Leases' duration, and the replica's pod name
+    # and namespace (the chart sets them from the downward API; the Leases live in that namespace).
+    SHARDS = "DURABLERUN_SHARDS"
+    SHARD_LEASE_SECONDS = "DURABLERUN_SHARD_LEASE_SECONDS"
+    POD_NAME = Env.POD_NAME
+    NAMESPACE = Env.NAMESPACE
 
 
 # --- times and input hashes ---------------------------------------------------

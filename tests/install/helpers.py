@@ -147,6 +147,8 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
         "logLevel": "DEBUG",
         "resyncSeconds": 2.5,
         "kubeClient": {"qps": 80, "burst": 160},
+        "replicas": 2,
+        "sharding": {"shards": 8, "leaseSeconds": 20},
         "massLeaseExpiry": {"fraction": 0.6, "minRuns": 25},
         "kueue": {"enabled": True},
         "clusterName": "prod-eu",

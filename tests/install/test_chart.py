@@ -94,6 +94,13 @@ def test_full_values_render_is_accepted_by_the_api_server(
     # its namespaces, a Role, a RoleBinding and the signing keys; the rest of this test is the operator's.
     webhooks = [o for o in objects if (o["metadata"].get("labels") or {}).get(api.LABEL_COMPONENT) == "webhooks"]
     objects = [o for o in objects if o not in webhooks]
+    # More than one replica (replicas 2): a Role on the shard Leases in the release namespace alone.
+    sharding = [o for o in objects if o["metadata"]["name"].endswith("-shards")]
+    objects = [o for o in objects if o not in sharding]
+    assert one(sharding, "Role")["metadata"]["namespace"] == namespace
+    assert one(sharding, "Role")["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                               "verbs": ["get", "list", "create", "update", "delete"]}]
+    assert one(sharding, "RoleBinding")["subjects"][0]["name"] == "durable-run-operator"
     ingress = one(webhooks, "Deployment")["spec"]
     assert ingress["replicas"] == 2
     assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
@@ -117,6 +124,12 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env[api.OperatorEnv.KUBE_BURST]["value"] == "160"
     assert env[api.OperatorEnv.MASS_EXPIRY_FRACTION]["value"] == "0.6"
     assert env[api.OperatorEnv.MASS_EXPIRY_MIN_RUNS]["value"] == "25"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
+    assert env[api.OperatorEnv.SHARDS]["value"] == "8"
+    assert env[api.OperatorEnv.SHARD_LEASE_SECONDS]["value"] == "20"
+    assert env[api.OperatorEnv.POD_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[api.OperatorEnv.NAMESPACE]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     # tracing.*: the operator's own OTEL_* settings, which it hands on to runner pods.
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel-collector.tracing:4318"
@@ -192,7 +205,7 @@ def pod_labels(deployment: dict[str, object]) -> dict[str, str]:
         (["--set", "image.tga=latest"], "at '/image': additional properties 'tga' not allowed"),
         (["--set", "metrics.serviceMonitor.enabeld=true"],
          "at '/metrics/serviceMonitor': additional properties 'enabeld' not allowed"),
-        (["--set", "replicas=2"], "additional properties 'replicas' not allowed"),
+        (["--set", "replica=2"], "additional properties 'replica' not allowed"),  # replicas, misspelt
         (["--set", "logLevel=VERBOSE"], "at '/logLevel': value must be one of"),
         (["--set", "metrics.port=http"], "at '/metrics/port': got string, want integer"),
         (["--set", "metrics.serviceMonitor.relabelings[0].targetLable=x"],

@@ -2,8 +2,7 @@
 
 On the test bed: STAND_INS DurableRuns whose pods stay unscheduled (a
 scheduler name nothing serves), with their leases acquired and renewed by a
-stand-in for their runners (``StandIn``: the runner's guarded patches, every
-third of the lease, as bench/durablerun_bench/renewer.py does), and one run
+stand-in for their runners (``tests.operator.standin.StandIn``), and one run
 with a real runner on the process node. The stand-in's renewals pause for
 longer than the lease, as they would behind a slow API server. The operator
 must hold every lease-only restart (a mass lease expiry, reported by its
@@ -15,17 +14,15 @@ run whose renewals never came back.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from durablerun import api
 from durablerun_testbed import procs
 from tests.faults.helpers import scrape
 from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.operator.standin import StandIn
 
 pytestmark = pytest.mark.testbed
 
@@ -33,87 +30,6 @@ pytestmark = pytest.mark.testbed
 # must keep up with its renewals for "healthy" to mean anything.
 STAND_INS = 40
 LEASE = 30  # seconds: renewals every 10 s, 4 PATCHes a second for 40 runs
-JSON_PATCH = "application/json-patch+json"
-
-
-class StandIn:
-    """Acquires and renews the leases of the stand-in runs, as their runners would; pausable."""
-
-    def __init__(self, runs: RunEnv, names: list[str]) -> None:
-        self.runs, self.names = runs, set(names)
-        self.paused = threading.Event()
-        self.done = threading.Event()
-        self.never_again: set[str] = set()  # runs whose runner hangs for good (no renewal after the pause)
-        self.held: dict[str, tuple[int, str]] = {}
-        self.due: dict[str, float] = {}
-        self.errors: list[str] = []
-        self.local = threading.local()
-        self.thread = threading.Thread(target=self._loop, name="stand-in", daemon=True)
-
-    def api(self) -> Any:
-        from kubernetes import client
-
-        if not hasattr(self.local, "api"):
-            self.local.api = client.CustomObjectsApi(self.runs.testbed.api_client())
-        return self.local.api
-
-    def _patch(self, name: str, ops: list[dict[str, Any]]) -> bool:
-        from kubernetes.client.rest import ApiException
-
-        try:
-            self.api().patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, self.runs.namespace, api.PLURAL, name, ops, _content_type=JSON_PATCH)
-            return True
-        except ApiException as error:
-            if error.status not in (409, 422):  # a refused test: a newer attempt owns the run
-                self.errors.append(f"{name}: {error.status} {error.reason}")
-            return False
-
-    def _acquire(self, name: str, epoch: int, pod: str) -> None:
-        now = api.format_time(time.time())
-        lease = {"holder": pod, "epoch": epoch, "acquireTime": now, "renewTime": now, "durationSeconds": LEASE}
-        if self._patch(name, [{"op": "test", "path": "/status/epoch", "value": epoch},
-                              {"op": "test", "path": "/status/pod", "value": pod},
-                              {"op": "add", "path": "/status/lease", "value": lease}]):
-            self.held[name] = (epoch, pod)
-            self.due[name] = time.time() + LEASE / 3
-
-    def _renew(self, name: str) -> None:
-        epoch, pod = self.held[name]
-        self.due[name] = time.time() + LEASE / 3
-        if not self._patch(name, [{"op": "test", "path": "/status/epoch", "value": epoch},
-                                  {"op": "test", "path": "/status/lease/holder", "value": pod},
-                                  {"op": "add", "path": "/status/lease/renewTime",
-                                   "value": api.format_time(time.time())}]):
-            self.held.pop(name, None)
-
-    def _loop(self) -> None:
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in") as pool:
-            next_list = 0.0
-            while not self.done.wait(0.2):
-                if self.paused.is_set():
-                    continue
-                if time.time() >= next_list:
-                    next_list = time.time() + 5
-                    items = self.api().list_namespaced_custom_object(
-                        api.GROUP, api.VERSION, self.runs.namespace, api.PLURAL)["items"]
-                    fresh = [(run["metadata"]["name"], run["status"]["epoch"], run["status"]["pod"])
-                             for run in items
-                             if run["metadata"]["name"] in self.names - self.never_again - set(self.held)
-                             and (run.get("status") or {}).get("phase") == "Running"
-                             and run["status"].get("pod")]
-                    list(pool.map(lambda args: self._acquire(*args), fresh))
-                due = [n for n, at in self.due.items() if at <= time.time() and n in self.held
-                       and n not in self.never_again]
-                list(pool.map(self._renew, due))
-
-    def __enter__(self) -> StandIn:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.done.set()
-        self.thread.join(timeout=30)
 
 
 def step(what: str) -> None:
@@ -139,7 +55,7 @@ def test_a_renewal_stall_restarts_no_healthy_run_and_a_dead_pod_still_restarts(
                              policy={"leaseDuration": f"{LEASE}s", "backoff": {"initial": "0s", "max": "1s"}}))
     victim = names[0]
 
-    with StandIn(runs, names) as stand_in:
+    with StandIn(runs, names, LEASE) as stand_in:
         procs.wait_for(lambda: len(stand_in.held) == STAND_INS, timeout=240, interval=1.0,
                        what=f"all {STAND_INS} stand-in leases acquired")
         procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=120, what="the real run's first steps")
