@@ -72,8 +72,9 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     run_metrics, operator = served
     started = time.time()
     ceiling_25 = resource.Policy(costCeilingUSD="25.00")
-    # Seven runs in two namespaces, as the operator would observe them.
-    operator.observe("research", "survey", ceiling_25, **running(1, 12, 40, "1.75", 42_000))
+    # Eight runs in two namespaces, as the operator would observe them.
+    operator.observe("research", "survey", ceiling_25, **running(1, 12, 40, "1.75", 42_000)
+                     | {"traceID": "0af7651916cd43dd8448eb211c80319c"})
     operator.observe("research", "costly", ceiling_25, **running(1, 30, None, "23.10", 910_000))
     operator.observe("research", "notes", **running(2, 7, None, "0.40", 9_000) | {
         "phase": "Waiting", "waitingFor": {"event": "approval", "since": now(-300)}})
@@ -85,6 +86,8 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     hung["progress"]["lastProgressTime"] = now(-1200)  # progressTimeout is 10m
     hung["lease"]["renewTime"] = now(-300)  # leaseDuration is 60s
     operator.observe("ml", "hung", **hung)
+    # Waiting for Kueue to admit its next attempt (the Queued runs panel).
+    operator.observe("ml", "queued", **running(1, 2, None, "0.10", 1_000) | {"phase": "Queued"})
     observed_hung = time.monotonic()
 
     prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}", f"127.0.0.1:{ingress_served}"],
