@@ -102,11 +102,16 @@ def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield panel
 
 
-def resolve_variables(prometheus: Prometheus, dashboard: dict[str, Any]) -> dict[str, str]:
-    """Each variable's value with "All" selected: the regex Grafana substitutes."""
+def resolve_variables(prometheus: Prometheus, dashboard: dict[str, Any],
+                      absent: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Each variable's value with "All" selected: the regex Grafana substitutes. Variables named in ``absent``
+    belong to a component this Prometheus does not scrape and match nothing."""
     values: dict[str, str] = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
     for variable in dashboard["templating"]["list"]:
         if variable["type"] != "query":
+            continue
+        if variable["name"] in absent:
+            values[variable["name"]] = "()"
             continue
         query = variable["query"]["query"]
         match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query)

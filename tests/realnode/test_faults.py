@@ -216,8 +216,8 @@ def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: T
 #: The node lifecycle controller, quicker than its defaults (50 s of silence, then the pods' 300 s toleration):
 #: a node silent for 20 s is NotReady, and the test's runner pods tolerate that for 2 s before they are deleted.
 NODE_MONITOR = ("--node-monitor-grace-period=20s", "--node-monitor-period=2s")
-#: A minute of steps: the runs outlast their node's silence (20 s to NotReady, 2 s more to the deletions).
-LOST_STEPS = 120
+#: Two and a half minutes of steps: the runs outlast their node's silence (20 s to NotReady, 2 s more to the deletions).
+LOST_STEPS = 300
 QUICK_EVICTION = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
                    "tolerationSeconds": 2} for taint in ("unreachable", "not-ready")]
 

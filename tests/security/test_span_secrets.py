@@ -51,12 +51,15 @@ def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server,
                 "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key})
     store = ["--store", f"s3://{s3_bucket}/runs", "--endpoint-url", s3_server.endpoint_url, "--run-id", "secret-run"]
     cli = [sys.executable, "-m", "durablerun"]
+    waiting = subprocess.run([*cli, "run", "wf_secrets:run", *store, "--quiet", "--input",
+                              json.dumps({"secret": canary})], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert waiting.returncode == api.Outcome.WAITING.exit_code, waiting.stderr
     sent = subprocess.run([*cli, "send-event", *store, "approve", json.dumps({"note": canary})], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=60)
     assert sent.returncode == 0, sent.stderr
-    done = subprocess.run([*cli, "run", "wf_secrets:run", *store, "--quiet", "--input",
-                           json.dumps({"secret": canary})], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([*cli, "resume", *store, "--quiet"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
     trace_id = api.trace_id("_local/secret-run")
