@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from durablerun_testbed.realnode import NODE_NAME, PodNetwork, RealNode, cgroup_
 from durablerun_testbed.s3 import S3Server
 
 VENV_BIN = Path(sys.executable).parent
+_KUBECONFIG_LOCK = threading.Lock()
 
 
 class NodeClient:
@@ -170,9 +172,10 @@ class TestBed:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        config.load_kube_config(
-            config_file=str(self.kubeconfig), client_configuration=configuration
-        )
+        # The client writes the kubeconfig's CA to a temp file it names (and caches) before it fills it, so a
+        # second thread loading at the same moment can read an empty CA: "no certificate or crl found".
+        with _KUBECONFIG_LOCK:
+            config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
         return client.ApiClient(configuration)
 
     def env(self) -> dict[str, str]:
