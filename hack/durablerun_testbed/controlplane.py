@@ -212,6 +212,12 @@ class ControlPlane:
                                          log_path=previous.log_path, testbed_id=self.testbed_id)
         procs.wait_for(self._etcd_healthy, timeout=60, what=f"etcd at {self.etcd_url} to come back")
 
+    def restart_controller_manager(self, *extra: str) -> None:
+        """Start kube-controller-manager again with ``extra`` flags (none: as the bed first started it)."""
+        assert self.controller_manager
+        self.controller_manager.stop()
+        self._start_controller_manager(self.workdir / "logs", *extra)
+
     def _apiserver_ready(self) -> bool:
         assert self.apiserver
         self.apiserver.check_alive()
@@ -241,7 +247,7 @@ class ControlPlane:
             "current-context": "testbed",
         }
 
-    def _start_controller_manager(self, logs: Path) -> None:
+    def _start_controller_manager(self, logs: Path, *extra: str) -> None:
         self.controller_manager = procs.ManagedProcess(
             "kube-controller-manager",
             [
@@ -259,6 +265,7 @@ class ControlPlane:
                 "--use-service-account-credentials=false",
                 "--concurrent-gc-syncs", "5",
                 "--v=1",
+                *extra,
             ],
             log_path=logs / "kube-controller-manager.log",
             testbed_id=self.testbed_id,

@@ -1,5 +1,5 @@
 """Faults on the real node: a runner frozen or cut off past its lease, the node's runtime and kubelet restarted,
-the control plane restarted.
+the control plane restarted, the node lost until its pods are deleted.
 
 What the process node simulates (tests/faults), done to real containers: the
 cgroup freezer, a veth on the bed's bridge taken down, containerd and the
@@ -24,6 +24,7 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed import podfaults, procs
+from durablerun_testbed.standby import StandbyNode
 from durablerun_testbed.testbed import TestBed
 from tests.faults.helpers import PodRecorder, check_executions
 from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
@@ -218,3 +219,59 @@ def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: T
     finals = check_runs(real_runs, names, steps)
     assert all(final["attempt"] == 1 for final in finals), finals
     assert not [e for name in names for e in real_runs.events(name) if e["reason"] == "LeaseExpired"]
+
+
+#: The node lifecycle controller, quicker than its defaults (50 s of silence, then the pods' 300 s toleration):
+#: a node silent for 20 s is NotReady, and the test's runner pods tolerate that for 2 s before they are deleted.
+NODE_MONITOR = ("--node-monitor-grace-period=20s", "--node-monitor-period=2s")
+#: Two and a half minutes of steps: the runs outlast their node's silence (20 s to NotReady, 2 s more to the deletions).
+LOST_STEPS = 300
+QUICK_EVICTION = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
+                   "tolerationSeconds": 2} for taint in ("unreachable", "not-ready")]
+
+
+def test_node_lost_until_its_pods_are_deleted_then_back_resumes_the_runs_as_disruptions(
+        real_bed: TestBed, real_runs: RealRuns) -> None:
+    real, controlplane = node(real_bed), real_bed.controlplane
+    assert controlplane
+    names = []
+    for i in range(max(1, TRIALS // 60)):  # 1 run in CI, 2 in `make faults`
+        name = f"lost{i}"
+        body = real_runs.manifest(name, "realnode_flows:steps", {"steps": LOST_STEPS, "sleep": 0.5,
+                                                                 "marks": f"executions-{name}"})
+        body["spec"]["template"]["spec"]["tolerations"] = QUICK_EVICTION
+        real_runs.apply(body)
+        names.append(name)
+    firsts = [real_runs.wait_steps(name, 2, timeout=180)["pod"] for name in names]
+    # A second node the test keeps Ready: with every node of the zone NotReady, the node lifecycle controller
+    # would stop evicting (its full-disruption mode), and the pods would stay.
+    with StandbyNode(real_bed.api_client(), f"standby-{real.name}") as standby:
+        controlplane.restart_controller_manager(*NODE_MONITOR)
+        try:
+            real.stop_kubelet()
+            try:
+                ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+                procs.wait_for(lambda: real_bed.kubectl("get", "node", real.name, "-o", ready).stdout == "Unknown",
+                               timeout=90, interval=1, what="the node lifecycle controller to mark the node NotReady")
+                assert real_bed.kubectl("get", "node", standby.name, "-o", ready).stdout == "True", standby.failures
+                # The taint manager deletes the pods that tolerate the taint no longer; their containers still
+                # run on the node (its kubelet cannot stop them), as on a partitioned node.
+                procs.wait_for(lambda: all(real_runs.pod(pod)["metadata"].get("deletionTimestamp") for pod in firsts),
+                               timeout=60, interval=1, what=f"the node lifecycle controller to delete {firsts}")
+                # Not finished while their node is silent (a run finishing then is seen to stop renewing: a
+                # restart, not a disruption); the attempt may have ended already (Backoff) as the pod went.
+                done = {name: phase for name in names
+                        if (phase := real_runs.status(name).get("phase")) in ("Succeeded", "Failed", "Aborted")}
+                assert not done, f"runs finished while their node was silent: {done}"
+            finally:
+                real.start_kubelet()
+            procs.wait_for(lambda: real.ready(real_bed.kubectl), timeout=120, what="the node to be Ready again")
+        finally:
+            controlplane.restart_controller_manager()
+    # Back, the kubelet stops the deleted pods' containers; the next attempts run on the same node.
+    finals = check_runs(real_runs, names, LOST_STEPS)
+    disruptions = {reason.value for reason in api.RestartReason if reason.disruption}
+    for name, final in zip(names, finals, strict=True):
+        assert (final["disruptions"], final["attempt"]) == (1, 2), (name, final)
+        messages = [e["message"] for e in real_runs.events(name) if e["reason"] == "Restarting"]
+        assert [m.split(":")[0] in disruptions for m in messages] == [True], messages
