@@ -1,19 +1,28 @@
-"""Generated workflows on the test bed (operator + process node) under runner SIGKILLs, against the oracle.
+"""Generated workflows on the test bed (operator + process node) under faults, against the oracle.
 
 The programs of tests/faults/generated.py, child runs included (they need the operator), run as
-DurableRuns, several at once; the driver of tests/faults/test_runner_kills.py kills each run's current
-runner at random moments, early events are in the manifest, and each late event is sent once the run is
-Waiting for it. After each run: Succeeded, its journal whole (``check_journal``), its result the oracle's,
-the ledger within the oracle's execution counts (``generated.check_ledger``, pods as processes), and every
-crashed pod one the test killed, counted once in ``status.restarts``. ``GEN_SEED`` replays one program.
+DurableRuns, several at once; early events are in the manifest, and each late event is sent once the run
+is Waiting for it. Two faults, each over its own programs:
+
+* runner SIGKILLs: the driver of tests/faults/test_runner_kills.py kills each run's current runner at
+  random moments;
+* operator SIGKILLs: the operator's process group is killed every few seconds and started again after a
+  random downtime, while the runs go through their steps, waits, child runs and continuations.
+
+After each run: Succeeded, its journal whole (``check_journal``), its result the oracle's, the ledger
+within the oracle's execution counts (``generated.check_ledger``, pods as processes), and every crashed
+pod one the test killed, counted once in ``status.restarts`` (so none under operator kills: the runners
+renew their leases without it). ``GEN_SEED`` replays one program.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -23,7 +32,7 @@ from tests.faults import generated
 from tests.faults.helpers import LEDGER_MOUNT, PodRecorder, Tally, finished, manifest, send_event
 from tests.faults.journal import check_journal, read_journal, run_root
 from tests.faults.test_runner_kills import Tortured, drive
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.operator.helpers import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
@@ -70,11 +79,35 @@ def check(runs: RunEnv, pods: PodRecorder, run: Tortured, program: generated.Pro
     return problems
 
 
-def test_generated_workflows_on_the_bed_under_runner_kills(start_operator: StartOperator, runs: RunEnv,
-                                                           pods: PodRecorder, tally: Tally) -> None:
-    start_operator()
-    seeds = generated.seeds(PROGRAMS, "generated workflows on the bed")
+class OperatorKiller:
+    """Kill the operator's process group at random moments and start it again after a random downtime."""
+
+    def __init__(self, start_operator: StartOperator, rng: random.Random) -> None:
+        self.start_operator, self.rng = start_operator, rng
+        self.operator: Operator = start_operator(f"operator-{uuid.uuid4().hex[:4]}")
+        self.kills = 0
+
+    def drive(self, stop: threading.Event) -> None:
+        while not stop.wait(self.rng.uniform(0.5, 4.0)):
+            self.operator.process.signal_group(signal.SIGKILL)
+            self.operator.process.popen.wait(10)
+            self.kills += 1
+            stop.wait(self.rng.uniform(0.0, 2.0))  # down this long, or until the batch ends
+            self.operator = self.start_operator(f"operator-{uuid.uuid4().hex[:4]}")
+
+
+#: The faults, each over programs of its own (the names are the tally's rows).
+FAULTS = ["runner SIGKILL", "operator SIGKILL"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_generated_workflows_on_the_bed_under_faults(start_operator: StartOperator, runs: RunEnv,
+                                                     pods: PodRecorder, tally: Tally, fault: str) -> None:
+    seeds = generated.seeds(PROGRAMS, f"generated workflows on the bed, {fault}")
     rng = random.Random(seeds[0])
+    killer = OperatorKiller(start_operator, rng) if fault == "operator SIGKILL" else None
+    if killer is None:
+        start_operator()
     failed: list[str] = []
     kills = 0
     for batch in range(0, len(seeds), PARALLEL):
@@ -92,9 +125,12 @@ def test_generated_workflows_on_the_bed_under_runner_kills(start_operator: Start
             runs.apply(body)
             root = run_root("runs", runs.namespace, name, runs.get(name)["metadata"]["uid"])
             started.append((seed, run, program, root))
-            threads.append(threading.Thread(target=drive, args=(runs, pods, run, rng, root)))
+            if killer is None:
+                threads.append(threading.Thread(target=drive, args=(runs, pods, run, rng, root)))
             threads.append(threading.Thread(target=deliver_late_events,
                                             args=(runs, name, generated.late_events(program), stop)))
+        if killer is not None:
+            threads.append(threading.Thread(target=killer.drive, args=(stop,)))
         for thread in threads:
             thread.start()
         try:
@@ -113,6 +149,7 @@ def test_generated_workflows_on_the_bed_under_runner_kills(start_operator: Start
             stop.set()
             for thread in threads:
                 thread.join()
-    tally.add("generated workflows on the bed, runner SIGKILL", len(seeds), len(failed))
-    print(f"generated workflows on the bed: {len(seeds)} programs, {kills} kills, {len(failed)} failures")
+    kills += killer.kills if killer else 0
+    tally.add(f"generated workflows on the bed, {fault}", len(seeds), len(failed))
+    print(f"generated workflows on the bed, {fault}: {len(seeds)} programs, {kills} kills, {len(failed)} failures")
     assert not failed, "\n".join(failed)
