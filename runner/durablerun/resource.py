@@ -549,12 +549,17 @@ class ChildRequest(_Model):
 
 
 def child_spec(parent: DurableRunSpec, request: ChildRequest) -> DurableRunSpec:
-    """The child's spec: the parent's template, checkpoint store and policy, narrowed by the request.
+    """The child's spec: the parent's template, checkpoint store and policy narrowed (``child_policy``)."""
+    return DurableRunSpec(
+        workflow=request.workflow, input=request.input, template=parent.template,
+        checkpoint=parent.checkpoint, policy=child_policy(parent.policy, request), suspend=parent.suspend,
+    )
 
-    ValueError naming the field when the request would widen a budget of the parent's (a child's
-    cost also counts toward its parent's ceiling, so a wider one could never be honoured).
-    """
-    base = parent.policy.model_dump(mode="json", exclude_none=True)
+
+def child_policy(parent: Policy, request: ChildRequest) -> Policy:
+    """The parent's policy narrowed by the request; ValueError naming the field when the request would
+    widen a budget (a child's cost also counts toward its parent's ceiling: a wider one could never hold)."""
+    base = parent.model_dump(mode="json", exclude_none=True)
     unknown = sorted(set(request.policy) - set(Policy.model_fields))
     if unknown:
         raise ValueError(f"policy.{unknown[0]}: not a policy field (fields: {', '.join(Policy.model_fields)})")
@@ -569,11 +574,7 @@ def child_spec(parent: DurableRunSpec, request: ChildRequest) -> DurableRunSpec:
         if wider:
             raise ValueError(f"policy.{field_name}: {mine} is above the parent's {theirs}: a child may only "
                              "narrow its parent's budgets")
-    policy = Policy.model_validate({**base, **request.policy})
-    return DurableRunSpec(
-        workflow=request.workflow, input=request.input, template=parent.template,
-        checkpoint=parent.checkpoint, policy=policy, suspend=parent.suspend,
-    )
+    return Policy.model_validate({**base, **request.policy})
 
 
 class ChildState(_Model):

@@ -1,8 +1,10 @@
 """Helpers for testing workflows: :class:`WorkflowTest` runs a workflow in a
-private in-memory store, one attempt at a time, and delivers events on cue; :func:`replay_run` checks
+private in-memory store, one attempt at a time, delivers events on cue and runs its child runs
+in-process (or stands in :class:`ChildStub` outcomes for them); :func:`replay_run` checks
 today's code against a recorded journal, executing nothing (a CI test of an upgrade)."""
 
+from durablerun._private.family import ChildStub, FamilyRun
 from durablerun._private.replayer import ReplayReport, replay_run
 from durablerun._private.testing import WorkflowTest
 
-__all__ = ["ReplayReport", "WorkflowTest", "replay_run"]
+__all__ = ["ChildStub", "FamilyRun", "ReplayReport", "WorkflowTest", "replay_run"]

@@ -16,7 +16,9 @@ import pytest
 
 from durablerun import ChildRunFailed, DurableContext, errors, resource
 from durablerun._private.children import PodBroker
+from durablerun._private.layout import RunRef
 from durablerun.api import Outcome
+from durablerun.engine import Run
 from durablerun.stores import open_store
 from durablerun.testing import WorkflowTest
 
@@ -113,7 +115,9 @@ def test_without_the_operator_children_and_signals_fail_saying_what_they_need() 
         await ctx.signal("other", "go", 1)
 
     for workflow, call in ((fan_out, "ctx.start_child('a')"), (signals, "ctx.signal('other', 'go')")):
-        result = WorkflowTest(workflow, {}).attempt()
+        # A run with no broker, as `durablerun run` starts it (WorkflowTest runs children in-process).
+        result = Run(store=open_store("memory://no-operator"), run=RunRef.local("alone"), workflow=workflow,
+                     input={}).run_attempt()
         assert result.outcome == Outcome.FAILED
         assert f"{call} needs the durable-run operator" in result.message
 

@@ -27,7 +27,7 @@ PUBLIC = {
     "durablerun.cli": ["main"],
     "durablerun.pod": ["main"],
     "durablerun.kubectl": ["complete_main", "main"],
-    "durablerun.testing": ["ReplayReport", "WorkflowTest", "replay_run"],
+    "durablerun.testing": ["ChildStub", "FamilyRun", "ReplayReport", "WorkflowTest", "replay_run"],
     "durablerun.llm": [
         "PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
         "metered", "price_for", "read_usage", "set_price",

@@ -5,8 +5,9 @@ again; a crash between the ask and the journal asks once more, which the child's
 makes a no-op), and a child's outcome is an event the operator sends the parent
 (``resource.child_event``), read with ``wait_for_event``: a parent waiting for a child holds no pod.
 
-``RunBroker`` is what an attempt needs for that; the runner pod provides one (``PodBroker``). A
-local run has none, and these operations fail with a usage error saying so.
+``RunBroker`` is what an attempt needs for that; the runner pod provides one (``PodBroker``), and
+``WorkflowTest`` one that runs the children in-process (``family``). A local run has none, and these
+operations fail with a usage error saying so.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 NO_OPERATOR = ("needs the durable-run operator: child runs and signals are DurableRuns the operator "
                "creates and updates; run the workflow as a DurableRun (a local `durablerun run` has no "
-               "operator to ask)")
+               "operator to ask; durablerun.testing.WorkflowTest runs child runs in-process)")
 
 
 class RunBroker(Protocol):

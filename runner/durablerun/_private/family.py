@@ -1,0 +1,264 @@
+"""Child runs and signals in one process: the operator's part in a family of runs, played locally.
+
+On Kubernetes the operator creates the children a workflow asks for, tells the parent each one's
+outcome (an event in the parent's ``spec.events``), aborts the children of a parent that ended, counts
+the children's cost against the parent's ceiling, and delivers signals (``durablerun_operator.decide.family``).
+A :class:`LocalFamily` does the same in this process, for ``WorkflowTest``: every child is a run of its
+own, with its own journal in the parent's store, attempted here until it finishes or waits for
+something no run here can give; or the test author stubs it (:class:`ChildStub`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from durablerun import api, errors, resource
+from durablerun._private.children import read_result
+from durablerun._private.engine import Run
+from durablerun._private.layout import RunRef
+from durablerun._private.model import AttemptResult, EngineConfig, Totals
+from durablerun._private.stores import Store
+from durablerun.resource import Policy
+
+Workflow = Callable[..., Any]
+
+#: What a finished attempt's outcome makes of a run's phase (as the operator's decide.lifecycle).
+PHASES = {api.Outcome.COMPLETED: api.Phase.SUCCEEDED, api.Outcome.FAILED: api.Phase.FAILED,
+          api.Outcome.USAGE_ERROR: api.Phase.FAILED, api.Outcome.ABORTED: api.Phase.ABORTED}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildStub:
+    """A child that does not run: it ends as soon as it is asked for, with this outcome.
+
+    ``ChildStub({"n": 1})`` succeeds with that result; ``ChildStub(phase=Phase.FAILED, message="boom")``
+    fails; ``ChildStub(phase=Phase.ABORTED, abort_reason=AbortReason.BUDGET_EXHAUSTED)`` is aborted.
+    """
+
+    result: Any = None
+    phase: api.Phase = api.Phase.SUCCEEDED
+    message: str = ""
+    abort_reason: api.AbortReason | None = None
+
+    def __post_init__(self) -> None:
+        if not api.Phase(self.phase).finished:
+            raise ValueError(f"ChildStub(phase={self.phase!r}): a stub ends at once: use Succeeded, Failed or "
+                             "Aborted")
+
+
+@dataclasses.dataclass
+class FamilyRun:
+    """One run of the family: the root (the workflow under test) or a child, and what became of it."""
+
+    name: str
+    ref: RunRef
+    workflow: Workflow | str | ChildStub
+    input: Any
+    policy: Policy
+    parent: str | None = None
+    #: Child name -> the request, as the runner pod would write status.childRequests.
+    requests: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Its attempts, and an abort the operator decides without one (a run waiting outside a Saga, or not started).
+    attempts: list[AttemptResult] = dataclasses.field(default_factory=list)
+    #: Finished: what its parent heard (or would have, had the parent not ended first).
+    outcome: dict[str, Any] | None = None
+    #: Set when its parent ended before it did: its next attempt is aborted with this message.
+    aborted_by_parent: str | None = None
+
+    @property
+    def last(self) -> AttemptResult | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def totals(self) -> Totals:
+        return self.last.totals if self.last else Totals()
+
+
+class LocalFamily:
+    """A root run and every run it (and its children) asked for, in one store.
+
+    ``attempt(name)`` runs one attempt of a run; ``settle()`` attempts every child that can move until
+    none can. ``signals`` holds what became of each signal, as the operator's ``status.signals``.
+    """
+
+    def __init__(self, store: Store, config: EngineConfig,
+                 children: Mapping[str, Workflow | ChildStub] | None = None, *, max_attempts: int = 500) -> None:
+        self.store, self.config = store, config
+        self.children = dict(children or {})
+        self.max_attempts = max_attempts
+        self.runs: dict[str, FamilyRun] = {}
+        self.signals: dict[str, resource.SignalState] = {}
+
+    def add_root(self, ref: RunRef, workflow: Workflow | str, input: Any, policy: Policy | None) -> FamilyRun:
+        root = FamilyRun(ref.name, ref, workflow, input, policy or Policy())
+        self.runs[root.name] = root
+        return root
+
+    # --- attempts ------------------------------------------------------------------------
+    def attempt(self, name: str, *, policy: Policy | None = None) -> AttemptResult:
+        """One attempt of run ``name``, with the operator's aborts applied first."""
+        member = self.runs[name]
+        if isinstance(member.workflow, ChildStub):
+            raise errors.ConfigError(f"run {name!r} is a stub: it has no attempts")
+        run = Run(store=self.store, run=member.ref, workflow=member.workflow, input=member.input,
+                  policy=policy or member.policy, config=dataclasses.replace(self.config, runs=_Broker(self, name)))
+        abort = self._abort_due(member, policy or member.policy)
+        last = member.last
+        if abort is not None and (last is None or (last.outcome == api.Outcome.WAITING and last.waiting is not None
+                                                   and not last.waiting.compensations)):
+            # Nothing to undo (not started, or waiting outside a Saga): the operator ends it without a pod.
+            result = AttemptResult(api.Outcome.ABORTED, abort[1], abort_reason=abort[0],
+                                   totals=member.totals, journal_records=last.journal_records if last else 0)
+        else:
+            if abort is not None:
+                run.request_abort(*abort)
+            result = run.run_attempt()
+        member.attempts.append(result)
+        phase = PHASES.get(result.outcome)
+        if phase is not None:
+            self._finished(member, phase, result)
+        return result
+
+    def settle(self) -> None:
+        """Attempt the children until each has finished or waits for what no run here gives."""
+        for _ in range(self.max_attempts):
+            ready = [m for m in self.runs.values() if m.parent is not None and self._can_move(m)]
+            if not ready:
+                return
+            for member in ready:
+                self.attempt(member.name)
+        raise errors.WorkflowError(f"child runs still not settled after {self.max_attempts} attempts: "
+                                   "a child that keeps restarting?")
+
+    def _can_move(self, m: FamilyRun) -> bool:
+        last = m.last
+        if isinstance(m.workflow, ChildStub) or m.outcome is not None:
+            return False
+        if last is None or m.aborted_by_parent is not None or last.outcome == api.Outcome.SUSPENDED:
+            return True
+        waiting = last.waiting
+        return (last.outcome == api.Outcome.WAITING and waiting is not None and waiting.event is not None
+                and self.store.get_event(run=m.ref, name=waiting.event) is not None)
+
+    def descendants_usd(self, name: str) -> Decimal:
+        """The cost of run ``name``'s children, theirs included (the operator's childrenTotal.usd)."""
+        return sum((c.totals.usd + self.descendants_usd(c.name) for c in self.runs.values() if c.parent == name),
+                   Decimal(0))
+
+    def _abort_due(self, m: FamilyRun, policy: Policy) -> tuple[api.AbortReason, str] | None:
+        """The operator's aborts (decide.aborts, decide.family): its parent ended, or its children's cost."""
+        if m.aborted_by_parent is not None:
+            return api.AbortReason.USER_REQUESTED, f"aborted by request: {m.aborted_by_parent}"
+        ceiling, children = policy.costCeilingUSD, self.descendants_usd(m.name)
+        if ceiling is None or children <= 0 or m.totals.usd + children < Decimal(ceiling):
+            return None
+        return api.AbortReason.BUDGET_EXHAUSTED, (
+            f"the run's cost ${m.totals.usd} and its child runs' ${children} reach policy.costCeilingUSD "
+            f"${ceiling}; raise it to resume")
+
+    # --- what the operator does with an ending -----------------------------------------
+    def _finished(self, m: FamilyRun, phase: api.Phase, result: AttemptResult) -> None:
+        out: dict[str, Any] = {"phase": phase.value, "run": m.name, "uid": "",
+                               "cost": {"usd": str(result.totals.usd), "tokens": result.totals.tokens}}
+        if phase == api.Phase.SUCCEEDED:
+            inline = (result.result_info or {}).get("inline")
+            if inline is not None:  # a bigger result: the parent reads the child's journal
+                out["result"] = json.loads(inline)
+        else:
+            out["message"] = result.message or phase.value
+            if result.abort_reason is not None:
+                out["abortReason"] = result.abort_reason.value
+        m.outcome = out
+        self._tell_parent(m)
+        for child in self.runs.values():
+            if child.parent == m.name and child.outcome is None:
+                child.aborted_by_parent = f"its parent {m.name} {phase.value}"
+
+    def _tell_parent(self, m: FamilyRun) -> None:
+        parent = self.runs.get(m.parent or "")
+        if parent is None or parent.outcome is not None or m.aborted_by_parent is not None or m.outcome is None:
+            return
+        self.store.put_event(run=parent.ref, name=resource.child_event(m.name[len(parent.name) + 1:]),
+                             payload=m.outcome)
+
+    # --- the broker's requests -----------------------------------------------------------
+    def request_child(self, parent_name: str, child: str, request: dict[str, Any]) -> str:
+        parent = self.runs[parent_name]
+        name = resource.child_run_name(parent.name, child)
+        asked = parent.requests.get(child)
+        if asked is not None:
+            if asked != request:
+                raise errors.NonRetryableError(
+                    f"ctx.start_child({child!r}): this run already asked for {child!r} with other arguments "
+                    f"({asked}); a name stands for one request: use another name")
+            return name
+        parent.requests[child] = request
+        event = resource.child_event(child)
+        if name in self.runs:
+            self.store.put_event(run=parent.ref, name=event, payload={
+                "phase": api.Phase.FAILED.value, "run": name, "uid": "",
+                "message": f"a DurableRun {name} exists that is not a child of {parent.name}"})
+            return name
+        try:
+            spec = resource.ChildRequest.model_validate(request)
+            policy = resource.child_policy(parent.policy, spec)
+        except ValueError as error:
+            self.store.put_event(run=parent.ref, name=event, payload={
+                "phase": api.Phase.FAILED.value, "run": name, "uid": "", "message": f"refused: {error}"})
+            return name
+        workflow = self.children.get(spec.workflow, spec.workflow)
+        member = FamilyRun(name, RunRef.local(name), workflow, spec.input, policy, parent=parent.name)
+        self.runs[name] = member
+        if isinstance(workflow, ChildStub):
+            member.outcome = {"phase": api.Phase(workflow.phase).value, "run": name, "uid": "",
+                              "cost": {"usd": "0", "tokens": 0}}
+            if workflow.phase == api.Phase.SUCCEEDED:
+                member.outcome["result"] = json.loads(json.dumps(workflow.result))
+            else:
+                member.outcome["message"] = workflow.message or api.Phase(workflow.phase).value
+                if workflow.abort_reason is not None:
+                    member.outcome["abortReason"] = api.AbortReason(workflow.abort_reason).value
+            self._tell_parent(member)
+        return name
+
+    def request_signal(self, sender: str, signal_id: str, run: str, event: str, value: Any) -> None:
+        key = f"{sender}/{signal_id}"
+        if key in self.signals:
+            return
+        target, payload = self.runs.get(run), value
+        if target is None:
+            state = resource.SignalState(state="NotFound", message=f"no run {run} in this test")
+        elif self.store.put_event(run=target.ref, name=event, payload=payload):
+            state = resource.SignalState(state="Delivered")
+        else:
+            found = self.store.get_event(run=target.ref, name=event)
+            state = (resource.SignalState(state="Delivered") if found is not None and found.payload == payload
+                     else resource.SignalState(state="Ignored", message=f"{run} already had another value for "
+                                               f"event {event!r}: the first value wins"))
+        self.signals[key] = state
+
+    def read_result(self, run: str) -> Any:
+        member = self.runs.get(run)
+        if member is None:
+            raise errors.NonRetryableError(f"no child run {run} in this test")
+        return read_result(self.store, member.ref)
+
+
+class _Broker:
+    """One run's ``RunBroker`` (durablerun._private.children): its requests go to the family."""
+
+    def __init__(self, family: LocalFamily, name: str) -> None:
+        self.family, self.name = family, name
+
+    def request_child(self, name: str, request: dict[str, Any]) -> str:
+        return self.family.request_child(self.name, name, request)
+
+    def request_signal(self, signal_id: str, run: str, event: str, value: Any) -> None:
+        self.family.request_signal(self.name, signal_id, run, event, value)
+
+    def read_result(self, run: str, uid: str) -> Any:
+        return self.family.read_result(run)
