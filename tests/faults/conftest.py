@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.fixtures import dedicated_store, pods, tally
+from tests.faults.fixtures import dedicated_store, own_bed, pods, tally
 from tests.faults.helpers import TALLY
 from tests.operator.fixtures import operator, runs, start_operator
 
-__all__ = ["dedicated_store", "operator", "pods", "runs", "start_operator", "tally"]
+__all__ = ["dedicated_store", "operator", "own_bed", "pods", "runs", "start_operator", "tally"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -1,4 +1,5 @@
-"""The fault suite's fixtures: a tally of trials and failures, a pod recorder, a MinIO of the test's own.
+"""The fault suite's fixtures: a tally of trials and failures, a pod recorder, a MinIO of the test's own,
+a control plane of the test's own.
 
 Shared by tests/faults, tests/badinput and tests/security: their conftest.py imports them.
 """
@@ -12,14 +13,33 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed.s3 import S3Server
+from durablerun_testbed.testbed import TestBed
 from tests.faults.helpers import TALLY, PodRecorder, StartStore, Store, Tally
-from tests.helpers import SESSION_ID
+from tests.helpers import CRD_PATH, SESSION_ID
 from tests.operator.helpers import RunEnv
 
 
 @pytest.fixture
 def tally() -> Tally:
     return TALLY
+
+
+@pytest.fixture
+def own_bed(request: pytest.FixtureRequest, testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
+    """A test bed of the test's own, with the CRD (so restarting its API server disturbs no other test).
+
+    It has the process node unless the test asks for none, with
+    ``@pytest.mark.parametrize("own_bed", [{"node": False}], indirect=True, ids=["no-node"])``.
+    """
+    options = getattr(request, "param", {})
+    bed = TestBed(testbed_root / f"k8s-{uuid.uuid4().hex[:6]}", id=SESSION_ID).start(
+        s3=s3_server, node=options.get("node", True))
+    try:
+        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+        bed.wait_established(timeout=30)
+        yield bed
+    finally:
+        bed.stop()
 
 
 @pytest.fixture

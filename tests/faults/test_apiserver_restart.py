@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,6 @@ from tests.faults.helpers import (
 )
 from tests.faults.journal import check_journal, read_journal, run_root
 from tests.faults.workflows import torture_flows
-from tests.helpers import CRD_PATH, SESSION_ID
 from tests.operator import fixtures as operator_fixtures
 from tests.operator.helpers import RunEnv
 
@@ -43,17 +41,6 @@ pytestmark = pytest.mark.testbed
 RESTARTS = max(1, int(os.environ.get("FAULT_TRIALS", "8")) // 40)
 RUNS = 3
 POLICY = {"maxRestarts": 5, "leaseDuration": "30s", "backoff": {"initial": "1s", "max": "1s"}}
-
-
-@pytest.fixture
-def own_bed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
-    bed = TestBed(testbed_root / f"k8s-{uuid.uuid4().hex[:6]}", id=SESSION_ID).start(s3=s3_server)
-    try:
-        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.wait_established(timeout=30)
-        yield bed
-    finally:
-        bed.stop()
 
 
 def test_apiserver_restarted_mid_run(own_bed: TestBed, s3_server: S3Server, testbed_root: Path, tmp_path: Path,

@@ -23,7 +23,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,8 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed import procs
-from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import CRD_PATH, SESSION_ID
+from tests.helpers import SESSION_ID
 from tests.operator import fixtures as operator_fixtures
 
 pytestmark = pytest.mark.testbed
@@ -50,23 +48,13 @@ SHARDS, SHARD_LEASE = 8, 10
 LEASE = 300  # the runs' lease: no attempt may lapse while the test looks
 
 
-@pytest.fixture
-def own_bed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
-    # No node: the woken attempts' pods stay Pending, so the new attempt is the operator's doing alone.
-    bed = TestBed(testbed_root / f"k8s-{uuid.uuid4().hex[:6]}", id=SESSION_ID).start(s3=s3_server, node=False)
-    try:
-        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.wait_established(timeout=30)
-        yield bed
-    finally:
-        bed.stop()
-
-
 def step(what: str) -> None:
     print(f"{time.strftime('%X')} {what}", flush=True)  # shown with a failure: how far the test got, and when
 
 
 @pytest.mark.timeout(1800)
+# No node: the woken attempts' pods stay Pending, so the new attempt is the operator's doing alone.
+@pytest.mark.parametrize("own_bed", [{"node": False}], indirect=True, ids=["no-node"])
 def test_each_waiting_run_wakes_exactly_once_through_a_replica_death_a_handover_and_an_apiserver_restart(
         own_bed: TestBed, testbed_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The stand-ins are processes of their own: they find the bench through PYTHONPATH.
