@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from durablerun._private import codec, layout
+from durablerun._private import layout
 from durablerun._private.owner import Holder, OwnerLease
 from durablerun.api import Outcome
 from durablerun.stores import RunRef, open_store
@@ -31,11 +31,14 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _history(tmp_path: Path, run_id: str) -> list[dict[str, object]]:
-    store = open_store(f"file://{tmp_path / 'store'}")
-    root = f"{RunRef.local(run_id).path}/{layout.HISTORY_DIR}"
-    return [codec.loads(codec.unseal(store.backend.get(k) or b"", what=k), what=k)
-            for k in store.backend.list_keys(root)]
+def _history(base: list[str], run_id: str) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
+    """What `durablerun inspect` shows of the run's recorded facts and archives: JSON, and the text."""
+    shown = cli(["inspect", "--run-id", run_id, *base[:2], "--json"])
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    text = cli(["inspect", "--run-id", run_id, *base[:2]])
+    assert text.returncode == 0, text.stderr
+    return doc["history"], doc["archives"], text.stdout
 
 
 def test_rerun_from_a_step_executes_it_and_what_follows_once_and_archives_the_rest(tmp_path: Path) -> None:
@@ -45,13 +48,18 @@ def test_rerun_from_a_step_executes_it_and_what_follows_once_and_archives_the_re
     assert ledger.read_text().split() == ["draft", "publish"], "plan ran again, or draft/publish not once"
     assert "dropped 5 journal records from step 'draft' (position 2) on, kept 2" in rerun.stderr
     assert json.loads(rerun.stdout)["plan"] == "PLAN"
-    [fact] = _history(tmp_path, "r1")
+    [fact], [archive], text = _history(base, "r1")
     assert (fact["action"], fact["fromStep"], fact["fromSeq"], fact["dropped"]) == ("rerun", "draft", 2, 5)
     assert fact["by"]
     assert "durablerun CLI on host" in str(fact["via"])
+    assert archive["path"] == fact["archive"]
     archived = tmp_path / "store" / "_local" / "r1" / str(fact["archive"])
+    assert archive["objects"] == sum(1 for p in archived.rglob("*") if p.is_file())
     assert (archived / layout.MANIFEST).exists()
     assert any((archived / "journal").iterdir()), "the dropped records were not archived"
+    assert (f"history   rerun from step 'draft' (position 2, record 2) by {fact['by']} ({fact['via']}) at "
+            f"{fact['time']}: 5 record(s) dropped, the run as it was archived under {fact['archive']}") in text
+    assert f"archive   {fact['archive']} ({archive['objects']} objects, under the run's root _local/r1/)" in text
     # The archive keeps the old journal: the rerun run's own journal holds the new records.
     replay = cli(["replay", "upgrading:v1", "--run-id", "r1", *base[:2]])
     assert replay.returncode == 0, replay.stdout + replay.stderr
@@ -65,8 +73,13 @@ def test_fork_copies_the_journal_before_a_step_into_a_new_run(tmp_path: Path) ->
     assert ledger.read_text().split() == ["publish"]
     assert json.loads(fork.stdout)["review"] == {"ok": True}, "the journaled event was not copied"
     assert _files(tmp_path / "store" / "_local" / "r1" / "journal") == source, "the source's journal changed"
-    [fact] = _history(tmp_path, "r2")
+    [fact], archives, text = _history(base, "r2")
     assert (fact["action"], fact["fromRun"], fact["fromStep"]) == ("fork", "_local/r1", "publish")
+    assert archives == []
+    assert (f"history   forked from run _local/r1 at step 'publish' (position {fact['fromPosition']}, record "
+            f"{fact['fromSeq']}) by {fact['by']} ({fact['via']}) at {fact['time']}: its first {fact['fromSeq']} "
+            "record(s) copied") in text
+    assert _history(base, "r1")[0] == [], "the fork recorded a fact in its source"
 
 
 def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path: Path) -> None:

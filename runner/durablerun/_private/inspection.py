@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from durablerun._private import layout
+from durablerun._private import layout, reruns
 from durablerun._private.model import (
     CompleteRecord,
     ContinueRecord,
@@ -76,6 +76,7 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
     try:
         loaded = rs.load()
         records = rs.read_all() if show_all else loaded.records
+        history, archives = reruns.read_history(rs), reruns.read_archives(rs)
     finally:
         rs.close()
     cont = loaded.continuation
@@ -103,6 +104,7 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
             "snapshotSeq": info.snapshot_seq, "completed": info.completed,
             "generation": generation, "generationStart": loaded.base,
             "status": status, "events": info.events, "records": rows, "owner": owner,
+            "history": history, "archives": [{"path": p, "objects": n} for p, n in archives.items()],
         }, indent=2, default=str))
         return 0
     m = info.manifest
@@ -134,6 +136,10 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
               f"at record {loaded.base}: {shown}")
     if info.events:
         print(f"events    {', '.join(info.events)}")
+    for fact in history:
+        print(f"history   {reruns.describe_fact(fact)}")
+    for path, count in archives.items():
+        print(f"archive   {path} ({count} objects, under the run's root {ref.path}/)")
     print()
     names = []
     for row in rows:

@@ -85,6 +85,38 @@ def _record_fact(rs: RunStore, action: str, origin: Origin, **fields: Any) -> No
     rs.backend.create(rs.key(f"{layout.HISTORY_DIR}{stamp}-{action}.json"), codec.seal(codec.dumps(doc)))
 
 
+def read_history(rs: RunStore) -> list[dict[str, Any]]:
+    """The run's recorded facts (reruns and forks), oldest first."""
+    facts = []
+    for key in rs.backend.list_keys(rs.key(layout.HISTORY_DIR)):
+        body = rs.backend.get(key)
+        if body is not None:
+            facts.append(codec.loads(codec.unseal(body, what=key), what=key))
+    return facts
+
+
+def read_archives(rs: RunStore) -> dict[str, int]:
+    """The copies a rerun left: each archive's folder under the run's root, and its number of objects."""
+    archives: dict[str, int] = {}
+    for key in rs.backend.list_keys(rs.key(layout.ARCHIVE_DIR)):
+        folder = layout.ARCHIVE_DIR + key[len(rs.key(layout.ARCHIVE_DIR)):].split("/", 1)[0] + "/"
+        archives[folder] = archives.get(folder, 0) + 1
+    return archives
+
+
+def describe_fact(fact: dict[str, Any]) -> str:
+    """One line for humans: what was done, by whom, when and from where."""
+    who = f"by {fact.get('by', '?')} ({fact.get('via', '?')}) at {fact.get('time', '?')}"
+    where = f"step {fact.get('fromStep')!r} (position {fact.get('fromPosition')}, record {fact.get('fromSeq')})"
+    if fact.get("action") == "rerun":
+        return (f"rerun from {where} {who}: {fact.get('dropped')} record(s) dropped, the run as it was "
+                f"archived under {fact.get('archive')}")
+    if fact.get("action") == "fork":
+        return (f"forked from run {fact.get('fromRun')} at {where} {who}: its first {fact.get('fromSeq')} "
+                "record(s) copied")
+    return f"{fact.get('action')} {who}"
+
+
 def _manifest(rs: RunStore) -> dict[str, Any]:
     manifest = rs.read_manifest()
     if manifest is None:
