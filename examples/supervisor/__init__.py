@@ -10,7 +10,9 @@ journal if its pod dies. On Kubernetes (the operator creates the children)::
     kubectl durablerun tree supervisor
 
 Locally (``durablerun run supervisor:supervisor``) ``ctx.start_child`` fails with a usage error:
-child runs are DurableRuns, and only the operator creates them. ``sub_agent`` runs locally on its own.
+child runs are DurableRuns, and only the operator creates them. ``sub_agent`` runs locally on its own,
+and ``durablerun.testing.WorkflowTest`` runs the supervisor with its children in-process (docs/sdk.md,
+"Testing a supervisor and its children").
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 
 import fanout
 import pytest
+import supervisor  # examples/supervisor: its children are imported by name, as their pods would
 
 from durablerun import DurableContext, resource
 from durablerun.api import AbortReason, Outcome, Phase
@@ -133,3 +134,23 @@ def test_children_narrow_their_parents_budgets_and_their_cost_counts_toward_its_
         assert "its child runs' $0.80 reach policy.costCeilingUSD $0.50" in aborted.message
     finally:
         t.close()
+
+
+def test_the_example_supervisor_fans_out_in_process_as_docs_sdk_md_shows() -> None:
+    t = WorkflowTest(supervisor.supervisor, {"question": "q", "agents": 2})
+    try:
+        done = t.run_to_end()
+        assert done.outcome == Outcome.COMPLETED, done.message
+        assert done.result == {"report": "q: q (angle 1): 3 sources; q (angle 2): 3 sources", "failed": []}
+        assert len(t.runs["test-agent-0"].attempts) == 1
+        assert t.runs["test-agent-1"].policy.maxSteps == 20  # narrowed by the request
+        assert t.runs["test-agent-1"].totals.tokens == 900
+    finally:
+        t.close()
+
+    stubbed = WorkflowTest(supervisor.supervisor, {"question": "q", "agents": 2}, children={
+        "supervisor:sub_agent": ChildStub(phase=Phase.FAILED, message="no quota")})
+    try:
+        assert stubbed.run_to_end().result == {"report": "q: ", "failed": ["agent-0", "agent-1"]}
+    finally:
+        stubbed.close()
