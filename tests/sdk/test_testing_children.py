@@ -154,3 +154,26 @@ def test_the_example_supervisor_fans_out_in_process_as_docs_sdk_md_shows() -> No
         assert stubbed.run_to_end().result == {"report": "q: ", "failed": ["agent-0", "agent-1"]}
     finally:
         stubbed.close()
+
+
+def test_a_signals_first_value_wins_and_a_child_can_be_sent_events_by_the_test() -> None:
+    async def twice(ctx: DurableContext, input: dict[str, Any]) -> Any:
+        child = await ctx.start_child("c", "fanout:worker", {"n": 1, "wait": True})
+        await ctx.signal(child.run, "go", 1)
+        await ctx.signal(child.run, "go", 2)
+        other = await ctx.start_child("d", "fanout:worker", {"n": 2, "wait": True})
+        return [await child, await other]
+
+    t = WorkflowTest(twice, {})
+    try:
+        waiting = t.attempt()  # "d" waits for an event no run here sends
+        assert waiting.outcome == Outcome.WAITING
+        assert t.runs["test-d"].last is not None
+        assert t.runs["test-d"].last.outcome == Outcome.WAITING
+        assert [(s.state, s.message) for s in t.signals.values()] == [
+            ("Delivered", None), ("Ignored", "test-c already had another value for event 'go': the first value wins")]
+        t.send_event("go", "from the test", run="test-d")  # the child moves on at once
+        done = t.run_to_end()
+        assert done.result == [{"go": 1, "sq": 1}, {"go": "from the test", "sq": 4}]
+    finally:
+        t.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -92,6 +93,7 @@ class LocalFamily:
         self.max_attempts = max_attempts
         self.runs: dict[str, FamilyRun] = {}
         self.signals: dict[str, resource.SignalState] = {}
+        self._lock = threading.RLock()  # requests come from step threads (ctx.gather of start_child, say)
 
     def add_root(self, ref: RunRef, workflow: Workflow | str, input: Any, policy: Policy | None) -> FamilyRun:
         root = FamilyRun(ref.name, ref, workflow, input, policy or Policy())
@@ -187,6 +189,10 @@ class LocalFamily:
 
     # --- the broker's requests -----------------------------------------------------------
     def request_child(self, parent_name: str, child: str, request: dict[str, Any]) -> str:
+        with self._lock:
+            return self._request_child(parent_name, child, request)
+
+    def _request_child(self, parent_name: str, child: str, request: dict[str, Any]) -> str:
         parent = self.runs[parent_name]
         name = resource.child_run_name(parent.name, child)
         asked = parent.requests.get(child)
@@ -226,7 +232,10 @@ class LocalFamily:
         return name
 
     def request_signal(self, sender: str, signal_id: str, run: str, event: str, value: Any) -> None:
-        key = f"{sender}/{signal_id}"
+        with self._lock:
+            self._request_signal(f"{sender}/{signal_id}", run, event, value)
+
+    def _request_signal(self, key: str, run: str, event: str, value: Any) -> None:
         if key in self.signals:
             return
         target, payload = self.runs.get(run), value
