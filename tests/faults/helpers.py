@@ -39,6 +39,12 @@ LEDGER_MOUNT = "/tmp/ledger"  # where RunEnv mounts the ledger directory in runn
 GO = {"approved": True}
 
 
+def trials_of_each_kind(ci: int) -> int:
+    """How many trials a fault kind gets: ``FAULT_TRIALS`` when set (``make faults``: 120 of each kind),
+    else ``ci``, the bounded slice ``make test`` runs."""
+    return int(os.environ.get("FAULT_TRIALS") or ci)
+
+
 def seeded(name: str) -> random.Random:
     """A random source whose seed is printed, so a failing trial can be replayed (FAULT_SEED=...)."""
     seed = int(os.environ.get("FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
