@@ -58,11 +58,12 @@ bench:
 	bench/setup.sh
 	bench/.venv/bin/python -m durablerun_bench
 
-## The fault suite's long version (docs/faults.md; ~40 min): >=100 runner kills, 40 operator kills, 40 pauses
-## past the lease, 3 S3 outages and 3 API server restarts, each with the full invariant checks, generated
-## workflows against their oracle (120 per store under SIGKILL, 30 on the test bed), and the real node's faults
-## (tests/realnode/test_faults.py: 20 runs under the control plane's restart). CI runs the
-## bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a reported failure.
+## The fault suite's long version (docs/faults.md, "Running it": about 3 hours on a quiet 2-core machine):
+## >=120 trials of every fault kind (runner SIGKILL, OOM kill, pod deletion, eviction, two operators at once,
+## operator SIGKILL, pause past the lease; runs through S3 outages and API server restarts), each with the full
+## invariant checks, generated workflows against their oracle (120 per store under SIGKILL, 30 on the test
+## bed), and the real node's faults (tests/realnode/test_faults.py: 20 runs under the control plane's restart).
+## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.
 .PHONY: faults
 faults: setup
 	FAULT_TRIALS=$${FAULT_TRIALS:-120} $(PY) -m pytest tests/faults tests/realnode/test_faults.py \

@@ -25,11 +25,13 @@ from tests.faults.helpers import (
     Tally,
     check_executions,
     events,
+    finished,
     manifest,
     process_of,
     reference,
     seeded,
     torture_input,
+    trials_of_each_kind,
 )
 from tests.faults.journal import check_journal, read_journal, run_root
 from tests.faults.workflows import torture_flows
@@ -38,8 +40,10 @@ from tests.operator.helpers import RunEnv
 
 pytestmark = pytest.mark.testbed
 
-RESTARTS = max(1, int(os.environ.get("FAULT_TRIALS", "8")) // 40)
-RUNS = 3
+# A trial is a run that lived through a restart (still running when the API server stopped) and kept every
+# check. CI: one restart under 3 runs; FAULT_TRIALS set: restarts under 10 runs each until that many trials.
+TRIALS = trials_of_each_kind(3)
+RUNS = 10 if os.environ.get("FAULT_TRIALS") else 3
 POLICY = {"maxRestarts": 5, "leaseDuration": "30s", "backoff": {"initial": "1s", "max": "1s"}}
 
 
@@ -60,7 +64,9 @@ def test_apiserver_restarted_mid_run(own_bed: TestBed, s3_server: S3Server, test
     trials, failed = 0, []
     try:
         start_operator()
-        for restart in range(RESTARTS):
+        restart = -1
+        while trials < TRIALS:
+            restart += 1
             names = [f"a{restart}-{i}" for i in range(RUNS)]
             inputs = {n: torture_input(n, rounds=4, pace=0.5) for n in names}
             expected = {n: reference(inputs[n], tmp_path) for n in names}
@@ -70,11 +76,12 @@ def test_apiserver_restarted_mid_run(own_bed: TestBed, s3_server: S3Server, test
                            timeout=90, what="every run to start working")
             roots = {n: run_root("runs", namespace, n, runs.get(n)["metadata"]["uid"]) for n in names}
             time.sleep(rng.uniform(0.5, 3.0))  # the random moment of the restart
+            affected = [n for n in names if not finished(runs, n)]
+            trials += len(affected)
             began = time.monotonic()
             own_bed.controlplane.restart_apiserver()
             print(f"API server restart {restart}: unreachable for {time.monotonic() - began:.1f}s")
             for name in names:
-                trials += 1
                 try:
                     status = runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=180)["status"]
                     assert status["phase"] == "Succeeded", status.get("message")
@@ -96,10 +103,11 @@ def test_apiserver_restarted_mid_run(own_bed: TestBed, s3_server: S3Server, test
                     assert len(set(journal.writers)) == 1
                     check_executions(Ledger.read(runs, name), torture_flows.step_names(inputs[name]), set())
                 except AssertionError as error:
+                    trials += name not in affected  # a run that failed is a trial, even one the restart missed
                     failed.append(f"{name}: {error}")
     finally:
         next(operators, None)
         own_bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     tally.add("API server restarted mid-run (runs affected)", trials, len(failed))
-    print(f"API server restart: {trials} trials, {len(failed)} failures")
+    print(f"API server restart: {restart + 1} restarts, {trials} trials, {len(failed)} failures")
     assert not failed, "\n".join(failed)

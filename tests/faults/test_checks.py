@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults import generated
+from tests.faults import generated, torture
 from tests.faults.helpers import Ledger, check_executions, fenced_by_the_fencing
 from tests.faults.journal import Journal, check_journal, check_kept, unseal
 
@@ -152,3 +152,18 @@ def test_only_the_fencing_s_own_endings_excuse_a_later_attempt() -> None:
     assert not fenced_by_the_fencing(fenced("status.epoch is no longer 2: a newer attempt owns the run"), "paused", j)
     assert not fenced_by_the_fencing(fenced("lease of 6s lapsed without renewal", code=70), "paused", j)
     assert not fenced_by_the_fencing(None, "paused", j)
+
+
+@pytest.mark.parametrize(("fault", "ending", "counted"), [
+    (torture.OOM, {"exitCode": 137, "reason": "OOMKilled"}, True),
+    (torture.OOM, {"exitCode": 0, "message": '{"outcome": "Completed"}'}, False),  # it ended before the kill
+    (torture.POD_DELETION, {"exitCode": 4, "message": '{"outcome": "Suspended"}'}, True),
+    (torture.EVICTION, {"exitCode": 5, "message": '{"outcome": "Fenced"}'}, True),
+    (torture.EVICTION, {"exitCode": 143, "message": None}, True),  # SIGTERM before its handler was set
+    (torture.POD_DELETION, {"exitCode": 0, "message": '{"outcome": "Completed"}'}, False),  # finished first
+    (torture.POD_DELETION, {"exitCode": 4, "message": '{"outcome": "Waiting"}'}, False),  # stopped to wait first
+    (torture.POD_DELETION, None, False),
+])
+def test_a_faulted_attempt_is_counted_only_when_the_fault_ended_it(
+        fault: torture.Fault, ending: dict[str, Any] | None, counted: bool) -> None:
+    assert torture.ended_by_fault(ending, fault) is counted

@@ -21,7 +21,6 @@ than happened; the status and the new operator's gauges must agree exactly.)
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -52,6 +51,7 @@ from tests.faults.helpers import (
     seeded,
     send_event,
     torture_input,
+    trials_of_each_kind,
     wait_pod_exit,
 )
 from tests.faults.journal import check_journal, read_journal, run_root
@@ -60,7 +60,7 @@ from tests.operator.helpers import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-TRIALS = max(3, int(os.environ.get("FAULT_TRIALS", "8")) // 3)
+TRIALS = trials_of_each_kind(3)
 RUNS_AT_ONCE = 3
 MOMENTS = ["attempt-creation", "lease-expiry", "anywhere"]
 POLICY = {"maxRestarts": 30, "leaseDuration": "6s", "backoff": {"initial": "1s", "max": "1s"}}

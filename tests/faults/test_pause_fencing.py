@@ -40,6 +40,7 @@ from tests.faults.helpers import (
     running_pod,
     seeded,
     torture_input,
+    trials_of_each_kind,
     wait_pod_exit,
 )
 from tests.faults.journal import Journal, check_journal, list_objects, read_journal, run_root
@@ -48,7 +49,7 @@ from tests.operator.helpers import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
-TRIALS = max(2, int(os.environ.get("FAULT_TRIALS", "8")) // 3)
+TRIALS = trials_of_each_kind(2)
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))
 POLICY = {"maxRestarts": 20, "leaseDuration": "6s", "backoff": {"initial": "1s", "max": "1s"}}
 

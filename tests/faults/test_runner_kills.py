@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.helpers import PodRecorder, Tally, scrape, seeded
+from tests.faults.helpers import PodRecorder, Tally, scrape, seeded, trials_of_each_kind
 from tests.faults.torture import RUNNER_SIGKILL, Tortured, drive, torture_batch
 from tests.operator.helpers import RunEnv, StartOperator
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.testbed
 
 __all__ = ["Tortured", "drive"]  # test_generated_faults.py drives its programs with them
 
-TRIALS = int(os.environ.get("FAULT_TRIALS", "8"))
+TRIALS = trials_of_each_kind(8)
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))
 
 

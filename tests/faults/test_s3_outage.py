@@ -24,10 +24,12 @@ from tests.faults.helpers import (
     Tally,
     check_executions,
     events,
+    finished,
     manifest,
     reference,
     seeded,
     torture_input,
+    trials_of_each_kind,
 )
 from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
 from tests.faults.workflows import torture_flows
@@ -36,8 +38,10 @@ from tests.operator.helpers import Operator, RunEnv
 pytestmark = pytest.mark.testbed
 
 OUTAGE = float(os.environ.get("FAULT_S3_OUTAGE_SECONDS", "30"))
-OUTAGES = max(1, int(os.environ.get("FAULT_TRIALS", "8")) // 40)
-RUNS = 3
+# A trial is a run that lived through an outage (still running when the server stopped) and kept every
+# check. CI: one outage under 3 runs; FAULT_TRIALS set: outages under 10 runs each until that many trials.
+TRIALS = trials_of_each_kind(3)
+RUNS = 10 if os.environ.get("FAULT_TRIALS") else 3
 POLICY = {"maxRestarts": 10, "leaseDuration": "20s", "backoff": {"initial": "2s", "max": "5s"}}
 
 
@@ -46,8 +50,9 @@ def test_s3_stopped_mid_run_then_started(operator: Operator, runs: RunEnv, pods:
     store = dedicated_store()
     s3 = store.server.client()
     rng = seeded("S3 outage")
-    trials, failed = 0, []
-    for outage in range(OUTAGES):
+    trials, failed, outage = 0, [], -1
+    while trials < TRIALS:
+        outage += 1
         names = [f"s{outage}-{i}" for i in range(RUNS)]
         inputs = {n: torture_input(n, rounds=4, pace=0.4) for n in names}
         expected = {n: reference(inputs[n], tmp_path) for n in names}
@@ -59,13 +64,14 @@ def test_s3_stopped_mid_run_then_started(operator: Operator, runs: RunEnv, pods:
                        what="every run to start working")
         time.sleep(rng.uniform(0.5, 3.0))
         before = {n: list_objects(s3, store.bucket, roots[n]) for n in names}
+        affected = [n for n in names if not finished(runs, n)]
         store.server.stop()
         stopped = time.monotonic()
         time.sleep(OUTAGE)  # the outage itself: the fault being injected, not a wait for a condition
         store.server.restart()
         print(f"S3 outage {outage}: down for {time.monotonic() - stopped:.1f}s")
+        trials += len(affected)
         for name in names:
-            trials += 1
             try:
                 status = runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=300)["status"]
                 assert status["phase"] == "Succeeded", status.get("message")
@@ -86,7 +92,8 @@ def test_s3_stopped_mid_run_then_started(operator: Operator, runs: RunEnv, pods:
                 pods.check_one_pod_per_epoch(name, status["attempt"])
                 check_executions(Ledger.read(runs, name), torture_flows.step_names(inputs[name]), crashed)
             except AssertionError as error:
+                trials += name not in affected  # a run that failed is a trial, even one the outage missed
                 failed.append(f"{name}: {error}")
     tally.add(f"S3 server stopped for {OUTAGE:g}s mid-run (runs affected)", trials, len(failed))
-    print(f"S3 outage: {trials} trials, {len(failed)} failures")
+    print(f"S3 outage: {outage + 1} outages, {trials} trials, {len(failed)} failures")
     assert not failed, "\n".join(failed)
