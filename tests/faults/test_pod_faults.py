@@ -31,6 +31,7 @@ LONG = bool(os.environ.get("FAULT_TRIALS"))
 # CI's slice: one run per kind, one fault each.
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4")) if LONG else len(KINDS)
 FAULTS = FAULTS_PER_RUN if LONG else 1
+ROUNDS = 4 if LONG else 3  # CI's runs a round shorter (one step, a gather, maybe a wait or a sleep each)
 
 
 def test_oom_deletion_and_eviction_at_random_moments(start_operator: StartOperator, runs: RunEnv,
@@ -46,7 +47,7 @@ def test_oom_deletion_and_eviction_at_random_moments(start_operator: StartOperat
         rng.shuffle(short)
         runs_of_batch = [(f"p{batch}-{i}", short[i % len(short)]) for i in range(PARALLEL)]
         for t, error in torture_batch(runs, pods, lambda: [scrape(operator)], rng, runs_of_batch, tmp_path,
-                                      faults_per_run=FAULTS):
+                                      faults_per_run=FAULTS, rounds=ROUNDS):
             trials[t.fault.name] += len(t.killed)
             if error:
                 failures[t.fault.name] += len(t.killed) or 1

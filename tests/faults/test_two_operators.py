@@ -31,6 +31,7 @@ LONG = bool(os.environ.get("FAULT_TRIALS"))
 # CI's slice: two runs, one fault each.
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4")) if LONG else 2
 FAULTS = FAULTS_PER_RUN if LONG else 1
+ROUNDS = 4 if LONG else 3  # CI's runs a round shorter (one step, a gather, maybe a wait or a sleep each)
 
 
 def test_two_operators_under_random_faults(start_operator: StartOperator, runs: RunEnv, pods: PodRecorder,
@@ -43,7 +44,7 @@ def test_two_operators_under_random_faults(start_operator: StartOperator, runs: 
         batch += 1
         runs_of_batch = [(f"t{batch}-{i}", rng.choice(KINDS)) for i in range(PARALLEL)]
         for t, error in torture_batch(runs, pods, lambda: [scrape(o) for o in operators], rng, runs_of_batch,
-                                      tmp_path, faults_per_run=FAULTS):
+                                      tmp_path, faults_per_run=FAULTS, rounds=ROUNDS):
             trials += len(t.killed)
             if error:
                 failures += len(t.killed) or 1

@@ -218,7 +218,7 @@ def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tort
 
 def torture_batch(runs: RunEnv, pods: PodRecorder, scrape_all: Callable[[], list[Samples]], rng: Any,
                   batch: list[tuple[str, Fault]], tmp_path: Path,
-                  faults_per_run: int = FAULTS_PER_RUN) -> list[tuple[Tortured, str | None]]:
+                  faults_per_run: int = FAULTS_PER_RUN, rounds: int = 4) -> list[tuple[Tortured, str | None]]:
     """Run a batch of tortured runs (name, fault) at once, each driven by its fault, and check each: every
     run with what was done to it and why it failed the checks (None: it passed them)."""
     tortured = []
@@ -228,7 +228,7 @@ def torture_batch(runs: RunEnv, pods: PodRecorder, scrape_all: Callable[[], list
             shape["waitRound"] = 1
         if i % 3 == 2:
             shape["sleepRound"] = 2
-        tortured.append(Tortured(name, torture_input(name, rounds=4, **shape), fault))
+        tortured.append(Tortured(name, torture_input(name, rounds=rounds, **shape), fault))
     expected = {t.name: reference(t.input, tmp_path) for t in tortured}
     roots: dict[str, str] = {}
     threads = []
