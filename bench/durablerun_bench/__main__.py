@@ -1,10 +1,10 @@
 """python -m durablerun_bench [--only SECTION ...] [--out bench/RESULTS.md]: run the benchmarks.
 
-Sections: steps (per-step overhead), replay (journals of growing size, DBOS
-recovery), resume (SIGKILL -> first new step on the test bed), writecost (what
-one status write costs the API server, object sizes), scale (the operator with
-many DurableRuns, active and waiting), tracing (per-step overhead with traces
-on, beside off). BENCH_QUICK=1 runs a fast smoke version.
+Sections: steps (per-step overhead; a fan-out on S3 with and without group
+commit), replay (journals of growing size, DBOS recovery), resume (SIGKILL ->
+first new step on the test bed), writecost (what one status write costs the
+API server, object sizes), scale (the operator with many DurableRuns, active
+and waiting), tracing (per-step overhead with traces on, beside off). BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun_bench import (
+    fanout,
     machine,
     objsize,
     postgres,
@@ -68,6 +69,8 @@ class Sizes:
     waiting_runs: int = 1000
     woken: int = 100
     idle_seconds: float = 60.0
+    fanout_steps: int = 100
+    fanout_repeats: int = 5
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -75,7 +78,7 @@ class Sizes:
             return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
                        export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
                        scale_stopped=10, write_cost_writes=50, write_cost_rounds=1, children=100, events=50,
-                       waiting_runs=60, woken=10, idle_seconds=10.0)
+                       waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1)
         runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
@@ -167,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                                     langgraph_pg_dsn=pg.dsn(pg.create_database("langgraph")),
                                     dbos_sqlite_url="sqlite:///unused")
                     results["steps"] = steps.run(env, steps=sizes.steps, repeats=sizes.step_repeats, log=log)
+                    log(f"a fan-out of {sizes.fanout_steps} steps: S3 with and without group commit, DBOS")
+                    results["steps"]["fanout"] = fanout.run(
+                        s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("fanout")),
+                        steps=sizes.fanout_steps, repeats=sizes.fanout_repeats, log=log)
                 if "replay" in sections:
                     log("replay and recovery")
                     results["replay"] = replay.bench(

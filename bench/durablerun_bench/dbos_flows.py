@@ -6,6 +6,7 @@ registered workflows' source, and a recovering process must register the same.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -51,6 +52,32 @@ def steps(n: int, with_marker: bool) -> int:
     if with_marker:
         marker()
     return n
+
+
+#: When each fan-out step's function returned (perf_counter), by index.
+ENDED: dict[int, float] = {}
+
+
+@DBOS.step()
+async def fan_work(i: int, seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    ENDED[i] = time.perf_counter()
+    return payload(i)
+
+
+@DBOS.workflow()
+async def fanout(n: int, seconds: float) -> dict[str, Any]:
+    """N steps at once (bench.fanout): when each returned, and when its output was durable and back."""
+    durable = [0.0] * n
+
+    async def one(i: int) -> str:
+        result: str = await fan_work(i, seconds)
+        durable[i] = time.perf_counter()
+        return result
+
+    start = time.perf_counter()
+    await asyncio.gather(*[one(i) for i in range(n)])
+    return {"wall": time.perf_counter() - start, "ended": [ENDED[i] for i in range(n)], "durable": durable}
 
 
 def durability(url: str) -> dict[str, Any]:

@@ -103,6 +103,25 @@ def test_report_renders_every_section_and_judges_the_targets() -> None:
     assert "| DBOS on PostgreSQL | 8.00× | 1.11× |" in text  # side by side, per store
 
 
+def test_report_shows_the_fan_out_side_by_side_and_judges_group_commit() -> None:
+    def row(key: str, wall: float, puts: float | None) -> dict[str, Any]:
+        got: dict[str, Any] = {"key": key, "label": key, "wall_ms": wall, "p50_ms": 1.0, "p99_ms": 2.0}
+        if puts is not None:
+            got.update(puts=puts, puts_per_step=puts / 100)
+        return got
+
+    rows = [row("dr-s3-group", 60.0, 3), row("dr-s3-single", 900.0, 101), row("dbos-pg", 200.0, None)]
+    fan: dict[str, Any] = {"steps": 100, "step_seconds": 0.001, "repeats": 1, "rows": rows}
+    results = _results()
+    text = report.render({**results, "steps": {**results["steps"], "fanout": fan}})
+    assert "| dr-s3-group | 60.0 | 1.00 | 2.00 | 3 | 0.03 |" in text
+    assert "| dbos-pg | 200.0 | 1.00 | 2.00 | – | – |" in text
+    assert ("3 PUTs in 60 ms against 101 in 900 ms; DBOS on PostgreSQL 200 ms | **met**") in text
+    slow = {**fan, "rows": [row("dr-s3-group", 950.0, 3), *rows[1:]]}
+    text = report.render({**results, "steps": {**results["steps"], "fanout": slow}})
+    assert "3 PUTs in 950 ms against 101 in 900 ms; DBOS on PostgreSQL 200 ms | **missed**" in text
+
+
 def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
     tracing = {"steps": 1000, "repeats": 3, "overhead": 0.042, "overhead_all": [0.05, 0.042, 0.03], "added_us": 21.0,
                "off_ms": 0.5, "on_ms": 0.521, "off_p99_ms": 2.0, "on_p99_ms": 2.1, "undelivered": 0, "target": 0.1}

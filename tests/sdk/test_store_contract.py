@@ -103,6 +103,32 @@ def test_truncate_drops_a_journal_tail_and_frees_its_positions(store: Store) -> 
     again.close()
 
 
+def test_a_group_of_records_reads_from_every_position_and_truncates_inside(store: Store) -> None:
+    """Group commit: records written together (one object on S3) read like records written one by one, from
+    any position (a snapshot may end inside a group); the position a group starts at is taken once; a rerun
+    cut inside a group keeps the records before the cut."""
+    rs = store.run_store(REF)
+    rs.append(_record(0))
+    group = [_record(seq, f"g{seq}") for seq in range(1, 6)]
+    rs.append_group(group)
+    everything = rs.journal().read(0)
+    assert [seq for seq, _ in everything] == list(range(6))
+    for start in range(7):
+        assert rs.journal().read(start) == everything[start:], start
+    with pytest.raises(errors.FencedError):
+        store.run_store(REF).append_group([_record(1, "late"), _record(2, "late")])
+    if rs.journal().groups:  # one object holds them all
+        assert len(store.backend.list_keys(f"{REF.path}/{layout.JOURNAL_DIR}")) == 2
+    assert rs.journal().truncate(3) == 3
+    rs.close()
+    again = store.run_store(REF)
+    assert again.journal().read(0) == everything[:3]
+    assert again.load(for_writing=True).next_seq == 3
+    again.append_group([_record(3, "rerun"), _record(4, "rerun")])
+    assert [r.name for r in store.run_store(REF).load().records] == ["s", "g1", "g2", "rerun", "rerun"]
+    again.close()
+
+
 def test_two_writers_racing_each_position_exactly_one_wins(store: Store) -> None:
     """Two writers race for the same positions: each position has one winner, whose
     record is what is stored; the loser learns it is fenced."""

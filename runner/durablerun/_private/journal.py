@@ -312,6 +312,10 @@ class RunStore:
         """Seal and append one record at ``record.seq``; durable on return."""
         return self.journal().append(record.seq, codec.seal(record.raw()))
 
+    def append_group(self, records: list[Record]) -> list[str]:
+        """Seal and append consecutive records (from ``records[0].seq``) in one write; durable on return."""
+        return self.journal().append_group(records[0].seq, [codec.seal(r.raw()) for r in records])
+
     # --- snapshots ---------------------------------------------------------------
     def snapshot(self, loaded: Loaded, totals: Totals, *, upto: int | None = None) -> str | None:
         """Save records after ``loaded.snapshot_seq`` (up to ``upto``) as a chunk; swap

@@ -11,7 +11,9 @@ labels and cannot start with an underscore. The prefix keeps the name it was
 given when only the local CLI named runs.) Inside a run's root::
 
     manifest.json              created once: layout, workflow, input + its hash, code version
-    journal/<seq:012d>.json    one sealed record per journal sequence number (S3, memory)
+    journal/<seq:012d>.json    one sealed record per journal sequence number (S3, memory), or on S3
+                               a group: records <seq>, <seq>+1, ... that one write committed together
+                               (at most GROUP_RECORDS; :func:`pack_group`)
     journal/<start:012d>.log   append-only segments of sealed records, one per line (filesystem)
     snapshot.json              pointer to the latest snapshot (compare-and-swap)
     chunks/<sha256>.json       immutable runs of journal records a snapshot points to
@@ -30,6 +32,7 @@ Every object is sealed (see :mod:`durablerun._private.codec`).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -39,6 +42,10 @@ LAYOUT_VERSION = 1
 SEQ_DIGITS = 12
 # Filesystem journal segments hold this many records each (part of layout v1).
 SEGMENT_RECORDS = 4096
+
+# At most this many records share one journal object (S3 group commit; part of layout v1): a reader
+# looking for record n finds it in an object named n - GROUP_RECORDS + 1 .. n.
+GROUP_RECORDS = 64
 
 LOCAL_NAMESPACE = api.LOCAL_NAMESPACE
 
@@ -135,6 +142,36 @@ def seq_of_journal_key(name: str) -> int | None:
     if len(digits) != SEQ_DIGITS or not digits.isdigit():
         return None
     return int(digits)
+
+
+_GROUP_HEAD = b'{"group":'
+
+
+def pack_group(first: int, records: list[bytes]) -> bytes:
+    """One journal object holding the sealed records ``first``, ``first + 1``, ...: a header line
+    ``{"group":<first>,"count":<n>}``, then one sealed record per line (sealed JSON has no raw
+    newline). A single record is stored as itself, so such an object reads as before."""
+    if not 1 < len(records) <= GROUP_RECORDS:
+        raise ValueError(f"a group holds 2..{GROUP_RECORDS} records, not {len(records)}")
+    head = b'%s%d,"count":%d}' % (_GROUP_HEAD, first, len(records))
+    return b"\n".join([head, *records])
+
+
+def unpack_journal_object(seq: int, data: bytes, *, key: str) -> list[tuple[int, bytes]]:
+    """The records a journal object named ``seq`` holds: itself, or each record of its group."""
+    if not data.startswith(_GROUP_HEAD):
+        return [(seq, data)]
+    head, *records = data.split(b"\n")
+    try:
+        meta = json.loads(head)
+        first, count = int(meta["group"]), int(meta["count"])
+    except (ValueError, KeyError, TypeError):
+        raise errors.CorruptionError("journal group header does not parse", key=key) from None
+    if first != seq or count != len(records):
+        raise errors.CorruptionError(
+            f"journal group names records {first}..{first + count - 1} but is stored at {seq} with "
+            f"{len(records)}", key=key)
+    return [(seq + i, r) for i, r in enumerate(records)]
 
 
 def segment_name(start: int) -> str:

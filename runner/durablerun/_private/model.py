@@ -343,6 +343,10 @@ class EngineConfig:
     sync_steps_in_threads: bool = True
     #: Worker threads for sync steps.
     max_sync_threads: int = 32
+    #: On a store whose journal writes several records in one request (S3): records committed while a
+    #: write is in flight go out together in the next one (each still durable before its step returns).
+    #: False: one request per record (the bench compares the two).
+    group_commit: bool = True
     #: Asked before every journal write: a reason when this process may no longer
     #: write (e.g. its lease lapsed while it was paused), None when it may. A
     #: reason fences the attempt before anything is written.

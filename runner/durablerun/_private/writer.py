@@ -1,4 +1,4 @@
-"""The writer of one attempt: appends its records, one at a time and in order, and saves snapshots.
+"""The writer of one attempt: appends its records in order, and saves snapshots.
 
 Part of the runtime layer. Every record goes through :meth:`Writer.commit`
 (or :meth:`Writer.commit_now`), which asks the write guard first (a runner
@@ -7,6 +7,13 @@ stamps the record (writer, time, cost, totals) and appends it: on the loop
 thread for a local store, on the one writer thread for a remote one. Every
 ``snapshot_every`` records (and at each continuation) a snapshot is saved on
 a thread of its own, off the step's critical path.
+
+Group commit (a remote journal that writes several records in one request,
+S3): records committed while a write is in flight wait in a queue, and the
+writer thread's next write takes all of them (up to ``layout.GROUP_RECORDS``)
+as one object. Each ``commit`` still returns only once its own record is
+durable, so "journaled before the caller sees the result" holds per step; a
+gather of N steps that finish together costs about two PUTs instead of N.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import contextlib
 import functools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from durablerun import errors
+from durablerun._private import layout
 from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import RunStore
 from durablerun._private.model import ContinueRecord, Cost, EngineConfig, Record, Totals
@@ -28,6 +37,17 @@ from durablerun._private.replay import Live
 from durablerun._private.sinks import EventKind, SinkSet
 
 R = TypeVar("R", bound=Record)
+
+
+@dataclass
+class _Entry:
+    """One record waiting to be written, and where its caller waits for it."""
+
+    record: Record
+    usd: Decimal
+    tokens: int
+    step: bool
+    done: Future[tuple[Any, str]] = field(default_factory=Future)
 
 
 class Writer:
@@ -45,6 +65,10 @@ class Writer:
         self._loop = asyncio.get_running_loop()
         self._snap_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-snap")
         self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durablerun-w")
+        #: Group commit when the journal writes a group in one request (and the config allows it).
+        self._grouping = not store.backend.io_inline and store.journal().groups and config.group_commit
+        self._queue: list[_Entry] = []
+        self._queue_lock = threading.Lock()
         #: Why this attempt may write nothing more (lease lost, another writer won), once it may not.
         self.fenced: str | None = None
         self.closed = False
@@ -57,51 +81,101 @@ class Writer:
         self._write_pool.shutdown(wait=False)
 
     def _append_locked(self, record: R, usd: Decimal, tokens: int, step: bool) -> tuple[R, str]:
-        """Assign the next sequence number and append; runs under the writer lock.
+        """Append one record; runs under the writer lock (see :meth:`_append_batch`)."""
+        entry = _Entry(record, usd, tokens, step)
+        self._append_batch([entry])
+        return entry.done.result()
+
+    def _append_batch(self, batch: list[_Entry]) -> None:
+        """Assign the next sequence numbers and append the records, in one write when there are several.
 
         Called on the loop thread for local stores and on the single writer
-        thread for remote ones; either way one record at a time, in order.
+        thread for remote ones; either way one batch at a time, in order. Each
+        entry's future gets its (record, key), or the Halt that stopped the write.
         """
+        try:
+            results = self._write_batch(batch)
+        except BaseException as e:
+            for entry in batch:
+                entry.done.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for entry, result in zip(batch, results, strict=True):
+            entry.done.set_result(result)
+
+    def _write_batch(self, batch: list[_Entry]) -> list[tuple[Any, str]]:
         with self.lock:
             if self.refuse_writes():
                 raise Halt(HaltKind.FENCE, self.fenced or "a replay-only attempt writes nothing")
             if self.closed:
                 raise Halt(HaltKind.SUSPEND, "the attempt ended before this result was saved")
             live = self.live
-            usd += live.pending_usd
-            tokens += live.pending_tokens
-            totals = Totals(live.totals.usd + usd, live.totals.tokens + tokens,
-                            live.totals.steps + (1 if step else 0))
-            seq = live.loaded.next_seq
-            record.seq, record.w, record.at, record.totals = (
-                seq, self.attempt_id, round(time.time(), 6), totals)
-            record.cost = Cost(usd, tokens) if usd or tokens else None
-            record.body = record.encode()
+            # Stamp every record first; the live state changes only once they are durable.
+            totals, stamped = live.totals, []
+            usd_pending, tokens_pending = live.pending_usd, live.pending_tokens
+            first = live.loaded.next_seq
+            for i, entry in enumerate(batch):
+                record, usd, tokens = entry.record, entry.usd + usd_pending, entry.tokens + tokens_pending
+                usd_pending, tokens_pending = Decimal(0), 0
+                totals = Totals(totals.usd + usd, totals.tokens + tokens,
+                                totals.steps + (1 if entry.step else 0))
+                record.seq, record.w, record.at, record.totals = (
+                    first + i, self.attempt_id, round(time.time(), 6), totals)
+                record.cost = Cost(usd, tokens) if usd or tokens else None
+                record.body = record.encode()
+                stamped.append(totals)
+            records = [entry.record for entry in batch]
             try:
-                key = self.store.append(record)
+                keys = (self.store.append_group(records) if len(records) > 1
+                        else [self.store.append(records[0])])
             except errors.FencedError as e:
                 self.fenced = str(e)
                 raise Halt(HaltKind.FENCE, str(e), error=e) from None
             except errors.StoreError as e:
                 raise Halt(HaltKind.CRASH, str(e), error=e) from None
-            if isinstance(record, ContinueRecord):
-                # The new generation starts here: earlier records are not kept in memory
-                # (a snapshot still being written holds its own reference to them).
-                live.loaded.rebase(record)
-            else:
-                live.loaded.records.append(record)
-            live.add(record)
-            live.totals = totals
-            live.pending_usd, live.pending_tokens = Decimal(0), 0
-            # Every snapshot_every records of a generation; a generation after the first
-            # also saves one right at its continuation, so a resume from here on reads
-            # nothing of the generation before (not even its journal tail).
-            gen_offset = 0 if live.loaded.continuation is not None else 1
-            if (seq - live.loaded.base + gen_offset) % self.config.snapshot_every == 0:
-                # Off the step's critical path: the record is already durable, and a
-                # snapshot only makes the next resume cheaper.
-                self._snap_pool.submit(self._snapshot_job, seq, totals)
-            return record, key
+            for record, totals in zip(records, stamped, strict=True):
+                self._journaled(record, totals)
+            return list(zip(records, keys, strict=True))
+
+    def _journaled(self, record: Record, totals: Totals) -> None:
+        """Take a durable record into the live state; under the writer lock."""
+        live = self.live
+        if isinstance(record, ContinueRecord):
+            # The new generation starts here: earlier records are not kept in memory
+            # (a snapshot still being written holds its own reference to them).
+            live.loaded.rebase(record)
+        else:
+            live.loaded.records.append(record)
+        live.add(record)
+        live.totals = totals
+        live.pending_usd, live.pending_tokens = Decimal(0), 0
+        # Every snapshot_every records of a generation; a generation after the first
+        # also saves one right at its continuation, so a resume from here on reads
+        # nothing of the generation before (not even its journal tail).
+        seq = record.seq
+        gen_offset = 0 if live.loaded.continuation is not None else 1
+        if (seq - live.loaded.base + gen_offset) % self.config.snapshot_every == 0:
+            # Off the step's critical path: the record is already durable, and a
+            # snapshot only makes the next resume cheaper.
+            self._snap_pool.submit(self._snapshot_job, seq, totals)
+
+    def _flush(self) -> None:
+        """On the writer thread: write every queued record (up to a group's worth) in one request.
+
+        One job is submitted per commit, so a job that finds the queue empty (an earlier job took
+        its record along) has nothing to do. A continuation ends a group: what follows it belongs
+        to the next generation's first write.
+        """
+        with self._queue_lock:
+            batch = self._queue[: layout.GROUP_RECORDS]
+            for i, entry in enumerate(batch):
+                if isinstance(entry.record, ContinueRecord):
+                    batch = batch[: i + 1]
+                    break
+            del self._queue[: len(batch)]
+        if batch:
+            self._append_batch(batch)
 
     def refuse_writes(self) -> bool:
         """True once this attempt may write nothing more: fenced, or its write guard says so."""
@@ -152,6 +226,12 @@ class Writer:
         """Append ``record`` (its seq, writer, time, cost and totals are set here); durable on return."""
         if self.store.backend.io_inline:
             result = self._append_locked(record, usd, tokens, step)
+        elif self._grouping:
+            entry = _Entry(record, usd, tokens, step)
+            with self._queue_lock:
+                self._queue.append(entry)
+            self._write_pool.submit(self._flush)
+            result = await asyncio.wrap_future(entry.done)
         else:
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(

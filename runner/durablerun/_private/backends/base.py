@@ -15,6 +15,8 @@ against all three):
   is the one given (``None``: only if absent).
 * :meth:`JournalBackend.append` writes sequence number ``seq`` exactly once;
   if another writer got there first it raises FencedError.
+  :meth:`JournalBackend.append_group` does the same for several consecutive
+  records in one write (group commit, where a write is a round trip: S3).
 """
 
 from __future__ import annotations
@@ -35,14 +37,17 @@ CRASH_ENV = "DURABLERUN_CRASH_AT"
 #: filesystem's fdatasync still to come; S3's PUT landed, its answer not yet seen by the backend); and
 #: durable, the append about to return (the step's result not yet handed back).
 CRASH_POINTS = ("before-write", "after-write", "after-answer")
+#: The same three points of a group write (several records in one object, :meth:`JournalBackend.append_group`).
+GROUP_CRASH_POINTS = ("group-before-write", "group-after-write", "group-after-answer")
 
 
 def _crash_plan(value: str) -> tuple[str, int] | None:
     if not value:
         return None
     point, _, nth = value.partition(":")
-    if point not in CRASH_POINTS or not nth.isdigit() or int(nth) < 1:
-        raise ValueError(f"{CRASH_ENV}={value!r}: expected <point>:<n>, point one of {', '.join(CRASH_POINTS)}, "
+    if point not in CRASH_POINTS + GROUP_CRASH_POINTS or not nth.isdigit() or int(nth) < 1:
+        raise ValueError(f"{CRASH_ENV}={value!r}: expected <point>:<n>, point one of "
+                         f"{', '.join(CRASH_POINTS + GROUP_CRASH_POINTS)}, "
                          "n from 1")
     return point, int(nth)
 
@@ -64,6 +69,10 @@ def crash_point(point: str) -> None:
 class JournalBackend(abc.ABC):
     """The append-only journal of one run: sealed records by sequence number."""
 
+    #: True when :meth:`append_group` writes its records in one request (the writer then groups the
+    #: records of steps that finish while a write is in flight); False: it is one append per record.
+    groups: bool = False
+
     @abc.abstractmethod
     def read(self, from_seq: int, *, repair: bool = False) -> list[tuple[int, bytes]]:
         """Records with ``seq >= from_seq`` in order, as stored (sealed bytes).
@@ -79,6 +88,15 @@ class JournalBackend(abc.ABC):
 
         Durable when it returns. Raises FencedError when ``seq`` is taken.
         """
+
+    def append_group(self, first: int, records: Sequence[bytes]) -> list[str]:
+        """Write records ``first``, ``first + 1``, ...; return where each went.
+
+        Durable when it returns. Raises FencedError when ``first`` is taken. This default is one
+        append each, in order (a crash may leave a prefix of them, as separate appends would);
+        a backend with :attr:`groups` overrides it to write them in one request.
+        """
+        return [self.append(first + i, data) for i, data in enumerate(records)]
 
     @abc.abstractmethod
     def truncate(self, from_seq: int) -> int:

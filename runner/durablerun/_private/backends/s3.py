@@ -333,40 +333,74 @@ class S3Backend(base.Backend):
 
 
 class S3Journal(base.JournalBackend):
+    groups = True
+
     def __init__(self, backend: S3Backend, root: str) -> None:
         self._b = backend
         self._root = root
+        #: The first record of the group each grouped record this journal wrote or read is in.
+        self._group_of: dict[int, int] = {}
+
+    def _objects(self, from_seq: int) -> list[tuple[int, str]]:
+        """(first seq, key) of the journal objects that hold records from ``from_seq`` on.
+
+        A group holding ``from_seq`` is named at most GROUP_RECORDS - 1 before it: list from
+        there (one listing all the same) and keep, of the objects before ``from_seq``, the last.
+        """
+        b = self._b
+        look = max(0, from_seq - layout.GROUP_RECORDS + 1)
+        start_after = b._key(self._root + layout.journal_key(look - 1)) if look > 0 else None
+        found: list[tuple[int, str]] = []
+        for full in b._list_full(b._key(self._root + layout.JOURNAL_DIR), start_after):
+            seq = layout.seq_of_journal_key(b._rel(full)[len(self._root) :])
+            if seq is not None and seq >= look:
+                found.append((seq, b._rel(full)))
+        before = [o for o in found if o[0] < from_seq]
+        after = [o for o in found if o[0] >= from_seq]
+        if before and (not after or after[0][0] != from_seq):
+            return before[-1:] + after  # it may be a group holding from_seq
+        return after
 
     def read(self, from_seq: int, *, repair: bool = False) -> list[tuple[int, bytes]]:
-        b = self._b
-        journal_prefix = b._key(self._root + layout.JOURNAL_DIR)
-        start_after = b._key(self._root + layout.journal_key(from_seq - 1)) if from_seq > 0 else None
-        keys = b._list_full(journal_prefix, start_after)
-        seqs: list[tuple[int, str]] = []
-        for full in keys:
-            seq = layout.seq_of_journal_key(b._rel(full)[len(self._root) :])
-            if seq is not None and seq >= from_seq:
-                seqs.append((seq, b._rel(full)))
-        bodies = b.get_many([k for _, k in seqs])
-        out = []
-        for (seq, key), body in zip(seqs, bodies, strict=True):
+        objects = self._objects(from_seq)
+        bodies = self._b.get_many([k for _, k in objects])
+        out: list[tuple[int, bytes]] = []
+        for (seq, key), body in zip(objects, bodies, strict=True):
             if body is None:
                 raise errors.CorruptionError(
                     "a listed journal record disappeared while being read", key=key
                 )
-            out.append((seq, body))
+            held = layout.unpack_journal_object(seq, body, key=self._b._key(key))
+            if len(held) > 1:
+                self._group_of.update((s, seq) for s, _ in held)
+            out.extend(r for r in held if r[0] >= from_seq)
         return out
 
+    def location(self, seq: int) -> str:
+        first = self._group_of.get(seq)
+        return layout.journal_key(seq) if first is None else f"{layout.journal_key(first)}#{seq}"
+
     def append(self, seq: int, data: bytes) -> str:
+        return self._put(seq, data, base.CRASH_POINTS)
+
+    def append_group(self, first: int, records: Sequence[bytes]) -> list[str]:
+        """One conditional PUT at ``first`` holding every record: durable together, or not at all."""
+        if len(records) == 1:
+            return [self.append(first, records[0])]
+        full = self._put(first, layout.pack_group(first, list(records)), base.GROUP_CRASH_POINTS)
+        self._group_of.update((first + i, first) for i in range(len(records)))
+        return [f"{full}#{first + i}" for i in range(len(records))]
+
+    def _put(self, seq: int, data: bytes, points: tuple[str, str, str]) -> str:
         key = self._root + layout.journal_key(seq)
         full = self._b._key(key)
-        base.crash_point("before-write")
+        base.crash_point(points[0])
         etag = self._b._conditional_put(full, data, IfNoneMatch="*")
         # The object is stored, nothing of the answer acted on: to a killed process, the same as
         # dying before the answer arrived.
-        base.crash_point("after-write")
+        base.crash_point(points[1])
         if etag is not None or self._b.get(key) == data:  # or our own write: the first try landed, the retry got 412
-            base.crash_point("after-answer")
+            base.crash_point(points[2])
             return full
         raise errors.FencedError(
             "journal position already written by another writer (412 Precondition Failed)",
@@ -375,7 +409,23 @@ class S3Journal(base.JournalBackend):
         )
 
     def truncate(self, from_seq: int) -> int:
-        seqs = [seq for seq, _ in self.read(from_seq)]
-        for seq in sorted(seqs, reverse=True):  # the last first: a prefix stays at every moment
-            self._b.delete([self._root + layout.journal_key(seq)])
-        return len(seqs)
+        """The last object first; a group holding ``from_seq`` is put back with the records before it,
+        last of all, so an interruption leaves a prefix of the journal at every moment."""
+        objects = self._objects(from_seq)
+        bodies = self._b.get_many([k for _, k in objects])
+        dropped, keep = 0, None
+        for (seq, key), body in sorted(zip(objects, bodies, strict=True), reverse=True):
+            held = [] if body is None else layout.unpack_journal_object(seq, body, key=key)
+            if seq < from_seq:
+                kept = [data for s, data in held if s < from_seq]
+                if len(kept) < len(held):  # a group holding from_seq
+                    keep = (key, seq, kept)
+                    dropped += len(held) - len(kept)
+                continue
+            dropped += len(held)
+            self._b.delete([key])
+        if keep is not None:
+            key, seq, kept = keep
+            self._b.put(key, kept[0] if len(kept) == 1 else layout.pack_group(seq, kept))
+        self._group_of.clear()
+        return dropped
