@@ -174,9 +174,12 @@ def pod_template_schema(definitions: dict[str, Any]) -> dict[str, Any]:
 EVENTS_MAX = 2000
 
 
-def _bounded(spec: dict[str, Any]) -> None:
+def _bounded(spec: dict[str, Any], status: dict[str, Any]) -> None:
     """Refuse at apply time what would grow a DurableRun without bound (docs/bad-input.md)."""
     spec["properties"]["events"]["maxProperties"] = EVENTS_MAX
+    # ctx.start_child refuses the child past api.CHILDREN_MAX first, saying what to do; this is the backstop.
+    for field in ("childRequests", "children"):
+        status["properties"][field]["maxProperties"] = api.CHILDREN_MAX
 
 
 def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
@@ -188,9 +191,9 @@ def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     _default_nested_objects(spec)
     spec["properties"]["template"] = {**pod_template_schema(kubernetes_definitions),
                                       "description": spec["properties"]["template"]["description"]}
-    _bounded(spec)
     status = _inline(status_schema, status_schema.get("$defs", {}))
     status.pop("$defs", None)
+    _bounded(spec, status)
     spec["description"] = resource.DurableRunSpec.__doc__
     status["description"] = resource.DurableRunStatus.__doc__
     return {

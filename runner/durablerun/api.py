@@ -67,6 +67,10 @@ ANNOTATION_ABORT = f"{GROUP}/abort"
 ANNOTATION_RETRY = f"{GROUP}/retry"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
+# The most child runs one run may start (ctx.start_child refuses the next one; the API server refuses a
+# status.childRequests or status.children past it). Each child's request, state and outcome event live in
+# the parent's DurableRun: 1,000 children make a ~650 KiB parent (bench/RESULTS.md), etcd refuses 1.5 MiB.
+CHILDREN_MAX = 1000
 # On a child run: its parent's trace id (status.traceID), so the operator links the two traces.
 ANNOTATION_PARENT_TRACE = f"{GROUP}/parent-trace"
 # Set by the operator on a child it suspended or aborted because its parent was suspended or ended; the

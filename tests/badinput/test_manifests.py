@@ -282,3 +282,21 @@ def test_events_past_the_limit_are_refused_when_sent(testbed: TestBed, created: 
     assert "spec.events" in refused.stderr, refused.stderr
     assert "must have at most 2000 items" in refused.stderr, refused.stderr
     assert len(stored(testbed, created)["events"]) == 2000
+
+
+def test_child_requests_past_the_limit_are_refused_by_the_api_server(testbed: TestBed, created: str) -> None:
+    """The backstop behind ctx.start_child's own check: a status.childRequests past api.CHILDREN_MAX is refused
+    naming the field and the limit, and what was stored stays."""
+    request = {"workflow": "m:w", "input": {}, "policy": {}}
+
+    def status_patch(requests: dict[str, Any]) -> Any:
+        return testbed.kubectl("patch", "dr", "bad", "-n", created, "--subresource=status", "--type=merge",
+                               "-p", json.dumps({"status": {"childRequests": requests}}), check=False)
+
+    assert status_patch({f"c{i}": request for i in range(api.CHILDREN_MAX)}).returncode == 0
+    refused = status_patch({"one-more": request})
+    assert refused.returncode != 0, "a child request past the limit was accepted"
+    assert "status.childRequests" in refused.stderr, refused.stderr
+    assert f"must have at most {api.CHILDREN_MAX} items" in refused.stderr, refused.stderr
+    stored_status = json.loads(testbed.kubectl("get", "dr", "bad", "-n", created, "-o", "json").stdout)["status"]
+    assert len(stored_status["childRequests"]) == api.CHILDREN_MAX

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import ChildRunFailed, DurableContext, errors, resource
+from durablerun import ChildRunFailed, DurableContext, api, errors, resource
 from durablerun._private.children import PodBroker
 from durablerun._private.layout import RunRef
 from durablerun.api import Outcome
@@ -153,3 +153,18 @@ def test_the_pod_broker_asks_through_the_run_status_once_per_name() -> None:
     assert sent[-1][0]["path"] == "/status/signalRequests"
     broker.request_signal("3/8", "other", "go2", None)
     assert sent[-1][0]["path"] == "/status/signalRequests/3~18"
+
+
+def test_the_pod_broker_refuses_a_child_past_the_most_one_run_may_start_naming_the_limit_and_the_fix() -> None:
+    request = {"workflow": "m:w", "input": {}, "policy": {}}
+    body: dict[str, Any] = {"status": {"childRequests": {f"c{i}": request for i in range(api.CHILDREN_MAX)}}}
+    sent: list[Any] = []
+    broker = PodBroker(namespace="ns", name="boss", store=open_store("memory://broker"),
+                       publish=lambda ops: sent.append(ops) or body, latest=lambda: body)
+    assert broker.request_child("c7", request) == "boss-c7"  # one it asked for before: still answered
+    with pytest.raises(errors.NonRetryableError) as refused:
+        broker.request_child("one-more", request)
+    message = str(refused.value)
+    assert f"this run has started {api.CHILDREN_MAX:,} child runs, the most one run may start" in message
+    assert "Start the rest from the children" in message
+    assert sent == []  # nothing was published

@@ -145,7 +145,7 @@ class PodBroker:
         self._publish, self._latest = publish, latest
         self._lock = threading.Lock()
 
-    def _ask(self, field: str, key: str, value: dict[str, Any], what: str) -> None:
+    def _ask(self, field: str, key: str, value: dict[str, Any], what: str, most: int | None = None) -> None:
         with self._lock:
             asked = dict((self._latest().get("status") or {}).get(field) or {})
             if key in asked:
@@ -154,6 +154,12 @@ class PodBroker:
                         f"{what}: this run already asked for {key!r} with other arguments ({asked[key]}); "
                         "a name stands for one request: use another name")
                 return  # asked before (an attempt that crashed before journaling it): nothing to do
+            if most is not None and len(asked) >= most:
+                raise errors.NonRetryableError(
+                    f"{what}: this run has started {len(asked):,} child runs, the most one run may start "
+                    "(durablerun.api.CHILDREN_MAX: each child's request, state and outcome live in the parent's "
+                    f"DurableRun, which etcd caps at 1.5 MiB). Start the rest from the children (each may start "
+                    f"{most:,} of its own), or split the work over more parent runs")
             if asked:
                 ops = [{"op": "add", "path": f"/status/{field}/{_pointer(key)}", "value": value}]
             else:
@@ -162,7 +168,7 @@ class PodBroker:
 
     def request_child(self, name: str, request: dict[str, Any]) -> str:
         run = resource.child_run_name(self.name, name)
-        self._ask("childRequests", name, request, f"ctx.start_child({name!r})")
+        self._ask("childRequests", name, request, f"ctx.start_child({name!r})", most=api.CHILDREN_MAX)
         return run
 
     def request_signal(self, signal_id: str, run: str, event: str, value: Any) -> None:
