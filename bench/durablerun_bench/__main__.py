@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun_bench import (
+    failover,
     fanout,
     machine,
     objsize,
@@ -71,6 +72,7 @@ class Sizes:
     idle_seconds: float = 60.0
     fanout_steps: int = 100
     fanout_repeats: int = 5
+    shard_runs: int = 3000
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -78,12 +80,13 @@ class Sizes:
             return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
                        export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
                        scale_stopped=10, write_cost_writes=50, write_cost_rounds=1, children=100, events=50,
-                       waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1)
+                       waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60)
         runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
                    export_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=180,
-                   scale_stopped=max(10, runs // 20), waiting_runs=waiting, woken=min(100, waiting))
+                   scale_stopped=max(10, runs // 20), waiting_runs=waiting, woken=min(100, waiting),
+                   shard_runs=int(os.environ.get("BENCH_SHARD_RUNS", "3000")))
 
 
 def log(message: str) -> None:
@@ -217,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                     results["scale"] = scale.bench(bed, root, run_id, runs=sizes.scale_runs,
                                                    lease_seconds=sizes.scale_lease, stopped=sizes.scale_stopped,
                                                    log=log)
+                    log(f"{len(failover.REPLICAS)} sharded operators, {sizes.shard_runs} DurableRuns, one replica "
+                        "killed")
+                    results["scale"]["failover"] = failover.bench(
+                        bed, root, run_id, runs=sizes.shard_runs, lease_seconds=sizes.scale_lease,
+                        stopped=max(12, sizes.shard_runs // 50), log=log)
                     log(f"operator scale: {sizes.waiting_runs} waiting DurableRuns")
                     results["scale"]["waiting"] = scale.waiting(bed, root, run_id, runs=sizes.waiting_runs,
                                                                 woken=sizes.woken, idle_seconds=sizes.idle_seconds,

@@ -371,6 +371,42 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
                     _yes(writes <= 1.0 if sc["lease_seconds"] >= 180 else None)])
     if n < 1000:
         targets.append(["1,000 runs", f"measured with {n:,}", "**not measured at 1,000**"])
+    if sc.get("failover"):
+        out += _failover(sc["failover"], targets)
+    return out
+
+
+def _failover(fo: dict[str, Any], targets: list[list[str]]) -> list[str]:
+    orphaned, others, standin = fo["orphaned_decided"], fo["others_decided"], fo.get("renewer", {})
+    out = [
+        f"### {fo['replicas']} sharded operators, {fo['runs']:,} runs, one replica killed",
+        "",
+        f"{fo['replicas']} operators split the runs over {fo['shards']} shard Leases ({fo['shard_lease_s']} s). "
+        f"{fo['stopped']} runs' stand-ins stop renewing; 2 s before those leases (leaseDuration "
+        f"{fo['lease_seconds']} s) lapse, the replica holding the most of them is SIGKILLed. *Decided* is, per "
+        "stopped run, from its lease's expiry (or the kill, if later) to the restart a watch sees. Load average "
+        f"at the end: {', '.join(_f(x, 1) for x in fo.get('load', []))}.",
+        "",
+    ]
+    rows = [
+        ["runs held by the stand-ins after the ramp-up", f"{fo.get('held_after_ramp')} of {fo['runs']} in "
+                                                         f"{_f(fo.get('ramp_up_s'), 0)} s"],
+        ["the killed replica's shards taken over after", f"{_f(fo.get('takeover_s'), 1)} s ({fo['dead_shards']} "
+                                                        "shards)"],
+        ["its stopped runs decided after due p50 / p99 / max",
+         f"{_f(orphaned['p50'], 1)} / {_f(orphaned['p99'], 1)} / {_f(orphaned['max'], 1)} s (n={orphaned['n']})"],
+        ["the other stopped runs p50 / p99 / max",
+         f"{_f(others['p50'], 1)} / {_f(others['p99'], 1)} / {_f(others['max'], 1)} s (n={others['n']})"],
+        ["missed / duplicated restarts", f"{fo['missed_restarts']} / {fo['duplicated_restarts']}"],
+        ["stand-in lag p99 / leases it let lapse", f"{_f(standin.get('lag_p99'))} s / {fo.get('standin_lapses', 0)}"],
+    ]
+    out += [*_table(["", "measured"], rows), ""]
+    worst = max(orphaned["max"], fo.get("takeover_s") or math.inf) if orphaned["n"] else math.inf
+    targets.append([f"{fo['runs']:,} runs over {fo['replicas']} replicas, one killed: 0 missed, 0 duplicated, "
+                    f"every run decided within the shard lease + 5 s ({fo['target_s']} s)",
+                    f"{fo['missed_restarts']} missed, {fo['duplicated_restarts']} duplicated, decided within "
+                    f"{_f(worst, 1)} s", _yes(fo["missed_restarts"] == 0 and fo["duplicated_restarts"] == 0
+                                             and worst <= fo["target_s"])])
     return out
 
 

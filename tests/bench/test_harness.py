@@ -122,6 +122,21 @@ def test_report_shows_the_fan_out_side_by_side_and_judges_group_commit() -> None
     assert "3 PUTs in 950 ms against 101 in 900 ms; DBOS on PostgreSQL 200 ms | **missed**" in text
 
 
+def test_report_shows_the_replica_kill_and_judges_it_against_the_shard_lease() -> None:
+    decided = {"p50": 9.0, "p99": 14.0, "max": 14.5, "n": 20}
+    failover = {"runs": 3000, "replicas": 3, "shards": 12, "shard_lease_s": 15, "lease_seconds": 180, "stopped": 60,
+                "held_after_ramp": 3000, "ramp_up_s": 400.0, "takeover_s": 12.0, "dead_shards": 4, "load": [9.0],
+                "orphaned_decided": decided, "others_decided": {**decided, "max": 3.0}, "missed_restarts": 0,
+                "duplicated_restarts": 0, "standin_lapses": 0, "renewer": {"lag_p99": 0.5}, "target_s": 20}
+    results = _results()
+    text = report.render({**results, "scale": {**results["scale"], "failover": failover}})
+    assert "### 3 sharded operators, 3,000 runs, one replica killed" in text
+    assert "0 missed, 0 duplicated, decided within 14.5 s | **met**" in text
+    late = {**failover, "orphaned_decided": {**decided, "max": 21.0}}
+    text = report.render({**results, "scale": {**results["scale"], "failover": late}})
+    assert "decided within 21.0 s | **missed**" in text
+
+
 def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
     tracing = {"steps": 1000, "repeats": 3, "overhead": 0.042, "overhead_all": [0.05, 0.042, 0.03], "added_us": 21.0,
                "off_ms": 0.5, "on_ms": 0.521, "off_p99_ms": 2.0, "on_p99_ms": 2.1, "undelivered": 0, "target": 0.1}
