@@ -168,3 +168,16 @@ def test_the_pod_broker_refuses_a_child_past_the_most_one_run_may_start_naming_t
     assert f"this run has started {api.CHILDREN_MAX:,} child runs, the most one run may start" in message
     assert "Start the rest from the children" in message
     assert sent == []  # nothing was published
+
+
+def test_workflow_test_refuses_a_child_past_the_limit_as_the_pod_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durablerun.testing import ChildStub
+
+    monkeypatch.setattr(api, "CHILDREN_MAX", 2)  # read at each request: three children are one too many
+
+    async def three(ctx: DurableContext, input: dict[str, Any]) -> list[Any]:
+        return [await ctx.run_child(f"c{i}", "m:worker", {}) for i in range(3)]
+
+    result = WorkflowTest(three, {}, children={"m:worker": ChildStub({"ok": True})}).attempt()
+    assert result.outcome == Outcome.FAILED
+    assert "ctx.start_child('c2'): this run has started 2 child runs, the most one run may start" in result.message

@@ -130,6 +130,15 @@ async def signal(ctx: Workflow, runs: RunBroker | None, run: str, event: str, va
 # --- the runner pod's broker ---------------------------------------------------------------
 
 
+def too_many_children(what: str, started: int) -> errors.NonRetryableError:
+    """The error for a child past api.CHILDREN_MAX (every broker refuses it before asking)."""
+    return errors.NonRetryableError(
+        f"{what}: this run has started {started:,} child runs, the most one run may start "
+        "(durablerun.api.CHILDREN_MAX: each child's request, state and outcome live in the parent's "
+        f"DurableRun, which etcd caps at 1.5 MiB). Start the rest from the children (each may start "
+        f"{api.CHILDREN_MAX:,} of its own), or split the work over more parent runs")
+
+
 def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -155,11 +164,7 @@ class PodBroker:
                         "a name stands for one request: use another name")
                 return  # asked before (an attempt that crashed before journaling it): nothing to do
             if most is not None and len(asked) >= most:
-                raise errors.NonRetryableError(
-                    f"{what}: this run has started {len(asked):,} child runs, the most one run may start "
-                    "(durablerun.api.CHILDREN_MAX: each child's request, state and outcome live in the parent's "
-                    f"DurableRun, which etcd caps at 1.5 MiB). Start the rest from the children (each may start "
-                    f"{most:,} of its own), or split the work over more parent runs")
+                raise too_many_children(what, len(asked))
             if asked:
                 ops = [{"op": "add", "path": f"/status/{field}/{_pointer(key)}", "value": value}]
             else:

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private.children import read_result
+from durablerun._private.children import read_result, too_many_children
 from durablerun._private.engine import Run
 from durablerun._private.layout import RunRef
 from durablerun._private.model import AttemptResult, EngineConfig, Totals
@@ -202,6 +202,8 @@ class LocalFamily:
                     f"ctx.start_child({child!r}): this run already asked for {child!r} with other arguments "
                     f"({asked}); a name stands for one request: use another name")
             return name
+        if len(parent.requests) >= api.CHILDREN_MAX:
+            raise too_many_children(f"ctx.start_child({child!r})", len(parent.requests))
         parent.requests[child] = request
         event = resource.child_event(child)
         if name in self.runs:
