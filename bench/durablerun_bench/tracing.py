@@ -15,9 +15,10 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from durablerun_bench import machine
 from durablerun_bench.util import quick, run_json
@@ -25,6 +26,8 @@ from durablerun_testbed.jaeger import Jaeger
 
 #: The issue's target: tracing on adds at most this share to a step (filesystem store).
 TARGET = 0.10
+#: Pairs of runs: wall time per step on a shared machine moves by tens of percent between runs.
+REPEATS = 9
 
 
 def bench(*, tmp: str, endpoint: str, steps: int, repeats: int, log: Any = print) -> dict[str, Any]:
@@ -60,7 +63,54 @@ def bench(*, tmp: str, endpoint: str, steps: int, repeats: int, log: Any = print
             "cpu_overhead": statistics.median(ratios("cpu_ms_per_step")), "cpu_overhead_all": ratios("cpu_ms_per_step"),
             "off_cpu_ms": median("off", "cpu_ms_per_step"), "on_cpu_ms": median("on", "cpu_ms_per_step"),
             "exporter_us": statistics.median(exporter) * 1000,
-            "undelivered": max(int(r["on"].get("spans_undelivered", 0)) for r in runs), "target": TARGET}
+            "undelivered": max(int(r["on"].get("spans_undelivered", 0)) for r in runs), "target": TARGET,
+            "sink": {"steps": 20 * steps, **sink_cost(steps=20 * steps)}}
+
+
+def sink_cost(*, steps: int = 20000, repeats: int = 5) -> dict[str, float]:
+    """What tracing costs the step's own thread, alone: the five progress events a step emits, through the
+    engine's SinkSet, to the tracing sink (spans kept, no export thread) and to no sink; µs per step."""
+    from decimal import Decimal
+
+    from opentelemetry.sdk.resources import Resource
+
+    from durablerun._private import tracing
+    from durablerun._private.model import StepRecord
+    from durablerun._private.sinks import EventKind, ProgressSink, SinkSet
+
+    class Keep:  # a span processor that keeps what it is handed
+        def __init__(self) -> None:
+            self.spans: list[Any] = []
+
+        def on_end(self, span: Any) -> None:
+            self.spans.append(span)
+
+    class Delivered:
+        delivered = 0
+
+    def per_step(sinks: list[ProgressSink]) -> float:
+        emit = SinkSet(sinks).emit
+        records = [StepRecord(seq=i, pos=str(i), name="work", encoded=b"x" * 1024) for i in range(steps)]
+        started = time.thread_time()
+        for r in records:
+            emit(EventKind.STEP_STARTED, position=r.pos, name="work", attempt=1)
+            emit(EventKind.CHECKPOINT_SAVED, seq=r.seq, key="journal")
+            emit(EventKind.RECORD_JOURNALED, record=r)
+            emit(EventKind.COST_UPDATED, usd=Decimal(0), tokens=0, steps=r.seq)
+            emit(EventKind.STEP_COMPLETED, position=r.pos, name="work", seq=r.seq, ok=True, duration=0.0)
+        return (time.thread_time() - started) / steps * 1e6
+
+    def traced() -> float:
+        kept = Keep()
+        sink = tracing.TracingSink(cast(Any, kept), cast(Any, Delivered()), "_local/bench",
+                                   resource=Resource.create({}), attributes={}, last_finished="")
+        took = per_step([sink])
+        if len(kept.spans) != steps:  # the SinkSet logs a failing sink and goes on: do not time a broken one
+            raise RuntimeError(f"the tracing sink made {len(kept.spans)} spans of {steps} steps")
+        return took
+
+    return {"untraced_us": statistics.median(per_step([]) for _ in range(repeats)),
+            "traced_us": statistics.median(traced() for _ in range(repeats))}
 
 
 def section(t: dict[str, Any], load: str | None = None) -> list[str]:
@@ -95,6 +145,11 @@ def section(t: dict[str, Any], load: str | None = None) -> list[str]:
               else "") + ". " if "cpu_overhead" in t else "")
         + f"Spans not delivered at the end of a run: {t['undelivered']}.",
         "",
+        *([f"The step's own share, measured alone (the five progress events of {t['sink']['steps']:,} steps "
+           "through the engine's SinkSet, spans kept and not exported): "
+           f"{t['sink']['traced_us'] - t['sink']['untraced_us']:.1f} µs per step "
+           f"({t['sink']['traced_us']:.1f} µs with the tracing sink, {t['sink']['untraced_us']:.1f} µs without).",
+           ""] if "sink" in t else []),
     ]
 
 
@@ -147,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     collector: Jaeger | _Receiver = _Receiver() if args.receiver else Jaeger(root / "jaeger", run_id).start()
     endpoint = collector.endpoint if isinstance(collector, _Receiver) else collector.otlp_endpoint
     try:
-        steps, repeats = (200, 1) if quick() else (1000, 9)
+        steps, repeats = (200, 1) if quick() else (1000, REPEATS)
         result = bench(tmp=str(root), endpoint=endpoint, steps=steps, repeats=repeats,
                        log=lambda m: print(m, file=sys.stderr))
+
     finally:
         collector.stop()
     if isinstance(collector, _Receiver):
