@@ -23,6 +23,7 @@ or a credential (docs/metrics.md, "Traces").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.trace import SpanContext
 
     from durablerun._private.layout import RunRef
     from durablerun._private.stores import Store
@@ -207,8 +209,17 @@ class TracingSink(ProgressSink):
 
     def __init__(self, processor: SpanProcessor, counter: _Counting, run_key: str, *, resource: Resource,
                  attributes: Mapping[str, Any], last_finished: str) -> None:
+        # Looked up once: a step's span is built from these on its thread, where every microsecond counts.
+        from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
+        self._span_type = ReadableSpan
+        self._context = functools.partial(SpanContext, api.trace_id_of(run_key), is_remote=False,
+                                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        self._parents: dict[int, SpanContext] = {}
+        self._unset = Status(StatusCode.UNSET)
+        self._error = functools.partial(Status, StatusCode.ERROR)
         self.processor = processor
         self.counter = counter
         self.resource = resource
@@ -229,18 +240,19 @@ class TracingSink(ProgressSink):
     def _export(self, name: str, span_id: int, *, start: int, end: int, attributes: Mapping[str, Any],
                 parent: int | None, events: Sequence[Event] = (), error: str | None = None) -> None:
         """One finished span, to the batch processor's queue."""
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
-
-        flags = TraceFlags(TraceFlags.SAMPLED)
-        self.processor.on_end(ReadableSpan(
-            name, context=SpanContext(self.trace_id, span_id, False, flags),
-            parent=None if parent is None else SpanContext(self.trace_id, parent, False, flags),
+        self.processor.on_end(self._span_type(
+            name, context=self._context(span_id), parent=None if parent is None else self._parent(parent),
             resource=self.resource, attributes=attributes, events=events, instrumentation_scope=self.scope,
-            status=Status(StatusCode.ERROR, error) if error is not None else Status(StatusCode.UNSET),
-            start_time=start, end_time=max(start, end)))
+            status=self._unset if error is None else self._error(error), start_time=start, end_time=max(start, end)))
         with self.lock:
             self.ended += 1
+
+    def _parent(self, span_id: int) -> SpanContext:
+        # Nearly every span's parent is the attempt's: one context, made once.
+        context = self._parents.get(span_id)
+        if context is None:
+            context = self._parents[span_id] = self._context(span_id)
+        return context
 
     def _end(self, span: _Open, parent: int | None, *, end: int | None = None, error: str | None = None) -> None:
         self._export(span.name, span.span_id, start=span.start, end=time.time_ns() if end is None else end,
