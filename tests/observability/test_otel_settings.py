@@ -1,4 +1,5 @@
-"""OpenTelemetry's settings, read once for the runner and the operator (``api.otlp_traces_endpoint``).
+"""OpenTelemetry's settings, read once for the runner and the operator (``api.otlp_traces_endpoint``), and the
+runner's sampling decision.
 
 The runner goes on untraced on a bad setting (tests/observability/test_tracing.py), the operator refuses to
 start (tests/operator/test_decision_spans.py); what is wrong, and the fix, are said here, the same for both.
@@ -7,10 +8,13 @@ start (tests/operator/test_decision_spans.py); what is wrong, and the fix, are s
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from durablerun import api
+from durablerun._private import tracing
+from durablerun.stores import RunRef, open_store
 
 BASE = "http://otel-collector:4318"
 
@@ -51,3 +55,19 @@ def test_a_bad_setting_is_named_with_its_fix_and_no_credentials(env: dict[str, s
     with pytest.raises(ValueError, match=re.escape(said)) as raised:
         api.otlp_traces_endpoint(env)
     assert "pw" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("sampler", "arg", "traced"), [
+    ("parentbased_always_on", "", True), ("always_off", "", False), ("parentbased_always_off", "", False),
+    ("traceidratio", "0", False), ("parentbased_traceidratio", "1", True),
+])
+def test_the_sampler_decides_once_for_the_whole_run(tmp_path: Path, sampler: str, arg: str, traced: bool) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": BASE, "OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": arg}
+    store = open_store(f"file://{tmp_path}")
+    try:
+        sinks = tracing.sinks_for(store, RunRef.local("sampled"), env=env, exporter=InMemorySpanExporter())
+    finally:
+        store.close()
+    assert len(sinks) == int(traced)

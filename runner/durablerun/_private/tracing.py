@@ -75,18 +75,6 @@ def attempt_span_id(run_key: str, attempt_id: str) -> int:
     return int.from_bytes(digest[:8], "big") or 1
 
 
-class TracingConfigError(ValueError):
-    """The OTEL_* environment asks for something the runner cannot do; the run goes on untraced."""
-
-
-def endpoint_from_env(env: Mapping[str, str]) -> str | None:
-    """The OTLP/HTTP traces endpoint configured, None when tracing is off; TracingConfigError when invalid."""
-    try:
-        return api.otlp_traces_endpoint(env)
-    except ValueError as error:
-        raise TracingConfigError(str(error)) from None
-
-
 def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None = None,
               env: Mapping[str, str] | None = None, exporter: SpanExporter | None = None) -> list[ProgressSink]:
     """The tracing sink for an attempt of run ``ref``, or none when tracing is off, cannot start, or the
@@ -98,8 +86,8 @@ def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None
     """
     env = os.environ if env is None else env
     try:
-        endpoint = endpoint_from_env(env)
-    except TracingConfigError as error:
+        endpoint = api.otlp_traces_endpoint(env)
+    except ValueError as error:
         log.warning("tracing is off for this attempt: %s", error)
         return []
     if endpoint is None and exporter is None:
