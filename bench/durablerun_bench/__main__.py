@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             jaeger = Jaeger(root / "jaeger", run_id).start()
             try:
                 results["tracing"] = tracing.bench(tmp=str(tmp), endpoint=jaeger.otlp_endpoint, steps=sizes.steps,
-                                                   repeats=sizes.step_repeats, log=log)
+                                                   repeats=1 if quick() else tracing.REPEATS, log=log)
             finally:
                 jaeger.stop()
         if {"resume", "scale", "writecost", "webhooks"} & set(sections):

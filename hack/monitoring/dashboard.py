@@ -321,7 +321,8 @@ def _variables() -> list[cogbuilder.Builder[models.VariableModel]]:
         query_variable("namespace", "Namespace", 'label_values(durablerun_run_phase{job=~"$job"}, namespace)')
         .all_value(".+"),
         query_variable("webhook_job", "Webhook job", "label_values(durablerun_webhook_requests_total, job)"),
-        # Where a trace id opens (docs/metrics.md, Traces): any tracing UI whose trace URL ends in the id.
+        # Where a trace id opens (docs/metrics.md, Traces): any tracing UI whose trace URL ends in the id. Not a
+        # data link to a Grafana data source: its uid is not templated, and this one file serves every Grafana.
         dashboard_builders.TextBoxVariable("trace_url").label("Trace link").default_value("")
         .description("URL a trace id is appended to, to open it: e.g. https://jaeger.example.com/trace/")
         .hide(models.VariableHide.DONT_HIDE),

@@ -17,7 +17,6 @@ import random
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
 
 from durablerun import api
 from durablerun_operator import decide
@@ -31,31 +30,18 @@ log = logging.getLogger("durablerun.operator")
 
 SCOPE = "durablerun.operator"
 SERVICE_NAME = "durablerun-operator"
-ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 #: At shutdown, wait this long at most for queued spans to reach the collector.
 FLUSH_SECONDS = 2.0
 
 
 def endpoint(env: Mapping[str, str]) -> str | None:
-    """The OTLP/HTTP endpoint the operator's settings name; None when tracing is off. SystemExit when it is
-    not a URL: the operator refuses to start, as for its other settings (runners go on untraced instead)."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
-        return None
-    for var in ENDPOINTS:
-        value = env.get(var, "").strip()
-        if value:
-            try:
-                parts = urlsplit(value)
-                parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-            except ValueError:
-                parts = None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-                raise SystemExit(f"{var} is not an http(s) URL: set it (the chart's tracing.endpoint) to the "
-                                 "collector's OTLP/HTTP address, e.g. http://otel-collector:4318")
-            return value
-    return None
+    """The OTLP/HTTP endpoint the operator's settings name; None when tracing is off. SystemExit when a setting
+    is malformed (``api.otlp_traces_endpoint``): the operator refuses to start, as for its other settings
+    (runners go on untraced instead)."""
+    try:
+        return api.otlp_traces_endpoint(env)
+    except ValueError as error:
+        raise SystemExit(f"{error} (the chart's tracing.endpoint and tracing.env set these)") from None
 
 
 class _Ids:

@@ -6,7 +6,8 @@ the other half of the contract; this module holds the names and encodings.
 One source for: the resource's group, version and kind, the
 outcomes a runner attempt ends with and their exit codes, the restart reasons,
 the labels, annotations and environment the operator hands to a runner pod, the
-operator's own environment, the clock (``now()``), and the encodings both sides
+operator's own environment, the OpenTelemetry settings both read
+(``otlp_traces_endpoint``), the clock (``now()``), and the encodings both sides
 must agree on (durations, times, the input hash). docs/design.md describes the
 contract as a whole. The operator imports this module; this module imports
 nothing of the operator. Every one of these names is written only here or in
@@ -22,8 +23,10 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
@@ -322,6 +325,64 @@ def trace_id_of(key: str) -> int:
 def trace_id(key: str) -> str:
     """:func:`trace_id_of` as tracing backends show it (32 hex digits): status.traceID."""
     return f"{trace_id_of(key):032x}"
+
+
+#: OpenTelemetry's variables naming where traces go, the traces-only one first (it wins).
+OTLP_TRACES_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+#: The samplers OTEL_TRACES_SAMPLER may name (OpenTelemetry's; a run's trace is sampled on its id).
+OTEL_SAMPLERS = ("always_on", "always_off", "parentbased_always_on", "parentbased_always_off", "traceidratio",
+                 "parentbased_traceidratio")
+
+
+def otlp_traces_endpoint(env: Mapping[str, str]) -> str | None:
+    """The OTLP/HTTP URL that OpenTelemetry's standard variables in ``env`` send traces to; None when none is
+    set or traces are off (``OTEL_SDK_DISABLED=true``, ``OTEL_TRACES_EXPORTER=none``).
+
+    The one reading of these settings for the runner and the operator: ValueError, naming the variable and
+    the fix, on an endpoint that is not an http(s) URL (one with credentials is not repeated), an exporter
+    other than otlp, a protocol other than http/protobuf, or a sampler or ratio OpenTelemetry does not know.
+    """
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    exporter = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter == "none":
+        return None
+    var = next((v for v in OTLP_TRACES_ENDPOINT_VARS if env.get(v, "").strip()), None)
+    if var is None:
+        return None
+    value = env[var].strip()
+    if exporter != "otlp":
+        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter!r}: traces are exported with otlp only (unset it, or set "
+                         "it to otlp)")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = "<a URL with credentials>" if "@" in value else value
+        raise ValueError(f"{var}={shown!r} is not an http(s) URL: set it to the collector's OTLP/HTTP address, "
+                         "e.g. http://otel-collector:4318")
+    for pvar in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(pvar, "").strip()
+        if protocol:
+            if protocol != "http/protobuf":
+                raise ValueError(f"{pvar}={protocol!r}: traces are sent as OTLP over HTTP only: set it to "
+                                 "http/protobuf and the endpoint to the collector's HTTP port (4318)")
+            break
+    sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if sampler not in OTEL_SAMPLERS:
+        raise ValueError(f"OTEL_TRACES_SAMPLER={sampler!r} is not a sampler OpenTelemetry knows: use one of "
+                         f"{', '.join(OTEL_SAMPLERS)}")
+    if "traceidratio" in sampler:
+        arg = env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+        try:
+            ratio = float(arg)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio between 0 and 1")
+    return value
 
 
 # --- durations ---------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durablerun_bench import dr_flows, report, systems, util
+from durablerun_bench import dr_flows, report, systems, tracing, util
 
 
 def test_payload_is_one_kilobyte_and_differs_per_step() -> None:
@@ -142,10 +142,24 @@ def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
                "off_ms": 0.5, "on_ms": 0.521, "off_p99_ms": 2.0, "on_p99_ms": 2.1, "undelivered": 0, "target": 0.1}
     text = report.render({**_results(), "tracing": tracing})
     assert "## 5. Tracing overhead per step (filesystem store)" in text
-    assert "Tracing adds **4.2%** per step (21 µs; per repeat: 5.0%, 4.2%, 3.0%), which meets the target" in text
+    assert ("Tracing adds **4.2%** to a step's time (21 µs; per repeat: 5.0%, 4.2%, 3.0%), which meets the "
+            "target") in text
     assert "| tracing on adds <= 10% per step (filesystem store) | 4.2% | **met** |" in text
     slow = report.render({**_results(), "tracing": {**tracing, "overhead": 0.15}})
     assert "which misses the target" in slow
+    cpu = {"thread_overhead": 0.03, "thread_overhead_all": [0.03], "off_thread_cpu_ms": 0.25,
+           "on_thread_cpu_ms": 0.2575, "cpu_overhead": 0.2, "cpu_overhead_all": [0.2], "off_cpu_ms": 0.27,
+           "on_cpu_ms": 0.324, "exporter_us": 46.0, "sink": {"steps": 20000, "traced_us": 16.5, "untraced_us": 1.5}}
+    text = report.render({**_results(), "tracing": {**tracing, **cpu}})
+    assert "| tracing on | 0.521 ms | 2.100 ms | 0.258 ms | 0.324 ms |" in text
+    assert ("CPU of the step's thread +3.0% (per repeat: +3.0%); CPU of the process +20.0% (per repeat: +20.0%), of "
+            "which the span exporter's thread 46 µs per step.") in text
+    assert "of 20,000 steps through the engine's SinkSet, spans kept and not exported): 15.0 µs per step" in text
+
+
+def test_the_tracing_sinks_own_cost_is_timed_on_spans_it_made() -> None:
+    cost = tracing.sink_cost(steps=200, repeats=1)
+    assert cost["traced_us"] > cost["untraced_us"] > 0
 
 
 def test_report_skips_sections_that_did_not_run() -> None:

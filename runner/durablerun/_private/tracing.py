@@ -1,12 +1,13 @@
 """Traces of runs through OpenTelemetry: one trace per run, a span per attempt, a child span per step.
 
-It is one module of over 400 lines because it is one sink,
-:class:`TracingSink`, and the span ids it puts on attempts must be the ones
-:func:`attempt_span_id` beside it derives (the trace id is the contract's, ``api.trace_id_of``).
-
 A progress sink (:class:`TracingSink`), on when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
-``OTEL_EXPORTER_OTLP_ENDPOINT`` is set and the ``otel`` extra is installed; the other standard
-``OTEL_*`` variables (service name, resource attributes, sampler, headers, batch queue) are honoured.
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (read, with the other settings, by ``api.otlp_traces_endpoint``) and
+the ``otel`` extra is installed; the other standard ``OTEL_*`` variables (service name, resource
+attributes, sampler, headers, batch queue) are honoured.
+
+Each span is built once, finished, and handed to OpenTelemetry's batch span processor, whose exporter (the
+SDK's OTLP/HTTP one) encodes and sends it from a thread of its own: the step's thread pays for a dict and an
+object per step, not for the SDK's tracer, context and sampler machinery (bench/RESULTS.md, section 5).
 
 The trace id is a hash of the run's identity (``api.trace_id_of``: the operator computes it too), and an
 attempt's span id a hash of the run and the attempt id, so every attempt of a run, in any pod or process,
@@ -22,15 +23,17 @@ or a credential (docs/metrics.md, "Traces").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
 
 from durablerun import api
 from durablerun._private import replay
@@ -48,9 +51,10 @@ from durablerun._private.model import (
 from durablerun._private.sinks import ProgressSink
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan, Span, TracerProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-    from opentelemetry.sdk.trace.id_generator import IdGenerator
+    from opentelemetry.trace import SpanContext
 
     from durablerun._private.layout import RunRef
     from durablerun._private.stores import Store
@@ -61,10 +65,6 @@ log = logging.getLogger("durablerun")
 SCOPE = "durablerun"
 #: At the end of an attempt, wait this long at most for queued spans to reach the collector.
 FLUSH_SECONDS = 2.0
-TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
-_SAMPLERS = ("always_on", "always_off", "parentbased_always_on", "parentbased_always_off", "traceidratio",
-             "parentbased_traceidratio")
 #: Set by the sink of the attempt running in this process: model calls (durablerun.llm) report to it.
 _ACTIVE: TracingSink | None = None
 
@@ -75,58 +75,10 @@ def attempt_span_id(run_key: str, attempt_id: str) -> int:
     return int.from_bytes(digest[:8], "big") or 1
 
 
-class TracingConfigError(ValueError):
-    """The OTEL_* environment asks for something the runner cannot do; the run goes on untraced."""
-
-
-def endpoint_from_env(env: Mapping[str, str]) -> str | None:
-    """The OTLP/HTTP traces endpoint configured, None when tracing is off; TracingConfigError when invalid."""
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    exporter = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
-    if exporter == "none":
-        return None
-    var = TRACES_ENDPOINT if env.get(TRACES_ENDPOINT, "").strip() else ENDPOINT
-    value = env.get(var, "").strip()
-    if not value:
-        return None
-    if exporter != "otlp":
-        raise TracingConfigError(f"OTEL_TRACES_EXPORTER={exporter!r}: the runner exports traces with otlp only "
-                                 "(unset it, or set it to otlp)")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        shown = "<a URL with credentials>" if "@" in value else value
-        raise TracingConfigError(f"{var}={shown!r} is not an http(s) URL: set it to the collector's OTLP/HTTP "
-                                 "address, e.g. http://otel-collector:4318")
-    for pvar in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = env.get(pvar, "").strip()
-        if protocol:
-            if protocol != "http/protobuf":
-                raise TracingConfigError(f"{pvar}={protocol!r}: the runner sends OTLP over HTTP only: set it to "
-                                         "http/protobuf and the endpoint to the collector's HTTP port (4318)")
-            break
-    sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
-    if sampler not in _SAMPLERS:
-        raise TracingConfigError(f"OTEL_TRACES_SAMPLER={sampler!r} is not a sampler the runner knows: use one "
-                                 f"of {', '.join(_SAMPLERS)}")
-    if "traceidratio" in sampler:
-        arg = env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
-        try:
-            ratio = float(arg)
-        except ValueError:
-            ratio = -1.0
-        if not 0.0 <= ratio <= 1.0:
-            raise TracingConfigError(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio between 0 and 1")
-    return value
-
-
 def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None = None,
               env: Mapping[str, str] | None = None, exporter: SpanExporter | None = None) -> list[ProgressSink]:
-    """The tracing sink for an attempt of run ``ref``, or none when tracing is off or cannot start.
+    """The tracing sink for an attempt of run ``ref``, or none when tracing is off, cannot start, or the
+    sampler leaves the run's trace out.
 
     ``attributes`` describe where the attempt runs (pod, node, epoch). A configuration error is logged
     here, once, and the run goes on without traces. Reads the run's status in ``store`` (one small
@@ -134,18 +86,19 @@ def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None
     """
     env = os.environ if env is None else env
     try:
-        endpoint = endpoint_from_env(env)
-    except TracingConfigError as error:
+        endpoint = api.otlp_traces_endpoint(env)
+    except ValueError as error:
         log.warning("tracing is off for this attempt: %s", error)
         return []
     if endpoint is None and exporter is None:
         return []
     try:
-        provider, counter = _provider(env, exporter)
+        processor, counter, resource = _pipeline(env, exporter)
     except ImportError:
-        log.warning("tracing is off for this attempt: %s is set but OpenTelemetry is not installed; install "
-                    "durable-run[otel] (the runner image has it)", TRACES_ENDPOINT if env.get(TRACES_ENDPOINT)
-                    else ENDPOINT)
+        log.warning("tracing is off for this attempt: an OTLP endpoint is set but OpenTelemetry is not installed; "
+                    "install durable-run[otel] (the runner image has it)")
+        return []
+    if not _sampled(env, api.trace_id_of(ref.key)):
         return []
     rs = store.run_store(ref)
     try:
@@ -155,15 +108,27 @@ def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None
         status = {}
     finally:
         rs.close()
-    return [TracingSink(provider, counter, ref.key, attributes=attributes or {},
+    return [TracingSink(processor, counter, ref.key, resource=resource, attributes=attributes or {},
                         last_finished=str(status.get("attempt") or ""))]
 
 
-def _provider(env: Mapping[str, str], exporter: SpanExporter | None) -> tuple[TracerProvider, _Counting]:
+def _sampled(env: Mapping[str, str], trace_id: int) -> bool:
+    """The sampler's decision on the run's trace id: every attempt of a run decides alike. An attempt's span
+    is a root, so a parent-based sampler decides as its root sampler does."""
+    sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if sampler.endswith("always_off"):
+        return False
+    if sampler.endswith("traceidratio"):
+        from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
+
+        ratio = TraceIdRatioBased(float(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")))
+        return ratio.should_sample(None, trace_id, "attempt").decision is Decision.RECORD_AND_SAMPLE
+    return True
+
+
+def _pipeline(env: Mapping[str, str], exporter: SpanExporter | None) -> tuple[SpanProcessor, _Counting, Resource]:
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
 
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -174,12 +139,8 @@ def _provider(env: Mapping[str, str], exporter: SpanExporter | None) -> tuple[Tr
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
     resource = Resource.create({} if named else {"service.name": "durablerun"})
     counting = _Counting(exporter)
-    # The sampler decides on the trace id (parent-based, ratio): every attempt of a run decides alike.
-    provider = TracerProvider(resource=resource, sampler=_get_from_env_or_default(),
-                              id_generator=cast("IdGenerator", _Ids()), shutdown_on_exit=False)
     # A bounded queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048) exported from a thread of its own.
-    provider.add_span_processor(BatchSpanProcessor(cast("SpanExporter", counting)))
-    return provider, counting
+    return BatchSpanProcessor(cast("SpanExporter", counting)), counting, resource
 
 
 class _Counting:
@@ -207,91 +168,103 @@ class _Counting:
         return self.inner.force_flush(timeout_millis)
 
 
-class _Ids:
-    """An IdGenerator: the run's trace id, random span ids except the fixed one a thread asks for next
-    (an attempt's)."""
-
-    def __init__(self) -> None:
-        self.trace_id = 0
-        self.local = threading.local()
-
-    def generate_span_id(self) -> int:
-        fixed: int | None = getattr(self.local, "fixed", None)
-        if fixed is not None:
-            self.local.fixed = None
-            return fixed
-        return random.getrandbits(64) or 1
-
-    def generate_trace_id(self) -> int:
-        return self.trace_id or random.getrandbits(128) or 1
-
-    def is_trace_id_random(self) -> bool:
-        return False  # a hash of the run's identity (W3C trace-context level 2's "random" flag)
-
-
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-class TracingSink(ProgressSink):
-    """Turns one attempt's progress events into spans of the run's trace."""
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
 
-    def __init__(self, provider: TracerProvider, counter: _Counting, run_key: str, *,
+
+@dataclass(slots=True)
+class _Open:
+    """A span begun and not yet ended: what it becomes once its end is known."""
+
+    name: str
+    span_id: int
+    start: int  # ns since the epoch
+    attributes: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+
+
+class TracingSink(ProgressSink):
+    """Turns one attempt's progress events into spans of the run's trace.
+
+    A span is built once, finished, when its end is known (a step's when its record is journaled) and handed
+    to the batch processor: no tracer, context or sampler call per span, which cost a trivial step most of
+    its time (bench/RESULTS.md). The sampler decided once, on the run's trace id (:func:`sinks_for`).
+    """
+
+    def __init__(self, processor: SpanProcessor, counter: _Counting, run_key: str, *, resource: Resource,
                  attributes: Mapping[str, Any], last_finished: str) -> None:
-        self.provider = provider
+        # Looked up once: a step's span is built from these on its thread, where every microsecond counts.
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+        self._span_type = ReadableSpan
+        self._context = functools.partial(SpanContext, api.trace_id_of(run_key), is_remote=False,
+                                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        self._parents: dict[int, SpanContext] = {}
+        self._unset = Status(StatusCode.UNSET)
+        self._error = functools.partial(Status, StatusCode.ERROR)
+        self.processor = processor
         self.counter = counter
+        self.resource = resource
+        self.scope = InstrumentationScope(SCOPE)
         self.run_key = run_key
-        self.tracer = provider.get_tracer(SCOPE)
-        self.ids = cast(_Ids, provider.id_generator)
-        self.ids.trace_id = api.trace_id_of(run_key)
+        self.trace_id = api.trace_id_of(run_key)
         self.attributes = {k: v for k, v in attributes.items() if v is not None}
         self.last_finished = last_finished
         self.lock = threading.Lock()
-        self.attempt: Span | None = None
-        self.steps: dict[str, Span] = {}
+        self.attempt: _Open | None = None
+        self.steps: dict[str, _Open] = {}
         self.waits: dict[str, float] = {}
         self.ended = 0
         #: Steps started before this attempt's first journal write, after an attempt killed mid-way: run again.
         self.rerun_window = False
 
     # --- spans ------------------------------------------------------------------------
-    def _start(self, name: str, *, parent: Span | None, start: float | None = None,
-               attributes: Mapping[str, Any] | None = None, span_id: int | None = None) -> Span:
-        from opentelemetry import context, trace
+    def _export(self, name: str, span_id: int, *, start: int, end: int, attributes: Mapping[str, Any],
+                parent: int | None, events: Sequence[Event] = (), error: str | None = None) -> None:
+        """One finished span, to the batch processor's queue."""
+        self.processor.on_end(self._span_type(
+            name, context=self._context(span_id), parent=None if parent is None else self._parent(parent),
+            resource=self.resource, attributes=attributes, events=events, instrumentation_scope=self.scope,
+            status=self._unset if error is None else self._error(error), start_time=start, end_time=max(start, end)))
+        with self.lock:
+            self.ended += 1
 
-        ctx = trace.set_span_in_context(parent) if parent is not None else context.Context()
-        if span_id is not None:
-            self.ids.local.fixed = span_id
-        try:
-            span: Span = self.tracer.start_span(  # type: ignore[assignment]
-                name, context=ctx, attributes=attributes, start_time=None if start is None else _ns(start))
-        finally:
-            self.ids.local.fixed = None
-        return span
+    def _parent(self, span_id: int) -> SpanContext:
+        # Nearly every span's parent is the attempt's: one context, made once.
+        context = self._parents.get(span_id)
+        if context is None:
+            context = self._parents[span_id] = self._context(span_id)
+        return context
 
-    def _end(self, span: Span, end: float | None = None) -> None:
-        span.end(None if end is None else _ns(end))
-        if span.get_span_context().trace_flags.sampled:
-            with self.lock:
-                self.ended += 1
+    def _end(self, span: _Open, parent: int | None, *, end: int | None = None, error: str | None = None) -> None:
+        self._export(span.name, span.span_id, start=span.start, end=time.time_ns() if end is None else end,
+                     attributes=span.attributes, parent=parent, events=span.events, error=error)
 
-    @staticmethod
-    def _error(span: Span, description: str) -> None:
-        from opentelemetry.trace import Status, StatusCode
+    def _event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        """An event on the attempt's span."""
+        from opentelemetry.sdk.trace import Event
 
-        span.set_status(Status(StatusCode.ERROR, description))
+        if self.attempt is not None:
+            self.attempt.events.append(Event(name, attributes, time.time_ns()))
+
+    @property
+    def _attempt_id(self) -> int | None:
+        return None if self.attempt is None else self.attempt.span_id
 
     # --- the sink ------------------------------------------------------------------------
     def run_started(self, *, info: RunStarted) -> None:
         global _ACTIVE
         self._close_killed(info.journal)
-        self.attempt = self._start("attempt", parent=None, span_id=attempt_span_id(self.run_key, info.attempt_id),
-                                   attributes={**self.attributes, "durablerun.run": info.run,
-                                               "durablerun.attempt.id": info.attempt_id,
-                                               "durablerun.attempt.resumed": info.resumed,
-                                               "durablerun.journal.replayed_records": info.journal_records,
-                                               "durablerun.generation": info.generation,
-                                               "durablerun.code_version": info.code_version})
+        self.attempt = _Open("attempt", attempt_span_id(self.run_key, info.attempt_id), time.time_ns(), {
+            **self.attributes, "durablerun.run": info.run, "durablerun.attempt.id": info.attempt_id,
+            "durablerun.attempt.resumed": info.resumed, "durablerun.journal.replayed_records": info.journal_records,
+            "durablerun.generation": info.generation, "durablerun.code_version": info.code_version})
         _ACTIVE = self
 
     def _close_killed(self, journal: Sequence[Record]) -> None:
@@ -310,79 +283,79 @@ class TracingSink(ProgressSink):
         while first > 0 and journal[first - 1].w == killed:
             first -= 1
         began = min(r.at - (r.dur if isinstance(r, StepRecord) else 0.0) for r in journal[first:])
-        span = self._start("attempt", parent=None, start=began,
-                           span_id=attempt_span_id(self.run_key, killed),
-                           attributes={"durablerun.run": self.run_key, "durablerun.attempt.id": killed,
-                                       "durablerun.attempt.outcome": "Crashed",
-                                       "durablerun.attempt.reconstructed": True})
-        self._error(span, "the attempt ended without recording an outcome (killed, out of memory, node lost); "
-                          "this span ends at its last journal write")
-        self._end(span, journal[-1].at)
+        self._export("attempt", attempt_span_id(self.run_key, killed), start=_ns(began), end=_ns(journal[-1].at),
+                     parent=None, attributes={"durablerun.run": self.run_key, "durablerun.attempt.id": killed,
+                                              "durablerun.attempt.outcome": "Crashed",
+                                              "durablerun.attempt.reconstructed": True},
+                     error="the attempt ended without recording an outcome (killed, out of memory, node lost); "
+                           "this span ends at its last journal write")
         self.rerun_window = True
 
     def step_started(self, *, position: str, name: str, attempt: int) -> None:
         span = self.steps.get(position)
         if span is not None:
-            span.add_event("retry", {"durablerun.step.attempt": attempt})
+            from opentelemetry.sdk.trace import Event
+
+            span.events.append(Event("retry", {"durablerun.step.attempt": attempt}, time.time_ns()))
             return
         attributes: dict[str, Any] = {"durablerun.step.name": name, "durablerun.step.position": position}
         if self.rerun_window:
             attributes["durablerun.step.reexecuted"] = True
-        self.steps[position] = self._start(f"step {name}", parent=self.attempt, attributes=attributes)
+        self.steps[position] = _Open(f"step {name}", _span_id(), time.time_ns(), attributes)
 
     def record_journaled(self, *, record: Record) -> None:
-        attempt = self.attempt
+        attempt = self._attempt_id
         self.rerun_window = False
-        cost = record.cost
         if isinstance(record, StepRecord):
             span = self.steps.pop(record.pos, None)
             if span is None:
-                if attempt is not None and record.error and record.error.get("type") == replay.ABORT_MARK:
-                    attempt.add_event("abort stopped an operation in a Saga", {
+                if record.error and record.error.get("type") == replay.ABORT_MARK:
+                    self._event("abort stopped an operation in a Saga", {
                         "durablerun.step.name": record.name, "durablerun.step.position": record.pos,
                         "durablerun.abort.reason": str(record.error.get("reason", ""))})
                 return
-            size = int(record.ref["size"]) if record.ref else len(record.encoded or b"")
-            span.set_attributes({"durablerun.step.attempts": record.attempts,
-                                 "durablerun.step.retries": record.attempts - 1,
-                                 "durablerun.step.ok": record.ok, "durablerun.journal.seq": record.seq,
-                                 "durablerun.step.result_bytes": size if record.ok else 0,
-                                 "durablerun.cost.usd": float(cost.usd) if cost else 0.0,
-                                 "durablerun.cost.tokens": cost.tokens if cost else 0})
+            # Few attributes: each costs the export thread an encoding per step. Cost only where there is one.
+            a = span.attributes
+            a["durablerun.step.attempts"] = record.attempts
+            a["durablerun.step.ok"] = record.ok
+            a["durablerun.journal.seq"] = record.seq
+            a["durablerun.step.result_bytes"] = (int(record.ref["size"]) if record.ref else len(record.encoded or b"")
+                                                 ) if record.ok else 0
+            if record.cost:
+                a["durablerun.cost.usd"] = float(record.cost.usd)
+                a["durablerun.cost.tokens"] = record.cost.tokens
+            error = None
             if not record.ok:
-                error_type = str((record.error or {}).get("type", "Error"))
-                span.set_attribute("error.type", error_type)
-                self._error(span, error_type)
-            self._end(span)
+                error = a["error.type"] = str((record.error or {}).get("type", "Error"))
+            self._end(span, attempt, error=error)
         elif attempt is None:
             return
         elif isinstance(record, SleepRecord):
             wake = api.parse_time(record.wake_at).timestamp()
-            span = self._start("sleep", parent=attempt, start=record.at, attributes={
+            self._export("sleep", _span_id(), start=_ns(record.at), end=_ns(wake), parent=attempt, attributes={
                 "durablerun.position": record.pos, "durablerun.sleep.until": record.wake_at,
                 "durablerun.sleep.seconds": round(wake - record.at, 3)})
-            self._end(span, max(wake, record.at))
         elif isinstance(record, WaitRecord):
             self.waits[record.pos] = record.at
-            attempt.add_event("wait for event", {"durablerun.event.name": record.name,
-                                                 "durablerun.position": record.pos,
-                                                 "durablerun.wait.deadline": record.deadline or ""})
+            self._event("wait for event", {"durablerun.event.name": record.name, "durablerun.position": record.pos,
+                                           "durablerun.wait.deadline": record.deadline or ""})
         elif isinstance(record, EventRecord):
             began = self.waits.pop(record.pos, record.at)
-            span = self._start(f"wait {record.name}", parent=attempt, start=began, attributes={
-                "durablerun.event.name": record.name, "durablerun.position": record.pos,
-                "durablerun.event.received": record.ok, "durablerun.event.timed_out": record.timeout,
-                "durablerun.wait.seconds": round(record.at - began, 3)})
-            self._end(span, record.at)
+            self._export(f"wait {record.name}", _span_id(), start=_ns(began), end=_ns(record.at), parent=attempt,
+                         attributes={"durablerun.event.name": record.name, "durablerun.position": record.pos,
+                                     "durablerun.event.received": record.ok,
+                                     "durablerun.event.timed_out": record.timeout,
+                                     "durablerun.wait.seconds": round(record.at - began, 3)})
         elif isinstance(record, ContinueRecord):
-            attempt.add_event("continue_as_new", {"durablerun.generation": record.gen})
+            self._event("continue_as_new", {"durablerun.generation": record.gen})
         elif isinstance(record, CompleteRecord):
-            attempt.add_event("workflow completed", {"durablerun.journal.seq": record.seq})
+            self._event("workflow completed", {"durablerun.journal.seq": record.seq})
 
     def model_call(self, *, model: str, input_tokens: int, output_tokens: int, cached_tokens: int,
                    usd: Decimal) -> None:
         frame = replay.STEP.get()
-        parent = (self.steps.get(frame.position) if frame is not None else None) or self.attempt
+        step = self.steps.get(frame.position) if frame is not None else None
+        parent = step.span_id if step is not None else self._attempt_id
         system = _system_of(model)
         attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
                                       "gen_ai.usage.input_tokens": input_tokens,
@@ -392,46 +365,44 @@ class TracingSink(ProgressSink):
             attributes["gen_ai.system"] = system
         if cached_tokens:
             attributes["gen_ai.usage.cache_read.input_tokens"] = cached_tokens
-        self._end(self._start(f"chat {model}", parent=parent, attributes=attributes))
+        now = time.time_ns()
+        self._export(f"chat {model}", _span_id(), start=now, end=now, parent=parent, attributes=attributes)
 
     def run_finished(self, *, result: AttemptResult) -> None:
         global _ACTIVE
         if _ACTIVE is self:
             _ACTIVE = None
+        attempt = self._attempt_id
         for step in self.steps.values():
-            step.set_attribute("durablerun.step.interrupted", True)
-            self._error(step, f"the attempt ended ({result.outcome.value}) before this step was journaled; "
-                              "it runs again in the next attempt")
-            self._end(step)
+            step.attributes["durablerun.step.interrupted"] = True
+            self._end(step, attempt, error=f"the attempt ended ({result.outcome.value}) before this step was "
+                                           "journaled; it runs again in the next attempt")
         self.steps.clear()
         span = self.attempt
-        self.attempt = None
         if span is not None:
-            span.set_attributes({"durablerun.attempt.outcome": result.outcome.value,
-                                 "durablerun.cost.usd": float(result.totals.usd),
-                                 "durablerun.cost.tokens": result.totals.tokens,
-                                 "durablerun.steps": result.totals.steps,
-                                 "durablerun.journal.records": result.journal_records})
+            a = span.attributes
+            a.update({"durablerun.attempt.outcome": result.outcome.value,
+                      "durablerun.cost.usd": float(result.totals.usd), "durablerun.cost.tokens": result.totals.tokens,
+                      "durablerun.steps": result.totals.steps, "durablerun.journal.records": result.journal_records})
             if result.abort_reason is not None:
-                span.set_attribute("durablerun.abort.reason", result.abort_reason.value)
-                span.add_event("aborted", {"durablerun.abort.reason": result.abort_reason.value})
+                a["durablerun.abort.reason"] = result.abort_reason.value
+                self._event("aborted", {"durablerun.abort.reason": result.abort_reason.value})
             if result.overshoot:
-                span.add_event("budget overshot", {"durablerun.budget.overshoot": result.overshoot})
+                self._event("budget overshot", {"durablerun.budget.overshoot": result.overshoot})
             if result.waiting is not None:
                 until = result.waiting.deadline or result.waiting.wake_time
-                span.set_attributes({"durablerun.waiting.event": result.waiting.event or "",
-                                     "durablerun.waiting.until": api.format_time(until, precise=True) if until
-                                     else ""})
+                a["durablerun.waiting.event"] = result.waiting.event or ""
+                a["durablerun.waiting.until"] = api.format_time(until, precise=True) if until else ""
             if result.error_type:
-                span.set_attribute("error.type", result.error_type)
-            if result.outcome in (api.Outcome.FAILED, api.Outcome.USAGE_ERROR):
-                self._error(span, result.error_type or result.outcome.value)
-            self._end(span)
+                a["error.type"] = result.error_type
+            failed = result.outcome in (api.Outcome.FAILED, api.Outcome.USAGE_ERROR)
+            self._end(span, None, error=(result.error_type or result.outcome.value) if failed else None)
+        self.attempt = None
         self.flush()
 
     def flush(self, seconds: float = FLUSH_SECONDS) -> None:
         """Wait ``seconds`` at most for queued spans to be delivered; say how many were not."""
-        flusher = threading.Thread(target=self.provider.force_flush, name="durablerun-trace-flush", daemon=True)
+        flusher = threading.Thread(target=self.processor.force_flush, name="durablerun-trace-flush", daemon=True)
         flusher.start()
         flusher.join(seconds)
         with self.lock:
