@@ -224,6 +224,25 @@ class FsJournal(base.JournalBackend):
             out.extend(records)
         return out
 
+    def read_range(self, from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        # Only the segments the range falls in: a page reads one or two files of SEGMENT_RECORDS records.
+        starts = self._segments()
+        out: list[tuple[int, bytes]] = []
+        for i, start in enumerate(starts):
+            if start + layout.SEGMENT_RECORDS <= from_seq or start >= to_seq:
+                continue
+            records, _, _ = self._scan(start, last=i == len(starts) - 1, from_seq=from_seq)
+            out.extend(r for r in records if r[0] < to_seq)
+        return out
+
+    def count(self, at_least: int = 0) -> int:
+        # Full segments hold SEGMENT_RECORDS each: only the last one is counted (not checked: it reads nothing).
+        starts = self._segments()
+        if not starts:
+            return 0
+        _, count, _ = self._scan(starts[-1], last=True, from_seq=starts[-1] + layout.SEGMENT_RECORDS)
+        return starts[-1] + count
+
     # --- writing ---------------------------------------------------------------
     def _lock(self) -> int:
         if self._lock_fd is None:

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -302,6 +303,23 @@ class S3Backend(base.Backend):
 
         return self._call("ListObjectsV2", full_prefix, go)
 
+    def _list_some(self, full_prefix: str, start_after: str | None, limit: int) -> list[str]:
+        """At most ``limit`` keys under ``full_prefix`` after ``start_after``: ceil(limit / 1000) requests."""
+        def go() -> list[str]:
+            keys: list[str] = []
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if start_after:
+                kwargs["StartAfter"] = start_after
+            while len(keys) < limit:
+                page = self._client.list_objects_v2(**kwargs, MaxKeys=min(1000, limit - len(keys)))
+                keys.extend(obj["Key"] for obj in page.get("Contents", []))
+                if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                    break
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
+            return keys[:limit]
+
+        return self._call("ListObjectsV2", full_prefix, go)
+
     def delete(self, keys: Iterable[str]) -> None:
         full = [self._key(k) for k in keys]
         self._delete_full(full)
@@ -341,11 +359,25 @@ class S3Journal(base.JournalBackend):
         b = self._b
         journal_prefix = b._key(self._root + layout.JOURNAL_DIR)
         start_after = b._key(self._root + layout.journal_key(from_seq - 1)) if from_seq > 0 else None
-        keys = b._list_full(journal_prefix, start_after)
+        return self._fetch(b._list_full(journal_prefix, start_after), from_seq, sys.maxsize)
+
+    def read_range(self, from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        # A record's key is its position: a page is its objects fetched by name (in parallel), no listing;
+        # the journal has no gaps, so the first one missing is its end.
+        keys = [self._root + layout.journal_key(seq) for seq in range(from_seq, max(from_seq, to_seq))]
+        out = []
+        for seq, body in enumerate(self._b.get_many(keys), start=from_seq):
+            if body is None:
+                break
+            out.append((seq, body))
+        return out
+
+    def _fetch(self, keys: list[str], from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        b = self._b
         seqs: list[tuple[int, str]] = []
         for full in keys:
             seq = layout.seq_of_journal_key(b._rel(full)[len(self._root) :])
-            if seq is not None and seq >= from_seq:
+            if seq is not None and from_seq <= seq < to_seq:
                 seqs.append((seq, b._rel(full)))
         bodies = b.get_many([k for _, k in seqs])
         out = []
@@ -356,6 +388,32 @@ class S3Journal(base.JournalBackend):
                 )
             out.append((seq, body))
         return out
+
+    def _exists(self, seq: int) -> bool:
+        """Whether record ``seq`` is written: one listing of at most one key (the journal has no gaps)."""
+        b = self._b
+        start_after = b._key(self._root + layout.journal_key(seq - 1)) if seq > 0 else None
+        return bool(b._list_some(b._key(self._root + layout.JOURNAL_DIR), start_after, 1))
+
+    def count(self, at_least: int = 0) -> int:
+        # The journal is a prefix 0..n-1. From a position known written (the snapshot's), one listing finds the
+        # end of a short tail; past that, doubling then bisecting: O(log n) one-key listings.
+        b = self._b
+        if at_least > 0:
+            after = b._list_some(b._key(self._root + layout.JOURNAL_DIR),
+                                 b._key(self._root + layout.journal_key(at_least - 1)), 1000)
+            if len(after) < 1000:
+                return at_least + len(after)
+        if not self._exists(at_least):
+            return at_least
+        low, step = at_least, 1  # ``low`` is written
+        while self._exists(low + step):
+            low, step = low + step, step * 2
+        high = low + step  # not written
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self._exists(middle) else (low, middle)
+        return high
 
     def append(self, seq: int, data: bytes) -> str:
         key = self._root + layout.journal_key(seq)
