@@ -102,3 +102,29 @@ def test_a_far_page_of_a_long_journal_reads_a_page_not_the_journal(store: Store)
     timeline.page(rs, REF.key, 1_600, 200, now=5_000.0, attempts=attempts)
     assert sum(end - first for first, end in rs.ranges) <= 200 + timeline.LOOKBACK + 2  # the writers are remembered
     rs.close()
+
+
+def test_a_restart_row_names_its_causes_from_the_runs_events() -> None:
+    """The operator's Restarting Events between one attempt's last record and the next one's first are that
+    restart's causes; Events elsewhere, or of another reason, are not."""
+    records = journal(45)  # attempts change at 23 (t=1023) and 41 (t=1041)
+    entries = timeline.build(REF.key, records).entries
+    events = [
+        (1_022.5, "Restarting", "Crash: the runner exited with code 137: restart 1 of 3 in 10s"),
+        (1_023.0, "Started", "attempt 2 in pod x-2"),
+        (1_030.0, "Restarting", "OOMKilled: not between two attempts' records"),
+        (1_040.2, "Restarting", "Crash: the runner exited with code 1: restart 2 of 3 in 20s"),
+        (1_041.9, "Restarting", "LeaseExpired: the lease lapsed before attempt 3 journaled anything"),
+    ]
+    timeline.restart_causes(entries, events)
+    restarts = [e for e in entries if e.kind == "restart"]
+    assert [e.causes for e in restarts] == [["Crash"], ["Crash", "LeaseExpired"]]
+    assert restarts[0].reason == ("Crash: the runner exited with code 137: restart 1 of 3 in 10s; "
+                                  "attempt 2 (b) resumed the run")
+    assert "; then LeaseExpired: the lease lapsed" in restarts[1].reason
+    assert all(not e.causes for e in entries if e.kind != "restart")
+    items = [{"lastTimestamp": "2026-11-25T23:00:00Z", "reason": "Restarting", "message": "Crash: x"},
+             {"eventTime": "2026-11-25T23:00:01.500000Z", "reason": "Restarting", "message": "Evicted: y"},
+             {"reason": "Restarting", "message": "no time: left out"}]
+    assert [(reason, message) for _, reason, message in timeline.kubernetes_events(items)] == [
+        ("Restarting", "Crash: x"), ("Restarting", "Evicted: y")]

@@ -243,6 +243,7 @@ class Browser:
         self.token = secrets.token_urlsafe(32)
         self.hosts: set[str] = set()
         self._can: dict[str, tuple[float, bool]] = {}
+        self.events: dict[tuple[str, str], list[dict[str, Any]]] = {}  # each run's Events, as its page last read them
 
     def can_change(self, namespace: str) -> bool:
         """Whether the user may patch runs in ``namespace``: a SelfSubjectAccessReview (`kubectl auth can-i`)."""
@@ -257,9 +258,8 @@ class Browser:
     def run_page(self, namespace: str, name: str) -> dict[str, Any]:
         kube = self.kube.in_namespace(namespace)
         body = kube.run(name)
-        events = kube.json("get", "events", "--field-selector",
-                           f"involvedObject.name={name},involvedObject.kind={api.KIND}")["items"]
-        events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        events = kube.events(name)
+        self.events[(namespace, name)] = events  # the timeline's restart causes, asked for right after
         return {"run": body, "events": [{"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
                                          "count": e.get("count") or 1,
                                          "time": e.get("lastTimestamp") or e.get("eventTime")} for e in events],
@@ -270,6 +270,9 @@ class Browser:
         the journal's records (the pages), ``attemptCount`` the run's attempts."""
         kube = self.kube.in_namespace(namespace)
         built, whole = self.timelines.page(kube, kube.run(name), offset, TIMELINE_PAGE)
+        events = self.events.get((namespace, name))
+        timeline.restart_causes(built.entries, timeline.kubernetes_events(
+            events if events is not None else kube.events(name)))
         page = built.to_json()
         if whole["total"]:  # the bars place each entry within the whole run, not within its page
             page["start"], page["end"] = (api.format_time(whole[k], precise=True) for k in ("start", "end"))

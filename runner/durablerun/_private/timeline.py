@@ -53,6 +53,8 @@ class Entry:
     #: Why the run stood still (sleeps, waits, restarts).
     reason: str = ""
     marks: list[str] = field(default_factory=list)
+    #: A restart's causes (RestartReason values, in order), from the run's Events (:func:`restart_causes`).
+    causes: list[str] = field(default_factory=list)
     #: The journal position of the record that ended this entry (-1: a wait still open). A page of a long
     #: journal keeps the entries its positions end.
     seq: int = -1
@@ -144,6 +146,35 @@ def build(run: str, records: Sequence[Record], *, now: float | None = None, firs
             costly.marks.append("most expensive")
     totals = records[-1].totals if records else None
     return Timeline(run, entries, writers, str(totals.usd) if totals else "0", totals.tokens if totals else 0)
+
+
+#: Seconds an Event's time may fall outside the gap between two attempts' records and still be that restart's:
+#: Events carry whole seconds, and the operator posts one a moment after it saw the pod end.
+EVENT_SLACK = 2.0
+
+
+def restart_causes(entries: Sequence[Entry], events: Sequence[tuple[float, str, str]]) -> None:
+    """Name each restart's cause on its row: the operator's ``Restarting`` Events (``(time, reason,
+    message)``, message ``<RestartReason>: <why>``) posted between the last record of one attempt and the
+    first of the next. Several (a crash, then a lease lapse before anything was journaled) are all named."""
+    for entry in entries:
+        if entry.kind != "restart":
+            continue
+        found = sorted((at, message) for at, reason, message in events if reason == api.EVENT_RESTARTING
+                       and entry.start - EVENT_SLACK <= at <= entry.end + EVENT_SLACK)
+        if found:
+            entry.causes = [message.split(":", 1)[0] for _, message in found]
+            entry.reason = "; then ".join(message for _, message in found) + f"; {entry.reason}"
+
+
+def kubernetes_events(items: Sequence[dict[str, Any]]) -> list[tuple[float, str, str]]:
+    """``(time, reason, message)`` of Kubernetes Events (core/v1 ``items``), for :func:`restart_causes`."""
+    out = []
+    for item in items:
+        when = item.get("lastTimestamp") or item.get("eventTime") or item.get("firstTimestamp")
+        if when:
+            out.append((parse_time(when).timestamp(), str(item.get("reason") or ""), str(item.get("message") or "")))
+    return out
 
 
 #: Records read before a page, to find where a wait that ends on the page began (a wait ended further on
@@ -265,8 +296,10 @@ def render(t: Timeline, out: IO[str] | None = None) -> None:
               f"{what[:28]:<28} {cost:>9} {tokens:>7}  {tail}".rstrip(), file=out)
 
 
-def show(store: Store, ref: RunRef, *, as_json: bool = False, out: IO[str] | None = None) -> int:
-    """Print run ``ref``'s timeline from ``store``; 1 when there is no such run."""
+def show(store: Store, ref: RunRef, *, as_json: bool = False, out: IO[str] | None = None,
+         events: Sequence[tuple[float, str, str]] = ()) -> int:
+    """Print run ``ref``'s timeline from ``store``, its restarts' causes from ``events`` (a DurableRun's);
+    1 when there is no such run."""
     out = out or sys.stdout
     store.check()
     if not store.read_run(run=ref).exists:
@@ -278,6 +311,7 @@ def show(store: Store, ref: RunRef, *, as_json: bool = False, out: IO[str] | Non
     finally:
         rs.close()
     timeline = build(ref.key, records, now=time.time())
+    restart_causes(timeline.entries, events)
     if as_json:
         print(json.dumps(timeline.to_json(), indent=2), file=out)
     else:
