@@ -105,6 +105,9 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert ingress["replicas"] == 2
     assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
     assert one(webhooks, "Role")["metadata"]["namespace"] == namespace
+    secrets_rule = next(r for r in one(webhooks, "Role")["rules"] if r["resources"] == ["secrets"])
+    assert secrets_rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [
+        api.WEBHOOK_KEYS_SECRET, api.WEBHOOK_SOURCES_SECRET, "ci-hooks"]}  # webhooks.sourceSecrets, by name only
     assert one(webhooks, "Secret")["metadata"]["name"] == api.WEBHOOK_KEYS_SECRET
     assert one(webhooks, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"].endswith(
         f':{one(webhooks, "ServiceAccount")["metadata"]["name"]}"')
