@@ -215,7 +215,7 @@ class Timelines:
                 journal.store.check()
                 journal.checked = True
             return timeline.page(journal.runs, journal.ref.key, offset, size, now=time.time(),
-                                 attempts=journal.attempts)
+                                 attempts=journal.attempts, count_attempts=False)  # status.attempt counts them
 
     def close(self) -> None:
         with self.lock:
@@ -267,16 +267,18 @@ class Browser:
 
     def timeline_page(self, namespace: str, name: str, offset: int) -> dict[str, Any]:
         """The timeline entries journal positions ``offset`` to ``offset + TIMELINE_PAGE`` end; ``total`` counts
-        the journal's records (the pages), ``attemptCount`` the run's attempts."""
+        the journal's records (the pages), ``attemptCount`` the run's attempts (its status's)."""
         kube = self.kube.in_namespace(namespace)
-        built, whole = self.timelines.page(kube, kube.run(name), offset, TIMELINE_PAGE)
+        kube_run = kube.run(name)
+        built, whole = self.timelines.page(kube, kube_run, offset, TIMELINE_PAGE)
         events = self.events.get((namespace, name))
         timeline.restart_causes(built.entries, timeline.kubernetes_events(
             events if events is not None else kube.events(name)))
         page = built.to_json()
         if whole["total"]:  # the bars place each entry within the whole run, not within its page
             page["start"], page["end"] = (api.format_time(whole[k], precise=True) for k in ("start", "end"))
-        return {**page, "total": whole["total"], "attemptCount": whole["attempts"], "offset": offset,
+        attempt_count = int((kube_run.get("status") or {}).get("attempt") or 0)
+        return {**page, "total": whole["total"], "attemptCount": attempt_count, "offset": offset,
                 "pageSize": TIMELINE_PAGE}
 
     def act(self, namespace: str, name: str, action: str, form: dict[str, Any]) -> str:

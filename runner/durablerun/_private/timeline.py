@@ -223,9 +223,10 @@ class Attempts:
 
 
 def page(rs: RunStore, run: str, offset: int, size: int, *, now: float,
-         attempts: Attempts | None = None) -> tuple[Timeline, dict[str, Any]]:
+         attempts: Attempts | None = None, count_attempts: bool = True) -> tuple[Timeline, dict[str, Any]]:
     """The entries that records ``offset`` to ``offset + size`` of the journal end, and the whole run's
-    facts (``total`` records, ``start``, ``end``, ``attempts``): O(size) records read, never the journal.
+    facts (``total`` records, ``start``, ``end``, ``attempts``: with ``count_attempts``, else 0 (a
+    DurableRun's status counts them)): O(size) records read, never the journal.
 
     The bars place each entry within the whole run. A wait still open shows on the last page; the
     slowest and most expensive marks are the page's own.
@@ -254,7 +255,7 @@ def page(rs: RunStore, run: str, offset: int, size: int, *, now: float,
         attempts.note(tail)
         open_waits = [e.end for e in entries if e.seq < 0]
         whole.update(start=build(run, head).start, end=max([build(run, tail, now=now).end, *open_waits]),
-                     attempts=attempts.ordinal(total - 1),
+                     attempts=attempts.ordinal(total - 1) if count_attempts else 0,
                      usd=str(tail[-1].totals.usd), tokens=tail[-1].totals.tokens)
     return Timeline(run, entries, built.attempts, whole["usd"], whole["tokens"]), whole
 
