@@ -159,9 +159,10 @@ def section(t: dict[str, Any], load: str | None = None) -> list[str]:
         f"A synthetic journal of {t['records']:,} records (steps with 100-byte results, a wait every 5,000, a "
         "restart at 60%, a snapshot every 100 records), on the filesystem store and on MinIO. *Before*: the "
         "browser loaded the journal (snapshot chunks and tail) and built the whole timeline to show one page. "
-        f"*Page*: `timeline.page` reads the page's {t['page']} records and the 64 before it, counts the journal "
-        "(filesystem: the last segment; S3: a bisection of one-key listings) and finds the page's attempt by "
-        "bisecting writer changes, cold each time. Median of "
+        f"*Page*: `timeline.page` as the browser calls it: the page's {t['page']} records and the 64 before it, "
+        "the journal's length (filesystem: its last segment; S3: the snapshot pointer, then one listing of the "
+        "tail), its first and last records, and the page's attempt by bisecting writer changes (single-record "
+        "reads, cold each time: the last page is past the restart). Median of "
         f"{t['repeats']} repeats; peak memory is tracemalloc's (Python allocations) during one more call"
         + (f"; load average (1/5/15 min) {load} before the section" if load else "") + ".",
         "",
