@@ -4,7 +4,9 @@ Sections: steps (per-step overhead; a fan-out on S3 with and without group
 commit), replay (journals of growing size, DBOS recovery), resume (SIGKILL ->
 first new step on the test bed), writecost (what one status write costs the
 API server, object sizes), scale (the operator with many DurableRuns, active
-and waiting), tracing (per-step overhead with traces on, beside off). BENCH_QUICK=1 runs a fast smoke version.
+and waiting), tracing (per-step overhead with traces on, beside off),
+timelines (the run browser's timeline page of a 100,000-record journal).
+BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
 
@@ -35,6 +37,7 @@ from durablerun_bench import (
     resume,
     scale,
     steps,
+    timelines,
     tracing,
     webhooks,
     writecost,
@@ -48,7 +51,7 @@ from durablerun_testbed.testbed import TestBed
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Sizes:
     fanout_steps: int = 100
     fanout_repeats: int = 5
     shard_runs: int = 3000
+    timeline_records: int = 100_000
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -80,7 +84,8 @@ class Sizes:
             return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
                        export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
                        scale_stopped=10, write_cost_writes=50, write_cost_rounds=1, children=100, events=50,
-                       waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60)
+                       waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
+                       timeline_records=20_000)
         runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
@@ -183,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                         tmp=str(tmp), s3=s3_params, dbos_url=pg.sqlalchemy_url(pg.create_database("recovery")),
                         sizes=list(sizes.replay_sizes), dbos_steps=sizes.dbos_steps, repeats=sizes.replay_repeats,
                         export_from=sizes.export_from, log=log)
+        if "timelines" in sections:
+            log("the run browser's timeline: one page of a long journal, beside the whole journal")
+            results["timelines"] = timelines.bench(tmp=str(tmp), s3=s3_params, records=sizes.timeline_records,
+                                                   repeats=sizes.replay_repeats, log=log)
         if "tracing" in sections:
             log("tracing overhead per step (filesystem store, Jaeger on loopback)")
             jaeger = Jaeger(root / "jaeger", run_id).start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import tracing
+from durablerun_bench import timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -69,6 +69,8 @@ def render(r: dict[str, Any]) -> str:
         lines += tracing.section(r["tracing"])
         targets.append(["tracing on adds <= 10% per step (filesystem store)",
                         f"{r['tracing']['overhead'] * 100:.1f}%", _yes(r["tracing"]["overhead"] <= 0.10)])
+    if "timelines" in r:
+        lines += timelines.section(r["timelines"])
     if targets:
         lines += ["## Targets (issue 7)", "", *_table(["target", "measured", ""], targets), ""]
     return "\n".join(lines) + "\n"

@@ -152,6 +152,11 @@ _EXIT_CODES = {
 }
 
 
+#: The reason of the Event the operator posts on a run it restarts; its message starts with the
+#: RestartReason and a colon (``Crash: ...``). The timeline shows it on the restart's row.
+EVENT_RESTARTING = "Restarting"
+
+
 class RestartReason(enum.StrEnum):
     """Why the operator restarted a run (the ``reason`` label of durablerun_run_restarts_total)."""
 

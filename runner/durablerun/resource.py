@@ -260,6 +260,32 @@ EVENTS_RULE = (
     "name in object.spec.events && object.spec.events[name] == oldObject.spec.events[name])"
 )
 
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+class WebhookSource(_Model):
+    """How the webhook ingress checks a signed POST to this run (docs/web.md): a source scheme and the Secret
+    entry holding its shared secret. It wins over the namespace's durablerun-webhook-sources Secret."""
+
+    scheme: Literal["github", "stripe", "hmac"] = Field(
+        description=(
+            "github (X-Hub-Signature-256), stripe (Stripe-Signature, timestamped) or hmac (X-Durablerun-Timestamp "
+            "and X-Durablerun-Signature): how the sender signs its requests."
+        ),
+    )
+    secret: str = Field(
+        description=(
+            "Secret in the run's namespace holding the shared secret. The ingress reads only the Secrets its "
+            "chart names (webhooks.sourceSecrets, and durablerun-webhook-sources): name one of those."
+        ),
+        pattern=SECRET_NAME_PATTERN, max_length=253,
+    )
+    key: str = Field(
+        default="secret", description="The entry of that Secret holding the shared secret.",
+        pattern=r"^[-._a-zA-Z0-9]+$", max_length=253,
+    )
+
+
 WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -307,6 +333,13 @@ class DurableRunSpec(_Model):
             "time; the API server refuses a change to or the removal of a name already set."
         ),
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    webhook: WebhookSource | None = Field(
+        default=None,
+        description=(
+            "A signed-webhook source of this run's own (scheme and Secret): a POST to the ingress's "
+            "/v1/namespaces/<ns>/runs/<name>/events/<event> is checked against it, whatever ?source= says."
+        ),
     )
     ttlSecondsAfterFinished: int | None = Field(
         default=None, ge=0,

@@ -119,6 +119,12 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                         "must have at most 2000 items"),
     "ttl-negative": (with_("spec.ttlSecondsAfterFinished", -1), "spec.ttlSecondsAfterFinished",
                      "greater than or equal to 0"),
+    # A run's own webhook source: only schemes the ingress checks, and a Secret to check them with.
+    "webhook-scheme-unknown": (with_("spec.webhook", {"scheme": "slack", "secret": "hooks"}), "spec.webhook.scheme",
+                               'supported values: "github", "stripe", "hmac"'),
+    "webhook-secret-missing": (with_("spec.webhook", {"scheme": "github"}), "spec.webhook.secret", "Required value"),
+    "webhook-secret-bad-name": (with_("spec.webhook", {"scheme": "hmac", "secret": "My Hooks"}),
+                                "spec.webhook.secret", "should match"),
     "unknown-spec-field": (with_("spec.workflw", "agents.research:run"), "spec.workflw", "unknown field"),
     "unknown-policy-field": (with_("spec.policy.maxRestart", 3), "spec.policy.maxRestart", "unknown field"),
 }

@@ -162,6 +162,17 @@ def test_the_tracing_sinks_own_cost_is_timed_on_spans_it_made() -> None:
     assert cost["traced_us"] > cost["untraced_us"] > 0
 
 
+def test_report_shows_the_timeline_pages_beside_the_whole_read() -> None:
+    rows = [{"store": "filesystem", "what": "whole journal, then page 1 (before)", "ms": 7000.0,
+             "ms_all": [7000.0, 7100.0], "peak_mib": 175.7, "entries": 200},
+            {"store": "filesystem", "what": "last page (records 99,800+)", "ms": 20.5, "ms_all": [20.5, 30.0],
+             "peak_mib": 1.9, "entries": 200}]
+    text = report.render({**_results(), "timelines": {"records": 100_000, "page": 200, "repeats": 2, "rows": rows}})
+    assert "## 6. The run browser's timeline of a 100,000-record journal" in text
+    assert "| filesystem | whole journal, then page 1 (before) | 7000.0 ms | 7000.0, 7100.0 ms | 175.7 MiB |" in text
+    assert "| filesystem | last page (records 99,800+) | 20.5 ms | 20.5, 30.0 ms | 1.9 MiB |" in text
+
+
 def test_report_skips_sections_that_did_not_run() -> None:
     results = _results()
     for section in ("steps", "replay", "resume", "scale"):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -22,7 +24,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from durablerun_testbed import chromium
+from durablerun_testbed import binaries, chromium
 from durablerun_testbed.testbed import TestBed
 from tests.browser.conftest import StartUI
 from tests.operator.helpers import Operator, RunEnv
@@ -122,9 +124,20 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert [k for k in kinds if k[0] in ("step", "wait")] == [("step", "prepare"), ("step", "flaky"),
                                                               ("wait", "wait: review")], kinds
     assert runs.get("review")["status"]["restarts"] == 1
+    # The restart's row names its cause, from the operator's Restarting Event (not only in the Events table).
+    restart = until(chrome, lambda: next((row for row in rows(chrome, "timeline") if row["data"]["kind"] == "restart"
+                                          and "Crash:" in row["cells"][7]), None), "the restart's cause on its row")
+    assert "resumed the run" in restart["cells"][7]
     until(chrome, lambda: rows(chrome, "events"), "the run's Events")
     assert "Progressing" in text(chrome, "#conditions")
     screenshot(chrome, "run-browser-run.png", 900)
+    # `kubectl durablerun timeline` draws the same model: the same cause on the same restart.
+    drawn = subprocess.run([sys.executable, "-m", "durablerun.kubectl", "--kubeconfig", str(testbed.kubeconfig),
+                            "-n", ns, "timeline", "review", "--credentials-from-secret", "-o", "json"],
+                           env={**testbed.env(), "KUBECTL": str(binaries.kubectl())}, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert drawn.returncode == 0, drawn.stderr
+    assert [e["causes"] for e in json.loads(drawn.stdout)["entries"] if e["kind"] == "restart"] == [["Crash"]]
 
     # Approve from the page: the awaited event's form, a confirmation, and the run resumes to Succeeded.
     form = chrome.find_element(By.ID, "event-form")

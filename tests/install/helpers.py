@@ -201,6 +201,7 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
         },
         "webhooks": {
             "enabled": True, "url": "https://hooks.example.com", "namespaces": watch_namespaces, "replicas": 2,
+            "sourceSecrets": ["ci-hooks"],
             "port": 9443, "metricsPort": 19091, "tls": {"secretName": "hooks-tls"}, "maxBodyBytes": 65536,
             "rate": 5, "burst": 10, "service": {"type": "LoadBalancer", "port": 8443},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},

@@ -105,9 +105,21 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert ingress["replicas"] == 2
     assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
     assert one(webhooks, "Role")["metadata"]["namespace"] == namespace
+    secrets_rule = next(r for r in one(webhooks, "Role")["rules"] if r["resources"] == ["secrets"])
+    assert secrets_rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [
+        api.WEBHOOK_KEYS_SECRET, api.WEBHOOK_SOURCES_SECRET, "ci-hooks"]}  # webhooks.sourceSecrets, by name only
     assert one(webhooks, "Secret")["metadata"]["name"] == api.WEBHOOK_KEYS_SECRET
     assert one(webhooks, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"].endswith(
         f':{one(webhooks, "ServiceAccount")["metadata"]["name"]}"')
+    # Its own ServiceMonitor scrapes the ingress's metrics port (the dashboard's "Webhook ingress" row).
+    hooks_service, hooks_monitor = one(webhooks, "Service"), one(webhooks, "ServiceMonitor")
+    assert hooks_monitor["spec"]["selector"]["matchLabels"].items() <= hooks_service["metadata"]["labels"].items()
+    assert hooks_service["spec"]["selector"].items() <= ingress["template"]["metadata"]["labels"].items()
+    assert hooks_monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    assert hooks_monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    metrics_port = {"name": "metrics", "port": 19091, "targetPort": "metrics", "protocol": "TCP"}
+    assert metrics_port in hooks_service["spec"]["ports"]
+    assert hooks_monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     deployment = one(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = one([{"kind": "c", **c} for c in pod["containers"]], "c")
@@ -230,6 +242,18 @@ def test_service_monitor_needs_the_metrics_service(helm: Helm) -> None:
                   "--set", "metrics.service.enabled=false", check=False)
     assert result.returncode != 0
     assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in result.stderr
+
+
+def test_webhook_service_monitor_only_with_the_ingress(helm: Helm) -> None:
+    """The ingress's ServiceMonitor comes with the ingress: none without it, none without ServiceMonitors."""
+    monitors = {"metrics": {"serviceMonitor": {"enabled": True}}}
+    hooks = {"webhooks": {"enabled": True, "url": "https://hooks.example.com", "namespaces": ["ns"]}}
+    names = sorted(m["metadata"]["name"] for m in of_kind(helm.template("x", "ns", {**monitors, **hooks}),
+                                                          "ServiceMonitor"))
+    assert names == ["x-durable-run", "x-durable-run-webhooks"]
+    assert [m["metadata"]["name"] for m in of_kind(helm.template("x", "ns", monitors), "ServiceMonitor")] == [
+        "x-durable-run"]
+    assert of_kind(helm.template("x", "ns", hooks), "ServiceMonitor") == []
 
 
 def test_crds_keep_and_enabled(helm: Helm) -> None:

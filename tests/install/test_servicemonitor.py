@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 
 from durablerun_operator import metrics
+from durablerun_operator.ingress import server as ingress
 from durablerun_testbed import procs
 from durablerun_testbed.prometheus import Prometheus, ServiceMonitorTarget
 from tests.helpers import StartPrometheus
@@ -98,3 +99,32 @@ def test_relabelings_and_metric_relabelings_apply(
     assert {s["cluster"] for s in series(prometheus, "durablerun_run_phase")} == {"prod-eu"}
     assert series(prometheus, "durablerun_run_completed_steps")
     assert not series(prometheus, "durablerun_run_cost_usd")
+
+
+def test_the_webhook_ingress_is_scraped_by_its_own_service_monitor(
+    start_prometheus: StartPrometheus, tmp_path: Path
+) -> None:
+    """With webhooks.enabled the chart's second ServiceMonitor finds the ingress's metrics port: the
+    dashboard's "Webhook ingress" row has series, under a job of their own."""
+    helm = Helm(tmp_path / "helm")
+    helm.home.mkdir()
+    objects = helm.template("durable-run", RELEASE_NAMESPACE, {
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "webhooks": {"enabled": True, "url": "https://hooks.example.com", "namespaces": ["team-a"]}})
+    hooks = [o for o in objects if o["metadata"]["name"].endswith("-webhooks")]
+    target = ServiceMonitorTarget(one(hooks, "ServiceMonitor"), one(hooks, "Service"), pod="durable-run-webhooks-x",
+                                  container="webhooks")
+    ingress.REQUESTS.labels("delivered").inc()  # the ingress's own series, as its process serves them
+    served, thread = start_http_server(0, addr="127.0.0.1")
+    try:
+        prometheus = start_prometheus([f"127.0.0.1:{served.server_port}"], service_monitor=target)
+        procs.wait_for(lambda: prometheus.query("durablerun_webhook_requests_total"), timeout=WAIT,
+                       what="the first scrape of the ingress")
+        outcomes = series(prometheus, "durablerun_webhook_requests_total")
+        assert {s["outcome"] for s in outcomes} == set(ingress.OUTCOMES)
+        assert {s["job"] for s in outcomes} == {"durable-run-webhooks"}  # not the operator's job
+        assert series(prometheus, 'durablerun_webhook_requests_total{outcome="delivered"} > 0')
+    finally:
+        served.shutdown()
+        served.server_close()
+        thread.join(timeout=10)

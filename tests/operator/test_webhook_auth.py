@@ -136,3 +136,12 @@ def test_a_body_that_cannot_be_an_event_names_why(body: bytes, path: str, status
         auth.event_value(body, path)
     assert caught.value.status == status
     assert message in caught.value.reason
+
+
+def test_a_runs_source_scheme_is_one_the_ingress_checks() -> None:
+    """spec.webhook.scheme (the CRD's enum, refused at apply time otherwise) is exactly the ingress's schemes."""
+    from typing import get_args
+
+    from durablerun import resource
+
+    assert set(get_args(resource.WebhookSource.model_fields["scheme"].annotation)) == set(auth.VERIFIERS)

@@ -29,9 +29,11 @@ from durablerun_operator.ingress import auth
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 from tests.helpers import SESSION_ID
-from tests.install.helpers import Helm, dump, service_account_kubectl
+from tests.install.helpers import Helm, Kubectl, dump, service_account_kubectl
 
 from .helpers import RunEnv, StartOperator
+
+RUN_SECRET = "run-hooks"  # the Secret a run names in spec.webhook: the chart's webhooks.sourceSecrets
 
 
 @dataclass
@@ -71,7 +73,8 @@ def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path
     helm = Helm(tmp_path / "helm")
     (tmp_path / "helm").mkdir()
     rendered = helm.template(release, namespace, {"webhooks": {"enabled": True, "url": url,
-                                                               "namespaces": [namespace]}},
+                                                               "namespaces": [namespace],
+                                                               "sourceSecrets": [RUN_SECRET]}},
                              "--show-only", "templates/webhooks.yaml")
     wanted = [o for o in rendered if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Secret",
                                                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
@@ -199,9 +202,51 @@ def test_a_signed_source_sends_an_event(runs: RunEnv, ingress: Ingress, testbed:
                for e in runs.events("target"))
 
 
-def test_the_ingress_account_may_only_add_events(runs: RunEnv, ingress: Ingress) -> None:
-    from tests.install.helpers import Kubectl
+def test_a_runs_own_source_wins_over_the_namespaces(runs: RunEnv, ingress: Ingress, testbed: TestBed) -> None:
+    """spec.webhook names a scheme and a Secret entry: a POST to that run is checked against it, not against the
+    namespace's sources Secret; a Secret the chart does not name stays unreadable; a bad scheme never applies."""
+    run_secret, namespace_secret = b"run-" + uuid.uuid4().hex.encode(), b"ns-" + uuid.uuid4().hex.encode()
+    testbed.kubectl("create", "secret", "generic", RUN_SECRET, "-n", runs.namespace,
+                    f"--from-literal=ocr={run_secret.decode()}")
+    testbed.kubectl("create", "secret", "generic", api.WEBHOOK_SOURCES_SECRET, "-n", runs.namespace,
+                    f"--from-literal=github.ci={namespace_secret.decode()}")
+    testbed.kubectl("create", "secret", "generic", "elsewhere", "-n", runs.namespace,
+                    f"--from-literal=secret={run_secret.decode()}")
+    for name, source in (("scanned", {"scheme": "hmac", "secret": RUN_SECRET, "key": "ocr"}),
+                         ("unlisted", {"scheme": "hmac", "secret": "elsewhere"})):
+        run = runs.manifest(name, "optest_flows:approval")
+        run["spec"].update(suspend=True, webhook=source)  # no pod needed: events may arrive before the run waits
+        runs.apply(run)
+    body, now = b'{"pages": 12}', int(time.time())
+    path = f"/v1/namespaces/{runs.namespace}/runs/scanned/events/review"
 
+    # The namespace's source does not open a run that names its own, even with a valid signature of it.
+    assert ingress.post(path + "?source=github.ci", body, SIGNERS["github"](namespace_secret, body, now)) == (
+        401, {"error": "unauthorized"})
+    assert ingress.post(path, body, SIGNERS["hmac"](b"wrong", body, now)) == (401, {"error": "unauthorized"})
+    assert ingress.post(path, body, SIGNERS["hmac"](run_secret, body, now - 600)) == (401, {"error": "unauthorized"})
+    # A Secret outside webhooks.sourceSecrets: RBAC keeps it from the ingress, so nothing opens that run.
+    other = path.replace("runs/scanned", "runs/unlisted")
+    assert ingress.post(other, body, SIGNERS["hmac"](run_secret, body, now)) == (401, {"error": "unauthorized"})
+    assert not Kubectl(ingress.kubeconfig).can_i("get", "secrets/elsewhere", runs.namespace)
+    assert runs.get("scanned")["spec"].get("events", {}) == {}
+
+    assert ingress.post(path, body, SIGNERS["hmac"](run_secret, body, now))[0] == 202  # no ?source= needed
+    assert runs.get("scanned")["spec"]["events"] == {"review": {"pages": 12}}
+    assert runs.get("unlisted")["spec"].get("events", {}) == {}
+    assert any(e["reason"] == "EventReceived" and "run's webhook source (hmac" in e["message"]
+               and run_secret.decode() not in e["message"] for e in runs.events("scanned"))
+
+    # What the ingress cannot honour, the API server refuses at apply time, naming the field.
+    bad = runs.manifest("slack", "optest_flows:approval")
+    bad["spec"]["webhook"] = {"scheme": "slack", "secret": RUN_SECRET}
+    refused = testbed.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert refused.returncode != 0
+    assert "spec.webhook.scheme" in refused.stderr
+    assert '"github", "stripe", "hmac"' in refused.stderr
+
+
+def test_the_ingress_account_may_only_add_events(runs: RunEnv, ingress: Ingress) -> None:
     run = runs.manifest("guarded", "optest_flows:approval")
     run["spec"]["suspend"] = True
     runs.apply(run)

@@ -85,6 +85,26 @@ def test_journal_positions_are_written_once(store: Store) -> None:
     other.close()
 
 
+def test_a_journal_page_reads_its_range_and_the_count_is_its_length(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the run browser pages a long journal with: a range of positions, and how many there are."""
+    monkeypatch.setattr(layout, "SEGMENT_RECORDS", 8)  # the filesystem's pages cross segments' ends
+    rs = store.run_store(REF)
+    assert rs.count() == 0
+    assert rs.read_range(0, 10) == []
+    length = 37
+    for seq in range(length):
+        rs.append(_record(seq, f"s{seq}"))
+    assert rs.count() == length
+    for first, end in ((0, 3), (5, 6), (6, 18), (7, 9), (8, 16), (33, 37), (35, 90), (36, 37)):
+        page = rs.read_range(first, end)
+        assert [r.name for r in page] == [f"s{seq}" for seq in range(first, min(end, length))], (first, end)
+    assert rs.read_range(length, length + 10) == []
+    assert rs.read_range(4, 4) == []
+    rs.close()
+
+
 def test_truncate_drops_a_journal_tail_and_frees_its_positions(store: Store) -> None:
     """What `durablerun rerun` does to a journal: records from a position on are gone, those before are
     kept byte for byte, and the next writer appends at the cut."""

@@ -227,7 +227,7 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
             t.new.phase = api.Phase.PENDING
             t.new.message = f"{ending.message}: restarting (disruption {t.new.disruptions} of " \
                             f"{policy.maxDisruptions}; does not count against maxRestarts)"
-            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+            t.event(api.EVENT_RESTARTING, f"{ending.reason}: {t.new.message}", warning=True)
     else:  # a crash, an OOM kill, an expired lease, or an attempt fenced by a zombie write
         t.new.restarts = status.restarts + 1
         t.plan.restart_reason = ending.reason
@@ -238,14 +238,14 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
             t.new.phase = api.Phase.PENDING
             t.new.message = f"{ending.message}: restarting at once to finish aborting (restart " \
                             f"{t.new.restarts} of {policy.maxRestarts})"
-            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+            t.event(api.EVENT_RESTARTING, f"{ending.reason}: {t.new.message}", warning=True)
         else:
             delay = policy.backoff.delay(t.new.restarts)
             t.new.phase = api.Phase.BACKOFF
             t.new.nextAttemptTime = api.format_time(t.now + delay)
             t.new.message = f"{ending.message}: restart {t.new.restarts} of {policy.maxRestarts} in " \
                             f"{api.format_duration(delay)}"
-            t.event("Restarting", f"{ending.reason}: {t.new.message}", warning=True)
+            t.event(api.EVENT_RESTARTING, f"{ending.reason}: {t.new.message}", warning=True)
 
 
 

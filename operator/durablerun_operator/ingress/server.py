@@ -1,8 +1,9 @@
 """The webhook ingress's HTTP server: two routes that each write one event on one run.
 
 ``POST /v1/hooks/{token}``: a capability URL (``ctx.webhook_url``); the token names the run and the
-event. ``POST /v1/namespaces/{ns}/runs/{run}/events/{event}?source=<scheme>.<name>``: a per-source
-signature (GitHub, Stripe, generic HMAC) checked with that entry of the namespace's sources Secret.
+event. ``POST /v1/namespaces/{ns}/runs/{run}/events/{event}[?source=<scheme>.<name>]``: a per-source
+signature (GitHub, Stripe, generic HMAC) checked with the run's own source (``spec.webhook``: a scheme
+and a Secret entry) or else with the entry of the namespace's sources Secret ``?source=`` names.
 Either way the body (JSON, or the part ``?path=a.b`` selects) becomes ``spec.events.<event>``, first
 write wins, as ``kubectl durablerun event`` does. Whoever fails authentication gets one answer,
 whatever failed: a missing run, a wrong signature and an expired token look the same.
@@ -140,30 +141,42 @@ class Ingress:
                                    "a capability URL", uid=claims.uid)
 
     async def signed(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
+        """A signature checked with the run's own source (``spec.webhook``) if it names one, else with the entry
+        of the namespace's sources Secret that ``?source=`` names: the run's own wins."""
         namespace, run, event = (request.match_info[k] for k in ("namespace", "run", "event"))
         source = request.query.get("source", "")
-        try:
-            scheme = auth.check_source_name(source)
-        except ValueError as error:
-            raise _Answer(400, "bad_request", str(error)) from None
-        self._limit(f"{namespace}/{source}")
+        if source:
+            try:
+                auth.check_source_name(source)
+            except ValueError as error:
+                raise _Answer(400, "bad_request", str(error)) from None
+        self._limit(f"{namespace}/{source or run}")
         if namespace not in self.settings.namespaces:
             raise _UNAUTHORIZED
         body = await self._body(request)
-        secret = (await self._secret(namespace, api.WEBHOOK_SOURCES_SECRET) or {}).get(source)
+        body_run = await asyncio.to_thread(self.kube.get_run, namespace, run)
+        own = ((body_run or {}).get("spec") or {}).get("webhook")
+        if own:
+            scheme, label = own["scheme"], f"the run's webhook source ({own['scheme']}, Secret {own['secret']})"
+            secret = (await self._secret(namespace, own["secret"]) or {}).get(own.get("key") or "secret")
+        elif source:
+            scheme, label = source.split(".", 1)[0], f"webhook source {source}"
+            secret = (await self._secret(namespace, api.WEBHOOK_SOURCES_SECRET) or {}).get(source)
+        else:  # neither: the same answer as a wrong signature (a caller learns nothing of the run)
+            raise _UNAUTHORIZED
         if not secret:
-            log.info("no source %s in %s/%s", source, namespace, api.WEBHOOK_SOURCES_SECRET)
+            log.info("%s of %s/%s: no such Secret entry, or one the ingress may not read", label, namespace, run)
             raise _UNAUTHORIZED
         try:
             auth.VERIFIERS[scheme](secret, body, request.headers, self.clock())
         except auth.Refused as error:
-            log.info("request from source %s for %s/%s refused: %s", source, namespace, run, error)
+            log.info("request with %s for %s/%s refused: %s", label, namespace, run, error)
             raise _UNAUTHORIZED from None
         try:
             check_event_name(event)
         except Exception as error:
             raise _Answer(400, "bad_request", str(error)) from None
-        return await self._deliver(namespace, run, event, self._value(body, request), f"webhook source {source}")
+        return await self._deliver(namespace, run, event, self._value(body, request), label)
 
     # --- shared -----------------------------------------------------------------------------------
 

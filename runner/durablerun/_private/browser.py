@@ -4,8 +4,9 @@ Like ``kubectl proxy`` it listens on 127.0.0.1 only and makes every call with th
 (kubeconfig, context): Kubernetes RBAC decides what each person sees and changes. The runs list is a watch
 (``kubectl get --watch``) kept in memory; the pages poll a cheap endpoint that answers "unchanged" until the
 watch saw something. A run's timeline is read from its journal with the credentials ``kubectl durablerun
-journal`` uses and handed to the page a page at a time. Actions are the plugin's own (``kubeapi``), by POST
-with this server's token only (CSRF), and a request naming another host is refused (DNS rebinding).
+journal`` uses, a page at a time: a page reads its own records, never the journal whole. Actions are the
+plugin's own (``kubeapi``), by POST with this server's token only (CSRF), and a request naming another host
+is refused (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from urllib.parse import parse_qs, urlsplit
 from durablerun import api, errors
 from durablerun._private import kubeapi, timeline
 from durablerun._private.kubeapi import Kubectl, PluginError
+from durablerun._private.layout import RunRef
+from durablerun._private.stores import Store
 
 ASSETS = Path(__file__).parent / "browser_assets"
 STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
@@ -178,45 +181,58 @@ class RunWatch:
 
 
 class Timelines:
-    """Built timelines of the last few runs looked at. A run's is rebuilt when its journal grew, at most every
-    ``REBUILD_SECONDS`` while it runs: the journal of a long run is read whole, so not on every poll."""
+    """The open journals of the last few runs looked at. A timeline page reads only its own records (and a
+    few before them) from the store, never the journal whole (``timeline.page``); the store is kept open,
+    and which attempt wrote which position is remembered for ``REMEMBER_SECONDS`` (a rerun rewrites it)."""
 
-    REBUILD_SECONDS = 10.0
+    REMEMBER_SECONDS = 10.0
+    REOPEN_SECONDS = 300.0  # credentials from a Secret are read again this often
 
     def __init__(self, credentials_from_secret: bool, keep: int = 4) -> None:
         self.credentials_from_secret, self.keep = credentials_from_secret, keep
-        # (namespace, name, uid) -> (the timeline, the checkpoint and phase it was built at, when)
-        self.built: OrderedDict[tuple[str, str, str], tuple[timeline.Timeline, str, float]] = OrderedDict()
+        # (namespace, name, uid) -> (its store, the journal's run store, the attempts index, opened, indexed)
+        self.open: OrderedDict[tuple[str, str, str], _Journal] = OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, kube: Kubectl, body: dict[str, Any]) -> timeline.Timeline:
-        meta, status = body["metadata"], body.get("status") or {}
+    def page(self, kube: Kubectl, body: dict[str, Any], offset: int, size: int) -> tuple[timeline.Timeline,
+                                                                                           dict[str, Any]]:
+        meta = body["metadata"]
         key = (meta["namespace"], meta["name"], meta["uid"])
-        seen = f"{(status.get('checkpoint') or {}).get('key')}:{status.get('phase')}"
+        with self.lock:  # one page at a time: a page is a few milliseconds, and a store is not shared
+            journal = self.open.pop(key, None)
+            if journal is not None and time.monotonic() - journal.opened > self.REOPEN_SECONDS:
+                journal.close()
+                journal = None
+            if journal is None:
+                journal = _Journal(*kubeapi.open_journal(kube, body,
+                                                         credentials_from_secret=self.credentials_from_secret))
+            self.open[key] = journal
+            while len(self.open) > self.keep:
+                self.open.popitem(last=False)[1].close()
+            if time.monotonic() - journal.indexed > self.REMEMBER_SECONDS:
+                journal.attempts, journal.indexed = timeline.Attempts(journal.runs), time.monotonic()
+            if not journal.checked:
+                journal.store.check()
+                journal.checked = True
+            return timeline.page(journal.runs, journal.ref.key, offset, size, now=time.time(),
+                                 attempts=journal.attempts, count_attempts=False)  # status.attempt counts them
+
+    def close(self) -> None:
         with self.lock:
-            if key in self.built:
-                self.built.move_to_end(key)
-                built, at, when = self.built[key]
-                if at == seen or time.monotonic() - when < self.REBUILD_SECONDS:
-                    return built
-        store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=self.credentials_from_secret)
-        try:
-            store.check()
-            records = []
-            if store.read_run(run=ref).exists:
-                run_store = store.run_store(ref)
-                try:
-                    records = run_store.load().records
-                finally:
-                    run_store.close()
-        finally:
-            store.close()
-        built = timeline.build(ref.key, records, now=time.time())
-        with self.lock:
-            self.built[key] = (built, seen, time.monotonic())
-            while len(self.built) > self.keep:
-                self.built.popitem(last=False)
-        return built
+            while self.open:
+                self.open.popitem()[1].close()
+
+
+class _Journal:
+    def __init__(self, store: Store, ref: RunRef) -> None:
+        self.store, self.ref = store, ref
+        self.runs = store.run_store(ref)
+        self.attempts = timeline.Attempts(self.runs)
+        self.opened, self.indexed, self.checked = time.monotonic(), time.monotonic(), False
+
+    def close(self) -> None:
+        self.runs.close()
+        self.store.close()
 
 
 class Browser:
@@ -227,6 +243,7 @@ class Browser:
         self.token = secrets.token_urlsafe(32)
         self.hosts: set[str] = set()
         self._can: dict[str, tuple[float, bool]] = {}
+        self.events: dict[tuple[str, str], list[dict[str, Any]]] = {}  # each run's Events, as its page last read them
 
     def can_change(self, namespace: str) -> bool:
         """Whether the user may patch runs in ``namespace``: a SelfSubjectAccessReview (`kubectl auth can-i`)."""
@@ -241,22 +258,28 @@ class Browser:
     def run_page(self, namespace: str, name: str) -> dict[str, Any]:
         kube = self.kube.in_namespace(namespace)
         body = kube.run(name)
-        events = kube.json("get", "events", "--field-selector",
-                           f"involvedObject.name={name},involvedObject.kind={api.KIND}")["items"]
-        events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        events = kube.events(name)
+        self.events[(namespace, name)] = events  # the timeline's restart causes, asked for right after
         return {"run": body, "events": [{"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
                                          "count": e.get("count") or 1,
                                          "time": e.get("lastTimestamp") or e.get("eventTime")} for e in events],
                 "children": self.watch.children(namespace, name), "canChange": self.can_change(namespace)}
 
     def timeline_page(self, namespace: str, name: str, offset: int) -> dict[str, Any]:
+        """The timeline entries journal positions ``offset`` to ``offset + TIMELINE_PAGE`` end; ``total`` counts
+        the journal's records (the pages), ``attemptCount`` the run's attempts (its status's)."""
         kube = self.kube.in_namespace(namespace)
-        built = self.timelines.get(kube, kube.run(name))
-        page = timeline.Timeline(built.run, built.entries[offset:offset + TIMELINE_PAGE], built.attempts,
-                                 built.usd, built.tokens).to_json()
-        if built.entries:  # the bars place each entry within the whole run, not within its page
-            page["start"], page["end"] = (api.format_time(t, precise=True) for t in (built.start, built.end))
-        return {**page, "total": len(built.entries), "offset": offset, "pageSize": TIMELINE_PAGE}
+        kube_run = kube.run(name)
+        built, whole = self.timelines.page(kube, kube_run, offset, TIMELINE_PAGE)
+        events = self.events.get((namespace, name))
+        timeline.restart_causes(built.entries, timeline.kubernetes_events(
+            events if events is not None else kube.events(name)))
+        page = built.to_json()
+        if whole["total"]:  # the bars place each entry within the whole run, not within its page
+            page["start"], page["end"] = (api.format_time(whole[k], precise=True) for k in ("start", "end"))
+        attempt_count = int((kube_run.get("status") or {}).get("attempt") or 0)
+        return {**page, "total": whole["total"], "attemptCount": attempt_count, "offset": offset,
+                "pageSize": TIMELINE_PAGE}
 
     def act(self, namespace: str, name: str, action: str, form: dict[str, Any]) -> str:
         """One of the plugin's changes, as the user (their RBAC refuses what they may not do)."""
@@ -407,5 +430,6 @@ def serve(kube: Kubectl, args: argparse.Namespace) -> int:
     finally:
         server.server_close()
         watch.stop()
+        browser.timelines.close()
     return 0
 

@@ -308,6 +308,25 @@ class RunStore:
         records, _ = self._read_tail(0, False)
         return records
 
+    def read_range(self, from_seq: int, to_seq: int) -> list[Record]:
+        """Records ``from_seq`` up to (not including) ``to_seq``, every generation: a page of the journal,
+        read and decoded alone (the run browser's timeline; O(page) on every backend)."""
+        out: list[Record] = []
+        for seq, sealed in self.journal().read_range(from_seq, to_seq):
+            where = self.key(layout.journal_key(seq))
+            if seq != from_seq + len(out):
+                raise errors.CorruptionError(
+                    f"journal has a gap: expected position {from_seq + len(out)}, found {seq}", key=where)
+            out.append(self._decode_record(seq, sealed, where))
+        return out
+
+    def count(self) -> int:
+        """How many records the journal holds, every generation (cheap: not a read of the records). The
+        snapshot pointer says how many at least."""
+        pointer = self._get_sealed(layout.SNAPSHOT)
+        at_least = int(pointer["seq"]) + 1 if isinstance(pointer, dict) and "seq" in pointer else 0
+        return self.journal().count(at_least)
+
     def append(self, record: Record) -> str:
         """Seal and append one record at ``record.seq``; durable on return."""
         return self.journal().append(record.seq, codec.seal(record.raw()))

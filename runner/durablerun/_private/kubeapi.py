@@ -54,6 +54,16 @@ class Kubectl:
         body: dict[str, Any] = self.json("get", RESOURCE, name)
         return body
 
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The Kubernetes Events about run ``name``, oldest first (the run page's table, the timeline's restart
+        causes). Reading Events is not everyone's right: none when refused."""
+        result = self("get", "events", "--field-selector", f"involvedObject.name={name},involvedObject.kind={api.KIND}",
+                      "-o", "json", check=False)
+        if result.returncode != 0:
+            return []
+        items: list[dict[str, Any]] = json.loads(result.stdout).get("items") or []
+        return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
     def merge_patch(self, name: str, patch: dict[str, Any]) -> None:
         self("patch", RESOURCE, name, "--type=merge", "-p", json.dumps(patch))
 

@@ -82,6 +82,18 @@ class JournalBackend(abc.ABC):
         atomic) is removed. Readers never repair; they just stop before it.
         """
 
+    def read_range(self, from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        """Records with ``from_seq <= seq < to_seq`` in order: one page of a long journal (the run browser).
+
+        A backend overrides this to read only the page, so it costs O(page), not O(journal).
+        """
+        return [(seq, data) for seq, data in self.read(from_seq) if seq < to_seq]
+
+    def count(self, at_least: int = 0) -> int:
+        """How many records the journal holds (its next sequence number), without reading them all;
+        ``at_least``: a count known to be reached (a snapshot's), where a backend may start looking."""
+        return len(self.read(0))
+
     @abc.abstractmethod
     def append(self, seq: int, data: bytes) -> str:
         """Write record ``seq``; return the key (or key#seq) it was written to.

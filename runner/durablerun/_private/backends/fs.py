@@ -146,9 +146,10 @@ class FsJournal(base.JournalBackend):
         return starts
 
     def _scan(
-        self, start: int, *, last: bool, from_seq: int
+        self, start: int, *, last: bool, from_seq: int, until: int | None = None
     ) -> tuple[list[tuple[int, bytes]], int, int]:
-        """Records of one segment with seq >= from_seq, count, and the good size."""
+        """Records of one segment with seq >= from_seq, count, and the good size. With ``until``, the scan
+        stops before record ``until`` (a page): what follows it is neither checked nor counted."""
         path = self._dir / layout.segment_name(start)
         out: list[tuple[int, bytes]] = []
         good = 0
@@ -158,6 +159,8 @@ class FsJournal(base.JournalBackend):
         pos = 0
         size = len(data)
         while pos < size:
+            if until is not None and start + count >= until:
+                return out, count, good
             if data[pos] == 0:
                 # NUL where a record would start: the zero-filled space ahead of the
                 # records (a torn write may have left bytes further on; a writer
@@ -223,6 +226,25 @@ class FsJournal(base.JournalBackend):
             records, _, _ = self._scan(start, last=i == len(starts) - 1, from_seq=from_seq)
             out.extend(records)
         return out
+
+    def read_range(self, from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        # Only the segments the range falls in: a page reads one or two files of SEGMENT_RECORDS records.
+        starts = self._segments()
+        out: list[tuple[int, bytes]] = []
+        for i, start in enumerate(starts):
+            if start + layout.SEGMENT_RECORDS <= from_seq or start >= to_seq:
+                continue
+            records, _, _ = self._scan(start, last=i == len(starts) - 1, from_seq=from_seq, until=to_seq)
+            out.extend(records)
+        return out
+
+    def count(self, at_least: int = 0) -> int:
+        # Full segments hold SEGMENT_RECORDS each: only the last one is counted (not checked: it reads nothing).
+        starts = self._segments()
+        if not starts:
+            return 0
+        _, count, _ = self._scan(starts[-1], last=True, from_seq=starts[-1] + layout.SEGMENT_RECORDS)
+        return starts[-1] + count
 
     # --- writing ---------------------------------------------------------------
     def _lock(self) -> int:

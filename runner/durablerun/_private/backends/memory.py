@@ -49,6 +49,15 @@ class MemoryJournal(base.JournalBackend):
             records = list(self._space.journals.get(self._root, ()))
         return [(seq, data) for seq, data in enumerate(records) if seq >= from_seq]
 
+    def read_range(self, from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        with self._space.lock:
+            records = self._space.journals.get(self._root, [])[from_seq:max(from_seq, to_seq)]
+        return list(enumerate(records, start=from_seq))
+
+    def count(self, at_least: int = 0) -> int:
+        with self._space.lock:
+            return len(self._space.journals.get(self._root, ()))
+
     def append(self, seq: int, data: bytes) -> str:
         key = self._root + layout.journal_key(seq)
         with self._space.lock:

@@ -302,6 +302,23 @@ class S3Backend(base.Backend):
 
         return self._call("ListObjectsV2", full_prefix, go)
 
+    def _list_some(self, full_prefix: str, start_after: str | None, limit: int) -> list[str]:
+        """At most ``limit`` keys under ``full_prefix`` after ``start_after``: ceil(limit / 1000) requests."""
+        def go() -> list[str]:
+            keys: list[str] = []
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if start_after:
+                kwargs["StartAfter"] = start_after
+            while len(keys) < limit:
+                page = self._client.list_objects_v2(**kwargs, MaxKeys=min(1000, limit - len(keys)))
+                keys.extend(obj["Key"] for obj in page.get("Contents", []))
+                if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                    break
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
+            return keys[:limit]
+
+        return self._call("ListObjectsV2", full_prefix, go)
+
     def delete(self, keys: Iterable[str]) -> None:
         full = [self._key(k) for k in keys]
         self._delete_full(full)
@@ -363,13 +380,34 @@ class S3Journal(base.JournalBackend):
 
     def read(self, from_seq: int, *, repair: bool = False) -> list[tuple[int, bytes]]:
         objects = self._objects(from_seq)
-        bodies = self._b.get_many([k for _, k in objects])
-        out: list[tuple[int, bytes]] = []
-        for (seq, key), body in zip(objects, bodies, strict=True):
+        found = []
+        for (seq, key), body in zip(objects, self._b.get_many([k for _, k in objects]), strict=True):
             if body is None:
-                raise errors.CorruptionError(
-                    "a listed journal record disappeared while being read", key=key
-                )
+                raise errors.CorruptionError("a listed journal record disappeared while being read", key=key)
+            found.append((seq, key, body))
+        return self._unpack(found, from_seq)
+
+    def read_range(self, from_seq: int, to_seq: int) -> list[tuple[int, bytes]]:
+        # An object is named by its first position, so a page is its objects fetched by name (in parallel), no
+        # listing: from GROUP_RECORDS - 1 before the page (a group holding its first record starts there at the
+        # earliest). Names that hold nothing come back empty; the journal has no gaps, so the page ends at the
+        # first position no object holds.
+        seqs = range(max(0, from_seq - layout.GROUP_RECORDS + 1), max(from_seq, to_seq))
+        keys = [self._root + layout.journal_key(seq) for seq in seqs]
+        found = [(seq, key, body) for seq, key, body in zip(seqs, keys, self._b.get_many(keys), strict=True)
+                 if body is not None]
+        records = dict(self._unpack(found, from_seq))
+        out = []
+        for seq in range(from_seq, to_seq):
+            if seq not in records:
+                break
+            out.append((seq, records[seq]))
+        return out
+
+    def _unpack(self, objects: list[tuple[int, str, bytes]], from_seq: int) -> list[tuple[int, bytes]]:
+        """The records from ``from_seq`` on that ``objects`` ((first seq, key, body), in order) hold."""
+        out: list[tuple[int, bytes]] = []
+        for seq, key, body in objects:
             held = layout.unpack_journal_object(seq, body, key=self._b._key(key))
             if len(held) > 1:
                 self._group_of.update((s, seq) for s, _ in held)
@@ -379,6 +417,45 @@ class S3Journal(base.JournalBackend):
     def location(self, seq: int) -> str:
         first = self._group_of.get(seq)
         return layout.journal_key(seq) if first is None else f"{layout.journal_key(first)}#{seq}"
+
+    def _exists(self, seq: int) -> bool:
+        """Whether an object is named ``seq`` or later: one listing of at most one key."""
+        b = self._b
+        start_after = b._key(self._root + layout.journal_key(seq - 1)) if seq > 0 else None
+        return bool(b._list_some(b._key(self._root + layout.JOURNAL_DIR), start_after, 1))
+
+    def count(self, at_least: int = 0) -> int:
+        # The journal is a prefix 0..n-1 kept in objects named by their first position, so n is the last
+        # object's name plus the records it holds. From a count known reached (the snapshot's), one listing
+        # finds the last object of a short tail; past that, doubling then bisecting: O(log n) one-key listings.
+        b = self._b
+        prefix = b._key(self._root + layout.JOURNAL_DIR)
+        # The object holding record at_least - 1 is named here or later.
+        look = max(0, at_least - layout.GROUP_RECORDS + 1)
+        start = b._key(self._root + layout.journal_key(look - 1)) if look > 0 else None
+        listed = b._list_some(prefix, start, 1000)
+        names = (layout.seq_of_journal_key(b._rel(full)[len(self._root):]) for full in listed)
+        tail = [seq for seq in names if seq is not None]
+        if not tail:
+            return 0 if look == 0 else at_least
+        if len(tail) < 1000:
+            return self._end_of(tail[-1])
+        low, step = tail[-1], 1  # an object is named ``low``
+        while self._exists(low + step):
+            low, step = low + step, step * 2
+        high = low + step  # no object is named ``high`` or later
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self._exists(middle) else (low, middle)
+        return self._end_of(low)
+
+    def _end_of(self, seq: int) -> int:
+        """One past the last record of the object named ``seq``."""
+        key = self._root + layout.journal_key(seq)
+        body = self._b.get(key)
+        if body is None:
+            raise errors.CorruptionError("a listed journal record disappeared while being read", key=self._b._key(key))
+        return seq + len(layout.unpack_journal_object(seq, body, key=self._b._key(key)))
 
     def append(self, seq: int, data: bytes) -> str:
         return self._put(seq, data, base.CRASH_POINTS)

@@ -181,7 +181,7 @@ function runPage() {
     }
     const start = Date.parse(t.start), span = Math.max(Date.parse(t.end) - start, 1);
     document.getElementById("timeline-summary").textContent =
-      `${t.total} entries, ${t.attempts.length} attempt(s), $${t.cost.usd}, ${t.cost.tokens} tokens`;
+      `${t.total} journal records, ${t.attemptCount} attempt(s), $${t.cost.usd}, ${t.cost.tokens} tokens`;
     document.querySelector("#timeline tbody").replaceChildren(...t.entries.map(e => {
       const left = (Date.parse(e.start) - start) / span * 100, width = Math.max(0.5, e.duration * 1000 / span * 100);
       const what = e.kind === "step" ? e.name : `${e.kind}: ${e.name}`;
@@ -194,7 +194,7 @@ function runPage() {
         el("td", {class: "message"}, [e.reason, ...e.marks.map(m => `<- ${m}`)].filter(Boolean).join("  ")));
     }));
     const last = Math.min(t.offset + t.pageSize, t.total);
-    document.getElementById("tl-page").textContent = t.total ? `${t.offset + 1}-${last} of ${t.total}` : "nothing journaled yet";
+    document.getElementById("tl-page").textContent = t.total ? `records ${t.offset + 1}-${last} of ${t.total}` : "nothing journaled yet";
     document.getElementById("tl-prev").disabled = t.offset === 0;
     document.getElementById("tl-next").disabled = last >= t.total;
     document.getElementById("tl-prev").onclick = () => { tlOffset = Math.max(0, tlOffset - t.pageSize); showTimeline(); };
