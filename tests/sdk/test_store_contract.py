@@ -135,6 +135,12 @@ def test_a_group_of_records_reads_from_every_position_and_truncates_inside(store
     assert [seq for seq, _ in everything] == list(range(6))
     for start in range(7):
         assert rs.journal().read(start) == everything[start:], start
+    # The run browser's pages and count, across and inside the group (a fresh reader knows no group yet).
+    pages = store.run_store(REF).journal()
+    for first, end in ((0, 1), (0, 6), (2, 4), (3, 9), (5, 6), (6, 8)):
+        assert pages.read_range(first, end) == everything[first:end], (first, end)
+    for at_least in range(7):
+        assert store.run_store(REF).journal().count(at_least) == 6, at_least
     with pytest.raises(errors.FencedError):
         store.run_store(REF).append_group([_record(1, "late"), _record(2, "late")])
     if rs.journal().groups:  # one object holds them all
