@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from datetime import UTC, datetime, timedelta
@@ -145,3 +146,32 @@ def test_a_runs_source_scheme_is_one_the_ingress_checks() -> None:
     from durablerun import resource
 
     assert set(get_args(resource.WebhookSource.model_fields["scheme"].annotation)) == set(auth.VERIFIERS)
+
+
+def test_signed_requests_naming_ever_other_runs_are_limited_per_namespace() -> None:
+    """Each signed request reads the run it names before its signature can be checked; a caller that names a
+    new run every time is held to the namespace's share, so it cannot make the ingress read at will."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from durablerun_operator.ingress.server import Ingress, Settings
+
+    class Runs:  # the one call the route makes before answering 401: no run has a source of its own
+        reads = 0
+
+        def get_run(self, namespace: str, name: str) -> None:
+            Runs.reads += 1
+
+    settings = Settings(namespaces=frozenset({"team"}), rate=0.001, burst=2, namespace_share=3)
+    ingress = Ingress(Runs(), settings)  # type: ignore[arg-type]
+
+    async def post_to_many_runs() -> list[int]:
+        async with TestClient(TestServer(ingress.app(), host="127.0.0.1")) as client:
+            answers = []
+            for i in range(20):
+                reply = await client.post(f"/v1/namespaces/team/runs/run-{i}/events/done", data=b"{}")
+                answers.append(reply.status)
+            return answers
+
+    answers = asyncio.run(post_to_many_runs())
+    assert answers == [401] * 6 + [429] * 14, answers
+    assert Runs.reads == 6

@@ -48,6 +48,9 @@ class Settings:
     #: Requests per second and burst allowed per source (a capability URL's source is its run).
     rate: float = 20.0
     burst: int = 100
+    #: How many times a source's allowance a namespace's signed requests get in all: each reads the run it
+    #: names before its signature can be checked, so a caller naming ever other runs must not read at will.
+    namespace_share: int = 10
     #: Seconds a Secret read is reused: a rotated key or a new source is seen within this long.
     secret_ttl: float = 10.0
 
@@ -91,6 +94,8 @@ class Ingress:
     def __init__(self, client: kube.Kube, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.kube, self.settings, self.clock = client, settings, clock
         self.limits = RateLimits(settings.rate, settings.burst)
+        self.namespace_limits = RateLimits(settings.rate * settings.namespace_share,
+                                           settings.burst * settings.namespace_share)
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = {}
 
     def app(self) -> web.Application:
@@ -153,6 +158,8 @@ class Ingress:
         self._limit(f"{namespace}/{source or run}")
         if namespace not in self.settings.namespaces:
             raise _UNAUTHORIZED
+        if not self.namespace_limits.allow(namespace):
+            raise _Answer(429, "rate_limited", "too many requests to this namespace; retry later")
         body = await self._body(request)
         body_run = await asyncio.to_thread(self.kube.get_run, namespace, run)
         own = ((body_run or {}).get("spec") or {}).get("webhook")
