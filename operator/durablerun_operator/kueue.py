@@ -148,9 +148,19 @@ class WorkloadView:
         return not (self.evicted or self.finished or self.deleting)
 
 
+def priority_class(run: dict[str, Any]) -> str | None:
+    """The WorkloadPriorityClass a run asks for (Kueue's own label), or None."""
+    value = (run["metadata"].get("labels") or {}).get(api.LABEL_PRIORITY_CLASS)
+    return str(value) if value else None
+
+
 @dataclass(frozen=True)
 class Queueing:
     """A run admitted through Kueue, for decide: the LocalQueue it asked for and its Workload (None: none yet)."""
 
     queue: str
     workload: WorkloadView | None
+    #: The WorkloadPriorityClass the run's label names, when it does not exist: no Workload can be built (Kueue
+    #: resolves a Job's class when it builds its Workload, and waits the same way). Looked up only while the run
+    #: has no Workload.
+    missing_priority_class: str | None = None

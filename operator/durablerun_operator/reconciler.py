@@ -44,6 +44,9 @@ RETRY_FIRST, RETRY_MAX = 0.5, 60.0
 # While leases lapse en masse, the judgement is made again this often, to see renewals recover.
 OVERLOAD_CHECK_SECONDS = 1.0
 MIN_WAKE = timedelta(seconds=1)
+# A Queued run whose WorkloadPriorityClass does not exist is looked at again this often: the operator does not
+# watch the classes (Kueue's jobframework retries a Job's the same way).
+PRIORITY_CLASS_RECHECK = timedelta(seconds=30)
 
 
 class RateLimiter:
@@ -108,6 +111,9 @@ class Reconciler:
         # news), and the moment its pods' clock runs out (a new version of the run does not change that).
         self._settled_version: dict[Key, str] = {}
         self._pods_until: dict[Key, Any] = {}
+        # Queued runs whose WorkloadPriorityClass does not exist: a new version of one (its label fixed) is
+        # decided at once, although a Queued run is otherwise woken only by its Workload.
+        self._class_missing: set[Key] = set()
         self._failures: dict[Key, int] = {}  # reconciles in a row that raised: the retry's backoff
         self._limiter = RateLimiter(settings.kube_qps, settings.kube_burst)
         # Mass lease expiry (overload.py): every active run's lease as last seen, the runs whose lease-only
@@ -215,8 +221,8 @@ class Reconciler:
         self._due.pop(key, None)
         now = api.now()
         self._observe(run, now)
-        if key in self._settled and self._wake_at(key, wakeups.combine(decide.quiet_until(run),
-                                                                        self._pods_until.get(key)), now):
+        quiet = wakeups.combine(decide.quiet_until(run), self._pods_until.get(key))
+        if key in self._settled and key not in self._class_missing and self._wake_at(key, quiet, now):
             if version is not None:
                 self._settled_version[key] = version
             return
@@ -301,6 +307,7 @@ class Reconciler:
         self._held.discard(key)
         self._rbac_ready.pop(key, None)
         self._create_failures.pop(key, None)
+        self._class_missing.discard(key)
         self._cancel_timer(key)
 
     # --- one run ---------------------------------------------------------------------
@@ -316,6 +323,7 @@ class Reconciler:
             related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
             workload: dict[str, Any] | None = None  # the run's Kueue Workload, when it is admitted through Kueue
             workload_read = False
+            priority: tuple[str, int] | None = None  # its WorkloadPriorityClass and value, looked up for a new one
             for _ in range(MAX_TRANSITIONS):
                 if body is None:
                     body = await self._io(self.kube.get_run, namespace, name)
@@ -339,8 +347,13 @@ class Reconciler:
                     workload = await self._io(self.kube.get_workload, namespace,
                                               kueue.workload_name(name, run.uid))
                     workload_read = True
-                queueing = kueue.Queueing(queue, kueue.WorkloadView.from_workload(workload) if workload else None) \
-                    if queue else None
+                queueing = None
+                if queue:
+                    missing = None
+                    if workload is None and run.status.phase in (api.Phase.PENDING, api.Phase.QUEUED):
+                        priority, missing = await self._priority(body)  # only a run about to queue needs it
+                    queueing = kueue.Queueing(queue, kueue.WorkloadView.from_workload(workload) if workload else None,
+                                              missing)
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
                                      related=related, create_failure=self._create_failures.get(key),
                                      queueing=queueing)
@@ -351,6 +364,11 @@ class Reconciler:
                     self._settled_version[key] = body["metadata"].get("resourceVersion", "")
                     self._pods_until[key] = wakeups.pods_until(views, self.settings.stuck_terminating_seconds)
                     until = held or wakeups.next_wakeup(run, views, now, self.settings.stuck_terminating_seconds)
+                    if queueing is not None and queueing.missing_priority_class:
+                        self._class_missing.add(key)
+                        until = min(until, now + PRIORITY_CLASS_RECHECK)
+                    else:
+                        self._class_missing.discard(key)
                     # A moment already past means decide and the wake-up disagree: look again soon, not in a loop.
                     self._wake_at(key, max(until, now + MIN_WAKE), now)
                     return True
@@ -363,7 +381,7 @@ class Reconciler:
                 if plan.touches_workload:
                     workload_read = False
                 try:
-                    body = await self._apply(run, plan)
+                    body = await self._apply(run, plan, priority)
                 except Conflict as conflict:
                     log.info("%s/%s: %s; deciding again", namespace, name, conflict)
                     body = pods = related = None
@@ -381,8 +399,10 @@ class Reconciler:
             self.metrics.forget_run(*key)
         return True
 
-    async def _apply(self, run: decide.RunView, plan: decide.Plan) -> dict[str, Any] | None:
-        """Carry out ``plan``; the run as written by it, or None if it must be read again."""
+    async def _apply(self, run: decide.RunView, plan: decide.Plan,
+                     priority: tuple[str, int] | None = None) -> dict[str, Any] | None:
+        """Carry out ``plan``; the run as written by it, or None if it must be read again. ``priority``: the
+        run's WorkloadPriorityClass and its value, for a Workload the plan creates."""
         ns, name = run.namespace, run.name
         if plan.add_run_finalizer:
             return await self._io(self.kube.set_run_finalizer, run.body, True)
@@ -397,7 +417,7 @@ class Reconciler:
         if plan.delete_workload:
             await self._io(self.kube.delete_workload, ns, plan.delete_workload)
         if plan.create_workload:
-            await self._io(self.kube.create_workload, kueue.workload(updated, self.settings, await self._priority(run)))
+            await self._io(self.kube.create_workload, kueue.workload(updated, self.settings, priority))
         if self.tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
             self.tracer.record(run, plan)
         for pod in plan.delete_pods:
@@ -453,16 +473,16 @@ class Reconciler:
             found[name] = decide.RunView.from_body(body) if body is not None else None
         return found
 
-    async def _priority(self, run: decide.RunView) -> tuple[str, int] | None:
-        """The run's WorkloadPriorityClass and its value, as Kueue's jobframework resolves them for a Job."""
-        name = (run.body["metadata"].get("labels") or {}).get(api.LABEL_PRIORITY_CLASS)
+    async def _priority(self, body: dict[str, Any]) -> tuple[tuple[str, int] | None, str | None]:
+        """The run's WorkloadPriorityClass and its value, as Kueue's jobframework resolves them for a Job; or
+        (None, its name) when the class its label names does not exist."""
+        name = kueue.priority_class(body)
         if not name:
-            return None
+            return None, None
         found = await self._io(self.kube.get_cluster_object, kueue.WORKLOAD_PRIORITY_CLASSES, name)
         if found is None:
-            raise RuntimeError(f"{run.namespace}/{run.name}: WorkloadPriorityClass {name!r} (its "
-                               f"{api.LABEL_PRIORITY_CLASS} label) does not exist")
-        return name, int(found.get("value", 0))
+            return None, name
+        return (name, int(found.get("value", 0))), None
 
     async def _placement(self, flavors: tuple[str, ...]) -> kueue.Placement:
         found = [await self._io(self.kube.get_cluster_object, kueue.RESOURCE_FLAVORS, name) for name in flavors]

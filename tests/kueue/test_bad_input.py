@@ -55,3 +55,32 @@ def test_a_missing_queue_a_run_too_big_for_its_queue_and_a_moved_queue_label(
     runs.testbed.kubectl("label", "dr", "lost", "-n", runs.namespace, "--overwrite", f"{api.LABEL_QUEUE_NAME}=small")
     with pytest.raises(subprocess.CalledProcessError):
         runs.testbed.kubectl("label", "dr", "huge", "-n", runs.namespace, f"{api.LABEL_QUEUE_NAME}-")
+
+
+def test_a_missing_priority_class_is_named_in_a_warning_and_the_run_queues_once_the_label_is_fixed(
+        kueue: Kueue, start_operator: StartOperator, runs: RunEnv) -> None:
+    apply(runs.testbed, queues(f"cq-{uuid.uuid4().hex[:6]}", "lq", runs.namespace, cpu="1"))
+    wait_active(runs.testbed, "localqueues.kueue.x-k8s.io", "lq", runs.namespace)
+    start_operator(**{api.OperatorEnv.KUEUE: "true"})
+    missing = f"no-such-class-{uuid.uuid4().hex[:6]}"
+    manifest = queued_run(runs, "classless", "lq", steps=1, sleep=0.1)
+    manifest["metadata"]["labels"][api.LABEL_PRIORITY_CLASS] = missing
+    runs.apply(manifest)
+
+    warning = procs.wait_for(lambda: next((e for e in runs.events("classless")
+                                           if e["reason"] == "PriorityClassNotFound"), None),
+                             timeout=60, what="a PriorityClassNotFound Warning Event")
+    assert warning["type"] == "Warning"
+    assert f"WorkloadPriorityClass {missing!r}" in warning["message"]
+    assert api.LABEL_PRIORITY_CLASS in warning["message"]
+    status = runs.get("classless")["status"]
+    assert status["phase"] == "Queued"
+    assert missing in status["message"]
+    workloads = runs.testbed.kubectl("get", "workloads.kueue.x-k8s.io", "-n", runs.namespace, "-o", "name").stdout
+    assert workloads.strip() == ""
+    assert runs.pods("classless") == []
+
+    # The fix the Warning names: the label (or the class). The run is queued, admitted and runs.
+    runs.testbed.kubectl("label", "dr", "classless", "-n", runs.namespace, f"{api.LABEL_PRIORITY_CLASS}-")
+    runs.wait_phase("classless", "Succeeded", timeout=90)
+    assert len([e for e in runs.events("classless") if e["reason"] == "PriorityClassNotFound"]) == 1

@@ -169,3 +169,28 @@ def test_placement_adds_the_flavors_node_labels_and_tolerations() -> None:
     pod = kueue.place({"spec": {"nodeSelector": {"disk": "ssd"}}}, where)
     assert pod["spec"]["nodeSelector"] == {"disk": "ssd", "pool": "spot", "zone": "a"}
     assert pod["spec"]["tolerations"] == [toleration]
+
+
+def test_a_missing_priority_class_creates_no_workload_and_says_which_class_and_the_fix() -> None:
+    run = body({"phase": "Pending"})
+    now = T0 + timedelta(seconds=120)
+    queueing = kueue.Queueing(QUEUE, None, missing_priority_class="urgent")
+    plan = decide.decide(decide.RunView.from_body(run), [], now, queueing=queueing)
+    status = apply(run, plan)
+    assert not plan.create_workload
+    assert plan.create_pod_epoch is None
+    assert status["phase"] == "Queued"
+    assert "WorkloadPriorityClass 'urgent'" in status["message"]
+    assert [(kind, reason) for kind, reason, _ in plan.events] == [("Normal", "Queued"),
+                                                                    ("Warning", "PriorityClassNotFound")]
+    warning = plan.events[1][2]
+    assert api.LABEL_PRIORITY_CLASS in warning
+    assert "Create the WorkloadPriorityClass" in warning
+    # Decided again while the class is still missing: nothing new, no second Warning.
+    again = decide.decide(decide.RunView.from_body(body({"phase": "Queued", "message": status["message"]})), [], now,
+                          queueing=queueing)
+    assert again.empty
+    # Once the class exists, the Workload is queued.
+    created = decide.decide(decide.RunView.from_body(body({"phase": "Queued", "message": status["message"]})), [],
+                            now, queueing=kueue.Queueing(QUEUE, None))
+    assert created.create_workload

@@ -77,11 +77,15 @@ def _admitted(t: transition.Transition, queueing: kueue.Queueing) -> bool:
     if workload is not None and workload.admitted:
         t.plan.flavors = workload.flavors
         return True
-    if workload is None:
+    missing = queueing.missing_priority_class if workload is None else None
+    if workload is None and missing is None:
         t.plan.create_workload = True
     message = f"queued in LocalQueue {queueing.queue}: waiting for Kueue to admit the attempt"
     if workload is not None and workload.pending:
         message += f": {workload.pending}"
+    if missing is not None:
+        message = (f"queued in LocalQueue {queueing.queue}, but no Kueue Workload can be created: "
+                   f"WorkloadPriorityClass {missing!r} (its {api.LABEL_PRIORITY_CLASS} label) does not exist")
     if t.run.status.phase != api.Phase.QUEUED:
         t.new.phase = api.Phase.QUEUED
         t.event(api.Phase.QUEUED.value, f"queued in LocalQueue {queueing.queue}: no pod until Kueue admits it")
@@ -90,6 +94,10 @@ def _admitted(t: transition.Transition, queueing: kueue.Queueing) -> bool:
         if workload is not None and workload.inadmissible:
             t.event("Inadmissible", f"{message}. Kueue cannot admit it as it stands: create the missing queue, fix "
                     f"the run's {api.LABEL_QUEUE_NAME} label, or ask for resources a flavor has", warning=True)
+        if missing is not None:
+            t.event("PriorityClassNotFound", f"{message}. Create the WorkloadPriorityClass (kubectl get "
+                    "workloadpriorityclasses lists those there are), or fix or remove the run's label; the run is "
+                    "queued as soon as either is done", warning=True)
     return False
 
 
