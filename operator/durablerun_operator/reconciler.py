@@ -421,7 +421,7 @@ class Reconciler:
         if self.tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
             self.tracer.record(run, plan)
         for pod in plan.delete_pods:
-            await self._io(self.kube.delete_pod, ns, pod)
+            await self._io(self.kube.delete_pod, ns, pod, plan.pod_grace.get(pod))
         for pod in plan.release_pods:
             with contextlib.suppress(Conflict):
                 await self._io(self.kube.release_pod, ns, pod)

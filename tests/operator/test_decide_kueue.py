@@ -9,10 +9,12 @@ import hashlib
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from durablerun import api
 from durablerun_operator import decide, kueue
 from durablerun_operator.config import Settings
-from tests.operator.run_bodies import T0, body, runner_pod, running
+from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
 from tests.operator.test_decide import apply, ended, waiting_report
 
 QUEUE = "team-a"
@@ -88,22 +90,76 @@ def test_an_admitted_workload_starts_the_attempt_on_its_flavors() -> None:
     assert reasons(plan) == ["AttemptStarted"]
 
 
-def test_an_eviction_stops_the_attempt_as_a_disruption_and_releases_the_quota() -> None:
-    plan, status = decided(body(running(restarts=1)), [runner_pod()], wl=EVICTED)
-    assert status["phase"] == "Pending"
-    assert (status["disruptions"], status["restarts"]) == (1, 1)
-    assert status["epoch"] == 3  # fenced: the evicted pod can no longer write
-    assert plan.delete_pods == ["run-a2"]
-    assert plan.delete_workload == EVICTED.name
-    assert plan.restart_reason == "Preempted"
-    assert reasons(plan) == ["Preempted", "Restarting"]
+def stopping(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the operator left it when it asked its runner to stop (deleted with a grace period)."""
+    pod["metadata"]["deletionTimestamp"] = at(150)
+    pod["metadata"]["annotations"] = {api.ANNOTATION_DELETED_BY_OPERATOR: at(100)}
+    return pod
 
 
-def test_a_deleted_workload_under_a_running_attempt_is_an_eviction_too() -> None:
-    plan, status = decided(body(running()), [runner_pod()], wl=None)
-    assert status["phase"] == "Pending"
-    assert status["disruptions"] == 1
-    assert plan.delete_pods == ["run-a2"]
+def lease_not_held() -> dict[str, Any]:
+    return running(lease={"holder": "run-a1", "epoch": 1, "acquireTime": at(0), "renewTime": at(50)})
+
+
+SUSPENDED = {"outcome": "Suspended", "message": "stopped at a step boundary"}
+GRACE = {"policy": {**POLICY, "abortGracePeriod": "2m"}}
+NO_GRACE = {"policy": {**POLICY, "abortGracePeriod": "0s"}}
+# What the run's status and plan must be after an eviction (or its Workload's deletion) under a Running attempt.
+#: (case, run status, run spec, pods, Workload) -> (phase, epoch, disruptions, pods deleted, their grace,
+#: Workload deleted, Events)
+EVICTIONS = {
+    # The runner holds its lease: asked to stop at its next step boundary within policy.abortGracePeriod, as a
+    # suspended run stops; not fenced yet (the step in flight may still be journaled), its quota still held.
+    "evicted: the runner gets the abort grace": (
+        running(), {}, [runner_pod()], EVICTED,
+        ("Running", 2, 0, ["run-a2"], {"run-a2": 30}, None, ["Preempted"])),
+    "a longer abortGracePeriod is the pod's grace": (
+        running(), GRACE, [runner_pod()], EVICTED,
+        ("Running", 2, 0, ["run-a2"], {"run-a2": 120}, None, ["Preempted"])),
+    "a longer grace of the pod's own is kept": (
+        running(), {}, [{**runner_pod(), "spec": {"containers": [{"name": "runner"}],
+                                                  "terminationGracePeriodSeconds": 90}}], EVICTED,
+        ("Running", 2, 0, ["run-a2"], {"run-a2": 90}, None, ["Preempted"])),
+    "its Workload deleted: the same": (
+        running(), {}, [runner_pod()], None,
+        ("Running", 2, 0, ["run-a2"], {"run-a2": 30}, None, ["Preempted"])),
+    "stopping within its grace: nothing to do": (
+        running(), {}, [stopping(runner_pod())], EVICTED,
+        ("Running", 2, 0, [], {}, None, [])),
+    # It ended: fenced, the quota given back, the run queued again; a disruption, never a restart.
+    "stopped at a step boundary: a preemption": (
+        running(), {}, [stopping(ended(4, report=SUSPENDED))], EVICTED,
+        ("Pending", 3, 1, [], {}, EVICTED.name, ["Restarting"])),
+    "killed at the end of its grace: a preemption too": (
+        running(), {}, [stopping(ended(137))], EVICTED,
+        ("Pending", 3, 1, [], {}, EVICTED.name, ["Restarting"])),
+    "completed first: it ended by itself": (
+        running(), {}, [stopping(ended(0, report={"outcome": "Completed", "message": "done"}))], EVICTED,
+        ("Succeeded", 3, 0, [], {}, EVICTED.name, ["Succeeded"])),
+    # It cannot stop by itself: fenced and stopped at once.
+    "abortGracePeriod 0s: at once": (
+        running(), NO_GRACE, [runner_pod()], EVICTED,
+        ("Pending", 3, 1, ["run-a2"], {}, EVICTED.name, ["Preempted", "Restarting"])),
+    "the lease not held yet: at once": (
+        lease_not_held(), {}, [runner_pod()], EVICTED,
+        ("Pending", 3, 1, ["run-a2"], {}, EVICTED.name, ["Preempted", "Restarting"])),
+}
+
+
+@pytest.mark.parametrize("case", list(EVICTIONS))
+def test_an_eviction_stops_the_attempt_as_a_suspended_run_stops_then_as_a_disruption(case: str) -> None:
+    status, spec, pods, wl, expected = EVICTIONS[case]
+    plan, after = decided(body(status, spec=spec), pods, wl=wl)
+    phase, epoch, disruptions, deleted, grace, released, events = expected
+    assert (after["phase"], after["epoch"], after.get("disruptions", 0)) == (phase, epoch, disruptions)
+    assert after.get("restarts", 0) == 0
+    assert (plan.delete_pods, plan.pod_grace) == (deleted, grace)
+    assert plan.delete_workload == released
+    assert reasons(plan) == events
+    if disruptions:
+        assert plan.restart_reason == "Preempted"
+    if grace:
+        assert "policy.abortGracePeriod" in after["message"]
 
 
 def test_an_admitted_running_attempt_is_left_alone() -> None:

@@ -33,7 +33,7 @@ def _abort(t: transition.Transition, reason: api.AbortReason, message: str, pod:
     grace = t.run.spec.policy.abort_grace_period
     if aborting is None and grace > timedelta(0) and reason != api.AbortReason.PROGRESS_TIMEOUT:
         deadline = api.format_time(t.now + grace)
-        if _holds_its_lease(t, pod):
+        if holds_its_lease(t, pod):
             t.new.aborting = resource.Aborting(reason=reason, message=message, deadline=deadline)
             t.new.message = (f"aborting: {message}; the runner stops at its next operation and undoes its work "
                              f"(Sagas) until {deadline} (policy.abortGracePeriod)")
@@ -91,7 +91,7 @@ def _within_grace(t: transition.Transition, aborting: resource.Aborting) -> bool
     return t.now < (api.parse_time(aborting.deadline) or t.now)
 
 
-def _holds_its_lease(t: transition.Transition, pod: facts.PodView | None) -> bool:
+def holds_its_lease(t: transition.Transition, pod: facts.PodView | None) -> bool:
     """Whether the attempt's runner is up and can carry an abort out (one not started yet has done nothing)."""
     status = t.run.status
     return (pod is not None and not pod.deleting and status.lease.epoch == status.epoch

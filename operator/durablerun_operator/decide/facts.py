@@ -63,6 +63,8 @@ class PodView:
     #: Who is removing the pod, when someone other than the operator is (an eviction, the taint manager, a
     #: user's delete): a lapsed lease then means the pod is going, not that the runner hung.
     disruption: api.RestartReason | None = None
+    #: spec.terminationGracePeriodSeconds: the time its runner gets to stop when the pod is deleted.
+    grace_seconds: int = 30
 
     @property
     def finished(self) -> bool:
@@ -87,6 +89,7 @@ class PodView:
             waiting_reason=(state.get("waiting") or {}).get("reason"),
             waiting_message=(state.get("waiting") or {}).get("message"),
             ending=None, memory_limit=limit,
+            grace_seconds=int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)),
         )
         return _with_ending(view, pod, state, now, stuck_seconds)
 

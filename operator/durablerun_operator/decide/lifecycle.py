@@ -110,18 +110,51 @@ def release_workload(t: transition.Transition) -> None:
         t.plan.delete_workload = workload.name
 
 
-def _evicted(t: transition.Transition, pod: facts.PodView) -> bool:
-    """Kueue took the attempt's quota back (preempted, its queue stopped, its Workload deleted): stop it as a
-    disruption, and queue the run again."""
+def _eviction(t: transition.Transition) -> str | None:
+    """Why Kueue took the attempt's quota back (preempted, its queue stopped, its Workload deleted), or None."""
     workload = t.queueing.workload if t.queueing is not None else None
     if t.queueing is None or (workload is not None and not workload.evicted and not workload.deleting):
-        return False
-    why = f"Kueue evicted its Workload ({workload.evicted})" if workload and workload.evicted \
+        return None
+    return f"Kueue evicted its Workload ({workload.evicted})" if workload and workload.evicted \
         else "its Kueue Workload was deleted"
+
+
+def _evicted(t: transition.Transition, pod: facts.PodView) -> bool:
+    """Kueue took the attempt's quota back: stop it as a disruption, and queue the run again.
+
+    As a suspended run stops: a runner holding its lease is asked to stop at its next step boundary (its pod
+    deleted with policy.abortGracePeriod, if longer than the pod's own grace), so the step in flight can finish
+    and be journaled; it is fenced once it has ended (``running`` counts that ending as the preemption). One
+    that cannot (not started, or a grace of 0s) is fenced and stopped at once.
+    """
+    why = _eviction(t)
+    if why is None:
+        return False
+    if pod.deleting and pod.deleted_by_operator:
+        return True  # stopping within its grace: its ending decides
+    grace = t.run.spec.policy.abort_grace_period
+    if aborts.holds_its_lease(t, pod) and grace > timedelta(0):
+        t.plan.delete_pods.append(pod.name)
+        t.plan.pod_grace[pod.name] = max(int(grace.total_seconds()), pod.grace_seconds)
+        t.new.message = (f"stopping attempt {t.run.status.attempt}: {why}; the runner stops at its next step "
+                         f"boundary within policy.abortGracePeriod={t.run.spec.policy.abortGracePeriod}, then the "
+                         "run is queued again")
+        t.event(api.RestartReason.PREEMPTED.value, t.new.message, warning=True)
+        return True
     t.event(api.RestartReason.PREEMPTED.value, f"attempt {t.run.status.attempt} in pod {pod.name} stopped: {why}",
             warning=True)
     _ended(t, facts.Ending(api.RestartReason.PREEMPTED, f"pod {pod.name} was preempted: {why}"), pod, delete=True)
     return True
+
+
+def _preempted(t: transition.Transition, ending: facts.Ending, pod: facts.PodView) -> facts.Ending:
+    """An attempt that ended while its Workload was evicted: stopped (or killed) for the eviction, it is the
+    preemption, a disruption; one that completed, failed or began to wait first ended by itself."""
+    why = _eviction(t)
+    if why is None or ending.outcome not in (None, api.Outcome.SUSPENDED, api.Outcome.FENCED) or ending.disruption:
+        return ending
+    return facts.Ending(api.RestartReason.PREEMPTED, f"pod {pod.name} was preempted: {why}",
+                        finished_at=ending.finished_at)
 
 
 def running(t: transition.Transition, pod: facts.PodView | None, create_failure: facts.CreateFailure | None) -> None:
@@ -136,7 +169,7 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
             t.plan.create_pod_epoch = status.epoch  # its creation was interrupted: create it again
         return
     if pod.ending is not None:
-        _ended(t, pod.ending, pod)
+        _ended(t, _preempted(t, pod.ending, pod), pod)
         return
     if _evicted(t, pod):
         return
