@@ -18,6 +18,11 @@ bed has no kube-proxy and the manager runs as a process, not a pod:
 - The on-demand visibility API is off: its server writes self-signed certificates to a fixed /visibility
   directory on the machine, outside the bed.
 - Every port (webhooks, health, metrics) is on 127.0.0.1; leader election is off (one manager).
+- The manager runs as its release's identity, not as the bed's admin: the ServiceAccount
+  ``kueue-controller-manager`` bound to the manager's roles from ``config/components/rbac`` (RBAC), with a
+  token from the TokenRequest API in its kubeconfig, as a pod would have it mounted. Nothing more is granted:
+  Kueue reads no DurableRun (an external framework's objects are its controller's, this operator's), so
+  ``tests/kueue/`` passing with it shows that least privilege suffices.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ SECRET = "kueue-webhook-server-cert"
 GROUP = "kueue.x-k8s.io"
 #: The CRDs whose conversion webhook Kueue serves (config/components/crd/kustomization.yaml's patches).
 CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+SERVICE_ACCOUNT = "kueue-controller-manager"
+#: The manager's own RBAC in Kueue's release (config/components/rbac/kustomization.yaml, minus the roles it
+#: ships for users: job editors, queue viewers...).
+MANAGER_RBAC = ("service_account", "role", "role_binding", "leader_election_role", "leader_election_role_binding",
+                "manager_secrets_role", "manager_secrets_role_binding", "metrics_auth_role",
+                "metrics_auth_role_binding")
 #: How a DurableRun is named to Kueue as an external framework: Kind.version.group.
 EXTERNAL_FRAMEWORK = f"{api.KIND}.{api.VERSION}.{api.GROUP}"
 
@@ -67,6 +78,8 @@ class Kueue:
     webhook_port: int = 0
     health_port: int = 0
     metrics_port: int = 0
+    #: The manager's own credentials (its ServiceAccount's token), once ``start`` made them.
+    manager_kubeconfig: Path | None = None
 
     @property
     def webhook_url(self) -> str:
@@ -79,7 +92,7 @@ class Kueue:
         self.webhook_port, self.health_port, self.metrics_port = (procs.free_port() for _ in range(3))
         source = module_dir() / "config" / "components"
         kubectl("create", "namespace", NAMESPACE, check=False)
-        documents = [*self._crds(source), self._secret(), *self._webhooks(source)]
+        documents = [*self._crds(source), self._secret(), *self._webhooks(source), *self._rbac(source)]
         kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                 input=yaml.safe_dump_all(documents), timeout=120)
         established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
@@ -90,15 +103,45 @@ class Kueue:
         for crd in (doc["metadata"]["name"] for doc in documents if doc["kind"] == "CustomResourceDefinition"):
             procs.wait_for(functools.partial(is_established, crd), timeout=120,
                            what=f"Kueue's CRD {crd} to be established")
+        self.manager_kubeconfig = self._manager_kubeconfig(kubectl)
         self.launch()
         return self
+
+    def _rbac(self, source: Path) -> Iterator[dict[str, Any]]:
+        """The manager's release RBAC, named as Kueue's kustomization names it (prefix ``kueue-``, namespace
+        ``kueue-system``)."""
+        for name in MANAGER_RBAC:
+            for doc in yaml.safe_load_all((source / "rbac" / f"{name}.yaml").read_text()):
+                if not doc:
+                    continue
+                doc["metadata"]["name"] = "kueue-" + doc["metadata"]["name"]
+                if "namespace" in doc["metadata"]:
+                    doc["metadata"]["namespace"] = NAMESPACE
+                if "roleRef" in doc:
+                    doc["roleRef"]["name"] = "kueue-" + doc["roleRef"]["name"]
+                for subject in doc.get("subjects") or []:
+                    subject.update(name="kueue-" + subject["name"], namespace=NAMESPACE)
+                yield doc
+
+    def _manager_kubeconfig(self, kubectl: Kubectl) -> Path:
+        """The bed's kubeconfig with the manager's ServiceAccount token instead of the admin's credentials."""
+        token = kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=48h").stdout.strip()
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"] = [{"name": SERVICE_ACCOUNT, "user": {"token": token}}]
+        for context in config["contexts"]:
+            context["context"]["user"] = SERVICE_ACCOUNT
+        path = self.workdir / "kueue-kubeconfig.yaml"
+        path.touch(mode=0o600)
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     def launch(self) -> None:
         """Start the manager (again, after ``stop``: same ports and configuration) and wait until it is ready."""
         config_path = self.workdir / "kueue-config.yaml"
         config_path.write_text(yaml.safe_dump(self.configuration()))
         self.process = procs.ManagedProcess(
-            "kueue", [str(binaries.find("kueue")), f"--config={config_path}", f"--kubeconfig={self.kubeconfig}"],
+            "kueue", [str(binaries.find("kueue")), f"--config={config_path}",
+                      f"--kubeconfig={self.manager_kubeconfig or self.kubeconfig}"],
             log_path=self.workdir / "kueue.log", testbed_id=self.testbed_id)
         try:
             procs.wait_for(self._ready, timeout=120, interval=0.5,

@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from durablerun_testbed.kueue import Kueue
+from durablerun import api
+from durablerun_testbed.kueue import NAMESPACE, SERVICE_ACCOUNT, Kueue
 from durablerun_testbed.testbed import TestBed
 from tests.helpers import REPO
 from tests.kueue.helpers import apply, queues, wait_active
@@ -42,3 +43,25 @@ def test_the_documented_sample_queues_become_active(testbed: TestBed, kueue: Kue
     testbed.kubectl("apply", "--server-side", "-n", namespace, "-f", str(sample))
     wait_active(testbed, "clusterqueues.kueue.x-k8s.io", "durablerun-runners")
     wait_active(testbed, "localqueues.kueue.x-k8s.io", "agents", namespace)
+
+
+def test_the_manager_runs_with_its_release_rbac_alone_and_needs_no_right_on_durableruns(
+        testbed: TestBed, kueue: Kueue) -> None:
+    """Least privilege: the manager is the ServiceAccount its release binds, and Kueue's own roles are all it has.
+    Every test in this folder admits and preempts DurableRuns with it; none of that needs a right on them."""
+    assert kueue.manager_kubeconfig is not None
+    user = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+    whoami = testbed.kubectl("--kubeconfig", str(kueue.manager_kubeconfig), "auth", "whoami", "-o", "json")
+    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == user
+
+    def can(verb: str, resource: str) -> bool:
+        answer = testbed.kubectl("auth", "can-i", verb, resource, "--all-namespaces", f"--as={user}", check=False)
+        return answer.stdout.strip() == "yes"
+
+    assert can("update", "workloads.kueue.x-k8s.io")
+    assert can("update", "workloads.kueue.x-k8s.io/status")
+    assert not can("get", f"{api.PLURAL}.{api.GROUP}")
+    assert not can("update", f"{api.PLURAL}.{api.GROUP}")
+    assert not can("create", "secrets")  # only the certificate Secret's namespace, through a Role
+    kueue.check_alive()
+    assert "is forbidden" not in (kueue.workdir / "kueue.log").read_text()
