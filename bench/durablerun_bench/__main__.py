@@ -5,7 +5,8 @@ commit), replay (journals of growing size, DBOS recovery), resume (SIGKILL ->
 first new step on the test bed), writecost (what one status write costs the
 API server, object sizes), scale (the operator with many DurableRuns, active
 and waiting), tracing (per-step overhead with traces on, beside off),
-timelines (the run browser's timeline page of a 100,000-record journal).
+timelines (the run browser's timeline page of a 100,000-record journal), kueue
+(N runs through a ClusterQueue with quota for M).
 BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
@@ -29,6 +30,7 @@ from typing import Any
 from durablerun_bench import (
     failover,
     fanout,
+    kueue,
     machine,
     objsize,
     postgres,
@@ -51,7 +53,7 @@ from durablerun_testbed.testbed import TestBed
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
-SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "kueue")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class Sizes:
     fanout_repeats: int = 5
     shard_runs: int = 3000
     timeline_records: int = 100_000
+    kueue_runs: int = 100
+    kueue_quota: int = 10
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -85,7 +89,7 @@ class Sizes:
                        export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
                        scale_stopped=10, write_cost_writes=50, write_cost_rounds=1, children=100, events=50,
                        waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
-                       timeline_records=20_000)
+                       timeline_records=20_000, kueue_runs=20, kueue_quota=4)
         runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    repeats=1 if quick() else tracing.REPEATS, log=log)
             finally:
                 jaeger.stop()
-        if {"resume", "scale", "writecost", "webhooks"} & set(sections):
+        if {"resume", "scale", "writecost", "webhooks", "kueue"} & set(sections):
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:
                 results["kubernetes"] = bed.kubectl("version", "-o", "json").stdout and json.loads(
@@ -221,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
                 if "webhooks" in sections:
                     log("the webhook ingress: 1,000 capability-URL POSTs to 100 runs")
                     results["webhooks"] = webhooks.bench(bed, root, run_id, runs=100, requests=1000)
+                if "kueue" in sections:  # before scale, which stops the process node
+                    log(f"admission through Kueue: {sizes.kueue_runs} runs, quota for {sizes.kueue_quota}")
+                    results["kueue"] = kueue.bench(bed, root, run_id, runs=sizes.kueue_runs, quota=sizes.kueue_quota,
+                                                   steps=5, sleep=0.5, log=log)
                 if "scale" in sections:
                     if bed.node_process:
                         bed.node_process.stop()  # the stand-in renews leases; no runner processes

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import timelines, tracing
+from durablerun_bench import kueue, timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -71,6 +71,10 @@ def render(r: dict[str, Any]) -> str:
                         f"{r['tracing']['overhead'] * 100:.1f}%", _yes(r["tracing"]["overhead"] <= 0.10)])
     if "timelines" in r:
         lines += timelines.section(r["timelines"])
+    if "kueue" in r:
+        lines += kueue.section(r["kueue"])
+        targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",
+                        str(r["kueue"]["most_live_pods"]), _yes(r["kueue"]["most_live_pods"] <= r["kueue"]["quota"])])
     if targets:
         lines += ["## Targets (issue 7)", "", *_table(["target", "measured", ""], targets), ""]
     return "\n".join(lines) + "\n"

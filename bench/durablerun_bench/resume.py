@@ -106,13 +106,15 @@ def _marks(path: Path) -> list[tuple[str, int, float]]:
 
 
 @contextmanager
-def operator(bed: TestBed, namespace: str, root: Path, run_id: str) -> Iterator[procs.ManagedProcess]:
+def operator(bed: TestBed, namespace: str, root: Path, run_id: str,
+             env: dict[str, str] | None = None) -> Iterator[procs.ManagedProcess]:
+    """The operator for ``namespace``, with ``env`` added to its environment."""
     metrics_port, health_port = procs.free_port(), procs.free_port()
     process = procs.ManagedProcess(
         "operator", [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
         log_path=root / f"operator-{namespace}.log",
         env={**bed.env(), api.OperatorEnv.METRICS_PORT: str(metrics_port),
-             api.OperatorEnv.HEALTH_PORT: str(health_port), api.OperatorEnv.LOG_LEVEL: "WARNING"},
+             api.OperatorEnv.HEALTH_PORT: str(health_port), api.OperatorEnv.LOG_LEVEL: "WARNING", **(env or {})},
         testbed_id=run_id,
     )
 

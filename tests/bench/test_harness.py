@@ -173,6 +173,20 @@ def test_report_shows_the_timeline_pages_beside_the_whole_read() -> None:
     assert "| filesystem | last page (records 99,800+) | 20.5 ms | 20.5, 30.0 ms | 1.9 MiB |" in text
 
 
+def test_report_judges_kueue_admission_against_its_quota() -> None:
+    p = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0}
+    k = {"runs": 100, "quota": 10, "steps": 5, "sleep": 0.5, "applied_s": 12.0, "kueue_start_s": 20.0,
+         "most_live_pods": 10, "makespan_s": 120.0, "create_to_admitted": p, "create_to_pod": p,
+         "admitted_to_pod": p, "missed_admissions": 0}
+    text = report.render({**_results(), "kueue": k})
+    assert "## Admission through Kueue" in text
+    assert "| to its pod | 1.0 s | 2.0 s | 3.0 s | 4.0 s |" in text
+    assert "At most **10** runner pods were alive at once: never more than the quota's 10." in text
+    assert "| never more than the quota's 10 runner pods at once (Kueue) | 10 | **met** |" in text
+    over = report.render({**_results(), "kueue": {**k, "most_live_pods": 11}})
+    assert "| never more than the quota's 10 runner pods at once (Kueue) | 11 | **missed** |" in over
+
+
 def test_report_skips_sections_that_did_not_run() -> None:
     results = _results()
     for section in ("steps", "replay", "resume", "scale"):

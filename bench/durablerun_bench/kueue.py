@@ -1,0 +1,215 @@
+"""Admission through Kueue at scale: N DurableRuns created at once in a LocalQueue whose ClusterQueue has quota
+for M runners, on the test bed with a real Kueue manager (hack/durablerun_testbed/kueue.py) and the operator.
+
+Each runner asks for 1 CPU and the ClusterQueue has M CPUs, so Kueue admits M at a time and each finished run
+gives its quota to the next. Latencies come from the API objects' timestamps: each run's
+creation, Kueue's ``Admitted`` Event on its Workload, its pod's creation. The most runner pods alive (Pending or
+Running) at once, which must never exceed M, is watched by polling the pods until every run has succeeded.
+
+``python -m durablerun_bench.kueue`` runs this section alone and prints its RESULTS.md section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from durablerun import api
+from durablerun_bench import machine, resume
+from durablerun_bench.util import quick
+from durablerun_operator import kueue as operator_kueue
+from durablerun_testbed import procs
+from durablerun_testbed.kueue import Kueue
+from durablerun_testbed.s3 import S3Server
+from durablerun_testbed.testbed import TestBed
+
+GROUP = "kueue.x-k8s.io/v1beta2"
+CRD = resume.BENCH_DIR.parent / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
+POLL = 0.25
+
+
+def _queues(namespace: str, quota: int) -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": GROUP, "kind": "ResourceFlavor", "metadata": {"name": "bench-flavor"}},
+        {"apiVersion": GROUP, "kind": "ClusterQueue", "metadata": {"name": "bench-cq"},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+             {"name": "bench-flavor", "resources": [{"name": "cpu", "nominalQuota": str(quota)}]}]}]}},
+        {"apiVersion": GROUP, "kind": "LocalQueue", "metadata": {"name": "bench-lq", "namespace": namespace},
+         "spec": {"clusterQueue": "bench-cq"}},
+    ]
+
+
+def _items(bed: TestBed, resource: str, namespace: str) -> list[dict[str, Any]]:
+    return list(json.loads(bed.kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"])
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "p99": ordered[int(0.99 * (len(ordered) - 1))], "max": ordered[-1]}
+
+
+def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, quota: int, steps: int, sleep: float,
+          log: Any = print) -> dict[str, Any]:
+    namespace, bucket = "bench-kueue", "bench-kueue-" + uuid.uuid4().hex[:8]
+    resume.prepare_namespace(bed, namespace, bucket)
+    marks = root / "kueue-marks"
+    marks.mkdir(parents=True, exist_ok=True)
+    log("starting the Kueue manager")
+    started_kueue = time.monotonic()
+    kueue = Kueue(root / "kueue", run_id, bed.kubeconfig).start(bed.kubectl)
+    kueue_start = time.monotonic() - started_kueue
+    try:
+        bed.kubectl("apply", "--server-side", "-f", "-", input="\n---\n".join(
+            json.dumps(o) for o in _queues(namespace, quota)))
+        with resume.operator(bed, namespace, root, run_id, env={api.OperatorEnv.KUEUE: "true"}):
+            manifests = []
+            for i in range(runs):
+                manifest = resume.manifest(bed, namespace, f"q{i}", bucket, marks, {"n": steps, "sleep": sleep})
+                manifest["metadata"]["labels"] = {api.LABEL_QUEUE_NAME: "bench-lq"}
+                manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+                manifests.append(manifest)
+            log(f"{runs} runs, quota for {quota}")
+            began = time.monotonic()
+            bed.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests), timeout=300)
+            applied = time.monotonic() - began
+            done: set[str] = set()
+            most_live = 0
+            deadline = began + 300 + runs * (steps * sleep + 10) / quota
+            while len(done) < runs:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{runs - len(done)} of {runs} runs did not succeed in time")
+                phases = [(p.get("status") or {}).get("phase") for p in _items(bed, "pods", namespace)]
+                live = [p for p in phases if p in ("Pending", "Running")]  # literal-ok: the pods' phases
+                most_live = max(most_live, len(live))
+                done |= {r["metadata"]["name"] for r in _items(bed, "dr", namespace)
+                         if (r.get("status") or {}).get("phase") == api.Phase.SUCCEEDED}
+                time.sleep(POLL)
+        kueue.check_alive()
+        timing = _timing(bed, namespace)
+    finally:
+        kueue.stop()
+    return {"runs": runs, "quota": quota, "steps": steps, "sleep": sleep, "applied_s": applied,
+            "kueue_start_s": kueue_start, "most_live_pods": most_live, **timing}
+
+
+def _time(value: str | None) -> datetime:
+    parsed = api.parse_time(value)
+    assert parsed is not None, value
+    return parsed
+
+
+def _timing(bed: TestBed, namespace: str) -> dict[str, Any]:
+    """Latencies from the API objects' own timestamps (to the second; events' eventTime finer when set): each
+    run's creation, its Workload's ``Admitted`` Event (Kueue's, kept after the Workload is deleted), its first
+    pod's creation, and the last pod's end. Polling at this load would be coarser than that."""
+    created: dict[str, datetime] = {}
+    workloads: dict[str, str] = {}
+    for body in _items(bed, "dr", namespace):
+        meta = body["metadata"]
+        created[meta["name"]] = _time(meta["creationTimestamp"])
+        workloads[operator_kueue.workload_name(meta["name"], meta["uid"])] = meta["name"]
+    pods: dict[str, datetime] = {}
+    ended = []
+    for pod in _items(bed, "pods", namespace):
+        owner = str((pod["metadata"].get("labels") or {}).get(api.LABEL_RUN))
+        if owner in created:
+            at = _time(pod["metadata"]["creationTimestamp"])
+            pods[owner] = min(pods.get(owner, at), at)
+            for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                if finished := ((container.get("state") or {}).get("terminated") or {}).get("finishedAt"):
+                    ended.append(_time(finished))
+    admitted: dict[str, datetime] = {}
+    for event in _items(bed, "events", namespace):
+        involved = event.get("involvedObject") or {}
+        name = workloads.get(involved.get("name", ""))
+        if involved.get("kind") == "Workload" and event.get("reason") == "Admitted" and name:
+            at = _time(event.get("eventTime") or event.get("firstTimestamp"))
+            admitted[name] = min(admitted.get(name, at), at)
+    first = min(created.values())
+
+    def seconds(later: dict[str, datetime], earlier: dict[str, datetime]) -> list[float]:
+        return [(later[n] - earlier[n]).total_seconds() for n in later if n in earlier]
+
+    return {"create_to_admitted": _percentiles(seconds(admitted, created)),
+            "create_to_pod": _percentiles(seconds(pods, created)),
+            "admitted_to_pod": _percentiles(seconds(pods, admitted)),
+            "makespan_s": (max(ended) - first).total_seconds() if ended else math.nan,
+            "missed_admissions": len(created) - len(admitted)}
+
+
+def section(k: dict[str, Any], load: str | None = None) -> list[str]:
+    """The report's section (report.render)."""
+
+    def row(name: str, p: dict[str, float]) -> str:
+        return f"| {name} | {p['p50']:.1f} s | {p['p90']:.1f} s | {p['p99']:.1f} s | {p['max']:.1f} s |"
+
+    ideal = k["runs"] / k["quota"] * k["steps"] * k["sleep"]
+    verdict = "never more" if k["most_live_pods"] <= k["quota"] else "**MORE**"
+    return [
+        "## Admission through Kueue",
+        "",
+        f"{k['runs']} DurableRuns of {k['steps']} steps of {k['sleep']} s applied at once (the apply took "
+        f"{k['applied_s']:.1f} s) in a LocalQueue whose ClusterQueue has quota for {k['quota']} runners (1 CPU "
+        f"each), on the test bed with a real Kueue manager (it started in {k['kueue_start_s']:.0f} s) and the "
+        "operator; latencies from the objects' timestamps (to the second), live pods polled"
+        + (f"; load average (1/5/15 min) {load} before the section" if load else "") + ".",
+        "",
+        "| from the run's creation | p50 | p90 | p99 | max |",
+        "|---|---|---|---|---|",
+        row("to its Workload admitted", k["create_to_admitted"]),
+        row("to its pod", k["create_to_pod"]),
+        row("admitted to pod (the operator's part)", k["admitted_to_pod"]),
+        "",
+        f"At most **{k['most_live_pods']}** runner pods were alive at once: {verdict} than the quota's "
+        f"{k['quota']}. The last runner ended {k['makespan_s']:.0f} s after the first run was created; the steps "
+        f"alone, "
+        f"{k['quota']} at a time, take {ideal:.0f} s, so the rest is pods starting and admission handing quota on"
+        + (f" ({k['missed_admissions']} runs had no Admitted Event)" if k["missed_admissions"] else "")
+        + ".",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m durablerun_bench.kueue", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20 if quick() else 100)
+    parser.add_argument("--quota", type=int, default=4 if quick() else 10)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-kueue-"))
+    run_id = "bench-" + uuid.uuid4().hex[:8]
+    load = machine.load()
+    s3 = S3Server(root / "s3", run_id).start()
+    try:
+        bed = TestBed(root / "k8s", id=run_id).start(s3=s3)
+        try:
+            bed.kubectl("apply", "--server-side", "-f", str(CRD))
+            bed.wait_established(timeout=60)
+            result = bench(bed, root, run_id, runs=args.runs, quota=args.quota, steps=5, sleep=0.5,
+                           log=lambda m: print(m, file=sys.stderr))
+        finally:
+            bed.stop()
+    finally:
+        s3.stop()
+        for pid, _ in procs.processes_with_marker(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    print("\n".join(section(result, str(load))))
+    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
