@@ -169,3 +169,50 @@ def test_the_hold_is_off_when_the_fraction_is_zero() -> None:
     late_leases(rec, late=500, fresh=0)
     asyncio.run(rec.reconcile("ns", "run"))
     assert kube.patches >= 1
+
+
+QUEUED: dict[str, Any] = {
+    **RUN,
+    "metadata": {**RUN["metadata"], "labels": {api.LABEL_QUEUE_NAME: "lq", api.LABEL_PRIORITY_CLASS: "urgent"}},
+    "status": {**RUN["status"], "phase": "Queued", "lease": {}},
+}
+
+
+class KueueStub(Stub):
+    """A cluster where the run's WorkloadPriorityClass does not exist and it has no Workload yet."""
+
+    def get_workload(self, namespace: str, name: str) -> None:
+        return None
+
+    def get_cluster_object(self, plural: str, name: str) -> None:
+        return None
+
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """The status as the patch leaves it, so the run settles."""
+        for op in ops:
+            key = op["path"].removeprefix("/status/")
+            if op["op"] == "add":
+                self.run["status"][key] = op["value"]
+            elif op["op"] == "remove":
+                self.run["status"].pop(key, None)
+        return super().patch_status(namespace, name, ops)
+
+
+def test_a_queued_run_whose_priority_class_is_missing_is_looked_at_again_and_decided_on_a_label_fix() -> None:
+    kube = KueueStub(QUEUED, [])
+    rec = Reconciler(kube, Settings(kueue=True))  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        assert await rec.reconcile("ns", "run")
+        assert [reason for reason, _ in kube.events] == ["PriorityClassNotFound"]
+        # Nothing watches the classes: a class created later is seen within PRIORITY_CLASS_RECHECK (30 s).
+        assert 25 < rec._timers[("ns", "run")].when() - loop.time() <= 31
+        # A new version of the run (its label fixed) is decided at once, though a Queued run's own versions
+        # otherwise wait for its Workload.
+        fixed = copy.deepcopy(QUEUED)
+        fixed["metadata"].update(resourceVersion="8", labels={api.LABEL_QUEUE_NAME: "lq"})
+        rec.run_changed(fixed)
+        assert rec.queue._queue.qsize() == 1
+
+    asyncio.run(scenario())
