@@ -20,7 +20,10 @@ STEPS = 5
 
 
 def test_chart_operator_is_ready_non_root_and_read_only(real_bed: TestBed, chart_operator: dict[str, Any]) -> None:
-    name = chart_operator["metadata"]["name"]
+    # The operator pod now: test_kueue.py's helm upgrades (Kueue on, then off) replace the one first installed.
+    pods = json.loads(real_bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", api.OPERATOR_SELECTOR,
+                                       "-o", "json").stdout)["items"]
+    name = next(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
 
     def kubectl(*args: str, check: bool = True) -> Any:
         return real_bed.kubectl("-n", OPERATOR_NAMESPACE, *args, check=check)
