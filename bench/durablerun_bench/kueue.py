@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         for pid, _ in procs.processes_with_marker(run_id):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
     print("\n".join(section(result, str(load))))
     print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
     return 0
