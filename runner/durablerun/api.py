@@ -68,6 +68,10 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # e.g. a timestamp, asks once more).
 ANNOTATION_ABORT = f"{GROUP}/abort"
 ANNOTATION_RETRY = f"{GROUP}/retry"
+# Move a run to new code (kubectl durablerun upgrade, after its replay check passed): a JSON object
+# {"image": "<name>@sha256:...", "by": "<who>", "checkedIn": "<the replay pod>"}; the operator moves
+# status.pin to it once per value (docs/operator.md#upgrading-code-under-running-runs).
+ANNOTATION_UPGRADE = f"{GROUP}/upgrade"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
 # The most child runs one run may start (ctx.start_child refuses the next one; the API server refuses a

@@ -63,6 +63,10 @@ class PodView:
     #: Who is removing the pod, when someone other than the operator is (an eviction, the taint manager, a
     #: user's delete): a lapsed lease then means the pod is going, not that the runner hung.
     disruption: api.RestartReason | None = None
+    #: The runner container's image as the pod names it, and the digest the node ran for it (None: not
+    #: started yet, or a node that runs no images, like the test bed's process node).
+    image: str | None = None
+    digest: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,8 +91,19 @@ class PodView:
             waiting_reason=(state.get("waiting") or {}).get("reason"),
             waiting_message=(state.get("waiting") or {}).get("message"),
             ending=None, memory_limit=limit,
+            image=builders.runner_image(pod), digest=image_digest(str((runner or {}).get("imageID") or "")),
         )
         return _with_ending(view, pod, state, now, stuck_seconds)
+
+
+def image_digest(image_id: str) -> str | None:
+    """A container status's imageID as an image reference a pod can name: ``name@sha256:...`` (a registry's
+    digest), or ``sha256:...`` (the node's own image id, for an image imported without one); None if empty."""
+    _, sep, rest = image_id.partition("://")  # docker-pullable://name@sha256:..., an older runtime's form
+    reference = rest if sep else image_id
+    if "@sha256:" in reference or reference.startswith("sha256:"):
+        return reference
+    return None
 
 
 def _runner_status(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -236,6 +251,18 @@ def retry_requested(run: RunView) -> bool:
     value = run.annotations.get(api.ANNOTATION_RETRY)
     return (run.status.phase in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED) and value is not None
             and value != run.status.retry)
+
+
+def upgrade_request(value: str) -> tuple[str, str] | str:
+    """A durablerun.dev/upgrade annotation's (image by digest, who asked), or what is wrong with it."""
+    try:
+        request = json.loads(value)
+        image, by = request["image"], request.get("by") or "someone"
+    except (ValueError, KeyError, TypeError):
+        return 'not a JSON object {"image": "<name>@sha256:...", "by": "<who>"}'
+    if not isinstance(image, str) or image_digest(image) != image:
+        return f"image {image!r} is not named by its digest (<name>@sha256:...)"
+    return image, str(by)
 
 
 def pending_requests(run: RunView) -> bool:
