@@ -24,7 +24,7 @@ def purge_pod_name(run_name: str) -> str:
 
 
 def runner_account(run_name: str) -> str:
-    return f"durablerun-{run_name}"
+    return api.runner_account(run_name)
 
 
 def owner_reference(run: dict[str, Any]) -> dict[str, Any]:

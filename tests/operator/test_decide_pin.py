@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from durablerun import api, resource
-from durablerun_operator import builders
+from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
-from durablerun_operator.decide import facts
 from tests.operator.run_bodies import at, body, runner_pod, running
 from tests.operator.test_decide import plan_for
 
@@ -41,7 +40,7 @@ def pod_that_ran(image_id: str, *, waiting: str | None = None) -> dict[str, Any]
     ("localhost/wf:v1", None),  # a tag is not a digest
 ])
 def test_the_digest_a_pod_ran_is_read_from_its_image_id(image_id: str, digest: str | None) -> None:
-    assert facts.image_digest(image_id) == digest
+    assert api.image_digest(image_id) == digest
 
 
 def test_the_first_attempt_pins_the_digest_it_ran_once() -> None:
@@ -114,9 +113,12 @@ def test_an_upgrade_moves_the_pin_once_recording_who_when_and_from_what() -> Non
                              "request": json.dumps({"image": NEWER, "by": "dana"})}
     assert plan.upgraded
     assert [reason for _, reason, _ in plan.events] == ["Upgraded"]
+    # A settled run wakes for the request (the reconciler leaves a run alone until quiet_until).
+    assert decide.quiet_until(decide.RunView.from_body(body(pinned, annotations=upgrade(NEWER)))) is None
     assert status["phase"] == "Waiting"  # the next attempt runs the new code; nothing starts now
-    again = plan_for(body({**pinned, "pin": status["pin"]}, annotations=upgrade(NEWER)))[0]
-    assert again.empty
+    acted = body({**pinned, "pin": status["pin"]}, annotations=upgrade(NEWER))
+    assert plan_for(acted)[0].empty
+    assert decide.quiet_until(decide.RunView.from_body(acted)) is not None
 
 
 def test_an_upgrade_waits_for_the_first_pin() -> None:

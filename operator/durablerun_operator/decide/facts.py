@@ -91,19 +91,9 @@ class PodView:
             waiting_reason=(state.get("waiting") or {}).get("reason"),
             waiting_message=(state.get("waiting") or {}).get("message"),
             ending=None, memory_limit=limit,
-            image=builders.runner_image(pod), digest=image_digest(str((runner or {}).get("imageID") or "")),
+            image=builders.runner_image(pod), digest=api.image_digest(str((runner or {}).get("imageID") or "")),
         )
         return _with_ending(view, pod, state, now, stuck_seconds)
-
-
-def image_digest(image_id: str) -> str | None:
-    """A container status's imageID as an image reference a pod can name: ``name@sha256:...`` (a registry's
-    digest), or ``sha256:...`` (the node's own image id, for an image imported without one); None if empty."""
-    _, sep, rest = image_id.partition("://")  # docker-pullable://name@sha256:..., an older runtime's form
-    reference = rest if sep else image_id
-    if "@sha256:" in reference or reference.startswith("sha256:"):
-        return reference
-    return None
 
 
 def _runner_status(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -253,6 +243,12 @@ def retry_requested(run: RunView) -> bool:
             and value != run.status.retry)
 
 
+def upgrade_requested(run: RunView) -> bool:
+    """A pinned run whose durablerun.dev/upgrade annotation holds a value not acted on yet."""
+    value = run.annotations.get(api.ANNOTATION_UPGRADE)
+    return run.status.pin is not None and value is not None and value != run.status.pin.request
+
+
 def upgrade_request(value: str) -> tuple[str, str] | str:
     """A durablerun.dev/upgrade annotation's (image by digest, who asked), or what is wrong with it."""
     try:
@@ -260,7 +256,7 @@ def upgrade_request(value: str) -> tuple[str, str] | str:
         image, by = request["image"], request.get("by") or "someone"
     except (ValueError, KeyError, TypeError):
         return 'not a JSON object {"image": "<name>@sha256:...", "by": "<who>"}'
-    if not isinstance(image, str) or image_digest(image) != image:
+    if not isinstance(image, str) or api.image_digest(image) != image:
         return f"image {image!r} is not named by its digest (<name>@sha256:...)"
     return image, str(by)
 

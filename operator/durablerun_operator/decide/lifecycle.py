@@ -75,9 +75,9 @@ def pin(t: transition.Transition, pod: facts.PodView | None) -> None:
             t.event("Pinned", f"the run is pinned to {pod.digest}, the runner image its attempt {status.attempt} ran "
                     f"(for {pod.image}): every later attempt runs it")
         return  # an upgrade waits for the first pin: until then the next attempt runs the template's image
-    value = t.run.annotations.get(api.ANNOTATION_UPGRADE)
-    if value is None or value == status.pin.request:
+    if not facts.upgrade_requested(t.run):
         return
+    value = t.run.annotations[api.ANNOTATION_UPGRADE]
     request = facts.upgrade_request(value)
     assert t.new.pin is not None
     t.new.pin.request = value
