@@ -9,6 +9,7 @@ finishes on version 2. No step is executed twice.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from durablerun import api
@@ -34,7 +35,12 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
     for name, workflow in (("left", "upgrade_flows:kept"), ("moved", "upgrade_flows:kept"),
                            ("diverged", "upgrade_flows:renamed")):
         real_runs.apply(real_runs.manifest(name, workflow, {"marks": name}))
-    waiting = {name: real_runs.wait_phase(name, "Waiting") for name in ("left", "moved", "diverged")}
+    try:  # three pods start at once: generous on a loaded 2-core machine
+        waiting = {name: real_runs.wait_phase(name, "Waiting", timeout=240) for name in ("left", "moved", "diverged")}
+    except procs.Timeout as timeout:
+        seen = {name: (real_runs.status(name).get("phase"), real_runs.status(name).get("message"))
+                for name in ("left", "moved", "diverged")}
+        raise AssertionError(f"{timeout}: {seen}") from None
     pins = {name: (status.get("pin") or {}).get("image") for name, status in waiting.items()}
     assert len(set(pins.values())) == 1, pins  # one image, one digest
     pinned = pins["left"]
@@ -47,6 +53,12 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
     home = tmp_path / "home"
     home.mkdir()
     plugin = Plugin(real_bed, real_runs.namespace, home)
+
+    missing = plugin.dr("upgrade", "diverged", "--image", "localhost/durable-run/no-such-image:1", timeout=300)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert re.match(r"kubectl durablerun: diverged: localhost/durable-run/no-such-image:1 cannot start "
+                    r"\((ErrImagePull|ImagePullBackOff)", missing.stderr), missing.stderr
+    assert "nothing changed" in missing.stderr
 
     refused = plugin.dr("upgrade", "diverged", "--image", v2, timeout=300)
     assert refused.returncode == 1, refused.stdout + refused.stderr

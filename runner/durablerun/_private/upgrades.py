@@ -36,6 +36,7 @@ class Check:
     clean: bool
     digest: str | None  # what the check pod ran, by digest (None: the node reported none)
     report: str  # the replayer's output (or why the pod could not run it)
+    started: bool = True  # False: the image could not start (not pullable, a bad name)
 
 
 def check_pod(run: dict[str, Any], image: str) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def replay_in_pod(kube: Kubectl, run: dict[str, Any], image: str, timeout: float
             waiting = (state.get("waiting") or {}).get("reason")
             if waiting in _CANNOT_START:
                 message = (state.get("waiting") or {}).get("message") or ""
-                return Check(name, image, False, None, f"the image cannot start: {waiting}: {message}".strip())
+                return Check(name, image, False, None, f"{waiting}: {message}".strip(), started=False)
             if state.get("terminated"):
                 code = int(state["terminated"].get("exitCode", -1))
                 logs = kube("logs", pod_name, check=False).stdout.strip() or state["terminated"].get("message", "")
@@ -131,6 +132,9 @@ def upgrade(kube: Kubectl, run_name: str, image: str, *, check_only: bool, timeo
                           f"would not cover. Upgrade it while it waits, or suspend it first (kubectl durablerun "
                           f"suspend {run_name})")
     check = replay_in_pod(kube, run, image, timeout)
+    if not check.started:
+        raise PluginError(f"{run_name}: {image} cannot start ({check.report}): name an image the nodes can pull; "
+                          "nothing changed")
     if not check.clean:
         raise PluginError(f"{run_name}: {image} does not replay the run's journal; nothing changed.\n{check.report}")
     if check.digest is None:
