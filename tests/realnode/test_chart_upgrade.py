@@ -4,13 +4,15 @@ new default runner image, while runs wait, changes no code under them.
 The chart's default runner image is first set to version 1 of tests/realnode/workflows' upgrade_flows (runs that
 name no image take it), runs start on it and wait, then one `helm upgrade` rolls the operator to a new image and
 makes version 2 the default. The runs finish on version 1, the digest they were pinned to, each step executed
-once; a run created after the upgrade gets version 2. The release is rolled back to where the session had it.
+once; a run created after the upgrade gets version 2, and fails naming its digest once that image is gone from
+the node. The release is rolled back to where the session had it.
 
 Three operator rollouts take minutes on a loaded machine: `make faults` runs it, `make test` leaves it out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -21,7 +23,7 @@ from durablerun_testbed.testbed import TestBed
 from tests.install.helpers import Helm
 from tests.realnode.conftest import RELEASE
 from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
-from tests.realnode.test_pinning import V2
+from tests.realnode.test_pinning import MOVING, V2
 
 
 def _repository_and_tag(ref: str) -> tuple[str, str]:
@@ -88,7 +90,22 @@ def test_a_chart_upgrade_changes_no_code_under_waiting_runs(
             assert status["pin"]["image"] == pins[name]
             assert real_runs.executions(name) == {"draft": 1, "publish": 1}, name
         # The new default does reach a run created after the upgrade.
-        assert real_runs.wait_phase("chart-new", "Waiting")["pin"]["image"] != pins["chart-a"]
+        fresh_pin = real_runs.wait_phase("chart-new", "Waiting")["pin"]["image"]
+        assert fresh_pin != pins["chart-a"]
+
+        # Its pinned image gone from the node (every name of version 2 removed, with the name containerd's CRI
+        # gives an image by its id, which is what the pin is for an imported image): its next attempt fails the
+        # run, naming the digest and the way out, instead of running another image.
+        for ref in (v2, MOVING, fresh_pin):
+            with contextlib.suppress(RuntimeError):  # the moving tag exists only if test_pinning ran first
+                node.ctr("images", "rm", ref)
+        real_runs.kubectl("patch", "dr", "chart-new", "--type=merge", "-p",
+                          json.dumps({"spec": {"events": {"go": {}}}}))
+        failed = real_runs.wait_phase("chart-new", "Succeeded", "Failed", "Aborted", timeout=180)
+        assert failed["phase"] == "Failed", (fresh_pin, node.ctr("images", "ls", "--quiet"))
+        assert failed["message"].startswith(f"PinnedImageMissing: the run is pinned to {fresh_pin}"), failed["message"]
+        assert "kubectl durablerun upgrade chart-new --image IMAGE" in failed["message"]
+        assert real_runs.executions("chart-new") == {"draft": 1}
     finally:
         real_helm("rollback", RELEASE, revision, "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout=180s",
                   timeout=240)
