@@ -20,7 +20,7 @@ TEST_WORKERS ?= 2
 test: setup lint
 	hack/build-binaries.sh jaeger kueue  # the tracing tests' collector and the Kueue manager, outside any timeout
 	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/realnode/test_chart_upgrade.py  # in faults
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
 ## apply: the chart rendered with its defaults and with every feature on, deploy/ and its samples.
@@ -62,9 +62,12 @@ bench:
 ## >=120 trials of every fault kind (runner SIGKILL, OOM kill, pod deletion, eviction, two operators at once,
 ## operator SIGKILL, pause past the lease; runs through S3 outages and API server restarts), each with the full
 ## invariant checks, generated workflows against their oracle (120 per store under SIGKILL, 30 on the test
-## bed), and the real node's faults (tests/realnode/test_faults.py: 20 runs under the control plane's restart).
+## bed), and the real node's faults (tests/realnode/test_faults.py: 20 runs under the control plane's restart)
+## and a chart upgrade under waiting runs (tests/realnode/test_chart_upgrade.py: three operator rollouts, too
+## long for `make test`, which has the pinning it relies on in tests/realnode/test_pinning.py).
 ## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.
 .PHONY: faults
 faults: setup
 	FAULT_TRIALS=$${FAULT_TRIALS:-120} $(PY) -m pytest tests/faults tests/realnode/test_faults.py \
+		tests/realnode/test_chart_upgrade.py \
 		-p no:cacheprovider -rA --timeout=5400

@@ -24,7 +24,7 @@ def purge_pod_name(run_name: str) -> str:
 
 
 def runner_account(run_name: str) -> str:
-    return f"durablerun-{run_name}"
+    return api.runner_account(run_name)
 
 
 def owner_reference(run: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +93,9 @@ def purge_pod(run: dict[str, Any], settings: Settings) -> dict[str, Any]:
     The operator itself never holds store credentials: the runner, which has
     them from the run's Secret or workload identity, deletes its own journal.
     """
-    pod = runner_pod(run, 0, settings)
+    # The template's image, not the pin: deleting a journal needs only the SDK, and a pinned image that is gone
+    # from the node must not keep a deleted run from going.
+    pod = runner_pod({**run, "status": {}}, 0, settings)
     pod["metadata"]["name"] = purge_pod_name(run["metadata"]["name"])
     pod["metadata"]["labels"].pop(api.LABEL_EPOCH, None)
     pod["metadata"]["labels"][api.LABEL_PURGE] = "true"
@@ -115,14 +117,14 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
     template_meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
 
-    containers: list[dict[str, Any]] = pod_spec.setdefault("containers", [])
-    runner = next((c for c in containers if c.get("name") == api.RUNNER_CONTAINER), None)
-    if runner is None and containers:
-        runner = containers[0]
-    if runner is None:
-        runner = {"name": api.RUNNER_CONTAINER}
-        containers.append(runner)
+    runner = runner_container(pod_spec)
     runner.setdefault("image", settings.runner_image)
+    pin = (run.get("status") or {}).get("pin") or {}
+    if pin.get("image"):
+        # Pinned at its first attempt (or moved by kubectl durablerun upgrade): the code that wrote the journal,
+        # whatever the template's tag names now. A digest never changes, so there is nothing to pull again.
+        runner["image"] = pin["image"]
+        runner["imagePullPolicy"] = "IfNotPresent"
     if not runner.get("command") and not runner.get("args"):
         runner["command"] = list(DEFAULT_COMMAND)
     runner["terminationMessagePath"] = api.TERMINATION_MESSAGE_PATH
@@ -171,6 +173,26 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
         },
         "spec": pod_spec,
     }
+
+
+def runner_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The container that runs `durablerun pod`: the one named ``runner``, else the first; added if none."""
+    containers: list[dict[str, Any]] = pod_spec.setdefault("containers", [])
+    runner = next((c for c in containers if c.get("name") == api.RUNNER_CONTAINER), None)
+    if runner is None and containers:
+        runner = containers[0]
+    if runner is None:
+        runner = {"name": api.RUNNER_CONTAINER}
+        containers.append(runner)
+    return runner
+
+
+def runner_image(pod: dict[str, Any]) -> str | None:
+    """The image a pod's runner container names."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    runner = next((c for c in containers if c.get("name") == api.RUNNER_CONTAINER), None) or \
+        (containers[0] if containers else {})
+    return str(runner["image"]) if runner.get("image") else None
 
 
 def _runner_env(run: dict[str, Any], epoch: int, settings: Settings) -> list[dict[str, Any]]:
@@ -223,6 +245,11 @@ def child_run(parent: dict[str, Any], child: str, request: resource.ChildRequest
         api.run_key(meta["namespace"], meta["name"], meta["uid"], parent_spec.checkpoint.runId))}
     if spec.suspend:  # born suspended with a suspended parent, and resumed with it
         annotations[api.ANNOTATION_SUSPENDED_BY_PARENT] = "true"
+    body = spec.model_dump(mode="json", exclude_none=True)
+    pin = ((parent.get("status") or {}).get("pin") or {}).get("image")
+    if pin:  # the code that asked for the child runs it: a child starts on its parent's pinned image
+        template = body.setdefault("template", {})
+        runner_container(template.setdefault("spec", {}))["image"] = pin
     return {
         "apiVersion": api.API_VERSION, "kind": api.KIND,
         "metadata": {
@@ -232,5 +259,5 @@ def child_run(parent: dict[str, Any], child: str, request: resource.ChildRequest
             "annotations": annotations,
             "ownerReferences": [owner_reference(parent)],
         },
-        "spec": spec.model_dump(mode="json", exclude_none=True),
+        "spec": body,
     }

@@ -244,6 +244,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Queue", "type": "string", "priority": 1,
      "jsonPath": ".metadata.labels." + api.LABEL_QUEUE_NAME.replace(".", "\\."),
      "description": "The Kueue LocalQueue the run is admitted through (its kueue.x-k8s.io/queue-name label)."},
+    {"name": "Image", "type": "string", "jsonPath": ".status.pin.image", "priority": 1,
+     "description": "The runner image the run is pinned to, by digest (kubectl durablerun upgrade moves it)."},
 ]
 
 

@@ -340,6 +340,11 @@ class RunMetrics:
             "Reconciles of a DurableRun that ended in an error (the run is reconciled again after a backoff).",
             registry=self._registry,
         )
+        self._upgrades = Counter(
+            PREFIX + "upgrades",
+            "Runs moved to a new runner image by kubectl durablerun upgrade (their pin moved).",
+            registry=self._registry,
+        )
         self._mass_lease_expiry = Gauge(
             PREFIX + "mass_lease_expiry",
             "1 while a mass lease expiry holds restarts that rest only on the lease (docs/operator.md), else 0.",
@@ -398,6 +403,9 @@ class RunMetrics:
 
     def record_reconcile_error(self) -> None:
         self._reconcile_errors.inc()
+
+    def record_upgrade(self) -> None:
+        self._upgrades.inc()
 
     def set_mass_lease_expiry(self, active: bool) -> None:
         self._mass_lease_expiry.set(1 if active else 0)

@@ -459,6 +459,8 @@ class Reconciler:
             self.metrics.record_abort(ns, name, plan.abort_reason)
         if plan.completion:
             self.metrics.record_completion(ns, name, plan.completion)
+        if plan.upgraded:
+            self.metrics.record_upgrade()
 
     async def _related(self, run: decide.RunView) -> dict[str, decide.RunView | None]:
         """The runs decide needs besides this one: its children (one LIST by label), its signals' targets."""

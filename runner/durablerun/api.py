@@ -68,6 +68,10 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # e.g. a timestamp, asks once more).
 ANNOTATION_ABORT = f"{GROUP}/abort"
 ANNOTATION_RETRY = f"{GROUP}/retry"
+# Move a run to new code (kubectl durablerun upgrade, after its replay check passed): a JSON object
+# {"image": "<name>@sha256:...", "by": "<who>", "checkedIn": "<the replay pod>"}; the operator moves
+# status.pin to it once per value (docs/operator.md#upgrading-code-under-running-runs).
+ANNOTATION_UPGRADE = f"{GROUP}/upgrade"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
 # The most child runs one run may start (ctx.start_child refuses the next one; the API server refuses a
@@ -433,3 +437,19 @@ def _duration_field(default: str, description: str, *, positive: bool = False) -
 
 
 USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+
+
+def image_digest(image_id: str) -> str | None:
+    """A container status's imageID as an image reference a pod can name: ``name@sha256:...`` (a registry's
+    digest), or ``sha256:...`` (the node's own image id, for an image imported without one); None if empty
+    (a node that runs no images, like the test bed's process node) or not a digest."""
+    _, sep, rest = image_id.partition("://")  # docker-pullable://name@sha256:..., an older runtime's form
+    reference = rest if sep else image_id
+    if "@sha256:" in reference or reference.startswith("sha256:"):
+        return reference
+    return None
+
+
+def runner_account(run_name: str) -> str:
+    """The ServiceAccount the operator makes for a run whose template names none (its Role: that run only)."""
+    return f"durablerun-{run_name}"

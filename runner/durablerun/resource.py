@@ -461,6 +461,20 @@ class Condition(_Model):
     )
 
 
+class ImagePin(_Model):
+    """The runner image the run is pinned to: every attempt after the first runs this digest, whatever the
+    template's tag names later (docs/operator.md#upgrading-code-under-running-runs)."""
+
+    image: str = Field(description="The image by digest (name@sha256:..., or the node's image id sha256:...).",
+                       max_length=1024)
+    since: str | None = Field(default=None, description="When the run was pinned to it.")
+    by: str | None = Field(
+        default=None, description="Who moved the run to it (kubectl durablerun upgrade); none: its first attempt.")
+    previous: str | None = Field(default=None, description="The image it was pinned to before.", max_length=1024)
+    request: str | None = Field(
+        default=None, description="The durablerun.dev/upgrade annotation value last acted on.", max_length=4096)
+
+
 class DurableRunStatus(_Model):
     """Observed state of the run, written by the operator and the runner."""
 
@@ -489,6 +503,7 @@ class DurableRunStatus(_Model):
     traceID: str | None = Field(
         default=None, description="The run's OpenTelemetry trace id (32 hex digits): every attempt and the operator's "
         "decisions add to this one trace when tracing is on (docs/metrics.md, Traces).")
+    pin: ImagePin | None = Field(default=None, description=ImagePin.__doc__)
     startTime: str | None = Field(default=None, description="When the first attempt started.")
     completionTime: str | None = Field(default=None, description="When the run finished.")
     result: RunResult | None = Field(default=None, description=RunResult.__doc__)

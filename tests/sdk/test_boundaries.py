@@ -98,7 +98,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                "durablerun._private.cli", "durablerun._private.lease", "durablerun._private.pod",
                "durablerun._private.kubectl", "durablerun._private.timeline", "durablerun._private.kubeapi",
                "durablerun._private.browser", "durablerun._private.replayer", "durablerun._private.reruns",
-               "durablerun._private.family"}),
+               "durablerun._private.family", "durablerun._private.upgrades"}),
 ]
 #: Public modules the private ones may import: the contract. Every other public module is a façade over
 #: ``_private`` (it re-exports names, or starts a command) and nothing under ``_private`` imports it.

@@ -77,18 +77,19 @@ def test_printer_columns(testbed: TestBed, namespace: str) -> None:
                          "progress": {"stepName": "plan", "summary": "3/12", "completedSteps": 3},
                          "cost": {"usd": "1.50", "tokens": 10}, "pod": "columns-a3",
                          "childrenTotal": {"runs": 5, "finished": 3, "summary": "3/5", "usd": "0.40"},
-                         "traceID": "0af7651916cd43dd8448eb211c80319c"}}
+                         "traceID": "0af7651916cd43dd8448eb211c80319c",
+                         "pin": {"image": "localhost/wf@sha256:" + "a" * 64}}}
     testbed.kubectl("patch", "dr", "columns", "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps(status))
     table = testbed.kubectl("get", "dr", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "STEP", "PROGRESS", "COST", "RESTARTS", "SUSPENDED", "AGE"]
     assert table[1].split()[:7] == ["columns", "Running", "plan", "3/12", "1.50", "2", "false"]
     wide = testbed.kubectl("get", "durableruns", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-10:] == ["REASON", "STEPS", "POD", "CHILDREN", "CHILD", "COST", "RUN", "ID", "TRACE",
-                                     "QUEUE"]
+    assert wide[0].split()[-11:] == ["REASON", "STEPS", "POD", "CHILDREN", "CHILD", "COST", "RUN", "ID", "TRACE",
+                                     "QUEUE", "IMAGE"]
     # No run id: that cell is empty.
-    assert wide[1].split()[-7:] == ["ProgressTimeout", "3", "columns-a3", "3/5", "0.40",
-                                    "0af7651916cd43dd8448eb211c80319c", "team-a"]
+    assert wide[1].split()[-8:] == ["ProgressTimeout", "3", "columns-a3", "3/5", "0.40",
+                                    "0af7651916cd43dd8448eb211c80319c", "team-a", "localhost/wf@sha256:" + "a" * 64]
 
 
 def test_status_fields_survive_and_unknown_ones_are_pruned(testbed: TestBed, namespace: str) -> None:

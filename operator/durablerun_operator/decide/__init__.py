@@ -79,6 +79,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         elif not pod.deleting:
             t.plan.delete_pods.append(pod.name)
 
+    lifecycle.pin(t, current)
     phase = status.phase
     if phase is None:
         lifecycle.admit(t)

@@ -65,7 +65,7 @@ def quiet_until(run: facts.RunView) -> datetime | None:
         return None  # the aborting attempt is over: the run is Aborted now, or its next attempt starts
     if api.ANNOTATION_ABORT in run.annotations and not status.aborting:
         return None
-    if facts.pending_requests(run):
+    if facts.pending_requests(run) or facts.upgrade_requested(run):
         return None
     max_duration = policy.max_duration
     if phase.finished:

@@ -65,6 +65,10 @@ class PodView:
     disruption: api.RestartReason | None = None
     #: spec.terminationGracePeriodSeconds: the time its runner gets to stop when the pod is deleted.
     grace_seconds: int = 30
+    #: The runner container's image as the pod names it, and the digest the node ran for it (None: not
+    #: started yet, or a node that runs no images, like the test bed's process node).
+    image: str | None = None
+    digest: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -90,6 +94,7 @@ class PodView:
             waiting_message=(state.get("waiting") or {}).get("message"),
             ending=None, memory_limit=limit,
             grace_seconds=int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)),
+            image=builders.runner_image(pod), digest=api.image_digest(str((runner or {}).get("imageID") or "")),
         )
         return _with_ending(view, pod, state, now, stuck_seconds)
 
@@ -239,6 +244,24 @@ def retry_requested(run: RunView) -> bool:
     value = run.annotations.get(api.ANNOTATION_RETRY)
     return (run.status.phase in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED) and value is not None
             and value != run.status.retry)
+
+
+def upgrade_requested(run: RunView) -> bool:
+    """A pinned run whose durablerun.dev/upgrade annotation holds a value not acted on yet."""
+    value = run.annotations.get(api.ANNOTATION_UPGRADE)
+    return run.status.pin is not None and value is not None and value != run.status.pin.request
+
+
+def upgrade_request(value: str) -> tuple[str, str] | str:
+    """A durablerun.dev/upgrade annotation's (image by digest, who asked), or what is wrong with it."""
+    try:
+        request = json.loads(value)
+        image, by = request["image"], request.get("by") or "someone"
+    except (ValueError, KeyError, TypeError):
+        return 'not a JSON object {"image": "<name>@sha256:...", "by": "<who>"}'
+    if not isinstance(image, str) or api.image_digest(image) != image:
+        return f"image {image!r} is not named by its digest (<name>@sha256:...)"
+    return image, str(by)
 
 
 def pending_requests(run: RunView) -> bool:

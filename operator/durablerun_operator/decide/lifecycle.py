@@ -65,6 +65,36 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
     t.event("AttemptStarted", f"attempt {t.new.attempt} (epoch {epoch}) in pod {t.new.pod}")
 
 
+def pin(t: transition.Transition, pod: facts.PodView | None) -> None:
+    """Pin the run to the image digest its attempt ran (once), and move the pin when a user asked to
+    (``kubectl durablerun upgrade``, after its replay check passed): builders.runner_pod runs the pin."""
+    status = t.run.status
+    if status.pin is None:
+        if pod is not None and pod.digest is not None:
+            t.new.pin = resource.ImagePin(image=pod.digest, since=api.format_time(t.now))
+            t.event("Pinned", f"the run is pinned to {pod.digest}, the runner image its attempt {status.attempt} ran "
+                    f"(for {pod.image}): every later attempt runs it")
+        return  # an upgrade waits for the first pin: until then the next attempt runs the template's image
+    if not facts.upgrade_requested(t.run):
+        return
+    value = t.run.annotations[api.ANNOTATION_UPGRADE]
+    request = facts.upgrade_request(value)
+    assert t.new.pin is not None
+    t.new.pin.request = value
+    if isinstance(request, str):
+        t.event("UpgradeRefused", f"{api.ANNOTATION_UPGRADE} ignored: {request}. Use kubectl durablerun upgrade "
+                f"{t.run.name} --image IMAGE", warning=True)
+        return
+    image, by = request
+    if image == status.pin.image:
+        return
+    t.new.pin = resource.ImagePin(image=image, since=api.format_time(t.now), by=by, previous=status.pin.image,
+                                  request=value)
+    t.plan.upgraded = True
+    t.event("Upgraded", f"{by} moved the run from {status.pin.image} to {image} (its code replayed the journal "
+            "cleanly): the next attempt runs it")
+
+
 def _admitted(t: transition.Transition, queueing: kueue.Queueing) -> bool:
     """Kueue's gate before an attempt starts: True once its Workload is admitted; until then the run is Queued
     and its Workload is created (or a stale one, evicted or finished, deleted first)."""
@@ -193,12 +223,26 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
         _ended(t, facts.Ending(api.RestartReason.LEASE_EXPIRED, f"lease expired: pod {pod.name} stopped renewing "
                                "it (hung, paused or partitioned)"), pod, delete=True)
         return
-    if pod.waiting_reason in ("CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff",
+    pinned = status.pin.image if status.pin else None
+    if pinned is not None and pod.image == pinned and pod.waiting_reason in _IMAGE_MISSING:
+        # The code that wrote the journal is gone from the node (collected, or the node is new): running another
+        # image silently is what pinning prevents, so the run stops until a user moves it deliberately.
+        t.fence()
+        t.plan.delete_pods.append(pod.name)
+        t.finish(api.Phase.FAILED, f"PinnedImageMissing: the run is pinned to {pinned}, which pod {pod.name} "
+                 f"cannot get ({pod.waiting_reason}: {pod.waiting_message or 'no message'}). Put that image back "
+                 f"on the node and retry (kubectl durablerun retry {t.run.name}), or move the run to code that "
+                 f"replays its journal: kubectl durablerun upgrade {t.run.name} --image IMAGE, then retry it")
+        return
+    if pod.waiting_reason in ("CreateContainerConfigError", *_IMAGE_MISSING,
                               "CreateContainerError", "InvalidImageName"):
         message = f"pod {pod.name} cannot start: {pod.waiting_reason}: {pod.waiting_message or ''}".strip()
         if status.message != message:
             t.new.message = message
             t.event(pod.waiting_reason, message, warning=True)
+
+
+_IMAGE_MISSING = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull")
 
 
 def _create_failed(t: transition.Transition, failure: facts.CreateFailure) -> None:

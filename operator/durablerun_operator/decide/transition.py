@@ -42,6 +42,7 @@ class Plan:
     restart_reason: str | None = None
     abort_reason: str | None = None
     completion: str | None = None
+    upgraded: bool = False  # kubectl durablerun upgrade moved the run's pin (counted in metrics)
     # Child runs and signals (after the status patch): this run's own new spec.events (child outcomes),
     # DurableRuns to create (children), merge patches of other runs by name (signals, suspend, abort).
     add_events: dict[str, Any] = field(default_factory=dict)

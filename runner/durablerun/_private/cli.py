@@ -366,8 +366,11 @@ def _kubernetes_run(args: argparse.Namespace) -> tuple[Store, layout.RunRef] | N
     try:
         config.load_kube_config(context=args.context)
     except (config.ConfigException, OSError) as e:
-        raise arguments.UsageError(f"--kubernetes: cannot load a kubeconfig ({e}): set KUBECONFIG or "
-                                   "--context") from None
+        try:  # in a pod (kubectl durablerun upgrade's replay check): its ServiceAccount may read its own run
+            config.load_incluster_config()
+        except config.ConfigException:
+            raise arguments.UsageError(f"--kubernetes: cannot load a kubeconfig ({e}): set KUBECONFIG or "
+                                       "--context") from None
     try:
         body = client.CustomObjectsApi().get_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name)

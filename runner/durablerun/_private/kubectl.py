@@ -16,6 +16,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
     kubectl durablerun rerun RUN --from STEP                        # cut the journal back, then a new attempt
     kubectl durablerun fork RUN --from STEP --to NEW                # a new DurableRun with RUN's history before STEP
+    kubectl durablerun upgrade (RUN | -l SELECTOR) --image IMAGE [--check]  # replay check in a pod, then re-pin
     kubectl durablerun ui [-A] [--port 8765]                          # the run browser on 127.0.0.1 (docs/web.md)
     kubectl durablerun completion bash
 
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private import arguments, browser, inspection, kubeapi, layout, reruns, timeline
+from durablerun._private import arguments, browser, inspection, kubeapi, layout, reruns, timeline, upgrades
 from durablerun._private.kubeapi import KIND_REF, Kubectl, PluginError
 from durablerun._version import __version__
 
@@ -210,6 +211,20 @@ def cmd_fork(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 
+def cmd_upgrade(kube: Kubectl, args: argparse.Namespace) -> int:
+    """Move a run (or each run -l selects) to IMAGE if IMAGE's code replays its journal (upgrades.upgrade)."""
+    if bool(args.run) == bool(args.selector):
+        raise arguments.UsageError("upgrade: name one run, or select runs with -l SELECTOR (not both)")
+    timeout = api.parse_duration(args.timeout).total_seconds()
+    if args.run:
+        print(upgrades.upgrade(kube, args.run, args.image, check_only=args.check, timeout=timeout))
+        return 0
+    refused, report = upgrades.upgrade_selected(kube, args.selector, args.image, check_only=args.check,
+                                                timeout=timeout)
+    print(report)
+    return 1 if refused else 0
+
+
 def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
     root = kube.run(args.run)
 
@@ -238,9 +253,9 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
-            "completion", "timeline", "rerun", "fork", "ui"]
+            "completion", "timeline", "rerun", "fork", "ui", "upgrade"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
-TAKES_RUN = set(COMMANDS) - {"completion", "ui"}
+TAKES_RUN = set(COMMANDS) - {"completion", "ui", "upgrade"}
 
 BASH_COMPLETION = """\
 # bash completion of kubectl-durablerun: eval "$(kubectl-durablerun completion bash)"
@@ -355,6 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the first step NEW executes itself (see journal)")
     p.add_argument("--to", required=True, metavar="NEW", help="the new DurableRun's name (must not exist)")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
+    p = command("upgrade", "move the run to IMAGE's code if it replays the run's journal (checked in a one-off pod "
+                           f"of IMAGE); else print the divergence and change nothing ({api.ANNOTATION_UPGRADE})")
+    p.add_argument("run", nargs="?", help="the DurableRun's name")
+    p.add_argument("-l", "--selector", help="upgrade each run this label selector names instead, reporting each")
+    p.add_argument("--image", required=True, help="the new runner image (a tag or a digest)")
+    p.add_argument("--check", action="store_true", help="only check: change nothing")
+    p.add_argument("--timeout", default="5m", help="how long the check pod may take (default 5m)")
     command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
     p = command("ui", "serve the run browser on 127.0.0.1 as you (your kubeconfig, your RBAC): the runs, each "
                       "run's timeline, events and children, and these commands as buttons (docs/web.md)")
@@ -370,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
             "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal,
-            "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve}
+            "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve, "upgrade": cmd_upgrade}
 
 
 def main(argv: list[str] | None = None) -> int:

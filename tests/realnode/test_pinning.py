@@ -1,0 +1,92 @@
+"""Runs pinned to their code on the real node (issue 27, items 1 and 3), with containerd's real digests.
+
+Three runs start on one moving tag and wait; the tag is then moved to other code (version 2, its own image).
+The run left alone finishes on the digest it was pinned to; `kubectl durablerun upgrade` refuses version 2 for
+the run whose journal it cannot replay, changing nothing, and moves the run whose journal it replays, which then
+finishes on version 2. No step is executed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from durablerun import api
+from durablerun_testbed import procs
+from durablerun_testbed.realnode import build_workflow_image
+from durablerun_testbed.testbed import TestBed
+from tests.operator.test_kubectl_plugin import Plugin
+from tests.realnode.helpers import RealRuns
+
+V2 = Path(__file__).resolve().parent / "workflows_v2"
+MOVING = "localhost/durable-run/pinning-test:moving"
+
+
+def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_that_replays(
+    real_bed: TestBed, real_runs: RealRuns, tmp_path: Path,
+) -> None:
+    node = real_bed.real_node
+    assert node is not None
+    archive, v2 = build_workflow_image(V2)
+    node.import_image(archive)
+    node.ctr("images", "tag", "--force", real_runs.image, MOVING)
+    real_runs.image = MOVING
+    for name, workflow in (("left", "upgrade_flows:kept"), ("moved", "upgrade_flows:kept"),
+                           ("diverged", "upgrade_flows:renamed")):
+        real_runs.apply(real_runs.manifest(name, workflow, {"marks": name}))
+    try:  # three pods start at once: generous on a loaded 2-core machine
+        waiting = {name: real_runs.wait_phase(name, "Waiting", timeout=240) for name in ("left", "moved", "diverged")}
+    except procs.Timeout as timeout:
+        seen = {name: (real_runs.status(name).get("phase"), real_runs.status(name).get("message"))
+                for name in ("left", "moved", "diverged")}
+        raise AssertionError(f"{timeout}: {seen}") from None
+    pins = {name: (status.get("pin") or {}).get("image") for name, status in waiting.items()}
+    assert len(set(pins.values())) == 1, pins  # one image, one digest
+    pinned = pins["left"]
+    assert api.image_digest(pinned) == pinned, pinned
+    wide = real_runs.kubectl("get", "dr", "left", "-o", "wide")
+    assert wide.splitlines()[0].split()[-1] == "IMAGE"
+    assert wide.splitlines()[1].split()[-1] == pinned
+
+    node.ctr("images", "tag", "--force", v2, MOVING)  # a deploy: the tag now names version 2
+    home = tmp_path / "home"
+    home.mkdir()
+    plugin = Plugin(real_bed, real_runs.namespace, home)
+
+    missing = plugin.dr("upgrade", "diverged", "--image", "localhost/durable-run/no-such-image:1", timeout=300)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert re.match(r"kubectl durablerun: diverged: localhost/durable-run/no-such-image:1 cannot start "
+                    r"\((ErrImagePull|ImagePullBackOff)", missing.stderr), missing.stderr
+    assert "nothing changed" in missing.stderr
+
+    refused = plugin.dr("upgrade", "diverged", "--image", v2, timeout=300)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{v2} does not replay the run's journal; nothing changed" in refused.stderr
+    assert "draft" in refused.stderr, refused.stderr  # the divergence itself: what the journal holds
+    assert "outline" in refused.stderr, refused.stderr  # and what the new code asks for
+    assert real_runs.status("diverged")["pin"]["image"] == pinned
+    assert "previous" not in real_runs.status("diverged")["pin"]
+    assert api.ANNOTATION_UPGRADE not in (real_runs.get("diverged")["metadata"].get("annotations") or {})
+
+    moved = plugin.dr("upgrade", "moved", "--image", v2, timeout=300)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    pin = procs.wait_for(lambda: (p := real_runs.status("moved")["pin"]).get("previous") and p, timeout=60,
+                         what="the operator to move the pin of run 'moved'")
+    assert real_runs.status("moved")["phase"] == "Waiting"  # it runs the new code from its next attempt
+    assert pin["previous"] == pinned
+    assert pin["image"] != pinned
+    assert pin["by"]
+    assert any(e["reason"] == "Upgraded" for e in real_runs.events("moved"))
+
+    for name in ("left", "moved", "diverged"):
+        real_runs.kubectl("patch", "dr", name, "--type=merge", "-p", json.dumps({"spec": {"events": {"go": {}}}}))
+    codes = {}
+    for name in ("left", "moved", "diverged"):
+        status = real_runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=180)
+        assert status["phase"] == "Succeeded", (name, status.get("message"))
+        codes[name] = json.loads(status["result"]["inline"])["code"]
+        assert real_runs.executions(name) == {"draft": 1, "publish": 1}, name
+    assert codes == {"left": "v1", "moved": "v2", "diverged": "v1"}
+    second = real_runs.pod(real_runs.status("left")["pod"])
+    assert second["spec"]["containers"][0]["image"] == pinned
