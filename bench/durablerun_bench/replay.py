@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +151,7 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
     from durablerun.stores import RunRef, open_store
     from durablerun_bench import dr_flows
     from durablerun_bench.systems import s3_client
+    from durablerun_bench.util import put_objects
 
     ref = RunRef.local(p["run_id"])
     store = open_store(f"memory://{p['run_id']}")
@@ -192,19 +192,7 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
         prefix = f"{p['prefix']}/"
         puts = [(prefix + k, v) for k, v in objects.items()]
         puts += [(prefix + root + layout.journal_key(seq), r) for seq, r in enumerate(records)]
-
-        def put(kv: tuple[str, bytes]) -> None:
-            for attempt in range(8):
-                try:
-                    client.put_object(Bucket=p["bucket"], Key=kv[0], Body=kv[1])
-                    return
-                except Exception as e:  # MinIO's SlowDownWrite when its drive falls behind: back off
-                    if "SlowDown" not in str(e) or attempt == 7:
-                        raise
-                    time.sleep(0.2 * 2 ** attempt)
-
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            list(pool.map(put, puts))
+        put_objects(client, p["bucket"], puts)
 
     dr_flows.BEFORE_CRASH.append(export)
     os.environ[dr_flows.CRASH_ENV] = "settle"

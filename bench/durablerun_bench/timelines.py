@@ -22,7 +22,6 @@ import time
 import tracemalloc
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from durablerun._private.model import EventRecord, Record, StepRecord, Totals, W
 from durablerun.stores import RunRef, open_store
 from durablerun_bench import machine
 from durablerun_bench.systems import s3_client
-from durablerun_bench.util import quick
+from durablerun_bench.util import put_objects, quick
 
 PAGE = 200  # the browser's TIMELINE_PAGE
 REF = RunRef.local("timeline-bench")
@@ -79,18 +78,7 @@ def build(n: int, fs_root: Path, s3: dict[str, Any], prefix: str) -> None:
     puts = [(f"{prefix}/{k}", v) for k, v in objects.items()]
     puts += [(f"{prefix}/{root}{layout.journal_key(seq)}", r) for seq, r in enumerate(records)]
 
-    def put(kv: tuple[str, bytes]) -> None:
-        for attempt in range(8):
-            try:
-                client.put_object(Bucket=s3["bucket"], Key=kv[0], Body=kv[1])
-                return
-            except Exception as e:  # MinIO's SlowDownWrite when its drive falls behind: back off
-                if "SlowDown" not in str(e) or attempt == 7:
-                    raise
-                time.sleep(0.2 * 2 ** attempt)
-
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(put, puts))
+    put_objects(client, s3["bucket"], puts)
 
 
 def _whole(rs: RunStore, offset: int) -> int:
