@@ -6,7 +6,9 @@ SDK bug cannot hide itself from the check. The layout is the one of
 ``runner/durablerun/_private/layout.py`` (layout version 1)::
 
     <prefix>/<namespace>/<name>/<uid>/manifest.json
-                                     journal/<seq:012d>.json   one sealed record each
+                                     journal/<seq:012d>.json   one sealed record, or a group:
+                                                               '{"group":<seq>,"count":<n>}' and n
+                                                               sealed records, one a line
                                      snapshot.json             pointer to chunks
                                      chunks/<sha256>.json      "[\\n<record>,\\n<record>\\n]", sealed
                                      blobs/, events/, status.json
@@ -36,6 +38,17 @@ def unseal(data: bytes, key: str) -> bytes:
     body = data[len(_PREFIX) + 64 + len(_MID) : -1]
     assert hashlib.sha256(body).hexdigest() == digest, f"{key}: checksum mismatch"
     return body
+
+
+def journal_object(data: bytes, first: int, key: str) -> list[bytes]:
+    """The sealed records a journal object named ``first`` holds: itself, or the lines of its group."""
+    if not data.startswith(b'{"group":'):
+        return [data]
+    head, *records = data.split(b"\n")
+    meta = json.loads(head)
+    assert meta == {"group": first, "count": len(records)}, f"{key}: group header {meta} for {len(records)} records"
+    assert len(records) > 1, f"{key}: a group of one record"
+    return records
 
 
 @dataclass
@@ -82,11 +95,13 @@ def read_journal(s3: Any, bucket: str, root: str) -> Journal:
 
     for rel in sorted(journal.etags):
         if rel.startswith("journal/"):
-            seq = int(rel[len("journal/") : -len(".json")])
-            body = unseal(get(rel), rel)
-            record = json.loads(body)
-            assert record["seq"] == seq, f"{rel} claims seq {record['seq']}"
-            journal.bodies[seq], journal.records[seq] = body, record
+            first = int(rel[len("journal/") : -len(".json")])
+            for seq, sealed in enumerate(journal_object(get(rel), first, rel), start=first):
+                body = unseal(sealed, f"{rel} (record {seq})")
+                record = json.loads(body)
+                assert record["seq"] == seq, f"{rel} holds seq {record['seq']} where {seq} belongs"
+                assert seq not in journal.records, f"{rel}: record {seq} is stored twice"
+                journal.bodies[seq], journal.records[seq] = body, record
         elif rel.startswith("chunks/"):
             body = unseal(get(rel), rel)
             assert rel == f"chunks/{hashlib.sha256(body).hexdigest()}.json", f"{rel}: content does not match its name"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.faults import generated, torture
 from tests.faults.helpers import Ledger, check_executions, fenced_by_the_fencing
-from tests.faults.journal import Journal, check_journal, check_kept, unseal
+from tests.faults.journal import Journal, check_journal, check_kept, journal_object, unseal
 
 
 def seal(body: bytes) -> bytes:
@@ -167,3 +167,15 @@ def test_only_the_fencing_s_own_endings_excuse_a_later_attempt() -> None:
 def test_a_faulted_attempt_is_counted_only_when_the_fault_ended_it(
         fault: torture.Fault, ending: dict[str, Any] | None, counted: bool) -> None:
     assert torture.ended_by_fault(ending, fault) is counted
+
+
+def test_a_group_object_is_read_record_by_record_and_a_bad_header_is_caught() -> None:
+    """Group commit stores records written together as one object; the independent reader takes it apart."""
+    records = [seal(json.dumps({"seq": seq}).encode()) for seq in (4, 5, 6)]
+    group = b'{"group":4,"count":3}\n' + b"\n".join(records)
+    assert journal_object(group, 4, "journal/000000000004.json") == records
+    assert journal_object(records[0], 4, "journal/000000000004.json") == [records[0]]
+    with pytest.raises(AssertionError, match="group header"):
+        journal_object(group, 5, "journal/000000000005.json")
+    with pytest.raises(AssertionError, match="group header"):
+        journal_object(group.rsplit(b"\n", 1)[0], 4, "journal/000000000004.json")
