@@ -74,6 +74,21 @@ def test_retry_acts_once_per_value_and_only_on_finished_runs() -> None:
     assert (status["phase"], status["retry"]) == ("Pending", "2")
 
 
+def test_a_retry_asked_while_the_run_is_active_is_seen_and_not_acted_on_once_it_ends() -> None:
+    # retry clicked twice: the first value started the attempt, the second arrives while it runs.
+    active = body(running(retry="1"), annotations={api.ANNOTATION_RETRY: "2"})
+    plan, status = plan_for(active, [runner_pod()], seconds=120)
+    assert (status["phase"], status["retry"]) == ("Running", "2")
+    assert [reason for _, reason, _ in plan.events] == ["RetryIgnored"]
+    ended = body({"phase": "Succeeded", "completionTime": at(100), "retry": status["retry"]},
+                 annotations={api.ANNOTATION_RETRY: "2"})
+    assert plan_for(ended)[0].empty
+    # While an abort is being carried out the retry waits for the Aborted run.
+    aborting = {"reason": "UserRequested", "message": "stop", "deadline": at(400)}
+    in_grace = body(running(retry="1", aborting=aborting), annotations={api.ANNOTATION_RETRY: "2"})
+    assert plan_for(in_grace, [runner_pod()], seconds=120)[1].get("retry") == "1"
+
+
 def test_retry_with_the_abort_annotation_still_set_is_refused_once() -> None:
     annotations = {api.ANNOTATION_RETRY: "1", api.ANNOTATION_ABORT: "stop"}
     run_body = body({**failed(), "phase": "Aborted", "abortReason": "UserRequested"}, annotations=annotations)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -40,17 +41,21 @@ def leaks(data: bytes, values: dict[str, str]) -> list[str]:
 
 def scan_files(root: Path, values: dict[str, str]) -> dict[str, list[str]]:
     found = {}
-    for path in root.rglob("*"):
-        parts = path.parts
-        # etcd's data holds the Secrets and MinIO's data dirs hold its own credentials: they must.
-        if not path.is_file() or "etcd" in parts or ("data" in parts and any(p.startswith("s3") for p in parts)):
-            continue
-        try:
-            hit = leaks(path.read_bytes(), values)
-        except OSError:
-            continue
-        if hit:
-            found[str(path)] = hit
+    # os.walk, not rglob: the real node's containerd removes snapshots of other tests' pods meanwhile, and a
+    # directory gone while it is walked holds nothing to find.
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = Path(directory, name)
+            parts = path.parts
+            # etcd's data holds the Secrets and MinIO's data dirs hold its own credentials: they must.
+            if not path.is_file() or "etcd" in parts or ("data" in parts and any(p.startswith("s3") for p in parts)):
+                continue
+            try:
+                hit = leaks(path.read_bytes(), values)
+            except OSError:
+                continue
+            if hit:
+                found[str(path)] = hit
     return found
 
 

@@ -80,6 +80,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
             t.plan.delete_pods.append(pod.name)
 
     lifecycle.pin(t, current)
+    lifecycle.retry_while_active(t)
     phase = status.phase
     if phase is None:
         lifecycle.admit(t)

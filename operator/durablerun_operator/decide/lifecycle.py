@@ -370,6 +370,19 @@ def finished(t: transition.Transition) -> None:
 
 
 
+def retry_while_active(t: transition.Transition) -> None:
+    """A retry asked of a run that has not finished is recorded as seen and does nothing, so that it cannot
+    start a run again once it ends: retry clicked twice would otherwise run a Succeeded run a second time.
+    An abort in progress keeps it: retrying is what a user does once the abort has ended the run."""
+    status, value = t.run.status, t.run.annotations.get(api.ANNOTATION_RETRY)
+    if (status.phase is None or status.phase.finished or value is None or value == status.retry
+            or status.aborting is not None or api.ANNOTATION_ABORT in t.run.annotations):
+        return
+    t.new.retry = value
+    t.event("RetryIgnored", f"{api.ANNOTATION_RETRY}={value!r} ignored: the run is {status.phase}, and retry "
+            "starts only a Failed, Aborted or Succeeded run again")
+
+
 def _retry(t: transition.Transition) -> None:
     """Start the run again from its journal: completed steps replay, failed ones run again."""
     status, value = t.run.status, t.run.annotations[api.ANNOTATION_RETRY]

@@ -99,9 +99,10 @@ def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
         raise arguments.UsageError(f"--timeout: {e}") from None
     deadline = time.monotonic() + timeout
     while True:
-        status = kube.run(args.run).get("status") or {}
+        run = kube.run(args.run)
+        status = run.get("status") or {}
         phase = status.get("phase")
-        if phase in wanted:
+        if phase in wanted and not _retry_pending(run):
             message = f": {status['message']}" if status.get("message") else ""
             print(f"{KIND_REF}/{args.run} {phase}{message}")
             return 0 if args.for_phases else FINISHED[api.Phase(phase)]
@@ -110,6 +111,15 @@ def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
                   f"{' or '.join(sorted(wanted))} (it is {phase or 'not started'})", file=sys.stderr)
             return EXIT_TIMEOUT
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _retry_pending(run: dict[str, Any]) -> bool:
+    """A finished run asked to retry that the operator has not started again yet: `retry` then `wait` waits for
+    the new attempt's end, not the old one's."""
+    annotations, status = run["metadata"].get("annotations") or {}, run.get("status") or {}
+    value = annotations.get(api.ANNOTATION_RETRY)
+    return (value is not None and value != status.get("retry") and api.ANNOTATION_ABORT not in annotations
+            and status.get("phase") in FINISHED)
 
 
 def attempt_pods(kube: Kubectl, run: str) -> list[dict[str, Any]]:
