@@ -80,7 +80,7 @@ def pin(t: transition.Transition, pod: facts.PodView | None) -> None:
     value = t.run.annotations[api.ANNOTATION_UPGRADE]
     request = facts.upgrade_request(value)
     assert t.new.pin is not None
-    t.new.pin.request = value
+    t.new.pin.request = value  # seen, whether it holds or not: each value is acted on once
     if isinstance(request, str):
         t.event("UpgradeRefused", f"{api.ANNOTATION_UPGRADE} ignored: {request}. Use kubectl durablerun upgrade "
                 f"{t.run.name} --image IMAGE", warning=True)
@@ -142,11 +142,14 @@ def release_workload(t: transition.Transition) -> None:
 
 def _eviction(t: transition.Transition) -> str | None:
     """Why Kueue took the attempt's quota back (preempted, its queue stopped, its Workload deleted), or None."""
-    workload = t.queueing.workload if t.queueing is not None else None
-    if t.queueing is None or (workload is not None and not workload.evicted and not workload.deleting):
+    if t.queueing is None:
         return None
-    return f"Kueue evicted its Workload ({workload.evicted})" if workload and workload.evicted \
-        else "its Kueue Workload was deleted"
+    workload = t.queueing.workload
+    if workload is not None and workload.evicted:
+        return f"Kueue evicted its Workload ({workload.evicted})"
+    if workload is None or workload.deleting:
+        return "its Kueue Workload was deleted"
+    return None
 
 
 def _evicted(t: transition.Transition, pod: facts.PodView) -> bool:
