@@ -1,13 +1,8 @@
 """Reconcile runs: read facts, decide (pure), apply the plan, repeat until settled.
 
-It is one module of over 400 lines because it is one loop, :class:`Reconciler`,
-with the work queue and rate limiter that feed it; the read-decide-apply pass
-reads best in one place.
-
-A work queue (the controller-runtime pattern) gives each run at most one
-reconcile at a time in this process and folds bursts of events into one pass.
-Correctness never depends on that: every status write is guarded, so two
-operators acting on one run still produce one attempt per epoch.
+It is one module of over 400 lines because it is one loop, :class:`Reconciler`;
+the read-decide-apply pass reads best in one place. Its work queue and rate
+limiter are in :mod:`durablerun_operator.workqueue`.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ from durablerun import api
 from durablerun_operator import builders, decide, kueue, overload, shards, wakeups
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Conflict, Kube
+from durablerun_operator.workqueue import Key, RateLimiter, WorkQueue
 
 if TYPE_CHECKING:
     from durablerun_operator.metrics import RunMetrics
@@ -32,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durablerun.operator")
 
-Key = tuple[str, str]  # (namespace, name)
 T = TypeVar("T")
 MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
 # Runs reconciled at once. Each reconcile mostly waits on the API server, and a burst of expiring leases (a
@@ -47,48 +42,6 @@ MIN_WAKE = timedelta(seconds=1)
 # A Queued run whose WorkloadPriorityClass does not exist is looked at again this often: the operator does not
 # watch the classes (Kueue's jobframework retries a Job's the same way).
 PRIORITY_CLASS_RECHECK = timedelta(seconds=30)
-
-
-class RateLimiter:
-    """A token bucket, as client-go's: ``qps`` requests a second on average, ``burst`` at once after a lull."""
-
-    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.qps, self.burst, self._clock = qps, burst, clock
-        self._tokens, self._last = float(burst), clock()
-
-    def reserve(self) -> float:
-        """Take one token: the seconds to wait before the request it stands for may be sent."""
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps) - 1.0
-        self._last = now
-        return max(0.0, -self._tokens / self.qps)
-
-
-class WorkQueue:
-    """Deduplicating queue: a key queued twice is reconciled once; one worker per key at a time."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._dirty: set[Key] = set()
-        self._active: set[Key] = set()
-
-    def add(self, key: Key) -> None:
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
-        if key not in self._active:
-            self._queue.put_nowait(key)
-
-    async def get(self) -> Key:
-        key = await self._queue.get()
-        self._dirty.discard(key)
-        self._active.add(key)
-        return key
-
-    def done(self, key: Key) -> None:
-        self._active.discard(key)
-        if key in self._dirty:  # changed again while we worked on it
-            self._queue.put_nowait(key)
 
 
 class Reconciler:

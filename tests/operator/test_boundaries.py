@@ -94,7 +94,7 @@ LAYERS: list[set[str]] = [
     {f"{OP}.decide"},
     {f"{OP}.wakeups", f"{OP}.overload"},
     {f"{OP}.kube", f"{OP}.metrics", f"{OP}.tracing"},
-    {f"{OP}.reconciler", f"{OP}.shards"},
+    {f"{OP}.workqueue", f"{OP}.reconciler", f"{OP}.shards"},
     {f"{OP}.handlers", f"{OP}.__main__"},
 ]
 

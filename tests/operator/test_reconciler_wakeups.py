@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from durablerun import api
 from durablerun_operator import metrics, overload
 from durablerun_operator.config import Settings
-from durablerun_operator.reconciler import RateLimiter, Reconciler
+from durablerun_operator.reconciler import Reconciler
+from durablerun_operator.workqueue import RateLimiter
 from tests.operator.test_reconciler_counts import RUN, at
 
 WAITING: dict[str, Any] = {

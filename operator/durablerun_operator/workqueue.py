@@ -1,0 +1,57 @@
+"""The reconciler's work queue and its API rate limiter (the controller-runtime and client-go patterns).
+
+The queue gives each run at most one reconcile at a time in this process and
+folds bursts of events into one pass. Correctness never depends on that: every
+status write is guarded, so two operators acting on one run still produce one
+attempt per epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class RateLimiter:
+    """A token bucket, as client-go's: ``qps`` requests a second on average, ``burst`` at once after a lull."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.qps, self.burst, self._clock = qps, burst, clock
+        self._tokens, self._last = float(burst), clock()
+
+    def reserve(self) -> float:
+        """Take one token: the seconds to wait before the request it stands for may be sent."""
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps) - 1.0
+        self._last = now
+        return max(0.0, -self._tokens / self.qps)
+
+
+class WorkQueue:
+    """Deduplicating queue: a key queued twice is reconciled once; one worker per key at a time."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._dirty: set[Key] = set()
+        self._active: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._active:
+            self._queue.put_nowait(key)
+
+    async def get(self) -> Key:
+        key = await self._queue.get()
+        self._dirty.discard(key)
+        self._active.add(key)
+        return key
+
+    def done(self, key: Key) -> None:
+        self._active.discard(key)
+        if key in self._dirty:  # changed again while we worked on it
+            self._queue.put_nowait(key)
