@@ -9,10 +9,9 @@ journal if its pod dies. On Kubernetes (the operator creates the children)::
     kubectl get dr -l durablerun.dev/parent=supervisor      # its children
     kubectl durablerun tree supervisor
 
-Locally (``durablerun run supervisor:supervisor``) ``ctx.start_child`` fails with a usage error:
-child runs are DurableRuns, and only the operator creates them. ``sub_agent`` runs locally on its own,
-and ``durablerun.testing.WorkflowTest`` runs the supervisor with its children in-process (docs/sdk.md,
-"Testing a supervisor and its children").
+Locally, ``durablerun run supervisor:supervisor --run-id sup`` plays the operator's part: it runs each
+child in the same process as a run of its own (``sup-agent-0``, ...; its own journal in the same store),
+and ``durablerun.testing.WorkflowTest`` does the same in a test (docs/sdk.md, "Child runs and signals").
 """
 
 from __future__ import annotations

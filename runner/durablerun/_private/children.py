@@ -6,8 +6,8 @@ makes a no-op), and a child's outcome is an event the operator sends the parent
 (``resource.child_event``), read with ``wait_for_event``: a parent waiting for a child holds no pod.
 
 ``RunBroker`` is what an attempt needs for that; the runner pod provides one (``PodBroker``), and
-``WorkflowTest`` one that runs the children in-process (``family``). A local run has none, and these
-operations fail with a usage error saying so.
+``WorkflowTest`` and the local ``durablerun run`` one that runs the children in-process (``family``). An
+embedded ``Run`` given none fails these operations, saying so.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from durablerun._private.stores import Store
 
 NO_OPERATOR = ("needs the durable-run operator: child runs and signals are DurableRuns the operator "
-               "creates and updates; run the workflow as a DurableRun (a local `durablerun run` has no "
-               "operator to ask; durablerun.testing.WorkflowTest runs child runs in-process)")
+               "creates and updates; run the workflow as a DurableRun, or with `durablerun run` or "
+               "durablerun.testing.WorkflowTest, which run child runs in-process (this Run was given no "
+               "EngineConfig.runs broker)")
 
 
 class RunBroker(Protocol):

@@ -16,7 +16,8 @@
     durablerun pod [...]          # the in-pod entrypoint (durablerun._private.pod)
 
 ``run`` runs the workflow locally until it completes, fails, is aborted or
-has to wait; re-running the same command resumes it. ``resume`` does the
+has to wait; re-running the same command resumes it. Child runs it asks for
+run in this process too, each a run id of its own (``durablerun._private.family``). ``resume`` does the
 same for a run that exists and refuses an unknown run id. Exit codes follow
 docs/design.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborted, 4 Waiting or
 Suspended, 5 Fenced; 75 when the store could not be reached (try again).
@@ -41,8 +42,9 @@ from durablerun import api, errors, resource
 from durablerun._private import arguments, inspection, layout, replayer, reruns, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run
+from durablerun._private.family import FamilyRun, LocalFamily
 from durablerun._private.journal import RunStore
-from durablerun._private.model import WaitingFor
+from durablerun._private.model import AttemptResult, WaitingFor
 from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.sinks import JsonLinesSink, ProgressSink
 from durablerun._private.stores import Store, open_store, store_from_checkpoint
@@ -93,23 +95,29 @@ def _cli_advice(args: argparse.Namespace) -> Callable[[str], str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """One attempt; with ``--follow``, attempts until the run stops waiting (waits polled in this process)."""
+    """Attempts until the run stops waiting for its child runs; with ``--follow``, until it stops waiting
+    (waits polled in this process)."""
     while True:
-        code, waiting = _attempt(args)
-        if not (args.follow and waiting and _follow(args, waiting)):
+        code, waiting, family = _attempt(args)
+        if waiting is None or family is None:
+            return code
+        arrived = waiting.event is not None and family.store.get_event(run=family.root.ref, name=waiting.event)
+        if not (arrived or (args.follow and _follow(args, waiting, family))):
             return code
         args.command = "resume"
 
 
-def _follow(args: argparse.Namespace, w: WaitingFor) -> bool:
-    """Wait here for what the run waits for, polling the store; True once it is there (False: Ctrl-C)."""
-    store = _open(args)
-    rs = store.run_store(layout.RunRef.local(args.run_id))
+def _follow(args: argparse.Namespace, w: WaitingFor, family: LocalFamily) -> bool:
+    """Wait here for what the run waits for, polling the store and moving its child runs when they can
+    move; True once it is there (False: Ctrl-C, or a child run was stopped)."""
+    rs = family.store.run_store(family.root.ref)
     what = f"event {w.event!r}" if w.event else f"its wake time {w.wake_time.isoformat() if w.wake_time else '?'}"
     print(f"durablerun: following: waiting here for {what}, polling the store (Ctrl-C stops; the run stays "
           "Waiting)", file=sys.stderr)
     try:
         while True:
+            if family.ready():
+                family.settle()  # a child's event came, or its wake time passed
             now = api.now()
             if w.event and rs.get_event(w.event) is not None:
                 return True
@@ -118,26 +126,101 @@ def _follow(args: argparse.Namespace, w: WaitingFor) -> bool:
                 return True
             wait = min([FOLLOW_POLL_SECONDS, *((t - now).total_seconds() for t in due)])
             time.sleep(max(0.0, wait))  # a durable wait: minutes or days, one store read a second
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped):
         return False
     finally:
         rs.close()
 
 
-def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None]:
+class _Stopped(Exception):
+    """SIGINT or SIGTERM stopped an attempt of the family: no further attempt starts."""
+
+
+class _Attempts:
+    """Each attempt of a run of the family, as the CLI makes it: under the run's owner record (taken
+    before anything is written, released after), with the CLI's progress, stopped by SIGINT or SIGTERM."""
+
+    def __init__(self, args: argparse.Namespace, store: Store, root: layout.RunRef, owner: OwnerLease) -> None:
+        self.args, self.store, self.root, self.root_owner = args, store, root, owner
+        self.stopped = False
+
+    def __call__(self, member: FamilyRun, start: Callable[..., Run]) -> AttemptResult:
+        if self.stopped:
+            raise _Stopped
+        more: dict[str, Any] = {}
+        owner: OwnerLease | None = self.root_owner
+        if member.ref != self.root:  # a child run: its own journal, owner record and policy
+            rs = self.store.run_store(member.ref)
+            try:
+                status = rs.read_status() or {}
+                owner = _hold(self.store, member.ref, LOCAL_LEASE_SECONDS)
+                if owner is None:
+                    return AttemptResult(Outcome.WAITING, f"the journal of {member.ref} is held elsewhere")
+                if rs.read_policy() is None:  # what `durablerun resume --run-id <child>` applies
+                    rs.write_policy(member.policy.model_dump(mode="json"))
+            finally:
+                rs.close()
+            more = {"sinks": _progress(self.args),
+                    "active_before": timedelta(seconds=float(status.get("activeSeconds") or 0))}
+        assert owner is not None
+        held = owner
+        run = start(write_guard=lambda: None if held.valid() else (
+            held.lost or f"store lease of {held.duration:g}s lapsed without renewal"), **more)
+        owner.start(on_lost=run.fence)
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            # A raw write: the display may be inside a buffered write to stderr right now,
+            # and re-entering a buffered stream from a signal handler raises.
+            with contextlib.suppress(OSError):
+                os.write(2, f"\ndurablerun: {signal.Signals(signum).name}: stopping at the next "
+                            "step boundary (send it again to stop at once)\n".encode())
+            self.stopped = True
+            run.request_stop()
+            signal.signal(signum, signal.SIG_DFL)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            result = run.run_attempt()
+        finally:
+            owner.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if result.outcome != Outcome.FENCED:
+            owner.release()  # the next `durablerun run`, or a DurableRun with this runId, takes it at once
+        if member.ref != self.root:
+            print(f"durablerun: child run {member.ref}: {_label(result)}: {result.message}", file=sys.stderr)
+        return result
+
+
+def _progress(args: argparse.Namespace) -> list[ProgressSink]:
+    if args.quiet:
+        return []
+    return [TtyProgress() if sys.stderr.isatty() else PlainProgress()]
+
+
+def _label(result: AttemptResult) -> str:
+    label = result.outcome.value
+    if result.abort_reason is not None:
+        label += f" ({result.abort_reason.value})"
+    return label
+
+
+def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None, LocalFamily | None]:
+    """One attempt of the run, then of the child runs it asked for until none can move (as the operator
+    would run them: durablerun._private.family); its exit code, what it waits for, and its family."""
     ref = layout.RunRef.local(args.run_id)
     arguments.policy_flags(args)  # flag errors before anything is touched
     if args.snapshot_every < 1:
         raise arguments.UsageError("--snapshot-every: must be >= 1")
-    config_fields: dict[str, Any] = {"snapshot_every": args.snapshot_every,
-                                     "policy_advice": _cli_advice(args)}
+    family_config: dict[str, Any] = {"snapshot_every": args.snapshot_every}  # the children's too
+    config_fields: dict[str, Any] = {"policy_advice": _cli_advice(args)}
     if args.max_result_bytes is not None:
         if args.max_result_bytes < 1:
             raise arguments.UsageError("--max-result-bytes: must be >= 1")
-        config_fields["result_hard_limit"] = args.max_result_bytes
-        config_fields["inline_result_max"] = min(256 * 1024, args.max_result_bytes)
+        family_config["result_hard_limit"] = args.max_result_bytes
+        family_config["inline_result_max"] = min(256 * 1024, args.max_result_bytes)
     if args.retry_initial is not None:
-        config_fields["retry_initial"] = parse_duration(
+        family_config["retry_initial"] = parse_duration(
             arguments.duration_arg("--retry-initial", args.retry_initial) or "1s")
     input_value = arguments.json_arg("--input", args.input) if args.input is not None else {}
     store = _open(args)
@@ -168,54 +251,34 @@ def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None]:
         lease = min(Policy.model_validate(stored_policy or {}).lease_duration.total_seconds(), LOCAL_LEASE_SECONDS)
         owner = _hold(store, ref, lease)
         if owner is None:
-            return Outcome.WAITING.exit_code, None
+            return Outcome.WAITING.exit_code, None, None
         policy = _run_policy(args, rs)
     finally:
         rs.close()
     workflow = args.workflow or str((manifest or {}).get("workflow"))
     if args.input is None and manifest:
         input_value = manifest.get("input", {})
-    sinks: list[ProgressSink] = []
-    if not args.quiet:
-        sinks.append(TtyProgress() if sys.stderr.isatty() else PlainProgress())
+    sinks = _progress(args)
     if args.json_log:
         sinks.append(JsonLinesSink(None if args.json_log == "-" else args.json_log))
     sinks += tracing.sinks_for(store, ref)  # OpenTelemetry, when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     sys.path.insert(0, os.getcwd())
-    config_fields["write_guard"] = lambda: None if owner.valid() else (
-        owner.lost or f"store lease of {owner.duration:g}s lapsed without renewal")
-    run = Run(store=store, run=ref, workflow=workflow, input=input_value, policy=policy,
-              sinks=sinks, config=EngineConfig(**config_fields))
-    owner.start(on_lost=run.fence)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        # A raw write: the display may be inside a buffered write to stderr right now,
-        # and re-entering a buffered stream from a signal handler raises.
-        with contextlib.suppress(OSError):
-            os.write(2, f"\ndurablerun: {signal.Signals(signum).name}: stopping at the next "
-                        "step boundary (send it again to stop at once)\n".encode())
-        run.request_stop()
-        signal.signal(signum, signal.SIG_DFL)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        result = run.run_attempt()
-    finally:
-        owner.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    attempts = _Attempts(args, store, ref, owner)
+    family = LocalFamily.restore(store, EngineConfig(**family_config), ref, workflow, input_value, policy,
+                                 attempter=attempts, clocks=True)
+    result = family.attempt(ref.name, sinks=sinks, **config_fields)
     if result.outcome != Outcome.FENCED:
-        owner.release()  # the next `durablerun run`, or a DurableRun with this runId, takes it at once
-    label = result.outcome.value
-    if result.abort_reason is not None:
-        label += f" ({result.abort_reason.value})"
-    print(f"durablerun: {label}: {result.message}", file=sys.stderr)
+        owner.release()  # done by the attempt already, unless it ended without one (an abort the family decided)
+    print(f"durablerun: {_label(result)}: {result.message}", file=sys.stderr)
     resume = _resume_command(args)
     if result.outcome == Outcome.COMPLETED:
         print(json.dumps(result.result, indent=2, default=str))
     elif result.outcome == Outcome.WAITING:
         w = result.waiting
-        if w and w.event:
+        if w and w.event and w.event.startswith(resource.CHILD_EVENT_PREFIX):
+            child = resource.child_run_name(ref.name, w.event[len(resource.CHILD_EVENT_PREFIX):])
+            print(f"durablerun: waiting for child run {child}", file=sys.stderr)
+        elif w and w.event:
             then = "" if args.follow else f"  then: {resume}"
             print(f"durablerun: send it with: durablerun send-event --run-id {args.run_id} "
                   f"--store {args.store} {w.event} '<json>'{then}", file=sys.stderr)
@@ -224,7 +287,12 @@ def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None]:
                   file=sys.stderr)
     elif result.outcome == Outcome.SUSPENDED or result.abort_reason == AbortReason.USER_REQUESTED:
         print(f"durablerun: to resume: {resume}", file=sys.stderr)
-    return result.exit_code, result.waiting if result.outcome == Outcome.WAITING else None
+    try:
+        family.settle()  # the children it asked for, until none can move (the operator's part)
+    except _Stopped:
+        print(f"durablerun: stopped; the run and its child runs go on with: {resume}", file=sys.stderr)
+        return Outcome.SUSPENDED.exit_code, None, None
+    return result.exit_code, result.waiting if result.outcome == Outcome.WAITING else None, family
 
 
 def _hold(store: Store, ref: layout.RunRef, lease_seconds: float) -> OwnerLease | None:

@@ -8,6 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from durablerun import resource
 from durablerun._private import layout, reruns
 from durablerun._private.model import (
     CompleteRecord,
@@ -61,6 +62,18 @@ def print_result(store: Store, ref: layout.RunRef) -> int:
     return 0
 
 
+def _children(store: Store, ref: layout.RunRef, requests: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The child runs a local run asked for (durablerun run kept its requests: durablerun._private.family),
+    each with its last outcome."""
+    children = []
+    for child, request in requests.items():
+        run = layout.RunRef.local(resource.child_run_name(ref.name, child))
+        status = store.run_store(run).read_status() or {}
+        children.append({"name": child, "run": str(run), "workflow": request.get("workflow"),
+                         "outcome": status.get("outcome"), "usd": (status.get("cost") or {}).get("usd")})
+    return children
+
+
 def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show_all: bool = False,
                 result: bool = False) -> int:
     """Print a run's journal (or with ``result``, its result) as `durablerun inspect` does (also
@@ -77,6 +90,7 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
         loaded = rs.load()
         records = rs.read_all() if show_all else loaded.records
         history, archives = reruns.read_history(rs), reruns.read_archives(rs)
+        children = _children(store, ref, rs.read_child_requests())
     finally:
         rs.close()
     cont = loaded.continuation
@@ -105,6 +119,7 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
             "generation": generation, "generationStart": loaded.base,
             "status": status, "events": info.events, "records": rows, "owner": owner,
             "history": history, "archives": [{"path": p, "objects": n} for p, n in archives.items()],
+            "children": children,
         }, indent=2, default=str))
         return 0
     m = info.manifest
@@ -136,6 +151,10 @@ def inspect_run(store: Store, ref: layout.RunRef, *, as_json: bool = False, show
               f"at record {loaded.base}: {shown}")
     if info.events:
         print(f"events    {', '.join(info.events)}")
+    for child in children:
+        cost = f", ${child['usd']}" if child["usd"] else ""
+        print(f"child     {child['name']}: run {child['run']} ({child['workflow']}), "
+              f"{child['outcome'] or 'not started'}{cost}")
     for fact in history:
         print(f"history   {reruns.describe_fact(fact)}")
     for path, count in archives.items():

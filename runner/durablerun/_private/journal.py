@@ -453,6 +453,28 @@ class RunStore:
         value = self._get_sealed(layout.POLICY)
         return value if isinstance(value, dict) else None
 
+    # --- child requests (a local family of runs: durablerun._private.family) -----------------
+    def put_child_request(self, child: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Record the request for child ``child`` unless one is recorded (first write wins); the stored one."""
+        key = self.key(layout.child_request_key(child))
+        if self.backend.create(key, codec.seal(codec.dumps(request))):
+            return request
+        stored = self._get_sealed(layout.child_request_key(child))
+        if not isinstance(stored, dict):
+            raise errors.StoreError("child request vanished right after a conflicting create", key=key)
+        return stored
+
+    def read_child_requests(self) -> dict[str, dict[str, Any]]:
+        """The child requests recorded for this run, by child name, in name order."""
+        prefix = self.key(layout.CHILDREN_DIR)
+        requests = {}
+        for key in sorted(self.backend.list_keys(prefix)):
+            if key.endswith(".json"):
+                value = self._get_sealed(key[len(self.root):])
+                if isinstance(value, dict):
+                    requests[key[len(prefix):-len(".json")]] = value
+        return requests
+
     # --- lifecycle -------------------------------------------------------------------------
     def delete(self) -> int:
         self.close()

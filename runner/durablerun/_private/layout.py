@@ -23,9 +23,13 @@ given when only the local CLI named runs.) Inside a run's root::
     policy.json                a local run's policy (budgets), recorded at its first attempt
     owner.json                 a run id's owner record: who may write it now (compare-and-swap;
                                :mod:`durablerun._private.owner`)
+    children/<child>.json      a child run this run asked for (``ctx.start_child``) where no operator
+                               keeps the request: ``durablerun run``, ``WorkflowTest``
+                               (:mod:`durablerun._private.family`); first write wins
     history/<time>-<action>.json  facts about the run: a rerun or fork (who, when, from where, what)
     archive/<time>/...         a copy of every object above as it was before a rerun dropped records
-                               (:mod:`durablerun._private.reruns`; readers of layout 1 ignore both)
+                               (:mod:`durablerun._private.reruns`; readers of layout 1 ignore these
+                               three)
 
 Every object is sealed (see :mod:`durablerun._private.codec`).
 """
@@ -127,6 +131,7 @@ CHUNKS_DIR = "chunks/"
 BLOBS_DIR = "blobs/"
 EVENTS_DIR = "events/"
 HISTORY_DIR = "history/"
+CHILDREN_DIR = "children/"
 ARCHIVE_DIR = "archive/"
 
 
@@ -184,6 +189,10 @@ def chunk_key(sha256: str) -> str:
 
 def blob_key(sha256: str) -> str:
     return f"{BLOBS_DIR}{sha256}.json"
+
+
+def child_request_key(child: str) -> str:
+    return f"{CHILDREN_DIR}{child}.json"
 
 
 def event_key(name: str) -> str:
