@@ -3,7 +3,8 @@
 Three runs start on one moving tag and wait; the tag is then moved to other code (version 2, its own image).
 The run left alone finishes on the digest it was pinned to; `kubectl durablerun upgrade` refuses version 2 for
 the run whose journal it cannot replay, changing nothing, and moves the run whose journal it replays, which then
-finishes on version 2. No step is executed twice.
+finishes on version 2. No step is executed twice. The two are upgraded together, by the bulk form
+(`upgrade -l SELECTOR`), which reports each run it selects and leaves the one it does not select alone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 from durablerun import api
+from durablerun._private.kubeapi import KIND_REF
 from durablerun_testbed import procs
 from durablerun_testbed.realnode import build_workflow_image
 from durablerun_testbed.testbed import TestBed
@@ -34,7 +36,10 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
     real_runs.image = MOVING
     for name, workflow in (("left", "upgrade_flows:kept"), ("moved", "upgrade_flows:kept"),
                            ("diverged", "upgrade_flows:renamed")):
-        real_runs.apply(real_runs.manifest(name, workflow, {"marks": name}))
+        manifest = real_runs.manifest(name, workflow, {"marks": name})
+        if name != "left":
+            manifest["metadata"]["labels"] = {"wave": "1"}
+        real_runs.apply(manifest)
     try:  # three pods start at once: generous on a loaded 2-core machine
         waiting = {name: real_runs.wait_phase(name, "Waiting", timeout=240) for name in ("left", "moved", "diverged")}
     except procs.Timeout as timeout:
@@ -60,17 +65,20 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
                     r"\((ErrImagePull|ImagePullBackOff)", missing.stderr), missing.stderr
     assert "nothing changed" in missing.stderr
 
-    refused = plugin.dr("upgrade", "diverged", "--image", v2, timeout=300)
-    assert refused.returncode == 1, refused.stdout + refused.stderr
-    assert f"{v2} does not replay the run's journal; nothing changed" in refused.stderr
-    assert "draft" in refused.stderr, refused.stderr  # the divergence itself: what the journal holds
-    assert "outline" in refused.stderr, refused.stderr  # and what the new code asks for
+    # The bulk form: each selected run checked and moved on its own, one line each; exit 1 as one was refused.
+    bulk = plugin.dr("upgrade", "-l", "wave=1", "--image", v2, timeout=600)
+    assert bulk.returncode == 1, bulk.stdout + bulk.stderr
+    lines = dict(line.split(" ", 1) for line in bulk.stdout.splitlines() if line.startswith(f"{KIND_REF}/"))
+    assert set(lines) == {f"{KIND_REF}/diverged", f"{KIND_REF}/moved"}, bulk.stdout  # not "left"
+    refused = lines[f"{KIND_REF}/diverged"]
+    assert refused.startswith(f"refused: diverged: {v2} does not replay the run's journal; nothing changed"), refused
+    assert "draft" in bulk.stdout, bulk.stdout  # the divergence itself: what the journal holds
+    assert "outline" in bulk.stdout, bulk.stdout  # and what the new code asks for
+    assert lines[f"{KIND_REF}/moved"].startswith(f"upgraded: {v2} ("), bulk.stdout
     assert real_runs.status("diverged")["pin"]["image"] == pinned
     assert "previous" not in real_runs.status("diverged")["pin"]
     assert api.ANNOTATION_UPGRADE not in (real_runs.get("diverged")["metadata"].get("annotations") or {})
 
-    moved = plugin.dr("upgrade", "moved", "--image", v2, timeout=300)
-    assert moved.returncode == 0, moved.stdout + moved.stderr
     pin = procs.wait_for(lambda: (p := real_runs.status("moved")["pin"]).get("previous") and p, timeout=60,
                          what="the operator to move the pin of run 'moved'")
     assert real_runs.status("moved")["phase"] == "Waiting"  # it runs the new code from its next attempt

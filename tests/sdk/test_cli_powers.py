@@ -9,6 +9,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from durablerun import api
 from durablerun._private import codec, layout
 from durablerun.api import Outcome, format_time, now
 from durablerun.stores import RunRef, open_store
@@ -78,17 +79,19 @@ def test_an_event_for_an_unknown_run_is_refused_and_not_stored(tmp_path: Path) -
     assert not any((tmp_path / "store").rglob("*.json"))
 
 
-def test_run_follow_stays_through_a_wait_and_finishes_once_the_event_is_sent(tmp_path: Path) -> None:
+def test_run_follow_stays_through_a_sleep_and_a_wait_and_finishes_once_the_event_is_sent(tmp_path: Path) -> None:
     store_uri, ledger = f"file://{tmp_path / 'store'}", tmp_path / "ledger"
     base = ["--run-id", "f1", "--store", store_uri]
+    # A durable sleep of ~2 s (no sleep is slept in process: the attempt ends Waiting for its wake time).
     proc = subprocess.Popen(
         [sys.executable, "-m", "durablerun", "run", "upgrading:v1", *base, "--quiet", "--follow",
-         "--input", json.dumps({"ledger": str(ledger)})],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sub_env())
+         "--input", json.dumps({"ledger": str(ledger), "sleep_hours": 2 / 3600})],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=sub_env({api.Env.INLINE_SLEEP_MAX_SECONDS: "0"}))
     try:
         rs = open_store(store_uri).run_store(RunRef.local("f1"))
-        wait_until(lambda: (rs.read_status() or {}).get("outcome") == Outcome.WAITING, timeout=60,
-                   what="the run to wait for its review")
+        wait_until(lambda: ((rs.read_status() or {}).get("waitingFor") or {}).get("event") == "review",
+                   timeout=60, what="the run to sleep, then wait for its review")
         assert proc.poll() is None, "run --follow exited at the wait"
         assert cli(["send-event", *base, "review", '{"ok": true}']).returncode == 0
         out, err = proc.communicate(timeout=60)
@@ -97,6 +100,7 @@ def test_run_follow_stays_through_a_wait_and_finishes_once_the_event_is_sent(tmp
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
+    assert "following: waiting here for its wake time" in err
     assert "following: waiting here for event 'review'" in err
     assert json.loads(out)["review"] == {"ok": True}
     assert ledger.read_text().split() == ["plan", "draft", "publish"]

@@ -41,7 +41,7 @@ from typing import Any
 from durablerun import api, errors, resource
 from durablerun._private import arguments, inspection, layout, replayer, reruns, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
-from durablerun._private.engine import EngineConfig, Run
+from durablerun._private.engine import EngineConfig, Run, tuned_from_env
 from durablerun._private.family import FamilyRun, LocalFamily
 from durablerun._private.journal import RunStore
 from durablerun._private.model import AttemptResult, WaitingFor
@@ -264,8 +264,8 @@ def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None, LocalFam
     sinks += tracing.sinks_for(store, ref)  # OpenTelemetry, when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     sys.path.insert(0, os.getcwd())
     attempts = _Attempts(args, store, ref, owner)
-    family = LocalFamily.restore(store, EngineConfig(**family_config), ref, workflow, input_value, policy,
-                                 attempter=attempts, clocks=True)
+    config = tuned_from_env(EngineConfig(**family_config))  # DURABLERUN_INLINE_SLEEP_MAX_SECONDS, as in a pod
+    family = LocalFamily.restore(store, config, ref, workflow, input_value, policy, attempter=attempts, clocks=True)
     result = family.attempt(ref.name, sinks=sinks, **config_fields)
     if result.outcome != Outcome.FENCED:
         owner.release()  # done by the attempt already, unless it ended without one (an abort the family decided)

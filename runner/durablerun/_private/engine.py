@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
+import os
 import threading
 import time
 import traceback
@@ -41,6 +43,7 @@ from durablerun._private.stores import Store
 from durablerun._version import __version__
 from durablerun.api import (
     AbortReason,
+    Env,
     Outcome,
     active_time,
     format_time,
@@ -546,6 +549,18 @@ class Run:
             doc["activeSeconds"] = round(active_time(self.config.active_before, self._attempt_start,
                                                      datetime.now(UTC)).total_seconds(), 3)
         return doc
+
+
+def tuned_from_env(config: EngineConfig) -> EngineConfig:
+    """``config`` with DURABLERUN_INLINE_SLEEP_MAX_SECONDS applied, if set (a pod's template env, the CLI's env)."""
+    raw = os.environ.get(Env.INLINE_SLEEP_MAX_SECONDS)
+    if not raw:
+        return config
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise errors.ConfigError(f"{Env.INLINE_SLEEP_MAX_SECONDS}={raw!r} is not a number of seconds") from None
+    return dataclasses.replace(config, inline_sleep_max=timedelta(seconds=seconds))
 
 
 def _waiting_message(w: WaitingFor) -> str:

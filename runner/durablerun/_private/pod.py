@@ -39,7 +39,7 @@ from typing import Any
 from durablerun import api, errors, resource
 from durablerun._private import tracing
 from durablerun._private.children import PodBroker
-from durablerun._private.engine import Run
+from durablerun._private.engine import Run, tuned_from_env
 from durablerun._private.layout import RunRef
 from durablerun._private.lease import Fenced, Identity, Lease, StatusClient, StatusSink, progress_of
 from durablerun._private.model import AttemptResult, EngineConfig
@@ -66,16 +66,7 @@ def _store(spec: resource.DurableRunSpec) -> Store:
 
 def _engine_config(spec: resource.DurableRunSpec) -> EngineConfig:
     """Engine tuning from the spec, plus DURABLERUN_INLINE_SLEEP_MAX_SECONDS from the pod template's env."""
-    config = EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery)
-    raw = os.environ.get(api.Env.INLINE_SLEEP_MAX_SECONDS)
-    if raw:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            raise errors.ConfigError(
-                f"{api.Env.INLINE_SLEEP_MAX_SECONDS}={raw!r} is not a number of seconds") from None
-        config = dataclasses.replace(config, inline_sleep_max=timedelta(seconds=seconds))
-    return config
+    return tuned_from_env(EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery))
 
 
 _POLICY_EXAMPLES = {"costCeilingUSD": '"<higher>"', "maxTokens": "<higher>", "maxSteps": "<higher>",
