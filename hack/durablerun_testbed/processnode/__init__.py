@@ -25,7 +25,8 @@ API server:
   is force-deleted, as the taint manager and pod GC do for a lost node).
 
 What it does not do: images (the command runs on this machine with the node's
-base environment standing in for the image), probes (a running container is
+base environment standing in for the image; a container whose image is named by
+its digest reports that digest as its imageID, so runs can be pinned here), probes (a running container is
 ready), resource limits, networking (pods share the host's loopback), logs
 through the API (each container logs to a file under the node's state dir).
 It needs root: mount namespaces and ``setpriv``.

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durablerun import api
+
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -80,6 +82,13 @@ class PodRuntime:
         return f"{self.namespace}/{self.name}"
 
 
+def image_id(image: str) -> str:
+    """The imageID a container status reports: an image named by its digest (``name@sha256:...``) is that digest,
+    whatever the node runs (it runs no images); a tag names no digest here, so it reports none, as before. So a
+    run is pinned (and upgraded) on this node only when its template (or the upgrade) names a digest."""
+    return image if api.image_digest(image) == image else ""
+
+
 def pod_status(pod: dict[str, Any], runtime: PodRuntime) -> dict[str, Any]:
     with runtime.lock:
         containers = list(runtime.containers.values())
@@ -107,7 +116,7 @@ def pod_status(pod: dict[str, Any], runtime: PodRuntime) -> dict[str, Any]:
             entry: dict[str, Any] = {
                 "name": c.name, "state": c.state(), "ready": c.running,
                 "restartCount": c.restart_count, "image": c.spec.get("image") or "",
-                "imageID": "", "started": c.running,
+                "imageID": image_id(c.spec.get("image") or ""), "started": c.running,
             }
             if c.running:
                 entry["containerID"] = f"process://{c.popen.pid if c.popen else 0}"
