@@ -223,6 +223,7 @@ def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None, LocalFam
         family_config["retry_initial"] = parse_duration(
             arguments.duration_arg("--retry-initial", args.retry_initial) or "1s")
     input_value = arguments.json_arg("--input", args.input) if args.input is not None else {}
+    config = tuned_from_env(EngineConfig(**family_config))  # DURABLERUN_INLINE_SLEEP_MAX_SECONDS, as in a pod
     store = _open(args)
     rs = store.run_store(ref)
     try:
@@ -264,7 +265,6 @@ def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None, LocalFam
     sinks += tracing.sinks_for(store, ref)  # OpenTelemetry, when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     sys.path.insert(0, os.getcwd())
     attempts = _Attempts(args, store, ref, owner)
-    config = tuned_from_env(EngineConfig(**family_config))  # DURABLERUN_INLINE_SLEEP_MAX_SECONDS, as in a pod
     family = LocalFamily.restore(store, config, ref, workflow, input_value, policy, attempter=attempts, clocks=True)
     result = family.attempt(ref.name, sinks=sinks, **config_fields)
     if result.outcome != Outcome.FENCED:
