@@ -36,7 +36,9 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
     real_runs.image = MOVING
     for name, workflow in (("left", "upgrade_flows:kept"), ("moved", "upgrade_flows:kept"),
                            ("diverged", "upgrade_flows:renamed")):
-        manifest = real_runs.manifest(name, workflow, {"marks": name})
+        # A 30 s lease: nothing here waits on an expiry, and at load 20 three runners resuming at once missed
+        # four renewals of the helpers' 10 s lease, and "left" was aborted for it.
+        manifest = real_runs.manifest(name, workflow, {"marks": name}, policy={"leaseDuration": "30s"})
         if name != "left":
             manifest["metadata"]["labels"] = {"wave": "1"}
         real_runs.apply(manifest)
