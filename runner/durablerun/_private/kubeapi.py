@@ -1,4 +1,5 @@
-"""The user's own kubectl, and the changes a user makes to a DurableRun: one definition each.
+"""The user's own kubectl, the changes a user makes to a DurableRun, and where a queued run is in its Kueue
+queue: one definition each.
 
 ``kubectl durablerun`` (``durablerun._private.kubectl``) prints what the changes return; the run browser
 (``durablerun._private.browser``) shows it. Every call is the real ``kubectl`` with the user's kubeconfig,
