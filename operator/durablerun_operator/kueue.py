@@ -49,8 +49,8 @@ def workload(run: dict[str, Any], settings: Settings, priority: tuple[str, int] 
 
     ``priority``: (WorkloadPriorityClass, its value), when the run names one; Kueue's jobframework resolves
     the class to its value on creation as well. Without one the priority is still set, to Kueue's default, as
-    the jobframework sets it on every Workload: parts of Kueue read it unchecked (its visibility API's pending
-    workloads fail on a Workload without it).
+    the jobframework sets it on every Workload: parts of Kueue read it unchecked (in v0.17 its visibility API's
+    pending workloads fail on a Workload without it: kubernetes-sigs/kueue#14399, fixed upstream since).
     """
     meta = run["metadata"]
     pod = builders.runner_pod(run, 0, settings)

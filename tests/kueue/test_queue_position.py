@@ -22,6 +22,7 @@ from durablerun_testbed import binaries, procs
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.testbed import TestBed
 from tests.helpers import SESSION_ID
+from tests.install.helpers import service_account_kubectl
 from tests.kueue.helpers import apply, queued_run, queues, wait_active
 from tests.operator.helpers import RunEnv, StartOperator
 
@@ -63,7 +64,6 @@ def page(testbed: TestBed, namespace: str, run: str) -> dict[str, Any]:
 
 def reader_kubeconfig(testbed: TestBed, namespace: str, directory: Path) -> Path:
     """A kubeconfig with a real token of a ServiceAccount that may only read the namespace's runs."""
-    assert testbed.controlplane
     rbac = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader", "namespace": namespace}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -72,12 +72,7 @@ def reader_kubeconfig(testbed: TestBed, namespace: str, directory: Path) -> Path
         binding(namespace, "Role", "run-reader"),
     ]
     testbed.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
-    token = testbed.kubectl("create", "token", "reader", "-n", namespace, "--duration=10m").stdout.strip()
-    path = directory / "reader.kubeconfig"
-    path.write_text(yaml.safe_dump(testbed.controlplane.kubeconfig_dict(
-        f"system:serviceaccount:{namespace}:reader", token)))
-    path.chmod(0o600)
-    return path
+    return service_account_kubectl(testbed, "reader", namespace, directory).kubeconfig
 
 
 def binding(namespace: str, kind: str, role: str) -> dict[str, Any]:
