@@ -158,14 +158,18 @@ build_jaeger() {
 }
 
 # The Kueue manager (cmd/kueue). Its go.mod has no replace directives, so a plain `go install` builds it
-# (with -mod=mod, as exported above). Long: over half an hour on a loaded two-core machine.
+# (with -mod=mod, as exported above). Long: over half an hour on a loaded two-core machine the first time; a
+# change of ldflags alone only links again. The visibility server writes its self-signed certificates to the
+# package variable certDir, "/visibility" by default: a relative "visibility" puts them in the working
+# directory of each manager (hack/durablerun_testbed/kueue.py runs each in its bed's own).
 build_kueue() {
-  local out="$BIN/kueue-$KUEUE_VERSION"
+  local out="$BIN/kueue-$KUEUE_BUILD"
   [[ -x "$out" ]] && return 0
-  log "building kueue $KUEUE_VERSION (first time only; 15-60 minutes)"
-  local gobin="$SRC/kueue-$KUEUE_VERSION"
+  log "building kueue $KUEUE_BUILD (first time only; 15-60 minutes)"
+  local gobin="$SRC/kueue-$KUEUE_BUILD"
   mkdir -p "$gobin"
-  GOBIN="$gobin" go install "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  GOBIN="$gobin" go install -ldflags "-X sigs.k8s.io/kueue/pkg/visibility.certDir=visibility" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
   mv "$gobin/kueue" "$out"
 }
 

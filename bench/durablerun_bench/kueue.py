@@ -2,9 +2,14 @@
 for M runners, on the test bed with a real Kueue manager (hack/durablerun_testbed/kueue.py) and the operator.
 
 Each runner asks for 1 CPU and the ClusterQueue has M CPUs, so Kueue admits M at a time and each finished run
-gives its quota to the next. Latencies come from the API objects' timestamps: each run's
-creation, Kueue's ``Admitted`` Event on its Workload, its pod's creation. The most runner pods alive (Pending or
-Running) at once, which must never exceed M, is watched by polling the pods until every run has succeeded.
+gives its quota to the next. Latencies come from the API objects' timestamps: each run's creation, its
+Workload's ``Admitted`` condition (its lastTransitionTime, seen through a watch while the Workload exists: the
+operator deletes it when the attempt ends), its pod's creation. Not Kueue's ``Admitted`` Event: Kueue posts
+Events through client-go's event broadcaster, which queues at most 1,000 and drops the rest without a word while
+its writer, held to the manager's client rate, is behind; and each time Kueue tries the waiting Workloads again it
+posts a ``Pending`` Event for each of them, so with many waiting, ``Admitted`` Events are lost (bench/RESULTS.md).
+The most runner pods alive (Pending or Running) at once, which must never exceed M, is watched by polling the
+pods until every run has succeeded.
 
 ``python -m durablerun_bench.kueue`` runs this section alone and prints its RESULTS.md section.
 """
@@ -19,8 +24,10 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -31,7 +38,7 @@ from durablerun import api
 from durablerun_bench import machine, resume
 from durablerun_bench.util import quick
 from durablerun_operator import kueue as operator_kueue
-from durablerun_testbed import procs
+from durablerun_testbed import binaries, procs
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
@@ -39,6 +46,41 @@ from durablerun_testbed.testbed import TestBed
 GROUP = "kueue.x-k8s.io/v1beta2"
 CRD = resume.BENCH_DIR.parent / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 POLL = 0.25
+#: One line per Workload change: its name, its Admitted condition's status and lastTransitionTime.
+_ADMITTED = '{.metadata.name} {.status.conditions[?(@.type=="Admitted")].status} ' \
+            '{.status.conditions[?(@.type=="Admitted")].lastTransitionTime}{"\\n"}'
+
+
+class Admissions:
+    """When each Workload was first admitted, by name: its ``Admitted`` condition's lastTransitionTime, as one
+    ``kubectl get --watch`` sees every change of the namespace's Workloads."""
+
+    def __init__(self, bed: TestBed, namespace: str) -> None:
+        self.at: dict[str, datetime] = {}
+        self.ended_early = False
+        self.process = subprocess.Popen(
+            [str(binaries.kubectl()), "--kubeconfig", str(bed.kubeconfig), "get", "workloads.kueue.x-k8s.io",
+             "-n", namespace, "--watch", "-o", f"jsonpath={_ADMITTED}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, name="admissions", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout
+        for line in self.process.stdout:
+            name, status, at = [*line.split(), "", ""][:3]
+            if status == "True" and name not in self.at:
+                self.at[name] = _time(at)
+
+    def __enter__(self) -> Admissions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop watching; ``ended_early`` says whether the watch had ended before (missing admissions)."""
+        self.ended_early = self.process.poll() is not None
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.thread.join(timeout=10)
 
 
 def _queues(namespace: str, quota: int) -> list[dict[str, Any]]:
@@ -83,23 +125,26 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, quota: int, steps
                 manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
                 manifests.append(manifest)
             log(f"{runs} runs, quota for {quota}")
-            began = time.monotonic()
-            bed.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests), timeout=300)
-            applied = time.monotonic() - began
-            done: set[str] = set()
-            most_live = 0
-            deadline = began + 300 + runs * (steps * sleep + 10) / quota
-            while len(done) < runs:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{runs - len(done)} of {runs} runs did not succeed in time")
-                phases = [(p.get("status") or {}).get("phase") for p in _items(bed, "pods", namespace)]
-                live = [p for p in phases if p in ("Pending", "Running")]  # literal-ok: the pods' phases
-                most_live = max(most_live, len(live))
-                done |= {r["metadata"]["name"] for r in _items(bed, "dr", namespace)
-                         if (r.get("status") or {}).get("phase") == api.Phase.SUCCEEDED}
-                time.sleep(POLL)
+            with Admissions(bed, namespace) as admissions:
+                began = time.monotonic()
+                bed.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests), timeout=300)
+                applied = time.monotonic() - began
+                done: set[str] = set()
+                most_live = 0
+                deadline = began + 300 + runs * (steps * sleep + 10) / quota
+                while len(done) < runs:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{runs - len(done)} of {runs} runs did not succeed in time")
+                    phases = [(p.get("status") or {}).get("phase") for p in _items(bed, "pods", namespace)]
+                    live = [p for p in phases if p in ("Pending", "Running")]  # literal-ok: the pods' phases
+                    most_live = max(most_live, len(live))
+                    done |= {r["metadata"]["name"] for r in _items(bed, "dr", namespace)
+                             if (r.get("status") or {}).get("phase") == api.Phase.SUCCEEDED}
+                    time.sleep(POLL)
+            if admissions.ended_early:
+                raise RuntimeError("the watch of Workloads ended before the runs did: admissions may be missing")
         kueue.check_alive()
-        timing = _timing(bed, namespace)
+        timing = _timing(bed, namespace, admissions.at)
     finally:
         kueue.stop()
     return {"runs": runs, "quota": quota, "steps": steps, "sleep": sleep, "applied_s": applied,
@@ -112,10 +157,10 @@ def _time(value: str | None) -> datetime:
     return parsed
 
 
-def _timing(bed: TestBed, namespace: str) -> dict[str, Any]:
-    """Latencies from the API objects' own timestamps (to the second; events' eventTime finer when set): each
-    run's creation, its Workload's ``Admitted`` Event (Kueue's, kept after the Workload is deleted), its first
-    pod's creation, and the last pod's end. Polling at this load would be coarser than that."""
+def _timing(bed: TestBed, namespace: str, admissions: dict[str, datetime]) -> dict[str, Any]:
+    """Latencies from the API objects' own timestamps (to the second): each run's creation, its Workload's first
+    admission (``admissions``, by Workload name), its first pod's creation, and the last pod's end. Polling at
+    this load would be coarser than that."""
     created: dict[str, datetime] = {}
     workloads: dict[str, str] = {}
     for body in _items(bed, "dr", namespace):
@@ -132,13 +177,7 @@ def _timing(bed: TestBed, namespace: str) -> dict[str, Any]:
             for container in (pod.get("status") or {}).get("containerStatuses") or []:
                 if finished := ((container.get("state") or {}).get("terminated") or {}).get("finishedAt"):
                     ended.append(_time(finished))
-    admitted: dict[str, datetime] = {}
-    for event in _items(bed, "events", namespace):
-        involved = event.get("involvedObject") or {}
-        name = workloads.get(involved.get("name", ""))
-        if involved.get("kind") == "Workload" and event.get("reason") == "Admitted" and name:
-            at = _time(event.get("eventTime") or event.get("firstTimestamp"))
-            admitted[name] = min(admitted.get(name, at), at)
+    admitted = {workloads[name]: at for name, at in admissions.items() if name in workloads}
     first = min(created.values())
 
     def seconds(later: dict[str, datetime], earlier: dict[str, datetime]) -> list[float]:
@@ -165,7 +204,8 @@ def section(k: dict[str, Any], load: str | None = None) -> list[str]:
         f"{k['runs']} DurableRuns of {k['steps']} steps of {k['sleep']} s applied at once (the apply took "
         f"{k['applied_s']:.1f} s) in a LocalQueue whose ClusterQueue has quota for {k['quota']} runners (1 CPU "
         f"each), on the test bed with a real Kueue manager (it started in {k['kueue_start_s']:.0f} s) and the "
-        "operator; latencies from the objects' timestamps (to the second), live pods polled"
+        "operator; latencies from the objects' timestamps (to the second: the run's creation, its Workload's "
+        "Admitted condition as a watch saw it, its pod's creation), live pods polled"
         + (f"; load average (1/5/15 min) {load} before the section" if load else "") + ".",
         "",
         "| from the run's creation | p50 | p90 | p99 | max |",
@@ -178,7 +218,7 @@ def section(k: dict[str, Any], load: str | None = None) -> list[str]:
         f"{k['quota']}. The last runner ended {k['makespan_s']:.0f} s after the first run was created; the steps "
         f"alone, "
         f"{k['quota']} at a time, take {ideal:.0f} s, so the rest is pods starting and admission handing quota on"
-        + (f" ({k['missed_admissions']} runs had no Admitted Event)" if k["missed_admissions"] else "")
+        + (f" ({k['missed_admissions']} runs had no admission seen)" if k["missed_admissions"] else "")
         + ".",
         "",
     ]

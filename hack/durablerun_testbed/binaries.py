@@ -37,7 +37,7 @@ _GO_BINARIES = {
     "helm": (None, "HELM_VERSION"),
     "kubeconform": (None, "KUBECONFORM_VERSION"),
     "jaeger": (None, "JAEGER_VERSION"),
-    "kueue": (None, "KUEUE_VERSION"),
+    "kueue": (None, "KUEUE_BUILD"),
 }
 
 

@@ -6,7 +6,9 @@ namespace deletion and ServiceAccounts behave as in a cluster. There is no
 scheduler and no kubelet: the process node (``processnode``) plays both. For
 the real node (``realnode``) the control plane listens on the node's pod
 network instead of loopback, runs kube-scheduler, and gives the kubelet an
-identity and the API server a client certificate the kubelet trusts.
+identity and the API server a client certificate the kubelet trusts. The API server has the
+aggregation layer configured (front-proxy certificates), so an APIService can
+add an API served elsewhere: Kueue's visibility API (``kueue``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import yaml
 from durablerun_testbed import binaries, procs
 
 ADMIN_USER = "admin"
+#: The name in the API server's front-proxy client certificate (kubeadm's): aggregated APIs trust the user named
+#: in request headers only from a client with this name.
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass
@@ -143,12 +148,40 @@ class ControlPlane:
                 "--token-auth-file", str(tokens),
                 "--allow-privileged=true",
                 *kubelet_flags,
+                *self._aggregation_flags(certs),
                 "--v=1",
             ],
             log_path=logs / "kube-apiserver.log",
             testbed_id=self.testbed_id,
         )
         procs.wait_for(self._apiserver_ready, timeout=60, what=f"kube-apiserver at {self.url}")
+
+    def _aggregation_flags(self, certs: Path) -> list[str]:
+        """The aggregation layer, as kubeadm configures it: a front-proxy CA of the bed's own and, signed by it,
+        the client certificate the API server presents when it proxies a request to an aggregated API (Kueue's
+        visibility API), with the user in headers that API trusts only from that certificate's name."""
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+        ca_key, ca, key, csr, cert = (certs / name for name in (
+            "front-proxy-ca.key", "front-proxy-ca.crt", "front-proxy-client.key", "front-proxy-client.csr",
+            "front-proxy-client.crt"))
+        if not cert.exists():
+            openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+                    "-days", "30", "-subj", "/CN=durablerun-testbed-front-proxy-ca")
+            openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+                    "-subj", f"/CN={FRONT_PROXY_CLIENT}")
+            openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                    "-out", str(cert), "-days", "30")
+        return [
+            "--requestheader-client-ca-file", str(ca),
+            "--requestheader-allowed-names", FRONT_PROXY_CLIENT,
+            "--requestheader-username-headers", "X-Remote-User",
+            "--requestheader-group-headers", "X-Remote-Group",
+            "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+            "--proxy-client-cert-file", str(cert),
+            "--proxy-client-key-file", str(key),
+        ]
 
     @property
     def kubelet_client_ca(self) -> Path:

@@ -15,9 +15,16 @@ bed has no kube-proxy and the manager runs as a process, not a pod:
   Service's DNS name and 127.0.0.1, so the API server can call the webhooks by IP. The rotator then injects
   that CA into the webhook configurations and the CRDs' conversion webhooks, as it does in a cluster. The
   same files are in the manager's certificate directory, where a pod would have the Secret mounted.
-- The on-demand visibility API is off: its server writes self-signed certificates to a fixed /visibility
-  directory on the machine, outside the bed.
-- Every port (webhooks, health, metrics) is on 127.0.0.1; leader election is off (one manager).
+- The on-demand visibility API (pending workloads and their positions) is served, as an aggregated API: the
+  APIServices ``v1beta1``/``v1beta2.visibility.kueue.x-k8s.io`` from Kueue's ``config/components/visibility``
+  point at its Service, which here is an ExternalName Service to ``localhost`` (the API server refuses loopback
+  Endpoints; for an ExternalName Service it dials the name at the APIService's port). The server's
+  certificate is seeded in its certificate directory, signed by the same ``kueue-ca`` and naming the Service,
+  so the APIServices carry that CA instead of the release's ``insecureSkipTLSVerify``. That directory is
+  ``visibility`` under the manager's working directory (the bed's): hack/build-binaries.sh sets Kueue's
+  ``certDir``, a fixed ``/visibility`` on the host otherwise. The API server's aggregation layer (front-proxy
+  certificates) is the bed's control plane's.
+- Every port (webhooks, visibility, health, metrics) is on 127.0.0.1; leader election is off (one manager).
 - The manager runs as its release's identity, not as the bed's admin: the ServiceAccount
   ``kueue-controller-manager`` bound to the manager's roles from ``config/components/rbac`` (RBAC), with a
   token from the TokenRequest API in its kubeconfig, as a pod would have it mounted. Nothing more is granted:
@@ -27,6 +34,7 @@ bed has no kube-proxy and the manager runs as a process, not a pod:
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -49,11 +57,15 @@ GROUP = "kueue.x-k8s.io"
 #: The CRDs whose conversion webhook Kueue serves (config/components/crd/kustomization.yaml's patches).
 CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
 SERVICE_ACCOUNT = "kueue-controller-manager"
-#: The manager's own RBAC in Kueue's release (config/components/rbac/kustomization.yaml, minus the roles it
-#: ships for users: job editors, queue viewers...).
+#: The visibility API's Service, as Kueue's release names it (config/components/visibility, prefix ``kueue-``).
+VISIBILITY_SERVICE = "kueue-visibility-server"
+VISIBILITY_GROUP = f"visibility.{GROUP}"
+#: The manager's own RBAC in Kueue's release (config/components/rbac/kustomization.yaml), and of the roles it
+#: ships for users (job editors, queue viewers...) the two that read the visibility API's pending workloads.
 MANAGER_RBAC = ("service_account", "role", "role_binding", "leader_election_role", "leader_election_role_binding",
                 "manager_secrets_role", "manager_secrets_role_binding", "metrics_auth_role",
-                "metrics_auth_role_binding")
+                "metrics_auth_role_binding", "pending_workloads_cq_viewer_role",
+                "pending_workloads_lq_viewer_role")
 #: How a DurableRun is named to Kueue as an external framework: Kind.version.group.
 EXTERNAL_FRAMEWORK = f"{api.KIND}.{api.VERSION}.{api.GROUP}"
 
@@ -78,6 +90,7 @@ class Kueue:
     webhook_port: int = 0
     health_port: int = 0
     metrics_port: int = 0
+    visibility_port: int = 0
     #: The manager's own credentials (its ServiceAccount's token), once ``start`` made them.
     manager_kubeconfig: Path | None = None
 
@@ -89,10 +102,12 @@ class Kueue:
         """Install Kueue's CRDs, webhooks and Secret with ``kubectl`` (the bed's), start the manager, wait
         until it is ready (certificates in place, webhooks served)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.webhook_port, self.health_port, self.metrics_port = (procs.free_port() for _ in range(3))
+        self.webhook_port, self.health_port, self.metrics_port, self.visibility_port = (
+            procs.free_port() for _ in range(4))
         source = module_dir() / "config" / "components"
         kubectl("create", "namespace", NAMESPACE, check=False)
-        documents = [*self._crds(source), self._secret(), *self._webhooks(source), *self._rbac(source)]
+        documents = [*self._crds(source), self._secret(), *self._webhooks(source), *self._rbac(source),
+                     *self._visibility(source)]
         kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                 input=yaml.safe_dump_all(documents), timeout=120)
         established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
@@ -142,7 +157,7 @@ class Kueue:
         self.process = procs.ManagedProcess(
             "kueue", [str(binaries.find("kueue")), f"--config={config_path}",
                       f"--kubeconfig={self.manager_kubeconfig or self.kubeconfig}"],
-            log_path=self.workdir / "kueue.log", testbed_id=self.testbed_id)
+            log_path=self.workdir / "kueue.log", cwd=self.workdir, testbed_id=self.testbed_id)
         try:
             procs.wait_for(self._ready, timeout=120, interval=0.5,
                            what=f"the Kueue manager to be ready (log {self.workdir}/kueue.log)")
@@ -160,7 +175,7 @@ class Kueue:
             "webhook": {"host": "127.0.0.1", "port": self.webhook_port, "certDir": str(self.workdir / "certs")},
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": True, "webhookServiceName": SERVICE, "webhookSecretName": SECRET},
-            "featureGates": {"VisibilityOnDemand": False},
+            "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": self.visibility_port},
             "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
         }
 
@@ -182,29 +197,51 @@ class Kueue:
             configuration["webhooks"] = hooks
             yield configuration
 
+    def _visibility(self, source: Path) -> Iterator[dict[str, Any]]:
+        """Kueue's visibility component: its APIServices (with the bed's CA, at the server's port), its Service
+        (ExternalName ``localhost``), and the binding that lets the manager read the API server's
+        requestheader CA (kube-system's extension-apiserver-authentication), named as its release names them."""
+        ca = base64.b64encode((self.workdir / "seed" / "ca.crt").read_bytes()).decode()
+        for version in ("v1beta1", "v1beta2"):
+            apiservice: dict[str, Any] = yaml.safe_load(
+                (source / "visibility" / f"apiservice_{version}.yaml").read_text())
+            spec = apiservice["spec"]
+            del spec["insecureSkipTLSVerify"]
+            spec.update(caBundle=ca, service={"name": VISIBILITY_SERVICE, "namespace": NAMESPACE,
+                                              "port": self.visibility_port})
+            yield apiservice
+        service: dict[str, Any] = yaml.safe_load((source / "visibility" / "service.yaml").read_text())
+        service["metadata"]["name"] = VISIBILITY_SERVICE
+        service["spec"] = {"type": "ExternalName", "externalName": "localhost"}
+        yield service
+        binding: dict[str, Any] = yaml.safe_load((source / "visibility" / "role_binding.yaml").read_text())
+        binding["metadata"]["name"] = "kueue-" + binding["metadata"]["name"]  # stays in kube-system
+        binding["subjects"] = [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+        yield binding
+
+    def visibility_ready(self, kubectl: Kubectl) -> bool:
+        """Whether the API server reaches the visibility API (its APIService is Available)."""
+        available = 'jsonpath={.status.conditions[?(@.type=="Available")].status}'
+        answer = kubectl("get", "apiservice", f"v1beta2.{VISIBILITY_GROUP}", "-o", available, check=False)
+        return answer.stdout == "True"
+
     def _secret(self) -> dict[str, Any]:
-        """The rotator's Secret, seeded with certificates that also name 127.0.0.1 (see the module docstring)."""
+        """The rotator's Secret, seeded with certificates that also name 127.0.0.1 (see the module docstring),
+        and the visibility server's certificate, signed by the same CA."""
         certs = self.workdir / "seed"
         certs.mkdir(parents=True, exist_ok=True)
-
-        def openssl(*args: str) -> None:
-            subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-        ca_key, ca, key, csr, cert, ext = (certs / name for name in (
-            "ca.key", "ca.crt", "tls.key", "tls.csr", "tls.crt", "tls.ext"))
+        ca_key, ca = certs / "ca.key", certs / "ca.crt"
         # PKCS#1 keys (-traditional): the rotator parses nothing else. A year: it replaces anything that expires
         # within 90 days.
-        for path in (ca_key, key):
-            openssl("genrsa", "-traditional", "-out", str(path), "2048")
-        openssl("req", "-x509", "-new", "-key", str(ca_key), "-out", str(ca), "-days", "365",
-                "-subj", "/O=kueue/CN=kueue-ca", "-addext", "subjectAltName=DNS:kueue-ca",
-                "-addext", "basicConstraints=critical,CA:TRUE",
-                "-addext", "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign")
-        openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", f"/CN={SERVICE}.{NAMESPACE}.svc")
-        ext.write_text(f"subjectAltName=DNS:{SERVICE}.{NAMESPACE}.svc,IP:127.0.0.1\n"
-                       "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n")
-        openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-                "-out", str(cert), "-days", "365", "-extfile", str(ext))
+        _openssl("genrsa", "-traditional", "-out", str(ca_key), "2048")
+        _openssl("req", "-x509", "-new", "-key", str(ca_key), "-out", str(ca), "-days", "365",
+                 "-subj", "/O=kueue/CN=kueue-ca", "-addext", "subjectAltName=DNS:kueue-ca",
+                 "-addext", "basicConstraints=critical,CA:TRUE",
+                 "-addext", "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign")
+        _issue(certs, "tls", f"{SERVICE}.{NAMESPACE}.svc", ca)
+        # Where the visibility server looks first (apiserver.crt/.key in its certificate directory) before it
+        # would make a self-signed pair for "localhost" alone.
+        _issue(self.workdir / "visibility", "apiserver", f"{VISIBILITY_SERVICE}.{NAMESPACE}.svc", ca)
         mounted = self.workdir / "certs"
         mounted.mkdir(parents=True, exist_ok=True)
         data = {name: (certs / name).read_text() for name in ("ca.crt", "ca.key", "tls.crt", "tls.key")}
@@ -227,3 +264,21 @@ class Kueue:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _issue(directory: Path, stem: str, dns_name: str, ca: Path) -> None:
+    """``directory/stem.crt`` and ``.key``: a serving certificate for ``dns_name`` and 127.0.0.1, signed by
+    ``ca`` (its key beside it, ``ca.key``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key, csr, cert, ext = (directory / f"{stem}.{suffix}" for suffix in ("key", "csr", "crt", "ext"))
+    _openssl("genrsa", "-traditional", "-out", str(key), "2048")
+    key.chmod(0o600)
+    _openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", f"/CN={dns_name}")
+    ext.write_text(f"subjectAltName=DNS:{dns_name},IP:127.0.0.1\n"
+                   "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca.with_name("ca.key")),
+             "-CAcreateserial", "-out", str(cert), "-days", "365", "-extfile", str(ext))

@@ -25,6 +25,8 @@ WORKLOADS = "workloads"
 RESOURCE_FLAVORS = "resourceflavors"
 WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
 POD_SET = "main"
+#: A Workload's priority without a WorkloadPriorityClass (Kueue's constants.DefaultPriority).
+DEFAULT_PRIORITY = 0
 # Kueue's jobframework (workload_names.go): <kind>-<name> cut to 253 - 1 - 5 characters, then 5 hex chars.
 _MAX_NAME, _HASH = 253, 5
 
@@ -46,7 +48,9 @@ def workload(run: dict[str, Any], settings: Settings, priority: tuple[str, int] 
     """The run's Workload: one pod set, the runner pod its next attempt would create, owned by the run.
 
     ``priority``: (WorkloadPriorityClass, its value), when the run names one; Kueue's jobframework resolves
-    the class to its value on creation as well.
+    the class to its value on creation as well. Without one the priority is still set, to Kueue's default, as
+    the jobframework sets it on every Workload: parts of Kueue read it unchecked (in v0.17 its visibility API's
+    pending workloads fail on a Workload without it: kubernetes-sigs/kueue#14399, fixed upstream since).
     """
     meta = run["metadata"]
     pod = builders.runner_pod(run, 0, settings)
@@ -57,7 +61,7 @@ def workload(run: dict[str, Any], settings: Settings, priority: tuple[str, int] 
     }
     if priority is not None:
         spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority[0]}
-        spec["priority"] = priority[1]
+    spec["priority"] = priority[1] if priority is not None else DEFAULT_PRIORITY
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Workload",

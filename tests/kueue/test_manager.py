@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from durablerun import api
+from durablerun_testbed import procs
 from durablerun_testbed.kueue import NAMESPACE, SERVICE_ACCOUNT, Kueue
 from durablerun_testbed.testbed import TestBed
 from tests.helpers import REPO
@@ -65,3 +66,19 @@ def test_the_manager_runs_with_its_release_rbac_alone_and_needs_no_right_on_dura
     assert not can("create", "secrets")  # only the certificate Secret's namespace, through a Role
     kueue.check_alive()
     assert "is forbidden" not in (kueue.workdir / "kueue.log").read_text()
+
+
+def test_the_visibility_api_is_served_through_the_api_server(testbed: TestBed, kueue: Kueue, namespace: str) -> None:
+    """Kueue's on-demand visibility API, aggregated: the API server proxies to the manager's visibility server
+    (front-proxy certificates, an ExternalName Service to localhost), verifying it with the CA in the APIService.
+    That CA signed only the certificate seeded in the manager's own working directory, so this also shows the
+    server read its certificates there, not from the host's /visibility."""
+    procs.wait_for(lambda: kueue.visibility_ready(testbed.kubectl), timeout=60,
+                   what="the APIService of Kueue's visibility API to be Available")
+    suffix = uuid.uuid4().hex[:6]
+    apply(testbed, queues(f"cq-{suffix}", "lq", namespace, cpu="1", flavor=f"flavor-{suffix}"))
+    wait_active(testbed, "localqueues.kueue.x-k8s.io", "lq", namespace)
+    pending = f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/lq/pendingworkloads"
+    summary = json.loads(testbed.kubectl("get", "--raw", pending).stdout)
+    assert (summary["kind"], summary["items"]) == ("PendingWorkloadsSummary", [])
+    kueue.check_alive()

@@ -216,6 +216,10 @@ def test_the_workload_is_named_as_kueue_names_a_jobs_and_carries_the_runner_pod(
     assert (pod_set["name"], pod_set["count"]) == ("main", 1)
     assert pod_set["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m"}
     assert len(kueue.workload_name("x" * 300, "u1")) == 253
+    # Without a class, Kueue's default priority, as its jobframework sets it (its visibility API needs it).
+    plain = kueue.workload(run_body, Settings())
+    assert "priorityClassRef" not in plain["spec"]
+    assert plain["spec"]["priority"] == 0
 
 
 def test_placement_adds_the_flavors_node_labels_and_tolerations() -> None:

@@ -260,10 +260,12 @@ class Browser:
         body = kube.run(name)
         events = kube.events(name)
         self.events[(namespace, name)] = events  # the timeline's restart causes, asked for right after
+        position = kubeapi.queue_position(kube, body)  # while Queued: where Kueue has it (or why unknown)
         return {"run": body, "events": [{"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
                                          "count": e.get("count") or 1,
                                          "time": e.get("lastTimestamp") or e.get("eventTime")} for e in events],
-                "children": self.watch.children(namespace, name), "canChange": self.can_change(namespace)}
+                "children": self.watch.children(namespace, name), "canChange": self.can_change(namespace),
+                "queue": position.describe() if position else summary(body)["queue"]}
 
     def timeline_page(self, namespace: str, name: str, offset: int) -> dict[str, Any]:
         """The timeline entries journal positions ``offset`` to ``offset + TIMELINE_PAGE`` end; ``total`` counts

@@ -1,4 +1,5 @@
-"""The user's own kubectl, and the changes a user makes to a DurableRun: one definition each.
+"""The user's own kubectl, the changes a user makes to a DurableRun, and where a queued run is in its Kueue
+queue: one definition each.
 
 ``kubectl durablerun`` (``durablerun._private.kubectl``) prints what the changes return; the run browser
 (``durablerun._private.browser``) shows it. Every call is the real ``kubectl`` with the user's kubeconfig,
@@ -12,6 +13,7 @@ import base64
 import json
 import os
 import subprocess
+from dataclasses import dataclass
 from typing import Any
 
 from durablerun import api, resource
@@ -20,6 +22,10 @@ from durablerun._private.stores import Store, store_from_checkpoint
 
 RESOURCE = api.CRD_NAME  # as kubectl names the resource
 KIND_REF = f"{api.SINGULAR}.{api.GROUP}"  # as kubectl names objects: durablerun.durablerun.dev/NAME
+# Kueue's on-demand visibility API (an aggregated API its manager serves): a LocalQueue's pending Workloads, in
+# the order Kueue will consider them, up to LIMIT a request.
+VISIBILITY_API = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+VISIBILITY_LIMIT = 1000
 
 
 class PluginError(Exception):
@@ -70,6 +76,51 @@ class Kubectl:
     def annotate(self, name: str, key: str, value: str, *, remove: tuple[str, ...] = ()) -> None:
         """Set ``key`` and remove the ``remove`` annotations, in one change."""
         self("annotate", RESOURCE, name, f"{key}={value}", *(f"{r}-" for r in remove), "--overwrite")
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    """Where a Queued run waits, as Kueue reports it: how many pending Workloads are ahead of the run's in its
+    LocalQueue and in that queue's ClusterQueue (Kueue's positionInLocalQueue / positionInClusterQueue: 0 is
+    next), or, when Kueue reports none, why."""
+
+    queue: str
+    local: int | None = None
+    cluster: int | None = None
+    unknown: str = ""
+
+    def describe(self) -> str:
+        if self.local is None or self.cluster is None:
+            return f"{self.queue}, position unknown: {self.unknown}"
+        return (f"{self.queue}, position {self.local} in the LocalQueue and {self.cluster} in its ClusterQueue "
+                "(the pending Workloads ahead of this run's)")
+
+
+def queue_position(kube: Kubectl, body: dict[str, Any]) -> QueuePosition | None:
+    """The position of run ``body`` in its Kueue queue while it is Queued (None otherwise), from Kueue's
+    visibility API. It reads as the user: with no such API (or no right to read it) the position is unknown, and
+    the answer says why; that is never an error."""
+    meta = body["metadata"]
+    queue = (meta.get("labels") or {}).get(api.LABEL_QUEUE_NAME)
+    if not queue or (body.get("status") or {}).get("phase") != api.Phase.QUEUED:
+        return None
+    offset = 0
+    while True:
+        path = (f"{VISIBILITY_API}/namespaces/{meta['namespace']}/localqueues/{queue}/pendingworkloads"
+                f"?limit={VISIBILITY_LIMIT}&offset={offset}")
+        answer = kube("get", "--raw", path, check=False)
+        if answer.returncode != 0:
+            why = answer.stderr.strip() or f"kubectl exited {answer.returncode}"
+            return QueuePosition(queue, unknown=f"Kueue's visibility API did not answer: {why}")
+        items: list[dict[str, Any]] = json.loads(answer.stdout).get("items") or []
+        for item in items:  # the run's Workload is the one it owns (its name is Kueue's hash of the run's)
+            if any(ref.get("uid") == meta["uid"] for ref in item["metadata"].get("ownerReferences") or []):
+                return QueuePosition(queue, local=item["positionInLocalQueue"],
+                                     cluster=item["positionInClusterQueue"])
+        if len(items) < VISIBILITY_LIMIT:
+            return QueuePosition(queue, unknown="Kueue lists no pending Workload of this run (being admitted, "
+                                                "or not queued in Kueue yet: see its message)")
+        offset += VISIBILITY_LIMIT
 
 
 # The changes a user makes to a run, one definition each: the commands below print what they return, and the

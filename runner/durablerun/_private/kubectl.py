@@ -11,6 +11,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun abort RUN [--reason R]                       # annotation durablerun.dev/abort
     kubectl durablerun retry RUN                                    # annotation durablerun.dev/retry (lifts abort)
     kubectl durablerun wait RUN [--for PHASE,...] [--timeout 10m]
+    kubectl durablerun status RUN                                   # phase, message, Kueue queue and position
     kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
@@ -111,6 +112,18 @@ def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
                   f"{' or '.join(sorted(wanted))} (it is {phase or 'not started'})", file=sys.stderr)
             return EXIT_TIMEOUT
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def cmd_status(kube: Kubectl, args: argparse.Namespace) -> int:
+    run = kube.run(args.run)
+    status = run.get("status") or {}
+    message = f": {status['message']}" if status.get("message") else ""
+    print(f"{KIND_REF}/{args.run} {status.get('phase') or 'not started'}{message}")
+    queue = (run["metadata"].get("labels") or {}).get(api.LABEL_QUEUE_NAME)
+    if queue:
+        position = kubeapi.queue_position(kube, run)
+        print(f"queue: {position.describe() if position else queue}")
+    return 0
 
 
 def _retry_pending(run: dict[str, Any]) -> bool:
@@ -262,8 +275,8 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "logs", "journal", "tree",
-            "completion", "timeline", "rerun", "fork", "ui", "upgrade"]
+COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "status", "logs", "journal",
+            "tree", "completion", "timeline", "rerun", "fork", "ui", "upgrade"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
 TAKES_RUN = set(COMMANDS) - {"completion", "ui", "upgrade"}
 
@@ -358,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--for", dest="for_phases", metavar="PHASE[,PHASE]",
                    help="wait for any of these phases instead (exit 0 when reached)")
     p.add_argument("--timeout", default="10m", help="give up after this long (e.g. 30s, 10m, 2h; default 10m)")
+    command("status", "show the run's phase and message and, for a run in a Kueue queue, the queue and (while "
+                      "Queued) its position there, from Kueue's visibility API")
     p = command("logs", "print the logs of every attempt's pod, oldest first")
     p.add_argument("-f", "--follow", action="store_true", help="follow the latest attempt's log")
     p = command("journal", "print the run's journal from its store (as `durablerun inspect` does)")
@@ -400,9 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
-            "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "logs": cmd_logs,
-            "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion, "timeline": cmd_journal,
-            "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve, "upgrade": cmd_upgrade}
+            "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "status": cmd_status,
+            "logs": cmd_logs, "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion,
+            "timeline": cmd_journal, "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve, "upgrade": cmd_upgrade}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,7 +145,7 @@ function runPage() {
     const facts = [["workflow", spec.workflow], ["attempt", status.attempt || 0], ["restarts", status.restarts || 0],
       ["disruptions", status.disruptions || 0], ["cost", `$${cost.usd || "0"}, ${cost.tokens || 0} tokens`],
       ["pod", status.pod || "-"], ["started", status.startTime || "-"], ["finished", status.completionTime || "-"],
-      ["suspend", spec.suspend ? "yes" : "no"]];
+      ["suspend", spec.suspend ? "yes" : "no"], ...(page.queue ? [["queue", page.queue]] : [])];
     document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     document.getElementById("actions").hidden = !page.canChange;
     document.querySelector("#conditions tbody").replaceChildren(...(status.conditions || []).map(c =>
