@@ -193,3 +193,29 @@ def test_a_retried_parent_does_not_start_its_children_again(operator: Operator, 
     for step in ("w0-a", "w0-b", "w1-a", "w1-b"):
         assert runs.executions(step) == 1, (step, runs.ledger())
     assert runs.executions("fragile") == 2
+
+
+def test_a_parent_as_an_older_operator_left_it_is_understood_after_the_upgrade(
+        operator: Operator, runs: RunEnv) -> None:
+    # A suspended parent (no pod) whose status an operator before childrenCreated wrote: a state per child in
+    # status.children. w0 was created and then deleted before it finished; w1 was asked for, not created yet.
+    runs.apply(runs.manifest("old", "optest_children:supervisor", suspend=True))
+    runs.wait_phase("old", "Suspended", timeout=60)
+    request = {"workflow": "optest_children:worker", "input": {"n": 1}, "policy": {}}
+    legacy = {"childRequests": {"w0": request, "w1": request},
+              "children": {"w0": {"run": "old-w0", "uid": "5d0c6a5e-0000-4000-8000-000000000000", "phase": "Running"}}}
+    runs.testbed.kubectl("patch", "dr", "old", "-n", runs.namespace, "--subresource=status", "--type=merge",
+                         "-p", json.dumps({"status": legacy}))
+
+    # The new operator reads the old names: w0 is reported failed and not created again; w1 is created (suspended
+    # with its parent); status.children is gone, and only the child in flight is kept by name.
+    def moved() -> dict[str, Any] | None:
+        run = runs.get("old")
+        return run if "children" not in run["status"] and run["status"].get("childrenCreated") == ["w1"] else None
+
+    run = procs.wait_for(moved, timeout=60, what="the old status.children to be moved to childrenCreated")
+    assert run["spec"]["events"][resource.child_event("w0")] == {
+        "phase": "Failed", "uid": "", "message": "child run old-w0 was deleted before it finished"}
+    assert sorted(children(runs, "old")) == ["old-w1"]
+    assert runs.get("old-w1")["spec"]["suspend"] is True
+    assert reasons(runs, "old").count("ChildStarted") == 1
