@@ -101,6 +101,9 @@ def test_kill_parent_and_child_restart_operator_every_child_once_deletion_cascad
     # 1. SIGKILL the parent while it starts its children (two started, a prep step running).
     procs.wait_for(lambda: "start prep-2" in runs.ledger(), timeout=60, what="the parent to start child 3")
     node.kill(runs.namespace, runs.get("boss")["status"]["pod"])
+    # The prep step the kill caught (prep-2, or a later one on a slow machine): the process is dead, so its
+    # ledger is whole; a later prep starts only once the one before it is journaled.
+    killed_in = [line.split()[1] for line in runs.ledger() if line.startswith("start prep-")][-1]
     # 2. The operator restarts in between.
     operator.stop()
     operator = start_operator("operator-2")
@@ -129,9 +132,8 @@ def test_kill_parent_and_child_restart_operator_every_child_once_deletion_cascad
         assert runs.executions(f"w{i}-a") == 1, runs.ledger()
         assert runs.executions(f"w{i}-b") == (1 if i != 3 else 2), runs.ledger()  # w3-b: killed in it once
     assert kids["boss-w3"]["status"]["restarts"] == 1
-    for step in ("prep-0", "prep-1", "prep-3", "prep-4", "combine"):
-        assert runs.executions(step) == 1, (step, runs.ledger())
-    assert runs.executions("prep-2") <= 2
+    for step in [f"prep-{i}" for i in range(5)] + ["combine"]:
+        assert runs.executions(step) in ((1, 2) if step == killed_in else (1,)), (step, killed_in, runs.ledger())
     assert runs.executions("between") == 2, runs.ledger()  # killed in it once
 
     # The signal reached the listener once, through the operator.
