@@ -2,8 +2,8 @@
 
 Both are built on the real API server through the writes a real run makes
 (the runner's guarded JSON patches of status.childRequests, the operator's
-status.children and the child's outcome as the parent's event, a user's
-spec.events patches), in batches; the size is the stored object's JSON as a
+status.childrenCreated and each child's outcome as the parent's event, a
+user's spec.events patches), in batches; the size is the stored object's JSON as a
 GET returns it, managedFields included (etcd holds the same JSON).
 """
 
@@ -15,6 +15,8 @@ from typing import Any
 
 from durablerun import api, resource
 from durablerun_bench import writecost
+from durablerun_operator import decide
+from durablerun_operator.decide import family
 from durablerun_testbed.testbed import TestBed
 
 JSON_PATCH = "application/json-patch+json"
@@ -30,6 +32,16 @@ def _run(name: str) -> dict[str, Any]:
     body = writecost.run_manifest(api.GROUP, name)
     del body["spec"]["events"]
     return body
+
+
+def _finished_child(parent: str, child: str) -> decide.RunView:
+    """A child that Succeeded with a small result, as its own DurableRun holds it."""
+    return decide.RunView.from_body({
+        "metadata": {"namespace": "bench", "name": f"{parent}-{child}", "uid": str(uuid.uuid4())},
+        "spec": {"workflow": "agents.review:one", "checkpoint": {"uri": "s3://bench/objsize"}},
+        "status": {"phase": api.Phase.SUCCEEDED.value, "cost": {"usd": "0.0123", "tokens": 1234},
+                   "result": {"ref": "journal/00000007", "size": 33, "sha256": "0" * 64,
+                              "inline": json.dumps({"verdict": "ok", "score": 0.87})}}})
 
 
 def parent_with_children(bed: TestBed, namespace: str, children: int) -> dict[str, Any]:
@@ -52,17 +64,19 @@ def parent_with_children(bed: TestBed, namespace: str, children: int) -> dict[st
                 "value": {"workflow": "agents.review:one", "input": {"item": i}, "policy": {}}}
                for i, child in enumerate(batch, start))],
             _content_type=JSON_PATCH)
-        # The operator: the children it created, then each finished child's outcome as the parent's event.
+        # The operator: the names of the children it created (their states are their own DurableRuns), each
+        # finished child's outcome as the parent's event (built by the operator's own function), then the
+        # names again without the reported ones.
         custom.patch_namespaced_custom_object_status(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-            {"status": {"children": {child: {"run": f"{name}-{child}", "uid": str(uuid.uuid4()),
-                                             "phase": api.Phase.SUCCEEDED.value} for child in batch}}})
+            [{"op": "add", "path": "/status/childrenCreated", "value": batch}], _content_type=JSON_PATCH)
         custom.patch_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-            {"spec": {"events": {resource.child_event(child): {
-                "phase": api.Phase.SUCCEEDED.value, "run": f"{name}-{child}", "uid": str(uuid.uuid4()),
-                "cost": {"usd": "0.0123", "tokens": 1234}, "result": {"verdict": "ok", "score": 0.87}}
-                for child in batch}}})
+            {"spec": {"events": {resource.child_event(child): family.child_outcome(_finished_child(name, child))
+                                 for child in batch}}})
+        custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+            [{"op": "remove", "path": "/status/childrenCreated"}], _content_type=JSON_PATCH)
     custom.patch_namespaced_custom_object_status(
         api.GROUP, api.VERSION, namespace, api.PLURAL, name,
         {"status": {"childrenTotal": {"runs": children, "finished": children, "summary": f"{children}/{children}",

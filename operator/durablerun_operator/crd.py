@@ -180,6 +180,7 @@ def _bounded(spec: dict[str, Any], status: dict[str, Any]) -> None:
     # ctx.start_child refuses the child past api.CHILDREN_MAX first, saying what to do; this is the backstop.
     for field in ("childRequests", "children"):
         status["properties"][field]["maxProperties"] = api.CHILDREN_MAX
+    status["properties"]["childrenCreated"]["maxItems"] = api.CHILDREN_MAX
 
 
 def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:

@@ -418,7 +418,7 @@ class Reconciler:
     async def _related(self, run: decide.RunView) -> dict[str, decide.RunView | None]:
         """The runs decide needs besides this one: its children (one LIST by label), its signals' targets."""
         names = decide.related_names(run)
-        if not names and not run.status.children:
+        if not names:  # no child requests (children are only ever made from one) and no signals
             return {}
         found: dict[str, decide.RunView | None] = {
             child["metadata"]["name"]: decide.RunView.from_body(child)

@@ -75,8 +75,9 @@ ANNOTATION_UPGRADE = f"{GROUP}/upgrade"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
 # The most child runs one run may start (ctx.start_child refuses the next one; the API server refuses a
-# status.childRequests or status.children past it). Each child's request, state and outcome event live in
-# the parent's DurableRun: 1,000 children make a ~650 KiB parent (bench/RESULTS.md), etcd refuses 1.5 MiB.
+# status.childRequests or status.childrenCreated past it). Each child's request, name and compact outcome
+# event live in the parent's DurableRun (its state is its own): 1,000 finished children make a ~255 KiB parent
+# (bench/RESULTS.md); etcd refuses 1.5 MiB.
 CHILDREN_MAX = 1000
 # On a child run: its parent's trace id (status.traceID), so the operator links the two traces.
 ANNOTATION_PARENT_TRACE = f"{GROUP}/parent-trace"

@@ -530,9 +530,16 @@ class DurableRunStatus(_Model):
     )
     childRequests: dict[str, ChildRequest] = Field(
         default_factory=dict,
-        description="Child runs the workflow asked for, by child name (written by the runner).")
-    children: dict[str, ChildState] = Field(
-        default_factory=dict, description="Child runs the operator created, by child name.")
+        description="Child runs the workflow asked for, by child name (written by the runner).",
+        # Only the runner writes it, a whole request at a time: one managedFields entry, not one per leaf.
+        json_schema_extra={"x-kubernetes-map-type": "atomic"})
+    childrenCreated: list[str] | None = Field(
+        default=None, description="The child runs the operator created whose outcome is not in spec.events yet, "
+        "by child name (sorted): one deleted before it finished is never created again. Each child's state is "
+        "its own DurableRun (label durablerun.dev/parent).")
+    children: dict[str, ChildState] | None = Field(
+        default=None, description="Written by operators before childrenCreated (a state per child); an operator "
+        "now moves its names to childrenCreated and removes it.")
     childrenTotal: ChildrenTotal | None = Field(
         default=None, description="The children's count and cost (kubectl get: Children, Child Cost).")
     signalRequests: dict[str, SignalRequest] = Field(
@@ -555,6 +562,13 @@ RUN_NAME_MAX = 63
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: Budgets a child may only narrow: its value may not be above its parent's.
 _NARROW_ONLY = ("costCeilingUSD", "maxTokens", "maxSteps", "maxDuration")
+
+
+#: A finished child's result rides in its outcome event up to this many bytes of JSON, a failure's message up
+#: to CHILD_MESSAGE_MAX characters: a parent holds one outcome per child (1,000: api.CHILDREN_MAX). A bigger
+#: result the parent's runner reads from the child's journal; the whole message is in the child's status.
+CHILD_RESULT_INLINE_MAX = 200
+CHILD_MESSAGE_MAX = 512
 
 
 def child_event(child: str) -> str:

@@ -38,6 +38,8 @@ def plan(run_body: dict[str, Any], related: dict[str, dict[str, Any] | None] | N
     for op in p.patch:
         if op["op"] == "add":
             status[op["path"].split("/")[2]] = op["value"]
+        elif op["op"] == "remove":
+            del status[op["path"].split("/")[2]]
     return p, status
 
 
@@ -56,11 +58,17 @@ def test_a_requested_child_is_created_once_owned_and_labelled_with_the_parent_te
     assert ("Normal", "ChildStarted", "child run run-w1 (m:child)") in p.events
     assert decide.quiet_until(decide.RunView.from_body(parent)) is None  # a request is acted on at once
 
-    # Once it exists it is recorded, and never created again; not even after it disappears.
+    # Once it exists its name is recorded (its state is its own DurableRun), and it is never created again;
+    # not even after it disappears.
     p, status = plan(parent, {"run-w1": child()}, [runner_pod()])
     assert not p.create_runs
-    assert status["children"] == {"w1": {"run": "run-w1", "uid": "uid-run-w1", "phase": "Running"}}
-    gone = body(running(childRequests={"w1": REQUEST}, children=status["children"]))
+    assert status["childrenCreated"] == ["w1"]
+    assert "children" not in status
+    seen = body(running(childRequests={"w1": REQUEST}, childrenCreated=["w1"],
+                        childrenTotal=status["childrenTotal"]))
+    p, _ = plan(seen, {"run-w1": child(phase="Pending")}, [runner_pod()])
+    assert p.empty  # a child's phase changes write nothing into its parent until the child finishes
+    gone = body(running(childRequests={"w1": REQUEST}, childrenCreated=status["childrenCreated"]))
     p, _ = plan(gone, {"run-w1": None}, [runner_pod()])
     assert not p.create_runs
     assert p.add_events[resource.child_event("w1")]["phase"] == "Failed"
@@ -100,13 +108,12 @@ def test_a_finished_childs_outcome_reaches_the_waiting_parent_once_and_wakes_it(
     done = child(phase="Succeeded", result={"ref": "r", "size": 2, "sha256": "x", "inline": '{"a": 1}'},
                  cost={"usd": "0.5", "tokens": 3})
     p, status = plan(body(waiting), {"run-w1": done})
-    assert p.add_events == {resource.child_event("w1"): {
-        "phase": "Succeeded", "run": "run-w1", "uid": "uid-run-w1", "result": {"a": 1},
-        "cost": {"usd": "0.5", "tokens": 3}}}
+    # Compact, since a parent holds one per child: the cost is in childrenTotal, the rest in the child's status.
+    assert p.add_events == {resource.child_event("w1"): {"phase": "Succeeded", "result": {"a": 1}}}
     assert status["childrenTotal"] == {"runs": 1, "finished": 1, "summary": "1/1", "usd": "0.5", "tokens": 3}
     # With the event in spec.events: the parent wakes, and nothing is sent again.
-    delivered = body({**waiting, "children": status["children"], "childrenTotal": status["childrenTotal"]},
-                     spec={"events": p.add_events})
+    delivered = body({**waiting, "childrenCreated": status["childrenCreated"],
+                      "childrenTotal": status["childrenTotal"]}, spec={"events": p.add_events})
     p, status = plan(delivered, {"run-w1": done})
     assert not p.add_events
     assert status["phase"] == "Pending"
@@ -119,6 +126,47 @@ def test_a_failed_child_reaches_the_parent_as_a_failure_with_its_message() -> No
     assert (outcome["phase"], outcome["abortReason"], outcome["message"]) == ("Aborted", "BudgetExhausted",
                                                                               "over budget")
     assert any(reason == "ChildFailed" for _, reason, _ in p.events)
+
+
+def test_a_big_result_or_a_long_message_stays_in_the_child_and_the_outcome_stays_small() -> None:
+    big = json.dumps({"text": "x" * resource.CHILD_RESULT_INLINE_MAX})
+    done = child(phase="Succeeded", result={"ref": "r", "size": len(big), "sha256": "x", "inline": big})
+    p, _ = plan(body(running(childRequests={"w1": REQUEST})), {"run-w1": done}, [runner_pod()])
+    # No result: the parent's runner reads it from the child's journal, by the uid.
+    assert p.add_events[resource.child_event("w1")] == {"phase": "Succeeded", "uid": "uid-run-w1"}
+    failed = child(phase="Failed", message="boom " * 200)
+    p, _ = plan(body(running(childRequests={"w1": REQUEST})), {"run-w1": failed}, [runner_pod()])
+    message = p.add_events[resource.child_event("w1")]["message"]
+    assert len(message) == resource.CHILD_MESSAGE_MAX
+    assert message.startswith("boom boom")
+
+
+def test_an_older_operators_status_children_is_understood_and_moved_to_the_names() -> None:
+    # As the operator before childrenCreated left it: a state per child. w1 finished, w2 was deleted while
+    # it ran, w3 runs.
+    legacy = {"w1": {"run": "run-w1", "uid": "uid-run-w1", "phase": "Succeeded"},
+              "w2": {"run": "run-w2", "uid": "uid-run-w2", "phase": "Running"},
+              "w3": {"run": "run-w3", "uid": "uid-run-w3", "phase": "Running"}}
+    requests = {c: REQUEST for c in legacy}
+    parent = body({"phase": "Waiting", "waitingFor": {"event": resource.child_event("w3")}, "childRequests": requests,
+                   "children": legacy}, spec={"events": {resource.child_event("w1"): {"phase": "Succeeded"}}})
+    p, status = plan(parent, {"run-w1": child("run-w1", phase="Succeeded"), "run-w2": None,
+                              "run-w3": child("run-w3")})
+    assert not p.create_runs  # w2 is not created again
+    assert p.add_events == {resource.child_event("w2"): {
+        "phase": "Failed", "uid": "", "message": "child run run-w2 was deleted before it finished"}}
+    # Kept until its outcome is in spec.events: w1's is; w2's is only being sent.
+    assert status["childrenCreated"] == ["w2", "w3"]
+    assert "children" not in status
+    assert {"op": "remove", "path": "/status/children"} in p.patch
+    events = {"events": {**parent["spec"]["events"], **p.add_events}}
+    p, status = plan(body(status, spec=events), {"run-w1": child("run-w1", phase="Succeeded"), "run-w2": None,
+                                                 "run-w3": child("run-w3")})
+    assert status["childrenCreated"] == ["w3"]
+    assert not p.create_runs
+    p, _ = plan(body(status, spec=events), {"run-w1": child("run-w1", phase="Succeeded"), "run-w2": None,
+                                            "run-w3": child("run-w3")})
+    assert p.empty
 
 
 def test_suspend_and_abort_pass_down_to_running_children_and_are_lifted_with_the_parent() -> None:

@@ -89,7 +89,7 @@ def test_a_parents_trace_and_its_childrens_traces_link_to_each_other(
     done = runs.wait_phase("fam", "Succeeded", "Failed", timeout=120)
     assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
     parent_trace = done["status"]["traceID"]
-    kids = {name: runs.get(f"fam-{name}") for name in done["status"]["children"]}
+    kids = {name: runs.get(f"fam-{name}") for name in done["status"]["childRequests"]}
     assert sorted(kids) == ["w0", "w1"]
     kid_traces = {kid["metadata"]["name"]: kid["status"]["traceID"] for kid in kids.values()}
 

@@ -264,8 +264,13 @@ def upgrade_request(value: str) -> tuple[str, str] | str:
     return image, str(by)
 
 
+def children_created(status: resource.DurableRunStatus) -> set[str]:
+    """The children the operator created: ``childrenCreated``, and an older operator's ``children``."""
+    return set(status.childrenCreated or ()) | set(status.children or {})
+
+
 def pending_requests(run: RunView) -> bool:
     """Whether the runner asked for a child or a signal the operator has not acted on yet."""
-    status, events = run.status, run.spec.events
-    return (any(c not in status.children and resource.child_event(c) not in events for c in status.childRequests)
+    status, events, created = run.status, run.spec.events, children_created(run.status)
+    return (any(c not in created and resource.child_event(c) not in events for c in status.childRequests)
             or any(s not in status.signals for s in status.signalRequests))

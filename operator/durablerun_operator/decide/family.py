@@ -6,6 +6,11 @@ requested children, tells the parent each one's outcome (an event in its
 ``spec.events``), passes a parent's suspension and ending on to its children,
 and delivers signals. ``related_names`` tells the reconciler which other runs
 to read for that, ``children`` which of them are this run's.
+
+A child's state is its own DurableRun: the parent keeps only the names of the
+children created (``status.childrenCreated``, so that one deleted before it
+finished is never created again), their count and cost (``childrenTotal``)
+and each finished child's compact outcome event.
 """
 
 from __future__ import annotations
@@ -66,19 +71,27 @@ def children_total(children: Mapping[str, facts.RunView]) -> resource.ChildrenTo
 
 
 def child_outcome(child: facts.RunView) -> dict[str, Any]:
-    """What a finished child's parent receives as event ``resource.child_event(<child>)``."""
+    """What a finished child's parent receives as event ``resource.child_event(<child>)``: compact, since a
+    parent holds one per child (its cost is in ``childrenTotal``, everything else in the child's status)."""
     status = child.status
     assert status.phase is not None
-    out: dict[str, Any] = {"phase": status.phase.value, "run": child.name, "uid": child.uid,
-                           "cost": status.cost.model_dump(mode="json")}
+    out: dict[str, Any] = {"phase": status.phase.value}
     if status.phase == api.Phase.SUCCEEDED:
-        if status.result is not None and status.result.inline is not None:
-            out["result"] = json.loads(status.result.inline)  # a bigger one: the parent reads the child's journal
+        inline = status.result.inline if status.result is not None else None
+        if inline is not None and len(inline.encode()) <= resource.CHILD_RESULT_INLINE_MAX:
+            out["result"] = json.loads(inline)
+        else:  # the parent's runner reads it from the child's journal, named by the uid
+            out["uid"] = child.uid
     else:
-        out["message"] = status.message or status.phase.value
+        out["message"] = _clip(status.message or status.phase.value)
         if status.abortReason is not None:
             out["abortReason"] = status.abortReason.value
     return out
+
+
+def _clip(message: str) -> str:
+    most = resource.CHILD_MESSAGE_MAX
+    return message if len(message) <= most else message[:most - 1] + "…"
 
 
 def act(t: transition.Transition) -> None:
@@ -86,15 +99,14 @@ def act(t: transition.Transition) -> None:
     run, status, new = t.run, t.run.status, t.new
     phase = new.phase or status.phase
     ended = bool(phase and phase.finished)
+    known = facts.children_created(status)
     for child, request in status.childRequests.items():
         event = resource.child_event(child)
         found = t.children.get(child)
         if found is None:
-            _missing_child(t, child, request, ended)
+            _missing_child(t, child, request, ended, child in known)
             continue
-        state = resource.ChildState(run=found.name, uid=found.uid, phase=found.status.phase)
-        if status.children.get(child) != state:
-            new.children = {**new.children, child: state}
+        known.add(child)
         active = not (found.status.phase and found.status.phase.finished)
         by_parent = api.ANNOTATION_ABORTED_BY_PARENT in found.annotations
         if not active and not by_parent and not ended and event not in run.spec.events:
@@ -105,12 +117,20 @@ def act(t: transition.Transition) -> None:
                                                                    else ""),
                     warning=outcome["phase"] != api.Phase.SUCCEEDED)
         _propagate(t, found, active, ended)
+    # Only until its outcome is in spec.events, which then keeps it from being created again: the set stays as
+    # small as the children in flight. (Not when the outcome is just sent: that patch may yet fail.)
+    known -= {child for child in known if resource.child_event(child) in run.spec.events}
+    if known != set(status.childrenCreated or ()):  # new children, reported ones, an older operator's `children`
+        new.childrenCreated = sorted(known) or None
+    if status.children:
+        new.children = None
     if t.children_total != status.childrenTotal:
         new.childrenTotal = t.children_total
     _signals(t)
 
 
-def _missing_child(t: transition.Transition, child: str, request: resource.ChildRequest, ended: bool) -> None:
+def _missing_child(t: transition.Transition, child: str, request: resource.ChildRequest, ended: bool,
+                   was_created: bool) -> None:
     run = t.run
     event = resource.child_event(child)
     if ended or event in run.spec.events:
@@ -119,19 +139,17 @@ def _missing_child(t: transition.Transition, child: str, request: resource.Child
         name = resource.child_run_name(run.name, child)
         manifest = builders.child_run(run.body, child, request)
     except ValueError as error:
-        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": f"{run.name}-{child}", "uid": "",
-                                    "message": f"refused: {error}"}
+        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "uid": "", "message": _clip(f"refused: {error}")}
         t.event("ChildRefused", f"child {child!r} not created: {error}", warning=True)
         return
-    known = run.status.children.get(child)
     other = t.related.get(name)
-    if known is not None:
+    if was_created:
         # Created once and gone (deleted by someone): never started again, its parent hears it failed.
-        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": name, "uid": known.uid,
+        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "uid": "",
                                     "message": f"child run {name} was deleted before it finished"}
         t.event("ChildFailed", f"child run {name} was deleted before it finished", warning=True)
     elif other is not None:
-        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "run": name, "uid": other.uid,
+        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "uid": other.uid,
                                     "message": f"a DurableRun {name} exists that is not a child of {run.name}"}
         t.event("ChildRefused", f"child {child!r} not created: DurableRun {name} exists and is not this "
                 "run's child", warning=True)

@@ -135,7 +135,7 @@ def too_many_children(what: str, started: int) -> errors.NonRetryableError:
     """The error for a child past api.CHILDREN_MAX (every broker refuses it before asking)."""
     return errors.NonRetryableError(
         f"{what}: this run has started {started:,} child runs, the most one run may start "
-        "(durablerun.api.CHILDREN_MAX: each child's request, state and outcome live in the parent's "
+        "(durablerun.api.CHILDREN_MAX: each child's request and outcome live in the parent's "
         f"DurableRun, which etcd caps at 1.5 MiB). Start the rest from the children (each may start "
         f"{api.CHILDREN_MAX:,} of its own), or split the work over more parent runs")
 
