@@ -14,6 +14,7 @@ times); this module imports it, never the reverse.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from typing import Any, Literal
@@ -574,6 +575,26 @@ CHILD_MESSAGE_MAX = 512
 def child_event(child: str) -> str:
     """The event in the parent's spec.events that carries child ``child``'s outcome."""
     return CHILD_EVENT_PREFIX + child
+
+
+def child_outcome(phase: Phase, *, result_json: str | None = None, uid: str = "", message: str | None = None,
+                  abort_reason: str | None = None) -> dict[str, Any]:
+    """What a finished child's parent receives as event ``child_event(<child>)``, from the operator or from
+    ``durablerun run``/``WorkflowTest``: compact, since a parent holds one per child (its cost is in
+    ``childrenTotal``, everything else in the child's status). A result over CHILD_RESULT_INLINE_MAX bytes of
+    JSON is named by the child's ``uid`` instead: the parent's runner reads it from the child's journal."""
+    out: dict[str, Any] = {"phase": phase.value}
+    if phase == Phase.SUCCEEDED:
+        if result_json is not None and len(result_json.encode()) <= CHILD_RESULT_INLINE_MAX:
+            out["result"] = json.loads(result_json)
+        else:
+            out["uid"] = uid
+        return out
+    text = message or phase.value
+    out["message"] = text if len(text) <= CHILD_MESSAGE_MAX else text[:CHILD_MESSAGE_MAX - 1] + "…"
+    if abort_reason is not None:
+        out["abortReason"] = abort_reason
+    return out
 
 
 def child_run_name(parent: str, child: str) -> str:

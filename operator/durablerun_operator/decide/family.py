@@ -71,27 +71,12 @@ def children_total(children: Mapping[str, facts.RunView]) -> resource.ChildrenTo
 
 
 def child_outcome(child: facts.RunView) -> dict[str, Any]:
-    """What a finished child's parent receives as event ``resource.child_event(<child>)``: compact, since a
-    parent holds one per child (its cost is in ``childrenTotal``, everything else in the child's status)."""
+    """A finished child's outcome event for its parent (resource.child_outcome)."""
     status = child.status
     assert status.phase is not None
-    out: dict[str, Any] = {"phase": status.phase.value}
-    if status.phase == api.Phase.SUCCEEDED:
-        inline = status.result.inline if status.result is not None else None
-        if inline is not None and len(inline.encode()) <= resource.CHILD_RESULT_INLINE_MAX:
-            out["result"] = json.loads(inline)
-        else:  # the parent's runner reads it from the child's journal, named by the uid
-            out["uid"] = child.uid
-    else:
-        out["message"] = _clip(status.message or status.phase.value)
-        if status.abortReason is not None:
-            out["abortReason"] = status.abortReason.value
-    return out
-
-
-def _clip(message: str) -> str:
-    most = resource.CHILD_MESSAGE_MAX
-    return message if len(message) <= most else message[:most - 1] + "…"
+    return resource.child_outcome(status.phase, result_json=status.result.inline if status.result else None,
+                                  uid=child.uid, message=status.message,
+                                  abort_reason=status.abortReason.value if status.abortReason else None)
 
 
 def act(t: transition.Transition) -> None:
@@ -139,7 +124,7 @@ def _missing_child(t: transition.Transition, child: str, request: resource.Child
         name = resource.child_run_name(run.name, child)
         manifest = builders.child_run(run.body, child, request)
     except ValueError as error:
-        t.plan.add_events[event] = {"phase": api.Phase.FAILED.value, "uid": "", "message": _clip(f"refused: {error}")}
+        t.plan.add_events[event] = resource.child_outcome(api.Phase.FAILED, message=f"refused: {error}")
         t.event("ChildRefused", f"child {child!r} not created: {error}", warning=True)
         return
     other = t.related.get(name)

@@ -229,17 +229,10 @@ class LocalFamily:
         return result
 
     def _finished(self, m: FamilyRun, phase: api.Phase, result: AttemptResult) -> None:
-        out: dict[str, Any] = {"phase": phase.value, "run": m.name, "uid": "",
-                               "cost": {"usd": str(result.totals.usd), "tokens": result.totals.tokens}}
-        if phase == api.Phase.SUCCEEDED:
-            inline = (result.result_info or {}).get("inline")
-            if inline is not None:  # a bigger result: the parent reads the child's journal
-                out["result"] = json.loads(inline)
-        else:
-            out["message"] = result.message or phase.value
-            if result.abort_reason is not None:
-                out["abortReason"] = result.abort_reason.value
-        m.outcome = out
+        # As the operator sends it: a result too big to ride along is read from the child's journal.
+        m.outcome = resource.child_outcome(
+            phase, result_json=(result.result_info or {}).get("inline"), message=result.message,
+            abort_reason=result.abort_reason.value if result.abort_reason is not None else None)
         self._tell_parent(m)
         for child in self.runs.values():
             if child.parent == m.name and child.outcome is None:
@@ -277,29 +270,26 @@ class LocalFamily:
         name = resource.child_run_name(parent.name, child)
         event = resource.child_event(child)
         if name in self.runs:
-            self.store.put_event(run=parent.ref, name=event, payload={
-                "phase": api.Phase.FAILED.value, "run": name, "uid": "",
-                "message": f"a DurableRun {name} exists that is not a child of {parent.name}"})
+            self.store.put_event(run=parent.ref, name=event, payload=resource.child_outcome(
+                api.Phase.FAILED, message=f"a DurableRun {name} exists that is not a child of {parent.name}"))
             return None
         try:
             spec = resource.ChildRequest.model_validate(request)
             policy = resource.child_policy(parent.policy, spec)
         except ValueError as error:
-            self.store.put_event(run=parent.ref, name=event, payload={
-                "phase": api.Phase.FAILED.value, "run": name, "uid": "", "message": f"refused: {error}"})
+            self.store.put_event(run=parent.ref, name=event, payload=resource.child_outcome(
+                api.Phase.FAILED, message=f"refused: {error}"))
             return None
         workflow = self.children.get(spec.workflow, spec.workflow)
         member = FamilyRun(name, RunRef.local(name), workflow, spec.input, policy, parent=parent.name)
         self.runs[name] = member
         if isinstance(workflow, ChildStub):
-            member.outcome = {"phase": api.Phase(workflow.phase).value, "run": name, "uid": "",
-                              "cost": {"usd": "0", "tokens": 0}}
+            # A stub has no journal to read a result from: its result rides along whatever its size.
+            member.outcome = resource.child_outcome(
+                api.Phase(workflow.phase), message=workflow.message,
+                abort_reason=api.AbortReason(workflow.abort_reason).value if workflow.abort_reason else None)
             if workflow.phase == api.Phase.SUCCEEDED:
-                member.outcome["result"] = json.loads(json.dumps(workflow.result))
-            else:
-                member.outcome["message"] = workflow.message or api.Phase(workflow.phase).value
-                if workflow.abort_reason is not None:
-                    member.outcome["abortReason"] = api.AbortReason(workflow.abort_reason).value
+                member.outcome = {"phase": api.Phase.SUCCEEDED.value, "result": json.loads(json.dumps(workflow.result))}
             self._tell_parent(member)
         return member
 
