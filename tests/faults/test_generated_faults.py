@@ -309,6 +309,7 @@ def checked(runs: RunEnv, pods: PodRecorder, gen: Generated, fault: str, store: 
             return [repr(gen.paused.error)]
         if gen.paused.pod:  # else it finished before its pause
             woken_fenced_and_silent(runs, pods, gen)
+            gen.listings = [gen.paused.listing_before]  # just before the wake-up
         return check(runs, gen, None, lambda seen: fencing_cut_off(runs, pods, gen, seen))
     if fault == S3_OUTAGE:
         return check(runs, gen, store, lambda seen: store_crashes(pods, seen)[0]) + outage_counted(runs, pods, gen)
