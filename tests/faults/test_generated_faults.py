@@ -185,6 +185,8 @@ def outage_counted(runs: RunEnv, pods: PodRecorder, gen: Generated) -> list[str]
         problems.append(f"{len(crashed)} attempts ended by the outage, but status.restarts {status['restarts']} "
                         f"and {events(runs, gen.name)['Restarting']} Restarting Events")
     pods.check_one_pod_per_epoch(gen.name, status["attempt"])
+    ended = f"{len(crashed)} attempt(s) ended as crashes" if crashed else "carried on"
+    print(f"{gen.name}: {ended} through the outage")
     return problems
 
 
@@ -261,13 +263,15 @@ class OperatorKiller:
 
 
 def stop_the_store(runs: RunEnv, store: Store, batch: list[Generated], rng: random.Random) -> set[str]:
-    """Once every run of the batch has called a step (or finished), a random moment later, stop the store
+    """Once every run of the batch has its first attempt under way (or finished), 0-1.5 s later, stop the store
     for OUTAGE seconds and start it again on the same port and data: the runs it stopped under."""
-    def working(gen: Generated) -> bool:
-        return bool(ledger_processes(runs, gen.name)[0]) or finished(runs, gen.name)
+    def started(gen: Generated) -> bool:
+        return (runs.get(gen.name).get("status") or {}).get("phase") not in (None, api.Phase.PENDING)
 
-    procs.wait_for(lambda: all(working(g) for g in batch), timeout=180, what="every run to call a step")
-    time.sleep(rng.uniform(0.5, 3.0))  # the random moment of the outage
+    procs.wait_for(lambda: all(started(g) for g in batch), timeout=180, what="every run to start an attempt")
+    # The random moment of the outage: the runner starting, reading its journal or running the program (a
+    # generated program is short: test_s3_outage's 0.5-3 s after the first step would often miss it).
+    time.sleep(rng.uniform(0, 1.5))
     s3 = store.server.client()
     for gen in batch:
         gen.listings.append(list_objects(s3, store.bucket, gen.root))
