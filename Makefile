@@ -61,8 +61,9 @@ bench:
 ## The fault suite's long version (docs/faults.md, "Running it": about 3 hours on a quiet 2-core machine):
 ## >=120 trials of every fault kind (runner SIGKILL, OOM kill, pod deletion, eviction, two operators at once,
 ## operator SIGKILL, pause past the lease; runs through S3 outages and API server restarts), each with the full
-## invariant checks, generated workflows against their oracle (120 per store under SIGKILL, 30 on the test
-## bed), and the real node's faults (tests/realnode/test_faults.py: 20 runs under the control plane's restart)
+## invariant checks, generated workflows against their oracle (120 per store under SIGKILL; 30 per fault on the
+## test bed under runner and operator SIGKILLs, pauses past the lease, S3 outages), and the real node's faults
+## (tests/realnode/test_faults.py: 20 runs under the control plane's restart), all in one "fault trials" table,
 ## and a chart upgrade under waiting runs (tests/realnode/test_chart_upgrade.py: three operator rollouts, too
 ## long for `make test`, which has the pinning it relies on in tests/realnode/test_pinning.py).
 ## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.

@@ -108,3 +108,10 @@ def start_prometheus(testbed_root: Path) -> Iterator[StartPrometheus]:
     yield start
     for server in started:
         server.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The "fault trials" table of the session's fault tests (tests/faults, tests/realnode/test_faults.py)."""
+    from tests.faults.fixtures import print_tally
+
+    print_tally(terminalreporter)

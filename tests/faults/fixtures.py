@@ -1,13 +1,16 @@
 """The fault suite's fixtures: a tally of trials and failures, a pod recorder, a MinIO of the test's own,
 a control plane of the test's own.
 
-Shared by tests/faults, tests/badinput and tests/security: their conftest.py imports them.
+Shared by tests/faults, tests/badinput, tests/security and tests/realnode: their conftest.py imports them.
+The tally is printed at the end of the session (``print_tally``, called by tests/conftest.py): every fault
+kind of the session's tests, the real node's too, in one table.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,32 @@ from tests.operator.helpers import RunEnv
 @pytest.fixture
 def tally() -> Tally:
     return TALLY
+
+
+@contextmanager
+def trials(tally: Tally, fault: str, count: int) -> Iterator[list[str]]:
+    """Count ``count`` trials of ``fault``: the block appends one line per failed trial to the list it is
+    given, and the test then fails listing them. A block that raises (a fault that could not be done or
+    undone, a check no trial passed) has every trial counted as failed."""
+    failed: list[str] = []
+    try:
+        yield failed
+    except BaseException:
+        tally.add(fault, count, count)
+        raise
+    tally.add(fault, count, len(failed))
+    assert not failed, "\n".join(failed)
+
+
+def print_tally(terminalreporter: pytest.TerminalReporter) -> None:
+    """The session's "fault trials" table (on one pytest worker: the workers' tallies stay theirs)."""
+    if not TALLY.rows:
+        return
+    terminalreporter.section("fault trials")
+    for fault, (count, failures) in sorted(TALLY.rows.items()):
+        terminalreporter.write_line(f"{fault:<64} trials {count:>5}   failures {failures:>3}")
+    total = [sum(row[i] for row in TALLY.rows.values()) for i in (0, 1)]
+    terminalreporter.write_line(f"{'in all':<64} trials {total[0]:>5}   failures {total[1]:>3}")
 
 
 @pytest.fixture

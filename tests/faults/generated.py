@@ -36,9 +36,11 @@ tests/faults/test_generated_faults.py print the seed of every program they run).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,15 +55,22 @@ def payload(event: str) -> dict[str, Any]:
     return {"event": event, "ok": True}
 
 
-def seeds(count: int, what: str) -> list[int]:
-    """``count`` program seeds: ``GEN_SEED`` replays one (every count then runs that one), else random,
+def seed_stream(what: str) -> Iterator[int]:
+    """Program seeds: ``GEN_SEED`` replays one (then only that one), else random ones from a master seed,
     printed first so any failure can be replayed."""
     if os.environ.get("GEN_SEED"):
-        return [int(os.environ["GEN_SEED"])]
+        yield int(os.environ["GEN_SEED"])
+        return
     master = random.SystemRandom().randrange(1 << 32)
     print(f"{what}: programs from master seed {master}; replay one with GEN_SEED=<its seed>")
     rng = random.Random(master)
-    return [rng.randrange(1 << 32) for _ in range(count)]
+    while True:
+        yield rng.randrange(1 << 32)
+
+
+def seeds(count: int, what: str) -> list[int]:
+    """``count`` program seeds of ``seed_stream`` (``GEN_SEED``: just that one)."""
+    return list(itertools.islice(seed_stream(what), count))
 
 
 @dataclass

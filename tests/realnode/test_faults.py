@@ -9,6 +9,8 @@ from the markers they leave in S3 and checked with the fault suite's ledger
 check: each step ran, at most once per pod, and again only after a pod the
 fault interrupted. ``FAULT_TRIALS`` sizes the runs under the restarts (CI: the
 default 8; ``make faults``: 120, so 20 runs under the control plane's restart).
+Each run under a fault is one trial of its kind in the fault suite's tally
+(``tests.faults.fixtures.trials``), printed with tests/faults' kinds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from durablerun import api
 from durablerun_testbed import podfaults, procs
 from durablerun_testbed.standby import StandbyNode
 from durablerun_testbed.testbed import TestBed
-from tests.faults.helpers import PodRecorder, check_executions
+from tests.faults.fixtures import trials
+from tests.faults.helpers import PodRecorder, Tally, check_executions
 from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
 from tests.realnode.helpers import RealRuns
 
@@ -126,22 +129,32 @@ def fenced_while(real_runs: RealRuns, pods: PodRecorder, name: str,
     check_fenced_and_silent(real_runs, pods, name, pod, since, listing, status)
 
 
+#: The tally's rows: the real node's fault kinds.
+FROZEN = "real node: runner frozen past its lease (cgroup freezer)"
+CUT_OFF = "real node: runner cut off the network past its lease"
+RESTARTED = "real node: {} restarted under running runs"
+CONTROL_PLANE = "real node: etcd and kube-apiserver restarted under running runs"
+NODE_LOST = "real node: node lost until its pods are deleted, then back"
+
+
 def test_frozen_runner_is_fenced_replaced_and_writes_nothing_once_thawed(real_bed: TestBed, real_runs: RealRuns,
-                                                                         pods: PodRecorder) -> None:
+                                                                         pods: PodRecorder, tally: Tally) -> None:
     def freeze(container: str) -> Callable[[], None]:
         state = podfaults.freeze(node(real_bed), container)
         return lambda: podfaults.thaw(state)
 
-    fenced_while(real_runs, pods, "frozen", freeze, frozen=True)
+    with trials(tally, FROZEN, 1):
+        fenced_while(real_runs, pods, "frozen", freeze, frozen=True)
 
 
 def test_runner_cut_off_the_network_is_fenced_and_writes_nothing_once_back(real_bed: TestBed, real_runs: RealRuns,
-                                                                           pods: PodRecorder) -> None:
+                                                                           pods: PodRecorder, tally: Tally) -> None:
     def cut(container: str) -> Callable[[], None]:
         veth = podfaults.cut_off(node(real_bed), container)
         return lambda: podfaults.reconnect(veth)
 
-    fenced_while(real_runs, pods, "cutoff", cut, frozen=False)
+    with trials(tally, CUT_OFF, 1):
+        fenced_while(real_runs, pods, "cutoff", cut, frozen=False)
 
 
 def start_runs(real_runs: RealRuns, prefix: str, count: int, steps: int, policy: dict[str, Any]) -> list[str]:
@@ -166,19 +179,24 @@ def still_running(real_runs: RealRuns, names: list[str]) -> None:
     assert not done, f"runs no longer running when the fault came: {done}"
 
 
-def check_runs(real_runs: RealRuns, names: list[str], steps: int, *, restarts: int = 0) -> list[dict[str, Any]]:
-    """Every run succeeded, every step ran, none twice in one pod or again after an uninterrupted pod."""
-    finals = []
+def check_runs(real_runs: RealRuns, names: list[str], steps: int, failed: list[str],
+               expect: Callable[[str, dict[str, Any]], None]) -> None:
+    """Every run succeeded with 0 restarts, every step ran, none twice in one pod or again after an
+    uninterrupted pod, and ``expect(name, final status)`` holds: a line in ``failed`` for each run that
+    broke one of them (a trial failed)."""
     for name in names:
-        final = real_runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=300)
-        seen = [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
-        assert final["phase"] == "Succeeded", (name, final, seen)
-        assert final["restarts"] == restarts, (name, final, seen)
-        ledger = real_runs.ledger(name, f"executions-{name}")
-        ended = {f"{name}-a{epoch}" for epoch in range(1, final["epoch"])}  # attempts the fault ended
-        check_executions(ledger, [f"s{i}" for i in range(steps)], ended)
-        finals.append(final)
-    return finals
+        try:
+            final = real_runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=300)
+            seen = [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
+            # Said in words: pytest cuts a long repr short, and the Events say why an attempt ended.
+            assert final["phase"] == "Succeeded", f"{final['phase']}: {final.get('message')}; events {seen}"
+            assert final["restarts"] == 0, f"{final['restarts']} restarts; events {seen}"
+            ledger = real_runs.ledger(name, f"executions-{name}")
+            ended = {f"{name}-a{epoch}" for epoch in range(1, final["epoch"])}  # attempts the fault ended
+            check_executions(ledger, [f"s{i}" for i in range(steps)], ended)
+            expect(name, final)
+        except AssertionError as error:  # procs.Timeout too
+            failed.append(f"{name}: {error}")
 
 
 #: Long enough (15 s of steps) that the last of several runs starts before the first one ends.
@@ -190,35 +208,44 @@ STEPS_UNDER_RESTART = 30
 RESTARTS = ["containerd", "kubelet"] if TRIALS >= 30 else ["containerd+kubelet"]
 
 
+def first_pod_only(real_runs: RealRuns) -> Callable[[str, dict[str, Any]], None]:
+    """The run finished in its first pod: no attempt ended, none counted (as a disruption or a LeaseExpired)."""
+    def expect(name: str, final: dict[str, Any]) -> None:
+        assert (final["attempt"], final["disruptions"]) == (1, 0), (name, final)
+        assert not [e for e in real_runs.events(name) if e["reason"] == "LeaseExpired"], name
+
+    return expect
+
+
 @pytest.mark.parametrize("parts", RESTARTS)
 def test_restarting_the_runtime_or_the_kubelet_under_five_runs_loses_and_repeats_nothing(
-        real_bed: TestBed, real_runs: RealRuns, parts: str) -> None:
+        real_bed: TestBed, real_runs: RealRuns, tally: Tally, parts: str) -> None:
     real = node(real_bed)
-    names = start_runs(real_runs, parts[:4], 5, STEPS_UNDER_RESTART, {"leaseDuration": "30s"})
-    for part in parts.split("+"):
-        still_running(real_runs, names)
-        if part == "containerd":
-            real.restart_containerd()
-        else:
-            real.stop_kubelet()
-            real.start_kubelet()
-        procs.wait_for(lambda: real.ready(real_bed.kubectl), timeout=120, what=f"the node to be Ready after {part}")
-    # The containers outlive their runtime's or kubelet's restart: each run finishes in its first pod.
-    finals = check_runs(real_runs, names, STEPS_UNDER_RESTART)
-    assert all(final["attempt"] == 1 and final["disruptions"] == 0 for final in finals), finals
+    with trials(tally, RESTARTED.format(parts.replace("+", " and ")), 5) as failed:
+        names = start_runs(real_runs, parts[:4], 5, STEPS_UNDER_RESTART, {"leaseDuration": "30s"})
+        for part in parts.split("+"):
+            still_running(real_runs, names)
+            if part == "containerd":
+                real.restart_containerd()
+            else:
+                real.stop_kubelet()
+                real.start_kubelet()
+            procs.wait_for(lambda: real.ready(real_bed.kubectl), timeout=120, what=f"the node to be Ready after {part}")
+        # The containers outlive their runtime's or kubelet's restart: each run finishes in its first pod.
+        check_runs(real_runs, names, STEPS_UNDER_RESTART, failed, first_pod_only(real_runs))
 
 
-def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: TestBed, real_runs: RealRuns) -> None:
+def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: TestBed, real_runs: RealRuns,
+                                                                     tally: Tally) -> None:
     assert real_bed.controlplane
     steps = STEPS_UNDER_RESTART + 2 * CONTROL_PLANE_RUNS
-    names = start_runs(real_runs, "cp", CONTROL_PLANE_RUNS, steps, {"leaseDuration": "30s"})
-    still_running(real_runs, names)
-    real_bed.controlplane.restart_etcd()
-    real_bed.controlplane.restart_apiserver()
-    # Unreachable for less than the lease (30 s): no false fencing, every run finishes in its first pod.
-    finals = check_runs(real_runs, names, steps)
-    assert all(final["attempt"] == 1 for final in finals), finals
-    assert not [e for name in names for e in real_runs.events(name) if e["reason"] == "LeaseExpired"]
+    with trials(tally, CONTROL_PLANE, CONTROL_PLANE_RUNS) as failed:
+        names = start_runs(real_runs, "cp", CONTROL_PLANE_RUNS, steps, {"leaseDuration": "30s"})
+        still_running(real_runs, names)
+        real_bed.controlplane.restart_etcd()
+        real_bed.controlplane.restart_apiserver()
+        # Unreachable for less than the lease (30 s): no false fencing, every run finishes in its first pod.
+        check_runs(real_runs, names, steps, failed, first_pod_only(real_runs))
 
 
 #: The node lifecycle controller, quicker than its defaults (50 s of silence, then the pods' 300 s toleration):
@@ -231,11 +258,28 @@ QUICK_EVICTION = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "
 
 
 def test_node_lost_until_its_pods_are_deleted_then_back_resumes_the_runs_as_disruptions(
-        real_bed: TestBed, real_runs: RealRuns) -> None:
+        real_bed: TestBed, real_runs: RealRuns, tally: Tally) -> None:
+    count = max(1, TRIALS // 60)  # 1 run in CI, 2 in `make faults`
+    with trials(tally, NODE_LOST, count) as failed:
+        names = lose_the_node(real_bed, real_runs, count)
+        # Back, the kubelet stops the deleted pods' containers; the next attempts run on the same node.
+        disruptions = {reason.value for reason in api.RestartReason if reason.disruption}
+
+        def one_disruption(name: str, final: dict[str, Any]) -> None:
+            assert (final["disruptions"], final["attempt"]) == (1, 2), (name, final)
+            messages = [e["message"] for e in real_runs.events(name) if e["reason"] == "Restarting"]
+            assert [m.split(":")[0] in disruptions for m in messages] == [True], messages
+
+        check_runs(real_runs, names, LOST_STEPS, failed, one_disruption)
+
+
+def lose_the_node(real_bed: TestBed, real_runs: RealRuns, count: int) -> list[str]:
+    """Start ``count`` runs, stop the kubelet until the node lifecycle controller has marked the node NotReady
+    and deleted the runs' pods, then start it again: the runs, none finished while their node was silent."""
     real, controlplane = node(real_bed), real_bed.controlplane
     assert controlplane
     names = []
-    for i in range(max(1, TRIALS // 60)):  # 1 run in CI, 2 in `make faults`
+    for i in range(count):
         name = f"lost{i}"
         body = real_runs.manifest(name, "realnode_flows:steps", {"steps": LOST_STEPS, "sleep": 0.5,
                                                                  "marks": f"executions-{name}"})
@@ -268,10 +312,4 @@ def test_node_lost_until_its_pods_are_deleted_then_back_resumes_the_runs_as_disr
             procs.wait_for(lambda: real.ready(real_bed.kubectl), timeout=120, what="the node to be Ready again")
         finally:
             controlplane.restart_controller_manager()
-    # Back, the kubelet stops the deleted pods' containers; the next attempts run on the same node.
-    finals = check_runs(real_runs, names, LOST_STEPS)
-    disruptions = {reason.value for reason in api.RestartReason if reason.disruption}
-    for name, final in zip(names, finals, strict=True):
-        assert (final["disruptions"], final["attempt"]) == (1, 2), (name, final)
-        messages = [e["message"] for e in real_runs.events(name) if e["reason"] == "Restarting"]
-        assert [m.split(":")[0] in disruptions for m in messages] == [True], messages
+    return names
