@@ -149,12 +149,15 @@ def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
     assert "which misses the target" in slow
     cpu = {"thread_overhead": 0.03, "thread_overhead_all": [0.03], "off_thread_cpu_ms": 0.25,
            "on_thread_cpu_ms": 0.2575, "cpu_overhead": 0.2, "cpu_overhead_all": [0.2], "off_cpu_ms": 0.27,
-           "on_cpu_ms": 0.324, "exporter_us": 46.0, "sink": {"steps": 20000, "traced_us": 16.5, "untraced_us": 1.5}}
+           "on_cpu_ms": 0.324, "child_us": 46.0, "child_us_all": [46.0, 50.2],
+           "sink": {"steps": 20000, "traced_us": 16.5, "untraced_us": 1.5}}
     text = report.render({**_results(), "tracing": {**tracing, **cpu}})
     assert "| tracing on | 0.521 ms | 2.100 ms | 0.258 ms | 0.324 ms |" in text
-    assert ("CPU of the step's thread +3.0% (per repeat: +3.0%); CPU of the process +20.0% (per repeat: +20.0%), of "
-            "which the span exporter's thread 46 µs per step.") in text
-    assert "of 20,000 steps through the engine's SinkSet, spans kept and not exported): 15.0 µs per step" in text
+    assert ("CPU of the step's thread +3.0% (per repeat: +3.0%); CPU of the runner's process +20.0% (per repeat: "
+            "+20.0%). The span export child") in text
+    assert "spent 46 µs of CPU per step (per repeat: 46, 50 µs), its start included." in text
+    assert ("of 20,000 steps through the engine's SinkSet, spans encoded and written to a pipe): 15.0 µs per step"
+            in text)
 
 
 def test_the_tracing_sinks_own_cost_is_timed_on_spans_it_made() -> None:

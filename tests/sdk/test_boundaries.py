@@ -93,7 +93,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("runtime", {"durablerun._private.workers", "durablerun._private.writer", "durablerun._private.results",
                  "durablerun._private.sagas", "durablerun._private.core", "durablerun._private.children",
                  "durablerun._private.context", "durablerun._private.loading", "durablerun._private.engine",
-                 "durablerun._private.tracing"}),
+                 "durablerun._private.tracing", "durablerun._private.spanexport"}),
     ("front", {"durablerun._private.display", "durablerun._private.arguments", "durablerun._private.inspection",
                "durablerun._private.cli", "durablerun._private.lease", "durablerun._private.pod",
                "durablerun._private.kubectl", "durablerun._private.timeline", "durablerun._private.kubeapi",

@@ -5,9 +5,10 @@ A progress sink (:class:`TracingSink`), on when ``OTEL_EXPORTER_OTLP_TRACES_ENDP
 the ``otel`` extra is installed; the other standard ``OTEL_*`` variables (service name, resource
 attributes, sampler, headers, batch queue) are honoured.
 
-Each span is built once, finished, and handed to OpenTelemetry's batch span processor, whose exporter (the
-SDK's OTLP/HTTP one) encodes and sends it from a thread of its own: the step's thread pays for a dict and an
-object per step, not for the SDK's tracer, context and sampler machinery (bench/RESULTS.md, section 5).
+Each span is built once, finished, as a tuple (``spanexport.Span``) and written to a pipe; a child process
+(``spanexport``) runs OpenTelemetry's batch processor and OTLP exporter on it. The step's thread pays for a
+dict, a JSON encoding and a write per step, not for the SDK's tracer, context and sampler machinery, nor its
+exporter's encoding (bench/RESULTS.md, section 5).
 
 The trace id is a hash of the run's identity (``api.trace_id_of``: the operator computes it too), and an
 attempt's span id a hash of the run and the attempt id, so every attempt of a run, in any pod or process,
@@ -15,28 +16,27 @@ adds to one trace, and the steps of an attempt killed before it could end its ow
 it: the next attempt finds that attempt's records last in the journal with no outcome recorded, and ends a
 span for it.
 
-Exporting never slows or fails the run: spans go through a bounded queue to a background thread; at the
-end of an attempt it waits :data:`FLUSH_SECONDS` at most, and says how many spans were not delivered.
-Spans carry names, positions, counts, sizes, times and cost, never a payload, a result, an error message
-or a credential (docs/metrics.md, "Traces").
+Exporting never slows or fails the run: a span the pipe cannot take at once is dropped and counted; at the
+end of an attempt the child gets ``spanexport.FLUSH_SECONDS`` to deliver what it holds, and the runner says
+how many spans were not delivered. Spans carry names, positions, counts, sizes, times and cost, never a
+payload, a result, an error message or a credential (docs/metrics.md, "Traces").
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import random
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durablerun import api
-from durablerun._private import replay
+from durablerun._private import replay, spanexport
 from durablerun._private.model import (
     AttemptResult,
     CompleteRecord,
@@ -51,20 +51,13 @@ from durablerun._private.model import (
 from durablerun._private.sinks import ProgressSink
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-    from opentelemetry.trace import SpanContext
+    from opentelemetry.sdk.trace.export import SpanExporter
 
     from durablerun._private.layout import RunRef
     from durablerun._private.stores import Store
 
 log = logging.getLogger("durablerun")
 
-#: The instrumentation scope of every span.
-SCOPE = "durablerun"
-#: At the end of an attempt, wait this long at most for queued spans to reach the collector.
-FLUSH_SECONDS = 2.0
 #: Set by the sink of the attempt running in this process: model calls (durablerun.llm) report to it.
 _ACTIVE: TracingSink | None = None
 
@@ -92,9 +85,7 @@ def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None
         return []
     if endpoint is None and exporter is None:
         return []
-    try:
-        processor, counter, resource = _pipeline(env, exporter)
-    except ImportError:
+    if importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None:
         log.warning("tracing is off for this attempt: an OTLP endpoint is set but OpenTelemetry is not installed; "
                     "install durable-run[otel] (the runner image has it)")
         return []
@@ -108,7 +99,14 @@ def sinks_for(store: Store, ref: RunRef, *, attributes: Mapping[str, Any] | None
         status = {}
     finally:
         rs.close()
-    return [TracingSink(processor, counter, ref.key, resource=resource, attributes=attributes or {},
+    trace_id = api.trace_id_of(ref.key)
+    try:
+        export: Export = (spanexport.start(trace_id, env) if exporter is None
+                          else spanexport.InProcess(trace_id, env, exporter))
+    except OSError as error:
+        log.warning("tracing is off for this attempt: the span exporter could not start: %s", error)
+        return []
+    return [TracingSink(export, ref.key, attributes=attributes or {},
                         last_finished=str(status.get("attempt") or ""))]
 
 
@@ -126,46 +124,16 @@ def _sampled(env: Mapping[str, str], trace_id: int) -> bool:
     return True
 
 
-def _pipeline(env: Mapping[str, str], exporter: SpanExporter | None) -> tuple[SpanProcessor, _Counting, Resource]:
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+class Export(Protocol):
+    """Where finished spans go: a pipe to the export child (spanexport.SpanPipe), or a processor in this
+    process (spanexport.InProcess, tests)."""
 
-    if exporter is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    sent: int
+    dropped: int
 
-        exporter = OTLPSpanExporter()
-        # Its retries are warnings per batch; the sink reports what was not delivered, once, instead.
-        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
-    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    resource = Resource.create({} if named else {"service.name": "durablerun"})
-    counting = _Counting(exporter)
-    # A bounded queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048) exported from a thread of its own.
-    return BatchSpanProcessor(cast("SpanExporter", counting)), counting, resource
+    def send(self, span: spanexport.Span) -> None: ...
 
-
-class _Counting:
-    """A SpanExporter around the real one, counting the spans it delivered (OpenTelemetry's
-    processors only call these three methods)."""
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self.delivered = 0
-        self.lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        result = self.inner.export(spans)
-        if result is SpanExportResult.SUCCESS:
-            with self.lock:
-                self.delivered += len(spans)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+    def close(self, seconds: float = ...) -> int: ...
 
 
 def _ns(seconds: float) -> int:
@@ -184,63 +152,35 @@ class _Open:
     span_id: int
     start: int  # ns since the epoch
     attributes: dict[str, Any]
-    events: list[Event] = field(default_factory=list)
+    events: list[list[Any]] = field(default_factory=list)  # [name, time_ns, attributes]
 
 
 class TracingSink(ProgressSink):
     """Turns one attempt's progress events into spans of the run's trace.
 
-    A span is built once, finished, when its end is known (a step's when its record is journaled) and handed
-    to the batch processor: no tracer, context or sampler call per span, which cost a trivial step most of
-    its time (bench/RESULTS.md). The sampler decided once, on the run's trace id (:func:`sinks_for`).
+    A span is built once, finished, when its end is known (a step's when its record is journaled), as a
+    tuple for the export child: no tracer, context or sampler call per span, which cost a trivial step most
+    of its time (bench/RESULTS.md). The sampler decided once, on the run's trace id (:func:`sinks_for`).
     """
 
-    def __init__(self, processor: SpanProcessor, counter: _Counting, run_key: str, *, resource: Resource,
-                 attributes: Mapping[str, Any], last_finished: str) -> None:
-        # Looked up once: a step's span is built from these on its thread, where every microsecond counts.
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
-
-        self._span_type = ReadableSpan
-        self._context = functools.partial(SpanContext, api.trace_id_of(run_key), is_remote=False,
-                                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        self._parents: dict[int, SpanContext] = {}
-        self._unset = Status(StatusCode.UNSET)
-        self._error = functools.partial(Status, StatusCode.ERROR)
-        self.processor = processor
-        self.counter = counter
-        self.resource = resource
-        self.scope = InstrumentationScope(SCOPE)
+    def __init__(self, export: Export, run_key: str, *, attributes: Mapping[str, Any],
+                 last_finished: str) -> None:
+        self.export = export
         self.run_key = run_key
-        self.trace_id = api.trace_id_of(run_key)
         self.attributes = {k: v for k, v in attributes.items() if v is not None}
         self.last_finished = last_finished
-        self.lock = threading.Lock()
         self.attempt: _Open | None = None
         self.steps: dict[str, _Open] = {}
         self.waits: dict[str, float] = {}
-        self.ended = 0
+        self.delivered: int | None = None  # once the attempt ended
         #: Steps started before this attempt's first journal write, after an attempt killed mid-way: run again.
         self.rerun_window = False
 
     # --- spans ------------------------------------------------------------------------
     def _export(self, name: str, span_id: int, *, start: int, end: int, attributes: Mapping[str, Any],
-                parent: int | None, events: Sequence[Event] = (), error: str | None = None) -> None:
-        """One finished span, to the batch processor's queue."""
-        self.processor.on_end(self._span_type(
-            name, context=self._context(span_id), parent=None if parent is None else self._parent(parent),
-            resource=self.resource, attributes=attributes, events=events, instrumentation_scope=self.scope,
-            status=self._unset if error is None else self._error(error), start_time=start, end_time=max(start, end)))
-        with self.lock:
-            self.ended += 1
-
-    def _parent(self, span_id: int) -> SpanContext:
-        # Nearly every span's parent is the attempt's: one context, made once.
-        context = self._parents.get(span_id)
-        if context is None:
-            context = self._parents[span_id] = self._context(span_id)
-        return context
+                parent: int | None, events: Sequence[Sequence[Any]] = (), error: str | None = None) -> None:
+        """One finished span, to the export child."""
+        self.export.send((name, span_id, parent or 0, start, max(start, end), attributes, events, error))
 
     def _end(self, span: _Open, parent: int | None, *, end: int | None = None, error: str | None = None) -> None:
         self._export(span.name, span.span_id, start=span.start, end=time.time_ns() if end is None else end,
@@ -248,10 +188,8 @@ class TracingSink(ProgressSink):
 
     def _event(self, name: str, attributes: Mapping[str, Any]) -> None:
         """An event on the attempt's span."""
-        from opentelemetry.sdk.trace import Event
-
         if self.attempt is not None:
-            self.attempt.events.append(Event(name, attributes, time.time_ns()))
+            self.attempt.events.append([name, time.time_ns(), attributes])
 
     @property
     def _attempt_id(self) -> int | None:
@@ -294,9 +232,7 @@ class TracingSink(ProgressSink):
     def step_started(self, *, position: str, name: str, attempt: int) -> None:
         span = self.steps.get(position)
         if span is not None:
-            from opentelemetry.sdk.trace import Event
-
-            span.events.append(Event("retry", {"durablerun.step.attempt": attempt}, time.time_ns()))
+            span.events.append(["retry", time.time_ns(), {"durablerun.step.attempt": attempt}])
             return
         attributes: dict[str, Any] = {"durablerun.step.name": name, "durablerun.step.position": position}
         if self.rerun_window:
@@ -400,23 +336,19 @@ class TracingSink(ProgressSink):
         self.attempt = None
         self.flush()
 
-    def flush(self, seconds: float = FLUSH_SECONDS) -> None:
-        """Wait ``seconds`` at most for queued spans to be delivered; say how many were not."""
-        flusher = threading.Thread(target=self.processor.force_flush, name="durablerun-trace-flush", daemon=True)
-        flusher.start()
-        flusher.join(seconds)
-        with self.lock:
-            ended = self.ended
-        missing = ended - self.counter.delivered
+    def flush(self) -> None:
+        """End the export: the child delivers what it holds (spanexport.FLUSH_SECONDS at most); say how many
+        spans were not delivered."""
+        self.delivered = self.export.close()
+        missing = self.undelivered
         if missing > 0:
             log.warning("tracing: %d of %d spans of run %s were not delivered to the OTLP collector (unreachable "
-                        "or slow); the run is not affected", missing, ended, self.run_key)
+                        "or slow); the run is not affected", missing, self.export.sent, self.run_key)
 
     @property
     def undelivered(self) -> int:
-        """Spans ended but not (yet) delivered to the collector."""
-        with self.lock:
-            return self.ended - int(self.counter.delivered)
+        """Spans ended but not delivered to the collector (all of them until the attempt has ended)."""
+        return self.export.sent - (self.delivered or 0)
 
 
 def _system_of(model: str) -> str | None:

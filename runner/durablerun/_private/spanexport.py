@@ -1,0 +1,321 @@
+"""Span export out of the runner's interpreter: a child process runs OpenTelemetry's OTLP exporter, fed
+finished spans through a pipe.
+
+Why a process: the SDK's exporter spends about 45 µs of CPU per span (protobuf encoding, the HTTP post).
+On a thread of the runner it holds the GIL the steps need, and a trivial step took a fifth longer
+(bench/RESULTS.md, section 5). The runner now pays one C ``json`` encoding and one ``write(2)`` per span;
+the child (``python -m durablerun._private.spanexport``, started by :func:`start`) rebuilds each span as a
+``ReadableSpan`` and hands it to the SDK's own ``BatchSpanProcessor`` and ``OTLPSpanExporter``, so the
+``OTEL_*`` settings (headers, TLS, timeouts, retries, resource attributes, batch queue) mean what they mean
+anywhere else. The child's CPU and memory count against the runner's container.
+
+The wire: one JSON array a line, :data:`Span`. The pipe is the only buffer on the runner's side. Its
+write end is non-blocking: a span that does not fit is dropped and counted, never waited for, so a slow
+or unreachable collector cannot hold up a step (the child drains the pipe into the SDK's bounded queue
+as fast as it comes; the pipe fills only when the child is starved or stopped). A buffer in the runner
+would need a thread to drain it, which is the cost this module removes.
+
+At the attempt's end the runner closes the pipe; the child exports what it holds for
+:data:`FLUSH_SECONDS` at most, prints how many spans were delivered and exits. It also exits if the
+runner dies: the pipe's end (EOF) or, should a process forked from the runner still hold the pipe, the
+parent-death signal.
+
+The child's environment is the ``OTEL_*`` variables and what Python and an HTTP client need (the path, a
+proxy, a CA bundle); never the runner's credentials for the store or anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import select
+import signal
+import site
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+#: One finished span: name, span id, parent span id (0: a root), start and end (ns since the epoch),
+#: attributes, events (``[name, time_ns, attributes]``), and the error status's description (None: unset).
+Span = tuple[str, int, int, int, int, Mapping[str, Any], Sequence[Sequence[Any]], str | None]
+#: The instrumentation scope of every span.
+SCOPE = "durablerun"
+#: After the pipe's end, the child exports what it holds for this long at most.
+FLUSH_SECONDS = 2.0
+#: The runner waits this long at most for the child to finish: its start (importing OpenTelemetry, under
+#: a second on a busy machine) plus its flush. Then it kills it.
+EXIT_SECONDS = FLUSH_SECONDS + 4.0
+#: The pipe's capacity asked for: Linux's limit for an unprivileged process by default (pipe-max-size);
+#: some 2,500 step spans while the child starts.
+PIPE_BYTES = 1 << 20
+#: What the child's environment keeps besides OTEL_*: Python's own, and what an HTTP client reads.
+CHILD_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+             "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+             "CURL_CA_BUNDLE")
+
+_PR_SET_PDEATHSIG = 1
+# The C encoder (no indent), no cycle check: a span is built by this package from plain values.
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+class SpanPipe:
+    """The runner's end: spans to the child's pipe, without ever blocking. Thread-safe (model calls end
+    spans from steps' threads)."""
+
+    def __init__(self, fd: int, process: subprocess.Popen[bytes] | None = None) -> None:
+        self.fd = fd
+        self.process = process
+        self.sent = 0  # spans handed to send, dropped or not
+        self.dropped = 0
+        self._rest = b""  # the unwritten end of a line longer than the pipe took (lines over PIPE_BUF)
+        self._lock = threading.Lock()
+
+    def send(self, span: Span) -> None:
+        data = (_encode(span) + "\n").encode()
+        with self._lock:
+            self.sent += 1
+            if self._rest:  # finish the line the pipe took part of, or the stream loses its framing
+                self._rest = self._rest[self._write(self._rest):]
+                if self._rest:
+                    self.dropped += 1
+                    return
+            written = self._write(data)
+            if written == 0:
+                self.dropped += 1
+            elif written < len(data):
+                self._rest = data[written:]
+
+    def _write(self, data: bytes) -> int:
+        try:
+            return os.write(self.fd, data)
+        except (BlockingIOError, BrokenPipeError):  # full, or the child is gone: drop, never wait
+            return 0
+
+    def close(self, seconds: float = EXIT_SECONDS) -> int:
+        """End the stream and wait ``seconds`` at most for the child to deliver what it holds; the spans
+        it delivered (0 if it did not say in time: it is killed)."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            while self._rest and (left := deadline - time.monotonic()) > 0:
+                select.select([], [self.fd], [], left)
+                self._rest = self._rest[self._write(self._rest):]
+            os.close(self.fd)
+        if self.process is None:
+            return 0
+        try:
+            out, _ = self.process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        try:
+            return int(json.loads((out or b"").splitlines()[-1])["delivered"])
+        except (ValueError, IndexError, KeyError, TypeError):
+            return 0
+
+
+def start(trace_id: int, env: Mapping[str, str]) -> SpanPipe:
+    """Start the export child for trace ``trace_id`` with the ``OTEL_*`` settings of ``env``.
+
+    Raises OSError if it cannot start."""
+    read, write = os.pipe()  # both close-on-exec: the child gets `read` as its stdin and nothing else
+    with contextlib.suppress(OSError):  # a lower pipe-max-size: the default 64 KiB still holds some 150 spans
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    try:
+        # In "/": `-m` puts the working directory first on the path, and a workflow's project may hold any name.
+        process = subprocess.Popen([sys.executable, "-m", __name__, f"{trace_id:032x}", str(os.getpid())],
+                                   stdin=read, stdout=subprocess.PIPE, env=child_env(env), cwd="/")
+    except BaseException:
+        os.close(write)
+        raise
+    finally:
+        os.close(read)
+    os.set_blocking(write, False)
+    return SpanPipe(write, process)
+
+
+def child_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: ``env``'s OTEL_* and :data:`CHILD_ENV`; and the directory this durablerun
+    was imported from, unless it is one the interpreter knows (site-packages: put on PYTHONPATH, it would
+    come before the standard library)."""
+    kept = {k: v for k, v in env.items() if k.startswith("OTEL_") or k in CHILD_ENV}
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in {*site.getsitepackages(), site.getusersitepackages()}:
+        kept["PYTHONPATH"] = os.pathsep.join(p for p in (root, kept.get("PYTHONPATH")) if p)
+    return kept
+
+
+class Counting:
+    """A SpanExporter around the real one, counting the spans it delivered (OpenTelemetry's processors only
+    call these three methods)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.delivered = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self.delivered += len(spans)  # one export at a time: the processor's export lock
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def pipeline(env: Mapping[str, str], exporter: SpanExporter | None = None) -> tuple[SpanProcessor, Counting]:
+    """OpenTelemetry's batch processor (its bounded queue, OTEL_BSP_*) in front of ``exporter``, by default
+    the OTLP/HTTP one configured by ``env``'s OTEL_* variables; and the count of spans it delivered."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    if exporter is None:
+        import logging
+
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+        # Its retries are warnings per batch; the runner reports what was not delivered, once, instead.
+        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
+    counting = Counting(exporter)
+    return BatchSpanProcessor(counting), counting  # type: ignore[arg-type]  # the three methods it calls
+
+
+def resource(env: Mapping[str, str]) -> Resource:
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the service is "durablerun" if they name none."""
+    from opentelemetry.sdk.resources import Resource
+
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    return Resource.create({} if named else {"service.name": "durablerun"})
+
+
+class Rebuild:
+    """Spans off the wire, as the SDK's ReadableSpans of trace ``trace_id``."""
+
+    def __init__(self, trace_id: int, resource: Resource) -> None:
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+        self.trace_id = trace_id
+        self.resource = resource
+        self.scope = InstrumentationScope(SCOPE)
+        self.flags = TraceFlags(TraceFlags.SAMPLED)
+        self.span_type, self.event_type, self.context_type = ReadableSpan, Event, SpanContext
+        self.unset, self.status, self.error_code = Status(StatusCode.UNSET), Status, StatusCode.ERROR
+
+    def __call__(self, span: Sequence[Any]) -> ReadableSpan:
+        name, span_id, parent, start, end, attributes, events, error = span
+        context = self.context_type(self.trace_id, span_id, is_remote=False, trace_flags=self.flags)
+        return self.span_type(
+            name, context=context,
+            parent=self.context_type(self.trace_id, parent, is_remote=False, trace_flags=self.flags) if parent
+            else None,
+            resource=self.resource, attributes=attributes, instrumentation_scope=self.scope,
+            events=[self.event_type(n, a, t) for n, t, a in events],
+            status=self.unset if error is None else self.status(self.error_code, error),
+            start_time=start, end_time=end)
+
+
+class InProcess:
+    """Spans exported by a processor in this process (an exporter handed in: tests); no pipe, no child."""
+
+    def __init__(self, trace_id: int, env: Mapping[str, str], exporter: SpanExporter) -> None:
+        self.processor, self.counting = pipeline(env, exporter)
+        self.rebuild = Rebuild(trace_id, resource(env))
+        self.sent = 0
+        self.dropped = 0
+
+    def send(self, span: Span) -> None:
+        self.sent += 1
+        self.processor.on_end(self.rebuild(span))
+
+    def close(self, seconds: float = FLUSH_SECONDS) -> int:
+        _bounded(self.processor.shutdown, seconds)
+        return self.counting.delivered
+
+
+def _bounded(call: Any, seconds: float) -> None:
+    """``call()`` for ``seconds`` at most (OpenTelemetry's flush ignores its timeout)."""
+    worker = threading.Thread(target=call, name="durablerun-trace-flush", daemon=True)
+    worker.start()
+    worker.join(seconds)
+
+
+# --- the child ---------------------------------------------------------------------------------------
+
+
+class _ParentGone(Exception):
+    pass
+
+
+def _die_with(parent: int) -> None:
+    """Raise _ParentGone when the runner dies, even if a process it forked still holds the pipe open."""
+    def on_term(signum: int, frame: Any) -> None:
+        # PR_SET_PDEATHSIG fires when the runner's *thread* that started us ends, too: the runner is gone
+        # only if we were handed to another parent. Otherwise it closes the pipe when its attempt ends.
+        if os.getppid() != parent:
+            raise _ParentGone
+
+    signal.signal(signal.SIGTERM, on_term)
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the pipe's end is the signal
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before we asked
+        raise _ParentGone
+
+
+def main(argv: Sequence[str]) -> int:
+    trace_id, parent = int(argv[0], 16), int(argv[1])
+    # Ctrl-C reaches the runner's whole process group; the runner then ends its attempt and closes the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    processor, counting = pipeline(os.environ)
+    rebuild = Rebuild(trace_id, resource(os.environ))
+    received, rest = 0, b""
+
+    def take() -> bool:
+        """Hand the spans of the next chunk on the pipe to the processor; False at its end."""
+        nonlocal received, rest
+        chunk = os.read(0, 1 << 16)
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            try:
+                span = rebuild(json.loads(line))
+            except (ValueError, TypeError):  # not a span: never expected, the stream goes on
+                continue
+            processor.on_end(span)
+            received += 1
+        return bool(chunk)
+
+    try:
+        _die_with(parent)
+        while take():
+            pass
+    except _ParentGone:  # what the runner wrote before it died is in the pipe: take it, without waiting
+        os.set_blocking(0, False)
+        with contextlib.suppress(BlockingIOError):
+            while take():
+                pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the flush below is bounded
+    _bounded(processor.shutdown, FLUSH_SECONDS)
+    with contextlib.suppress(BrokenPipeError):  # the runner is gone
+        print(json.dumps({"received": received, "delivered": counting.delivered}), flush=True)
+    os._exit(0)  # not waiting for an export still retrying: FLUSH_SECONDS was its time
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,154 @@
+"""The span export child (durablerun._private.spanexport): what it is given, and that it neither holds up
+the runner nor outlives it.
+
+Real processes, a real Jaeger on loopback. The traces themselves: tests/observability/test_tracing.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from durablerun import api
+from durablerun._private import spanexport
+from durablerun_testbed import procs
+from durablerun_testbed.jaeger import Jaeger
+
+WAIT = 30.0
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_export_child_gets_the_otel_settings_and_none_of_the_runners_secrets() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{procs.free_port()}",
+           "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=t1", "OTEL_SERVICE_NAME": "svc", "PATH": os.environ["PATH"],
+           "AWS_ACCESS_KEY_ID": "AKIA-canary", "AWS_SECRET_ACCESS_KEY": "secret-canary",
+           "OPENAI_API_KEY": "sk-canary", api.Env.WEBHOOK_URL: "https://hooks.example/canary"}
+    pipe = spanexport.start(api.trace_id_of("_local/env"), env)
+    try:
+        assert pipe.process is not None
+        given = environ(pipe.process.pid)
+    finally:
+        assert pipe.close() == 0
+    assert {k: given[k] for k in given if k.startswith("OTEL_")} == {
+        k: v for k, v in env.items() if k.startswith("OTEL_")}
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", api.Env.WEBHOOK_URL} & set(given)
+    assert not [v for v in given.values() if "canary" in v]
+
+
+def test_a_full_pipe_drops_and_counts_spans_and_never_holds_the_runner_up(jaeger: Jaeger) -> None:
+    key = f"_local/full-{uuid.uuid4().hex[:8]}"
+    pipe = spanexport.start(api.trace_id_of(key), {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint,
+                                       "OTEL_SERVICE_NAME": "durablerun-tests", "PATH": os.environ["PATH"]})
+    assert pipe.process is not None
+    # A child that reads nothing (stopped: starved of CPU, or stuck behind a slow collector) and spans longer
+    # than a pipe writes at once (PIPE_BUF, 4 KiB): the pipe's 1 MiB fills after some 200 of them, and the
+    # last line that fits is written in part.
+    pipe.process.send_signal(signal.SIGSTOP)
+    spans = 400
+    sent = threading.Event()
+
+    def send() -> None:
+        for i in range(spans):
+            pipe.send((f"step s{i}", i + 1, 0, time.time_ns(), time.time_ns(), {"pad": "x" * 5000}, [], None))
+        sent.set()
+
+    threading.Thread(target=send, daemon=True).start()
+    try:
+        assert sent.wait(WAIT), "a send waited for the stopped export child"
+    finally:
+        pipe.process.send_signal(signal.SIGCONT)
+    assert pipe.sent == spans
+    assert 0 < pipe.dropped < spans
+    delivered = pipe.close()
+    # Every span the pipe took reached the collector whole: the line written in part was finished, not cut.
+    assert delivered == spans - pipe.dropped
+    stored = procs.wait_for(lambda: (t := jaeger.trace(api.trace_id(key))) and len(t["spans"]) >= delivered and t,
+                            timeout=WAIT, interval=0.2, what="the delivered spans in Jaeger")
+    assert len(stored["spans"]) == delivered
+
+
+WORKFLOW = textwrap.dedent('''
+    import os, time
+
+    def hold_the_pipe():
+        # A process forked from the runner keeps every descriptor it had, the span pipe's write end too:
+        # the export child sees no end of the stream when the runner dies.
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(120)
+            os._exit(0)
+        with open(os.environ["FORKED"], "w") as f:
+            f.write(str(pid))
+        time.sleep(600)
+
+    async def run(ctx, input):
+        await ctx.step("a", lambda: 1)
+        await ctx.step("b", lambda: 2)
+        await ctx.step("hold", hold_the_pipe)
+''')
+
+
+def test_a_killed_runner_leaves_no_export_child_and_its_spans_are_delivered(jaeger: Jaeger, tmp_path: Path) -> None:
+    (tmp_path / "wf_fork.py").write_text(WORKFLOW)
+    forked = tmp_path / "forked"
+    run_id = "killed-" + uuid.uuid4().hex[:8]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    # The default batch delay (5 s): steps a and b are still in the child when the runner is killed.
+    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_SERVICE_NAME": "durablerun-tests",
+                "FORKED": str(forked), "PYTHONPATH": str(tmp_path)})
+    log = (tmp_path / "runner.log").open("wb")
+    runner = subprocess.Popen([sys.executable, "-m", "durablerun", "run", "wf_fork:run", "--run-id", run_id,
+                               "--store", f"file://{tmp_path / 'store'}", "--quiet"], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=log)  # not a pipe: the forked process holds it
+    holder = 0
+    try:
+        holder = int(procs.wait_for(lambda: forked.exists() and forked.read_text(), timeout=WAIT,
+                                    what="the step to fork"))
+
+        def export_child() -> int | None:
+            for entry in Path("/proc").iterdir():
+                try:
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if spanexport.__name__.encode() in argv and str(runner.pid).encode() in argv:
+                    return int(entry.name)
+            return None
+
+        child = procs.wait_for(export_child, timeout=WAIT, what="the runner's span export child")
+        # Killed once the child reads the pipe, past its start (one killed before is found by its parent id).
+        procs.wait_for(lambda: "pipe" in Path(f"/proc/{child}/wchan").read_text(), timeout=WAIT,
+                       what="the export child to read the pipe")
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=WAIT)
+        procs.wait_for(lambda: gone(child), timeout=spanexport.EXIT_SECONDS + WAIT,
+                       what="the export child to exit after the runner was killed")
+    finally:
+        runner.kill()
+        runner.wait()
+        log.close()
+        if holder:
+            os.kill(holder, signal.SIGKILL)
+    trace = procs.wait_for(lambda: (t := jaeger.trace(api.trace_id(f"_local/{run_id}")))
+                           and len(t["spans"]) >= 2 and t, timeout=WAIT, interval=0.2,
+                           what="steps a and b in Jaeger")
+    assert sorted(s["operationName"] for s in trace["spans"]) == ["step a", "step b"]
