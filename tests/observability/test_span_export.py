@@ -152,3 +152,18 @@ def test_a_killed_runner_leaves_no_export_child_and_its_spans_are_delivered(jaeg
                            and len(t["spans"]) >= 2 and t, timeout=WAIT, interval=0.2,
                            what="steps a and b in Jaeger")
     assert sorted(s["operationName"] for s in trace["spans"]) == ["step a", "step b"]
+
+
+def test_a_span_sent_after_the_pipe_closed_is_dropped_not_written_to_whatever_reuses_its_number(
+        tmp_path: Path) -> None:
+    read, write = os.pipe()
+    pipe = spanexport.SpanPipe(write)
+    pipe.close()
+    try:
+        with (tmp_path / "other").open("wb") as other:
+            assert other.fileno() == write  # the lowest free number
+            pipe.send(("chat gpt-4o", 1, 0, 0, 0, {}, [], None))
+    finally:
+        os.close(read)
+    assert (tmp_path / "other").read_bytes() == b""
+    assert (pipe.sent, pipe.dropped) == (1, 1)

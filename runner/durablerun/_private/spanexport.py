@@ -86,6 +86,9 @@ class SpanPipe:
         data = (_encode(span) + "\n").encode()
         with self._lock:
             self.sent += 1
+            if self.fd < 0:  # closed: a model call from a step's thread that outlived its attempt
+                self.dropped += 1
+                return
             if self._rest:  # finish the line the pipe took part of, or the stream loses its framing
                 self._rest = self._rest[self._write(self._rest):]
                 if self._rest:
@@ -112,6 +115,7 @@ class SpanPipe:
                 select.select([], [self.fd], [], left)
                 self._rest = self._rest[self._write(self._rest):]
             os.close(self.fd)
+            self.fd = -1  # the number may be reused by the next file opened
         if self.process is None:
             return 0
         try:
