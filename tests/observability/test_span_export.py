@@ -130,7 +130,7 @@ def test_a_killed_runner_leaves_no_export_child_and_its_spans_are_delivered(jaeg
                     argv = (entry / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if spanexport.__name__.encode() in argv and str(runner.pid).encode() in argv:
+                if spanexport.__file__.encode() in argv and str(runner.pid).encode() in argv:
                     return int(entry.name)
             return None
 

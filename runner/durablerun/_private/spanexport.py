@@ -4,7 +4,7 @@ finished spans through a pipe.
 Why a process: the SDK's exporter spends about 45 µs of CPU per span (protobuf encoding, the HTTP post).
 On a thread of the runner it holds the GIL the steps need, and a trivial step took a fifth longer
 (bench/RESULTS.md, section 5). The runner now pays one C ``json`` encoding and one ``write(2)`` per span;
-the child (``python -m durablerun._private.spanexport``, started by :func:`start`) rebuilds each span as a
+the child (this file run as a script, started by :func:`start`) rebuilds each span as a
 ``ReadableSpan`` and hands it to the SDK's own ``BatchSpanProcessor`` and ``OTLPSpanExporter``, so the
 ``OTEL_*`` settings (headers, TLS, timeouts, retries, resource attributes, batch queue) mean what they mean
 anywhere else. The child's CPU and memory count against the runner's container.
@@ -33,13 +33,11 @@ import json
 import os
 import select
 import signal
-import site
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -57,6 +55,8 @@ FLUSH_SECONDS = 2.0
 #: The runner waits this long at most for the child to finish: its start (importing OpenTelemetry, under
 #: a second on a busy machine) plus its flush. Then it kills it.
 EXIT_SECONDS = FLUSH_SECONDS + 4.0
+#: The child reads the pipe this often at most: 50 ms of spans at thousands a second fit it many times over.
+READ_EVERY = 0.05
 #: The pipe's capacity asked for: Linux's limit for an unprivileged process by default (pipe-max-size);
 #: some 2,500 step spans while the child starts.
 PIPE_BYTES = 1 << 20
@@ -137,8 +137,10 @@ def start(trace_id: int, env: Mapping[str, str]) -> SpanPipe:
     with contextlib.suppress(OSError):  # a lower pipe-max-size: the default 64 KiB still holds some 150 spans
         fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     try:
-        # In "/": `-m` puts the working directory first on the path, and a workflow's project may hold any name.
-        process = subprocess.Popen([sys.executable, "-m", __name__, f"{trace_id:032x}", str(os.getpid())],
+        # This file as a script, not `-m` this module: importing the durablerun package would double the
+        # child's start (0.25 s of CPU). -P: the file's directory is not put on the path (its modules' names
+        # would hide others'). In "/": nothing of the workflow's project directory is seen.
+        process = subprocess.Popen([sys.executable, "-P", __file__, f"{trace_id:032x}", str(os.getpid())],
                                    stdin=read, stdout=subprocess.PIPE, env=child_env(env), cwd="/")
     except BaseException:
         os.close(write)
@@ -150,14 +152,8 @@ def start(trace_id: int, env: Mapping[str, str]) -> SpanPipe:
 
 
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The child's environment: ``env``'s OTEL_* and :data:`CHILD_ENV`; and the directory this durablerun
-    was imported from, unless it is one the interpreter knows (site-packages: put on PYTHONPATH, it would
-    come before the standard library)."""
-    kept = {k: v for k, v in env.items() if k.startswith("OTEL_") or k in CHILD_ENV}
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in {*site.getsitepackages(), site.getusersitepackages()}:
-        kept["PYTHONPATH"] = os.pathsep.join(p for p in (root, kept.get("PYTHONPATH")) if p)
-    return kept
+    """The child's environment: ``env``'s OTEL_* and :data:`CHILD_ENV`."""
+    return {k: v for k, v in env.items() if k.startswith("OTEL_") or k in CHILD_ENV}
 
 
 class Counting:
@@ -308,7 +304,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         _die_with(parent)
         while take():
-            pass
+            # A write wakes a reader only when one waits on the pipe: reading a few times a second, not per
+            # span, spares the runner a wake-up of this process, and a switch of its CPU, per step.
+            time.sleep(READ_EVERY)
     except _ParentGone:  # what the runner wrote before it died is in the pipe: take it, without waiting
         os.set_blocking(0, False)
         with contextlib.suppress(BlockingIOError):
