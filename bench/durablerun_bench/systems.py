@@ -243,6 +243,9 @@ def durablerun(p: dict[str, Any]) -> Series:
         sinks = tracing.sinks_for(store, ref)  # starts the span export child
         if not sinks:
             raise RuntimeError("tracing did not start: is the otel extra installed?")
+        if p.get("warm"):
+            sink: Any = sinks[0]
+            _wait_for_export_child(sink.export.process.pid)
     STAMPS.clear()
     started, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
     # The event loop, and so every async step, runs on this thread; process_time adds the other threads' CPU.
@@ -268,6 +271,15 @@ def durablerun(p: dict[str, Any]) -> Series:
     shutil.rmtree(workdir, ignore_errors=True)
     latencies, wall = intervals(STAMPS)
     return Series("durablerun", latencies, wall, extra)
+
+
+def _wait_for_export_child(pid: int) -> None:
+    """Until the span export child has started and waits on its pipe (Linux: its wait channel)."""
+    deadline = time.monotonic() + 60
+    while "pipe" not in Path(f"/proc/{pid}/wchan").read_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the span export child did not start within 60 s")
+        time.sleep(0.01)
 
 
 # --- DBOS ---------------------------------------------------------------------------------

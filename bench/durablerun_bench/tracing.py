@@ -3,8 +3,10 @@
 Each repeat runs the workload untraced, then traced to a real Jaeger on loopback (OTLP over HTTP, the
 batch span processor's defaults, in the runner's span export child), each in a fresh interpreter, back to
 back: the machine is shared, so each traced run is compared with the untraced run right before it and the
-median over repeats is reported. The target is judged on the runner's wall time per step; the export
-child's CPU is reported beside it.
+median over repeats is reported. The target is judged on the runner's wall time per step, with the export
+child started (the runner waits for it only here, to tell a step's cost from the attempt's: in a pod the
+child starts while the runner loads the journal and imports the workflow); the child's CPU per step, and
+its start, once per attempt, are reported beside it.
 ``python -m durablerun_bench.tracing`` runs this section alone and prints its report section.
 """
 
@@ -30,7 +32,7 @@ from durablerun_testbed.jaeger import Jaeger
 #: The issue's target: tracing on adds at most this share to a step (filesystem store).
 TARGET = 0.10
 #: Pairs of runs: wall time per step on a shared machine moves by tens of percent between runs.
-REPEATS = 9
+REPEATS = 25
 
 
 def bench(*, tmp: str, endpoint: str, steps: int, repeats: int, log: Any = print) -> dict[str, Any]:
@@ -39,7 +41,8 @@ def bench(*, tmp: str, endpoint: str, steps: int, repeats: int, log: Any = print
         pair = {}
         # Off then on, then on then off: a machine getting busier or quieter favours neither.
         for traced in (False, True) if repeat % 2 == 0 else (True, False):
-            params = {"store": "fs", "dir": tmp, "steps": steps, "trace_endpoint": endpoint if traced else None}
+            params = {"store": "fs", "dir": tmp, "steps": steps, "trace_endpoint": endpoint if traced else None,
+                      "warm": True}
             pair["on" if traced else "off"] = run_json(["durablerun_bench.systems", "durablerun", json.dumps(params)])
         runs.append(pair)
         log(f"  [{repeat + 1}/{repeats}] off {pair['off']['mean_ms']:.3f} ms/step, on {pair['on']['mean_ms']:.3f} "
@@ -65,7 +68,23 @@ def bench(*, tmp: str, endpoint: str, steps: int, repeats: int, log: Any = print
             "child_us": statistics.median(r["on"]["child_cpu_ms_per_step"] for r in runs) * 1000,
             "child_us_all": [r["on"]["child_cpu_ms_per_step"] * 1000 for r in runs],
             "undelivered": max(int(r["on"].get("spans_undelivered", 0)) for r in runs), "target": TARGET,
-            "sink": {"steps": 20 * steps, **sink_cost(steps=20 * steps)}}
+            "sink": {"steps": 20 * steps, **sink_cost(steps=20 * steps)},
+            "child_start_ms": child_start(endpoint)}
+
+
+def child_start(endpoint: str, repeats: int = 5) -> float:
+    """The span export child's CPU for an attempt that ends no span: its start and exit; ms, median."""
+    import resource
+
+    from durablerun._private import spanexport
+
+    def once() -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spanexport.start(1, {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "PATH": os.environ["PATH"]}).close()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
+
+    return statistics.median(once() for _ in range(repeats))
 
 
 def sink_cost(*, steps: int = 20000, repeats: int = 5) -> dict[str, float]:
@@ -143,7 +162,9 @@ def section(t: dict[str, Any], load: str | None = None) -> list[str]:
            f"{per_repeat('cpu_overhead_all')}). " if "cpu_overhead" in t else "")
         + (f"The span export child, a process of its own (on the other core when one is free; its CPU counts "
            f"against the runner's container), spent {t['child_us']:.0f} µs of CPU per step (per repeat: "
-           + ", ".join(f"{c:.0f}" for c in t["child_us_all"]) + " µs), its start included. "
+           + ", ".join(f"{c:.0f}" for c in t["child_us_all"]) + " µs), its start included"
+           + (f"; its start alone (an attempt that ends no span) {t['child_start_ms']:.0f} ms of CPU, once per "
+              "attempt, before the steps timed here" if "child_start_ms" in t else "") + ". "
            if "child_us" in t else "")
         + f"Spans not delivered at the end of a run: {t['undelivered']}.",
         "",

@@ -149,13 +149,14 @@ def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
     assert "which misses the target" in slow
     cpu = {"thread_overhead": 0.03, "thread_overhead_all": [0.03], "off_thread_cpu_ms": 0.25,
            "on_thread_cpu_ms": 0.2575, "cpu_overhead": 0.2, "cpu_overhead_all": [0.2], "off_cpu_ms": 0.27,
-           "on_cpu_ms": 0.324, "child_us": 46.0, "child_us_all": [46.0, 50.2],
+           "on_cpu_ms": 0.324, "child_us": 46.0, "child_us_all": [46.0, 50.2], "child_start_ms": 181.0,
            "sink": {"steps": 20000, "traced_us": 16.5, "untraced_us": 1.5}}
     text = report.render({**_results(), "tracing": {**tracing, **cpu}})
     assert "| tracing on | 0.521 ms | 2.100 ms | 0.258 ms | 0.324 ms |" in text
     assert ("CPU of the step's thread +3.0% (per repeat: +3.0%); CPU of the runner's process +20.0% (per repeat: "
             "+20.0%). The span export child") in text
-    assert "spent 46 µs of CPU per step (per repeat: 46, 50 µs), its start included." in text
+    assert ("spent 46 µs of CPU per step (per repeat: 46, 50 µs), its start included; its start alone (an attempt "
+            "that ends no span) 181 ms of CPU, once per attempt, before the steps timed here.") in text
     assert ("of 20,000 steps through the engine's SinkSet, spans encoded and written to a pipe): 15.0 µs per step"
             in text)
 
