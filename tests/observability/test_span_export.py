@@ -167,3 +167,20 @@ def test_a_span_sent_after_the_pipe_closed_is_dropped_not_written_to_whatever_re
         os.close(read)
     assert (tmp_path / "other").read_bytes() == b""
     assert (pipe.sent, pipe.dropped) == (1, 1)
+
+
+def test_an_export_child_that_died_costs_spans_not_time() -> None:
+    read, write = os.pipe()
+    reader = subprocess.Popen(["sleep", "0.2"], stdin=read)  # reads nothing, then is gone
+    os.close(read)
+    os.set_blocking(write, False)
+    pipe = spanexport.SpanPipe(write, reader)
+    big = {"pad": "y" * 6000}  # over PIPE_BUF: the pipe takes the line that fills it in part
+    while not pipe.dropped:
+        pipe.send(("step s", 1, 0, 0, 0, big, [], None))
+    reader.wait(timeout=WAIT)
+    pipe.send(("step s", 1, 0, 0, 0, big, [], None))
+    assert pipe.dropped == 2
+    started = time.monotonic()
+    assert pipe.close(seconds=WAIT) == 0
+    assert time.monotonic() - started < 5, "close waited on a pipe nobody reads"

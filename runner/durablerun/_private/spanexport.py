@@ -90,7 +90,8 @@ class SpanPipe:
                 self.dropped += 1
                 return
             if self._rest:  # finish the line the pipe took part of, or the stream loses its framing
-                self._rest = self._rest[self._write(self._rest):]
+                written = self._write(self._rest)
+                self._rest = self._rest[written:]
                 if self._rest:
                     self.dropped += 1
                     return
@@ -103,7 +104,10 @@ class SpanPipe:
     def _write(self, data: bytes) -> int:
         try:
             return os.write(self.fd, data)
-        except (BlockingIOError, BrokenPipeError):  # full, or the child is gone: drop, never wait
+        except BlockingIOError:  # full: drop, never wait
+            return 0
+        except BrokenPipeError:  # the child is gone
+            self._rest = b""
             return 0
 
     def close(self, seconds: float = EXIT_SECONDS) -> int:
@@ -111,9 +115,12 @@ class SpanPipe:
         it delivered (0 if it did not say in time: it is killed)."""
         deadline = time.monotonic() + seconds
         with self._lock:
+            if self.fd < 0:
+                return 0
             while self._rest and (left := deadline - time.monotonic()) > 0:
                 select.select([], [self.fd], [], left)
-                self._rest = self._rest[self._write(self._rest):]
+                written = self._write(self._rest)
+                self._rest = self._rest[written:]
             os.close(self.fd)
             self.fd = -1  # the number may be reused by the next file opened
         if self.process is None:
