@@ -1,4 +1,4 @@
-"""The contract's names are written once, in ``durablerun.api`` (or ``durablerun.resource``), and imported elsewhere.
+"""The contract's names are written once, in ``durablerun.api`` (or ``resource``, ``relations``), imported elsewhere.
 
 A copy of ``"durablerun.dev/run"`` or ``"DURABLERUN_EPOCH"`` in another module is a second
 definition that a rename would miss. This test reads the Python source of runner/, operator/,
@@ -35,8 +35,9 @@ from durablerun import api
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("runner", "operator", "hack", "bench", "tests")
-#: The contract: the names and encodings (api.py) and the resource's models (resource.py).
-CONTRACT_MODULES = ("runner/durablerun/api.py", "runner/durablerun/resource.py")
+#: The contract: the names and encodings (api.py), the resource's models (resource.py) and the child-run and
+#: signal requests its status carries (relations.py).
+CONTRACT_MODULES = ("runner/durablerun/api.py", "runner/durablerun/resource.py", "runner/durablerun/relations.py")
 THIS = "tests/test_contract_literals.py"
 
 _DR_FLOWS, _DBOS_FLOWS = "bench/durablerun_bench/dr_flows.py", "bench/durablerun_bench/dbos_flows.py"

@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Any
 
-from durablerun import api, resource
+from durablerun import api, relations
 from durablerun_bench import writecost
 from durablerun_operator import decide
 from durablerun_operator.decide import family
@@ -72,7 +72,7 @@ def parent_with_children(bed: TestBed, namespace: str, children: int) -> dict[st
             [{"op": "add", "path": "/status/childrenCreated", "value": batch}], _content_type=JSON_PATCH)
         custom.patch_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-            {"spec": {"events": {resource.child_event(child): family.child_outcome(_finished_child(name, child))
+            {"spec": {"events": {relations.child_event(child): family.child_outcome(_finished_child(name, child))
                                  for child in batch}}})
         custom.patch_namespaced_custom_object_status(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from durablerun import api, resource
+from durablerun import api, relations, resource
 from durablerun_operator.config import Settings
 
 DEFAULT_COMMAND = ["durablerun", "pod"]
@@ -231,7 +231,7 @@ def memory_limit(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def child_run(parent: dict[str, Any], child: str, request: resource.ChildRequest) -> dict[str, Any]:
+def child_run(parent: dict[str, Any], child: str, request: relations.ChildRequest) -> dict[str, Any]:
     """The DurableRun ``<parent>-<child>`` a parent's runner asked for; ValueError naming what is wrong.
 
     Owned by the parent (controller, so deleting the parent deletes it: garbage collection) and
@@ -253,7 +253,7 @@ def child_run(parent: dict[str, Any], child: str, request: resource.ChildRequest
     return {
         "apiVersion": api.API_VERSION, "kind": api.KIND,
         "metadata": {
-            "name": resource.child_run_name(meta["name"], child),
+            "name": relations.child_run_name(meta["name"], child),
             "namespace": meta["namespace"],
             "labels": {api.LABEL_PARENT: meta["name"], api.LABEL_MANAGED_BY: "durable-run"},
             "annotations": annotations,

@@ -1,8 +1,8 @@
 """The DurableRun CustomResourceDefinition, generated from the API models.
 
-``durablerun.resource`` is the one source of the resource's shape; this module turns
-its pydantic models into the structural OpenAPI v3 schema the API server
-validates and defaults with, and adds the printer columns. ``spec.template`` gets
+``durablerun.resource`` (with the child-run and signal models of ``durablerun.relations``) is the one
+source of the resource's shape; this module turns its pydantic models into the structural OpenAPI v3
+schema the API server validates and defaults with, and adds the printer columns. ``spec.template`` gets
 the real PodTemplateSpec schema, converted from the Kubernetes OpenAPI
 (swagger.json) that ``hack/generate.py`` reads and passes in. ``hack/generate.py``
 writes the result into deploy/ and the chart; a test fails when those are stale.

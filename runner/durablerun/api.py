@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 GROUP = "durablerun.dev"
 VERSION = "v1alpha1"
@@ -438,6 +438,14 @@ def _duration_field(default: str, description: str, *, positive: bool = False) -
 
 
 USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+#: A workflow function, as module:function (spec.workflow, a child request's workflow).
+WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class _Model(BaseModel):
+    """The base of the resource's models (durablerun.resource, durablerun.relations)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
 
 def image_digest(image_id: str) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api, resource
+from durablerun import api, relations
 from durablerun_testbed import procs
 from tests.operator.helpers import Operator, RunEnv, StartOperator
 
@@ -37,7 +37,7 @@ def test_a_supervisor_fans_out_waits_without_a_pod_and_combines_results_and_fail
                              {"children": 3, "sleep": 1.5, "fail": 2, "big": 1}))
     # While its children run, the parent waits with no pod.
     waiting = runs.wait_phase("sup", "Waiting", timeout=90)
-    assert waiting["status"]["waitingFor"]["event"].startswith(resource.CHILD_EVENT_PREFIX)
+    assert waiting["status"]["waitingFor"]["event"].startswith(relations.CHILD_EVENT_PREFIX)
     assert "waiting for child run sup-w" in waiting["status"]["message"]
     procs.wait_for(lambda: not [p for p in runs.pods("sup") if p["status"].get("phase") == "Running"],
                    timeout=30, what="the waiting parent's pod to be gone")
@@ -57,7 +57,7 @@ def test_a_supervisor_fans_out_waits_without_a_pod_and_combines_results_and_fail
     # is in its events, not even the names it created.
     assert "children" not in done["status"]
     assert "childrenCreated" not in done["status"]
-    assert sorted(done["spec"]["events"]) == [resource.child_event(f"w{i}") for i in range(3)]
+    assert sorted(done["spec"]["events"]) == [relations.child_event(f"w{i}") for i in range(3)]
     assert kids["sup-w2"]["status"]["phase"] == "Failed"
     # w1's result is too big for its status: the parent read it from w1's journal (and got it right).
     assert "inline" not in kids["sup-w1"]["status"]["result"]
@@ -216,7 +216,7 @@ def test_a_parent_as_an_older_operator_left_it_is_understood_after_the_upgrade(
         return run if "children" not in run["status"] and run["status"].get("childrenCreated") == ["w1"] else None
 
     run = procs.wait_for(moved, timeout=60, what="the old status.children to be moved to childrenCreated")
-    assert run["spec"]["events"][resource.child_event("w0")] == {
+    assert run["spec"]["events"][relations.child_event("w0")] == {
         "phase": "Failed", "uid": "", "message": "child run old-w0 was deleted before it finished"}
     assert sorted(children(runs, "old")) == ["old-w1"]
     assert runs.get("old-w1")["spec"]["suspend"] is True

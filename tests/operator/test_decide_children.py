@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api, resource
+from durablerun import api, relations
 from durablerun_operator import builders, decide
 from tests.operator.run_bodies import T0, body, runner_pod, running
 
@@ -71,45 +71,45 @@ def test_a_requested_child_is_created_once_owned_and_labelled_with_the_parent_te
     gone = body(running(childRequests={"w1": REQUEST}, childrenCreated=status["childrenCreated"]))
     p, _ = plan(gone, {"run-w1": None}, [runner_pod()])
     assert not p.create_runs
-    assert p.add_events[resource.child_event("w1")]["phase"] == "Failed"
-    assert "was deleted before it finished" in p.add_events[resource.child_event("w1")]["message"]
+    assert p.add_events[relations.child_event("w1")]["phase"] == "Failed"
+    assert "was deleted before it finished" in p.add_events[relations.child_event("w1")]["message"]
 
 
 def test_a_name_taken_by_another_run_or_too_long_is_refused_to_the_parent() -> None:
     parent = body(running(childRequests={"w1": REQUEST}))
     p, _ = plan(parent, {"run-w1": child(owner="someone-else")}, [runner_pod()])
     assert not p.create_runs
-    assert "is not a child of run" in p.add_events[resource.child_event("w1")]["message"]
+    assert "is not a child of run" in p.add_events[relations.child_event("w1")]["message"]
     long = "x" * 70
     p, _ = plan(body(running(childRequests={long: REQUEST})), {}, [runner_pod()])
-    assert "at most 63" in p.add_events[resource.child_event(long)]["message"]
+    assert "at most 63" in p.add_events[relations.child_event(long)]["message"]
 
 
 def test_a_child_may_narrow_its_parents_budgets_but_never_widen_them() -> None:
     parent = {"metadata": {"name": "run", "namespace": "ns", "uid": "u1"},
               "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://b/r"},
                        "policy": {"costCeilingUSD": "5", "maxDuration": "1h"}}}
-    narrowed = builders.child_run(parent, "w1", resource.ChildRequest(
+    narrowed = builders.child_run(parent, "w1", relations.ChildRequest(
         workflow="m:c", policy={"costCeilingUSD": "1.5", "maxRetries": 9}))
     assert narrowed["spec"]["policy"]["costCeilingUSD"] == "1.5"
     assert narrowed["spec"]["policy"]["maxRetries"] == 9
     assert narrowed["spec"]["policy"]["maxDuration"] == "1h"
     with pytest.raises(ValueError, match=r"policy.costCeilingUSD: 6 is above the parent's 5"):
-        builders.child_run(parent, "w1", resource.ChildRequest(workflow="m:c", policy={"costCeilingUSD": "6"}))
+        builders.child_run(parent, "w1", relations.ChildRequest(workflow="m:c", policy={"costCeilingUSD": "6"}))
     with pytest.raises(ValueError, match=r"policy.maxDuration: 2h is above the parent's 1h"):
-        builders.child_run(parent, "w1", resource.ChildRequest(workflow="m:c", policy={"maxDuration": "2h"}))
+        builders.child_run(parent, "w1", relations.ChildRequest(workflow="m:c", policy={"maxDuration": "2h"}))
     with pytest.raises(ValueError, match=r"policy.costCeiling: not a policy field"):
-        builders.child_run(parent, "w1", resource.ChildRequest(workflow="m:c", policy={"costCeiling": "1"}))
+        builders.child_run(parent, "w1", relations.ChildRequest(workflow="m:c", policy={"costCeiling": "1"}))
 
 
 def test_a_finished_childs_outcome_reaches_the_waiting_parent_once_and_wakes_it() -> None:
-    waiting = {"phase": "Waiting", "waitingFor": {"event": resource.child_event("w1")},
+    waiting = {"phase": "Waiting", "waitingFor": {"event": relations.child_event("w1")},
                "childRequests": {"w1": REQUEST}}
     done = child(phase="Succeeded", result={"ref": "r", "size": 2, "sha256": "x", "inline": '{"a": 1}'},
                  cost={"usd": "0.5", "tokens": 3})
     p, status = plan(body(waiting), {"run-w1": done})
     # Compact, since a parent holds one per child: the cost is in childrenTotal, the rest in the child's status.
-    assert p.add_events == {resource.child_event("w1"): {"phase": "Succeeded", "result": {"a": 1}}}
+    assert p.add_events == {relations.child_event("w1"): {"phase": "Succeeded", "result": {"a": 1}}}
     assert status["childrenTotal"] == {"runs": 1, "finished": 1, "summary": "1/1", "usd": "0.5", "tokens": 3}
     # With the event in spec.events: the parent wakes, and nothing is sent again.
     delivered = body({**waiting, "childrenCreated": status["childrenCreated"],
@@ -122,22 +122,22 @@ def test_a_finished_childs_outcome_reaches_the_waiting_parent_once_and_wakes_it(
 def test_a_failed_child_reaches_the_parent_as_a_failure_with_its_message() -> None:
     failed = child(phase="Aborted", abortReason="BudgetExhausted", message="over budget")
     p, _ = plan(body(running(childRequests={"w1": REQUEST})), {"run-w1": failed}, [runner_pod()])
-    outcome = p.add_events[resource.child_event("w1")]
+    outcome = p.add_events[relations.child_event("w1")]
     assert (outcome["phase"], outcome["abortReason"], outcome["message"]) == ("Aborted", "BudgetExhausted",
                                                                               "over budget")
     assert any(reason == "ChildFailed" for _, reason, _ in p.events)
 
 
 def test_a_big_result_or_a_long_message_stays_in_the_child_and_the_outcome_stays_small() -> None:
-    big = json.dumps({"text": "x" * resource.CHILD_RESULT_INLINE_MAX})
+    big = json.dumps({"text": "x" * relations.CHILD_RESULT_INLINE_MAX})
     done = child(phase="Succeeded", result={"ref": "r", "size": len(big), "sha256": "x", "inline": big})
     p, _ = plan(body(running(childRequests={"w1": REQUEST})), {"run-w1": done}, [runner_pod()])
     # No result: the parent's runner reads it from the child's journal, by the uid.
-    assert p.add_events[resource.child_event("w1")] == {"phase": "Succeeded", "uid": "uid-run-w1"}
+    assert p.add_events[relations.child_event("w1")] == {"phase": "Succeeded", "uid": "uid-run-w1"}
     failed = child(phase="Failed", message="boom " * 200)
     p, _ = plan(body(running(childRequests={"w1": REQUEST})), {"run-w1": failed}, [runner_pod()])
-    message = p.add_events[resource.child_event("w1")]["message"]
-    assert len(message) == resource.CHILD_MESSAGE_MAX
+    message = p.add_events[relations.child_event("w1")]["message"]
+    assert len(message) == relations.CHILD_MESSAGE_MAX
     assert message.startswith("boom boom")
 
 
@@ -148,12 +148,12 @@ def test_an_older_operators_status_children_is_understood_and_moved_to_the_names
               "w2": {"run": "run-w2", "uid": "uid-run-w2", "phase": "Running"},
               "w3": {"run": "run-w3", "uid": "uid-run-w3", "phase": "Running"}}
     requests = {c: REQUEST for c in legacy}
-    parent = body({"phase": "Waiting", "waitingFor": {"event": resource.child_event("w3")}, "childRequests": requests,
-                   "children": legacy}, spec={"events": {resource.child_event("w1"): {"phase": "Succeeded"}}})
+    parent = body({"phase": "Waiting", "waitingFor": {"event": relations.child_event("w3")}, "childRequests": requests,
+                   "children": legacy}, spec={"events": {relations.child_event("w1"): {"phase": "Succeeded"}}})
     p, status = plan(parent, {"run-w1": child("run-w1", phase="Succeeded"), "run-w2": None,
                               "run-w3": child("run-w3")})
     assert not p.create_runs  # w2 is not created again
-    assert p.add_events == {resource.child_event("w2"): {
+    assert p.add_events == {relations.child_event("w2"): {
         "phase": "Failed", "uid": "", "message": "child run run-w2 was deleted before it finished"}}
     # Kept until its outcome is in spec.events: w1's is; w2's is only being sent.
     assert status["childrenCreated"] == ["w2", "w3"]
@@ -209,7 +209,7 @@ def test_suspend_and_abort_pass_down_to_running_children_and_are_lifted_with_the
 
 
 def test_the_childrens_cost_counts_toward_the_parents_ceiling() -> None:
-    parent = body({"phase": "Waiting", "waitingFor": {"event": resource.child_event("w1")}, "cost": {"usd": "1"},
+    parent = body({"phase": "Waiting", "waitingFor": {"event": relations.child_event("w1")}, "cost": {"usd": "1"},
                    "childRequests": {"w1": REQUEST}}, spec={"policy": {"costCeilingUSD": "3"}})
     cheap = child(cost={"usd": "1.5"})
     p, status = plan(parent, {"run-w1": cheap})

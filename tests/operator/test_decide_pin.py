@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api, resource
+from durablerun import api, relations
 from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
 from tests.operator.run_bodies import at, body, runner_pod, running
@@ -77,7 +77,7 @@ def test_every_later_pod_runs_the_pinned_digest_whatever_the_template_names() ->
 
 
 def test_a_child_starts_on_its_parents_pinned_image() -> None:
-    request = resource.ChildRequest(workflow="m:child")
+    request = relations.ChildRequest(workflow="m:child")
     child = builders.child_run(run_with_pin(DIGEST), "w1", request)
     assert child["spec"]["template"]["spec"]["containers"][0]["image"] == DIGEST
     unpinned = builders.child_run(run_with_pin(None), "w1", request)

@@ -78,8 +78,8 @@ def test_only_the_s3_backend_imports_boto() -> None:
 # The runner's layers, lowest first (docs/architecture.md). A module may import its own layer
 # and the ones below it, never one above; a module not listed belongs to the top layer.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("contract", {"durablerun.api", "durablerun.resource", "durablerun.errors", "durablerun._version",
-                  "durablerun._private", "durablerun._private.backends"}),
+    ("contract", {"durablerun.api", "durablerun.relations", "durablerun.resource", "durablerun.errors",
+                  "durablerun._version", "durablerun._private", "durablerun._private.backends"}),
     ("encoding", {"durablerun._private.codec", "durablerun._private.layout",
                   "durablerun._private.halts", "durablerun._private.extras",
                   "durablerun._private.webhooks"}),
@@ -102,7 +102,8 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 #: Public modules the private ones may import: the contract. Every other public module is a façade over
 #: ``_private`` (it re-exports names, or starts a command) and nothing under ``_private`` imports it.
-CONTRACT_MODULES = {"durablerun.api", "durablerun.resource", "durablerun.errors", "durablerun._version"}
+CONTRACT_MODULES = {"durablerun.api", "durablerun.relations", "durablerun.resource", "durablerun.errors",
+                    "durablerun._version"}
 
 
 def _graph() -> dict[str, set[str]]:

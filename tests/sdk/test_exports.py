@@ -83,17 +83,17 @@ def test_public_modules_are_thin_and_internals_private() -> None:
         for name in module.__all__:
             obj = getattr(module, name)
             origin = getattr(obj, "__module__", module_name) or module_name
-            assert origin.startswith(("durablerun._private", "durablerun.api", "durablerun.resource",
-                                      "durablerun.errors", "builtins")) or name in (
+            assert origin.startswith(("durablerun._private", "durablerun.api", "durablerun.relations",
+                                      "durablerun.resource", "durablerun.errors", "builtins")) or name in (
                 "__version__", "SDK_VERSION", "LAYOUT_VERSION", "PRICES", "PRICES_AS_OF"), (module_name, name, origin)
 
 
 def test_public_modules_are_facades() -> None:
     """A public module names things (re-exports, an entry point); what does the work lives under _private.
 
-    api, resource and errors are the exception: they are the contract itself (docs/architecture.md)."""
+    api, relations, resource and errors are the exception: they are the contract itself (docs/architecture.md)."""
     for path in Path(durablerun.__file__).parent.glob("*.py"):
-        if path.stem in ("api", "resource", "errors", "_version", "__main__"):
+        if path.stem in ("api", "relations", "resource", "errors", "_version", "__main__"):
             continue
         defined = [n.name for n in ast.parse(path.read_text()).body
                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]

@@ -15,7 +15,7 @@ import fanout
 import pytest
 import supervisor  # examples/supervisor: its children are imported by name, as their pods would
 
-from durablerun import DurableContext, resource
+from durablerun import DurableContext, relations
 from durablerun.api import AbortReason, Outcome, Phase
 from durablerun.resource import Policy
 from durablerun.testing import ChildStub, WorkflowTest
@@ -32,7 +32,7 @@ def test_children_run_in_process_with_their_own_journals_and_each_step_runs_once
         first = t.attempt()  # asks for "first" and waits; the child then runs to its end
         assert first.outcome == Outcome.WAITING
         assert first.waiting is not None
-        assert first.waiting.event == resource.child_event("first")
+        assert first.waiting.event == relations.child_event("first")
         assert t.runs["test-first"].outcome is not None
         assert t.runs["test-first"].outcome["phase"] == Phase.SUCCEEDED
 
@@ -107,7 +107,7 @@ def test_a_parent_that_ends_aborts_its_unfinished_children_and_hears_nothing_bac
         assert [a.outcome for a in waiter.attempts] == [Outcome.ABORTED]
         assert waiter.attempts[0].abort_reason == AbortReason.USER_REQUESTED
         assert "its parent test Failed" in waiter.attempts[0].message
-        assert t.store.get_event(run=t.ref, name=resource.child_event("waiter")) is None
+        assert t.store.get_event(run=t.ref, name=relations.child_event("waiter")) is None
     finally:
         t.close()
 

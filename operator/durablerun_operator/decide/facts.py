@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from durablerun import api, resource
+from durablerun import api, relations, resource
 from durablerun_operator import builders
 
 R = api.RestartReason
@@ -272,5 +272,5 @@ def children_created(status: resource.DurableRunStatus) -> set[str]:
 def pending_requests(run: RunView) -> bool:
     """Whether the runner asked for a child or a signal the operator has not acted on yet."""
     status, events, created = run.status, run.spec.events, children_created(run.status)
-    return (any(c not in created and resource.child_event(c) not in events for c in status.childRequests)
+    return (any(c not in created and relations.child_event(c) not in events for c in status.childRequests)
             or any(s not in status.signals for s in status.signalRequests))

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from durablerun import api, resource
+from durablerun import api, relations
 from durablerun_operator import builders
 from durablerun_operator.decide import facts, transition
 
@@ -31,7 +31,7 @@ def related_names(run: facts.RunView) -> set[str]:
     names = set()
     for child in run.status.childRequests:
         with contextlib.suppress(ValueError):  # refused by decide, naming why
-            names.add(resource.child_run_name(run.name, child))
+            names.add(relations.child_run_name(run.name, child))
     names.update(r.run for key, r in run.status.signalRequests.items() if key not in run.status.signals)
     return names
 
@@ -48,7 +48,7 @@ def children(run: facts.RunView, related: Mapping[str, facts.RunView | None]) ->
     out = {}
     for child in run.status.childRequests:
         try:
-            found = related.get(resource.child_run_name(run.name, child))
+            found = related.get(relations.child_run_name(run.name, child))
         except ValueError:
             continue
         if found is not None and owner_uid(found) == run.uid:
@@ -56,7 +56,7 @@ def children(run: facts.RunView, related: Mapping[str, facts.RunView | None]) ->
     return out
 
 
-def children_total(children: Mapping[str, facts.RunView]) -> resource.ChildrenTotal | None:
+def children_total(children: Mapping[str, facts.RunView]) -> relations.ChildrenTotal | None:
     if not children:
         return None
     usd, tokens, finished = Decimal(0), 0, 0
@@ -66,15 +66,15 @@ def children_total(children: Mapping[str, facts.RunView]) -> resource.ChildrenTo
             usd += Decimal(child.status.cost.usd) + (Decimal(grand.usd) if grand else 0)
         tokens += child.status.cost.tokens + (grand.tokens if grand else 0)
         finished += bool(child.status.phase and child.status.phase.finished)
-    return resource.ChildrenTotal(runs=len(children), finished=finished, summary=f"{finished}/{len(children)}",
+    return relations.ChildrenTotal(runs=len(children), finished=finished, summary=f"{finished}/{len(children)}",
                              usd=f"{usd:f}", tokens=tokens)
 
 
 def child_outcome(child: facts.RunView) -> dict[str, Any]:
-    """A finished child's outcome event for its parent (resource.child_outcome)."""
+    """A finished child's outcome event for its parent (relations.child_outcome)."""
     status = child.status
     assert status.phase is not None
-    return resource.child_outcome(status.phase, result_json=status.result.inline if status.result else None,
+    return relations.child_outcome(status.phase, result_json=status.result.inline if status.result else None,
                                   uid=child.uid, message=status.message,
                                   abort_reason=status.abortReason.value if status.abortReason else None)
 
@@ -86,7 +86,7 @@ def act(t: transition.Transition) -> None:
     ended = bool(phase and phase.finished)
     known = facts.children_created(status)
     for child, request in status.childRequests.items():
-        event = resource.child_event(child)
+        event = relations.child_event(child)
         found = t.children.get(child)
         if found is None:
             _missing_child(t, child, request, ended, child in known)
@@ -104,7 +104,7 @@ def act(t: transition.Transition) -> None:
         _propagate(t, found, active, ended)
     # Only until its outcome is in spec.events, which then keeps it from being created again: the set stays as
     # small as the children in flight. (Not when the outcome is just sent: that patch may yet fail.)
-    known -= {child for child in known if resource.child_event(child) in run.spec.events}
+    known -= {child for child in known if relations.child_event(child) in run.spec.events}
     if known != set(status.childrenCreated or ()):  # new children, reported ones, an older operator's `children`
         new.childrenCreated = sorted(known) or None
     if status.children:
@@ -114,17 +114,17 @@ def act(t: transition.Transition) -> None:
     _signals(t)
 
 
-def _missing_child(t: transition.Transition, child: str, request: resource.ChildRequest, ended: bool,
+def _missing_child(t: transition.Transition, child: str, request: relations.ChildRequest, ended: bool,
                    was_created: bool) -> None:
     run = t.run
-    event = resource.child_event(child)
+    event = relations.child_event(child)
     if ended or event in run.spec.events:
         return
     try:
-        name = resource.child_run_name(run.name, child)
+        name = relations.child_run_name(run.name, child)
         manifest = builders.child_run(run.body, child, request)
     except ValueError as error:
-        t.plan.add_events[event] = resource.child_outcome(api.Phase.FAILED, message=f"refused: {error}")
+        t.plan.add_events[event] = relations.child_outcome(api.Phase.FAILED, message=f"refused: {error}")
         t.event("ChildRefused", f"child {child!r} not created: {error}", warning=True)
         return
     other = t.related.get(name)
@@ -178,16 +178,16 @@ def _signals(t: transition.Transition) -> None:
             continue
         target = t.related.get(request.run)
         if target is None or target.deleting:
-            state = resource.SignalState(state="NotFound", message=f"no DurableRun {request.run} in {t.run.namespace}")
+            state = relations.SignalState(state="NotFound", message=f"no DurableRun {request.run} in {t.run.namespace}")
             t.event("SignalNotDelivered", f"event {request.event!r} for {request.run}: {state.message}", warning=True)
         elif request.event not in target.spec.events:
             t.plan.patch_runs.append((request.run, {"spec": {"events": {request.event: json.loads(request.value)}}}))
             continue  # recorded once the target holds it
         elif target.spec.events[request.event] == json.loads(request.value):
-            state = resource.SignalState(state="Delivered")
+            state = relations.SignalState(state="Delivered")
             t.event("SignalDelivered", f"event {request.event!r} delivered to {request.run}")
         else:
-            state = resource.SignalState(state="Ignored", message=f"{request.run} already had another value for "
+            state = relations.SignalState(state="Ignored", message=f"{request.run} already had another value for "
                                     f"event {request.event!r}: the first value wins")
             t.event("SignalIgnored", f"event {request.event!r} for {request.run}: {state.message}")
         t.new.signals = {**t.new.signals, key: state}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from durablerun import api, resource
+from durablerun import api, relations, resource
 from durablerun_operator import builders, kueue
 from durablerun_operator.decide import aborts, clocks, facts, transition
 
@@ -293,7 +293,7 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
             holder=waiting.get("holder"), compensations=waiting.get("compensations") or None,
         )
         event = str(waiting.get("event") or "")
-        prefix = resource.CHILD_EVENT_PREFIX
+        prefix = relations.CHILD_EVENT_PREFIX
         t.new.message = (f"waiting for child run {t.run.name}-{event[len(prefix):]} to finish (no pod)"
                          if event.startswith(prefix) else ending.message)
         t.event(api.Phase.WAITING.value, t.new.message)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from durablerun import api, resource
+from durablerun import api, relations, resource
 from durablerun_operator import kueue
 from durablerun_operator.decide import clocks, facts
 
@@ -152,7 +152,7 @@ class Transition:
     """Builds the next status from the current one, with guards and side effects."""
 
     def __init__(self, run: facts.RunView, now: datetime, related: Mapping[str, facts.RunView | None],
-                 children: Mapping[str, facts.RunView], children_total: resource.ChildrenTotal | None,
+                 children: Mapping[str, facts.RunView], children_total: relations.ChildrenTotal | None,
                  queueing: kueue.Queueing | None = None) -> None:
         self.run, self.now = run, now
         self.queueing = queueing  # None: the run is not admitted through Kueue

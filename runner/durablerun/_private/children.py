@@ -3,7 +3,7 @@
 Built on the public operations of the context: asking is a step (journaled, so a replay never asks
 again; a crash between the ask and the journal asks once more, which the child's deterministic name
 makes a no-op), and a child's outcome is an event the operator sends the parent
-(``resource.child_event``), read with ``wait_for_event``: a parent waiting for a child holds no pod.
+(``relations.child_event``), read with ``wait_for_event``: a parent waiting for a child holds no pod.
 
 ``RunBroker`` is what an attempt needs for that; the runner pod provides one (``PodBroker``), and
 ``WorkflowTest`` and the local ``durablerun run`` one that runs the children in-process (``family``). An
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from durablerun import api, errors, resource
+from durablerun import api, errors, relations
 from durablerun._private import codec
 from durablerun._private.layout import RunRef, check_event_name
 from durablerun._private.model import CompleteRecord
@@ -80,7 +80,7 @@ class ChildRun:
         return self.result().__await__()
 
     async def result(self) -> Any:
-        outcome = await self._ctx.wait_for_event(resource.child_event(self.name))
+        outcome = await self._ctx.wait_for_event(relations.child_event(self.name))
         if not isinstance(outcome, dict):
             raise errors.WorkflowError(f"child run {self.run}: its outcome event holds {outcome!r}, not an outcome")
         phase = str(outcome.get("phase"))
@@ -102,8 +102,8 @@ async def start_child(ctx: Workflow, runs: RunBroker | None, name: str, workflow
     broker = _broker(runs, f"ctx.start_child({name!r})")
     parent = ctx.run_id.split("/")[1]
     try:
-        resource.child_run_name(parent, name)
-        request = resource.ChildRequest(workflow=workflow, input=input or {}, policy=policy or {})
+        relations.child_run_name(parent, name)
+        request = relations.ChildRequest(workflow=workflow, input=input or {}, policy=policy or {})
         payload = json.loads(codec.dumps(request.model_dump(mode="json")))
     except (ValueError, TypeError) as error:
         raise errors.WorkflowError(f"ctx.start_child({name!r}): {error}") from None
@@ -114,7 +114,7 @@ async def start_child(ctx: Workflow, runs: RunBroker | None, name: str, workflow
 async def signal(ctx: Workflow, runs: RunBroker | None, run: str, event: str, value: Any) -> None:
     broker = _broker(runs, f"ctx.signal({run!r}, {event!r})")
     try:
-        resource.valid_run_name(run)
+        relations.valid_run_name(run)
         check_event_name(event)
         payload = json.loads(codec.dumps(value))
     except (ValueError, TypeError, errors.ConfigError) as error:
@@ -173,7 +173,7 @@ class PodBroker:
             self._publish(ops)
 
     def request_child(self, name: str, request: dict[str, Any]) -> str:
-        run = resource.child_run_name(self.name, name)
+        run = relations.child_run_name(self.name, name)
         self._ask("childRequests", name, request, f"ctx.start_child({name!r})", most=api.CHILDREN_MAX)
         return run
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from durablerun import api, errors, resource
+from durablerun import api, errors, relations, resource
 from durablerun._private import arguments, inspection, layout, replayer, reruns, timeline, tracing
 from durablerun._private.display import PlainProgress, TtyProgress
 from durablerun._private.engine import EngineConfig, Run, tuned_from_env
@@ -275,8 +275,8 @@ def _attempt(args: argparse.Namespace) -> tuple[int, WaitingFor | None, LocalFam
         print(json.dumps(result.result, indent=2, default=str))
     elif result.outcome == Outcome.WAITING:
         w = result.waiting
-        if w and w.event and w.event.startswith(resource.CHILD_EVENT_PREFIX):
-            child = resource.child_run_name(ref.name, w.event[len(resource.CHILD_EVENT_PREFIX):])
+        if w and w.event and w.event.startswith(relations.CHILD_EVENT_PREFIX):
+            child = relations.child_run_name(ref.name, w.event[len(relations.CHILD_EVENT_PREFIX):])
             print(f"durablerun: waiting for child run {child}", file=sys.stderr)
         elif w and w.event:
             then = "" if args.follow else f"  then: {resume}"

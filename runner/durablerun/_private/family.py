@@ -4,7 +4,7 @@ On Kubernetes the operator creates the children a workflow asks for, tells the p
 outcome (an event in the parent's ``spec.events``), aborts the children of a parent that ended, counts
 the children's cost against the parent's ceiling, and delivers signals (``durablerun_operator.decide.family``).
 A :class:`LocalFamily` does the same in this process, for ``WorkflowTest`` and the local ``durablerun run``:
-every child is a run of its own, named as the operator names it (``resource.child_run_name``), with its
+every child is a run of its own, named as the operator names it (``relations.child_run_name``), with its
 own journal in the parent's store, attempted here until it finishes or waits for something no run here
 can give; or the test author stubs it (:class:`ChildStub`).
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from durablerun import api, errors, resource
+from durablerun import api, errors, relations, resource
 from durablerun._private.children import read_result, too_many_children
 from durablerun._private.engine import Run
 from durablerun._private.layout import RunRef
@@ -112,7 +112,7 @@ class LocalFamily:
         self.max_attempts = max_attempts
         self.attempter, self.clocks = attempter, clocks
         self.runs: dict[str, FamilyRun] = {}
-        self.signals: dict[str, resource.SignalState] = {}
+        self.signals: dict[str, relations.SignalState] = {}
         self._lock = threading.RLock()  # requests come from step threads (ctx.gather of start_child, say)
 
     def add_root(self, ref: RunRef, workflow: Workflow | str, input: Any, policy: Policy | None) -> FamilyRun:
@@ -230,7 +230,7 @@ class LocalFamily:
 
     def _finished(self, m: FamilyRun, phase: api.Phase, result: AttemptResult) -> None:
         # As the operator sends it: a result too big to ride along is read from the child's journal.
-        m.outcome = resource.child_outcome(
+        m.outcome = relations.child_outcome(
             phase, result_json=(result.result_info or {}).get("inline"), message=result.message,
             abort_reason=result.abort_reason.value if result.abort_reason is not None else None)
         self._tell_parent(m)
@@ -242,7 +242,7 @@ class LocalFamily:
         parent = self.runs.get(m.parent or "")
         if parent is None or parent.outcome is not None or m.aborted_by_parent is not None or m.outcome is None:
             return
-        self.store.put_event(run=parent.ref, name=resource.child_event(m.name[len(parent.name) + 1:]),
+        self.store.put_event(run=parent.ref, name=relations.child_event(m.name[len(parent.name) + 1:]),
                              payload=m.outcome)
 
     # --- the broker's requests -----------------------------------------------------------
@@ -252,7 +252,7 @@ class LocalFamily:
 
     def _request_child(self, parent_name: str, child: str, request: dict[str, Any]) -> str:
         parent = self.runs[parent_name]
-        name = resource.child_run_name(parent.name, child)
+        name = relations.child_run_name(parent.name, child)
         if child not in parent.requests:
             if len(parent.requests) >= api.CHILDREN_MAX:
                 raise too_many_children(f"ctx.start_child({child!r})", len(parent.requests))
@@ -267,17 +267,17 @@ class LocalFamily:
 
     def _admit(self, parent: FamilyRun, child: str, request: dict[str, Any]) -> FamilyRun | None:
         """What the operator does with a request: the child run (None: refused, and the parent told why)."""
-        name = resource.child_run_name(parent.name, child)
-        event = resource.child_event(child)
+        name = relations.child_run_name(parent.name, child)
+        event = relations.child_event(child)
         if name in self.runs:
-            self.store.put_event(run=parent.ref, name=event, payload=resource.child_outcome(
+            self.store.put_event(run=parent.ref, name=event, payload=relations.child_outcome(
                 api.Phase.FAILED, message=f"a DurableRun {name} exists that is not a child of {parent.name}"))
             return None
         try:
-            spec = resource.ChildRequest.model_validate(request)
+            spec = relations.ChildRequest.model_validate(request)
             policy = resource.child_policy(parent.policy, spec)
         except ValueError as error:
-            self.store.put_event(run=parent.ref, name=event, payload=resource.child_outcome(
+            self.store.put_event(run=parent.ref, name=event, payload=relations.child_outcome(
                 api.Phase.FAILED, message=f"refused: {error}"))
             return None
         workflow = self.children.get(spec.workflow, spec.workflow)
@@ -285,7 +285,7 @@ class LocalFamily:
         self.runs[name] = member
         if isinstance(workflow, ChildStub):
             # A stub has no journal to read a result from: its result rides along whatever its size.
-            member.outcome = resource.child_outcome(
+            member.outcome = relations.child_outcome(
                 api.Phase(workflow.phase), message=workflow.message,
                 abort_reason=api.AbortReason(workflow.abort_reason).value if workflow.abort_reason else None)
             if workflow.phase == api.Phase.SUCCEEDED:
@@ -304,13 +304,13 @@ class LocalFamily:
         # Any run of the store, as the operator delivers to any DurableRun of the namespace.
         target = member.ref if member is not None else RunRef.local(run)
         if member is None and self.store.run_store(target).read_manifest() is None:
-            state = resource.SignalState(state="NotFound", message=f"no run {run} in {self.store.uri}")
+            state = relations.SignalState(state="NotFound", message=f"no run {run} in {self.store.uri}")
         elif self.store.put_event(run=target, name=event, payload=payload):
-            state = resource.SignalState(state="Delivered")
+            state = relations.SignalState(state="Delivered")
         else:
             found = self.store.get_event(run=target, name=event)
-            state = (resource.SignalState(state="Delivered") if found is not None and found.payload == payload
-                     else resource.SignalState(state="Ignored", message=f"{run} already had another value for "
+            state = (relations.SignalState(state="Delivered") if found is not None and found.payload == payload
+                     else relations.SignalState(state="Ignored", message=f"{run} already had another value for "
                                                f"event {event!r}: the first value wins"))
         self.signals[key] = state
 

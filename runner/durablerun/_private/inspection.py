@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from durablerun import resource
+from durablerun import relations
 from durablerun._private import layout, reruns
 from durablerun._private.model import (
     CompleteRecord,
@@ -67,7 +67,7 @@ def _children(store: Store, ref: layout.RunRef, requests: dict[str, dict[str, An
     each with its last outcome."""
     children = []
     for child, request in requests.items():
-        run = layout.RunRef.local(resource.child_run_name(ref.name, child))
+        run = layout.RunRef.local(relations.child_run_name(ref.name, child))
         status = store.run_store(run).read_status() or {}
         children.append({"name": child, "run": str(run), "workflow": request.get("workflow"),
                          "outcome": status.get("outcome"), "usd": (status.get("cost") or {}).get("usd")})

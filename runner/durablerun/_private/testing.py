@@ -14,7 +14,8 @@ from durablerun._private.layout import RunRef
 from durablerun._private.model import AttemptResult, EngineConfig
 from durablerun._private.stores import Store, open_store
 from durablerun.api import Outcome
-from durablerun.resource import Policy, SignalState
+from durablerun.relations import SignalState
+from durablerun.resource import Policy
 
 #: Retries in milliseconds instead of seconds: tests should not wait.
 FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=10))
