@@ -146,7 +146,7 @@ def check_trial(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str) -> No
     assert not late, f"the paused runner journaled {late} after it was paused"
     # The outcome record may be the paused runner's only if it wrote it before the pause (it had finished).
     outcome = json.loads(s3.get_object(Bucket=runs.bucket, Key=root + "status.json")["Body"].read())["body"]
-    if trial.attempt_id is not None and outcome["attempt"] == trial.attempt_id:
+    if trial.attempt_id is not None and outcome.get("attempt") == trial.attempt_id:
         written = datetime.fromisoformat(outcome["time"].replace("Z", "+00:00")).timestamp()
         assert written < trial.paused_at, f"the fenced runner recorded an outcome after the pause: {outcome}"
     check_executions(Ledger.read(runs, trial.name), torture_flows.step_names(trial.input),

@@ -139,6 +139,44 @@ def test_a_completed_run_returns_its_result_without_running_code(mem: Store) -> 
     assert runs.calls["workflow"] == 1
 
 
+class _OvertakingBackend(memory.MemoryBackend):
+    """A newer attempt claims the run while this attempt's outcome is on its way to status.json (the runner was
+    paused after its write guard let it write); ``lapsed``: this attempt's lease lapsed meanwhile."""
+
+    def __init__(self, name: str, lapsed: bool) -> None:
+        super().__init__(name)
+        self.lapsed, self.overtaken, self.store = lapsed, False, Store(self, f"memory://{name}")
+
+    def cas(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        if key.endswith("/status.json") and b"Completed" in data and not self.overtaken:
+            self.overtaken = True
+            self.store.run_store(REF).claim_status("newer")
+        return super().cas(key, data, etag=etag)
+
+    def guard(self) -> str | None:
+        return "lease lapsed" if self.overtaken and self.lapsed else None
+
+
+@pytest.mark.parametrize("lapsed", [True, False], ids=["lease lapsed", "still its run"])
+def test_an_attempt_overtaken_past_its_lease_check_writes_status_only_if_it_still_owns_the_run(lapsed: bool) -> None:
+    name = uuid.uuid4().hex
+    backend = _OvertakingBackend(name, lapsed)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("a", lambda: 1)
+
+    result = attempt(backend.store, wf, config=EngineConfig(write_guard=backend.guard))
+    status = backend.store.run_store(REF).read_status()
+    if lapsed:  # the newer attempt owns the run: this one records nothing and ends Fenced
+        assert result.outcome == Outcome.FENCED, result.message
+        assert "claimed" in result.message
+        assert status is None
+    else:  # claimed by a writer that lost the journal to it (two local runs at once): it claims the run back
+        assert result.outcome == Outcome.COMPLETED, result.message
+        assert (status or {}).get("outcome") == Outcome.COMPLETED.value
+    memory.reset(name)
+
+
 # --- steps --------------------------------------------------------------------------------
 
 

@@ -305,10 +305,12 @@ class _RaceBackend(MemoryBackend):
             self._send()
         return data
 
-    def put(self, key: str, data: bytes) -> None:
-        super().put(key, data)
-        if key.endswith("/status.json") and self.after_status and self.sent is None:
+    def cas(self, key: str, data: bytes, *, etag: str | None) -> str | None:
+        written = super().cas(key, data, etag=etag)
+        # Right after the attempt published that it waits (not its claim of status.json when it started).
+        if key.endswith("/status.json") and b"Waiting" in data and self.after_status and self.sent is None:
             self._send()
+        return written
 
     def _send(self) -> None:
         assert self.store is not None

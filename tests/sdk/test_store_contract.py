@@ -311,6 +311,22 @@ def test_read_run_reports_counters_checkpoint_and_status(store: Store) -> None:
     assert info.status == {"outcome": "Waiting", "waitingFor": {"event": "go"}}
 
 
+def test_status_written_by_an_attempt_overtaken_since_its_claim_changes_nothing(store: Store) -> None:
+    # The paused runner of docs/faults.md: attempt a1 claimed the run's status.json and got past its lease check;
+    # a2 took the run and claimed it since. a1's write, landing late, must change nothing.
+    a1, a2, local = store.run_store(REF), store.run_store(REF), store.run_store(REF)
+    a1.claim_status("a1")
+    assert a1.read_status() is None, "a claim alone records no outcome"
+    a1.write_status({"outcome": "Waiting", "attempt": "a1"})
+    a2.claim_status("a2")
+    assert a2.read_status() == {"outcome": "Waiting", "attempt": "a1", "claimedBy": "a2"}  # what it was, claimed
+    assert a1.write_status({"outcome": "Completed", "attempt": "a1"}) is False
+    assert local.read_status() == {"outcome": "Waiting", "attempt": "a1", "claimedBy": "a2"}
+    assert a2.write_status({"outcome": "Completed", "attempt": "a2"}) is True
+    assert a2.write_status({"outcome": "Completed", "attempt": "a2", "n": 2}) is True  # its own writes follow
+    assert local.read_status() == {"outcome": "Completed", "attempt": "a2", "n": 2, "claimedBy": "a2"}
+
+
 def test_delete_run_removes_everything_of_that_run_only(store: Store) -> None:
     other = RunRef.local("neighbour")
     for ref in (REF, other):

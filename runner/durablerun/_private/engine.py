@@ -54,6 +54,8 @@ from durablerun.api import (
 from durablerun.resource import RESULT_INLINE_MAX, Policy
 
 SDK_VERSION = __version__
+# Why an attempt that got past its lease check still ends Fenced: its status write found the run claimed.
+OVERTAKEN = "a newer attempt has claimed the run's status.json: this one stops without recording its outcome"
 log = logging.getLogger("durablerun")
 Workflow = Callable[[DurableContext, Any], Any]
 
@@ -270,6 +272,8 @@ class Run:
             run_key=self.ref.key, attempt_id=self.attempt_id, first_start=first_start,
             io_pool=self._io_pool)
         try:
+            if not c.refuses_writes():
+                await self._io(rs.claim_status, self.attempt_id)
             self.sinks.emit(EventKind.RUN_STARTED, info=RunStarted(
                 run=self.ref.key, attempt_id=self.attempt_id, journal_records=loaded.next_seq,
                 resumed=loaded.next_seq > 0, objects_read=loaded.objects_read,
@@ -281,9 +285,9 @@ class Run:
                     value = await c.recorded_value(done, "the workflow's result")
                 except Halt as h:
                     return self._halt_result(h, c)
-                return self._result(c, Outcome.COMPLETED, "the run had already completed",
-                                    result=value,
-                                    result_info=await self._io(self._result_info, rs, done))
+                return await self._finish(c, rs, self._result(
+                    c, Outcome.COMPLETED, "the run had already completed", result=value,
+                    result_info=await self._io(self._result_info, rs, done)), code_version)
             with self._lock:
                 self._core = c
                 self._apply_controls(c)
@@ -311,8 +315,7 @@ class Run:
                 else:
                     continue
             if isinstance(outcome, AttemptResult):
-                await self._finish(c, rs, outcome, code_version)
-                return outcome
+                return await self._finish(c, rs, outcome, code_version)
             if self.config.replay is not None:  # never reached: a replay ends at the first wait it cannot replay
                 return self._result(c, Outcome.FENCED, "a replay-only attempt does not wait")
             # Waiting: publish it, then look again (an event sent meanwhile is never lost:
@@ -325,7 +328,8 @@ class Run:
             if polling_until is not None:
                 # A sender can tell that this attempt picks the event up by itself.
                 doc["pollingUntil"] = format_time(polling_until, precise=True)
-            await self._io(rs.write_status, doc)
+            if not await self._record_status(c, rs, doc):
+                return self._result(c, Outcome.FENCED, OVERTAKEN)
             still = await self._still_waiting(c, rs, waiting)
             if c.fenced:
                 return self._result(c, Outcome.FENCED, c.fenced)
@@ -530,15 +534,28 @@ class Run:
             totals=totals, overshoot=replay.budget_overshoot(totals, self.policy))
 
     async def _finish(self, c: core.AttemptCore, rs: RunStore, result: AttemptResult,
-                      code_version: str) -> None:
+                      code_version: str) -> AttemptResult:
         if result.outcome == Outcome.FENCED or c.refuses_writes():
-            return  # a fenced attempt writes nothing more
+            return result  # a fenced attempt writes nothing more
         with contextlib.suppress(Halt):
             await c.final_snapshot()
         try:
-            await self._io(rs.write_status, self._status_doc(result, code_version, c.total_steps))
+            if not await self._record_status(c, rs, self._status_doc(result, code_version, c.total_steps)):
+                return self._result(c, Outcome.FENCED, OVERTAKEN)
         except errors.StoreError as e:
             self.sinks.emit(EventKind.WARNING, message=f"could not record the attempt's outcome: {e}")
+        return result
+
+    async def _record_status(self, c: core.AttemptCore, rs: RunStore, doc: dict[str, Any]) -> bool:
+        """Write status.json; False if this attempt no longer owns the run. Another attempt having claimed it
+        since is not enough to say so (two local writers claim in one order and win the journal in the other):
+        the write guard is asked again, and an attempt it still lets write claims the run back."""
+        if await self._io(rs.write_status, doc):
+            return True
+        if c.refuses_writes():
+            return False
+        await self._io(rs.claim_status, self.attempt_id)
+        return bool(await self._io(rs.write_status, doc))
 
     def _status_doc(self, result: AttemptResult, code_version: str,
                     total_steps: int | None) -> dict[str, Any]:

@@ -132,6 +132,10 @@ def _last_continuation(records: list[Record]) -> int | None:
     return None
 
 
+#: The key in status.json naming the attempt that claimed it (RunStore.claim_status).
+CLAIM = "claimedBy"
+
+
 class RunStore:
     """All objects of one run in one backend. Thread-compatible, not thread-safe.
 
@@ -146,6 +150,9 @@ class RunStore:
         self.ref = ref
         self.root = ref.path + "/"
         self._journal: base.JournalBackend | None = None
+        # The attempt that claimed status.json through this store, and the etag of its last write there.
+        self._status_claim: str | None = None
+        self._status_etag: str | None = None
 
     def key(self, rel: str) -> str:
         return self.root + rel
@@ -438,12 +445,39 @@ class RunStore:
                 if k.endswith(".json")]
 
     # --- status --------------------------------------------------------------------------
-    def write_status(self, status: dict[str, Any]) -> None:
-        self.backend.put(self.key(layout.STATUS), codec.seal(codec.dumps(status)))
+    # An attempt claims status.json when it starts (the same document, stamped with its id) and writes it only
+    # if nobody has claimed it since (compare and swap on the etag of its own last write), so a runner fenced
+    # while its write was on its way (paused, then woken after a newer attempt took the run) changes nothing:
+    # the guard checks the lease, but a write already past the check cannot be called back.
+    def claim_status(self, attempt: str) -> None:
+        key = self.key(layout.STATUS)
+        while True:
+            current = self.backend.get_versioned(key)
+            doc = {} if current is None else codec.loads(codec.unseal(current[0], what=key), what=key)
+            doc = {**(doc if isinstance(doc, dict) else {}), CLAIM: attempt}
+            etag = self.backend.cas(key, codec.seal(codec.dumps(doc)), etag=None if current is None else current[1])
+            if etag is not None:
+                self._status_claim, self._status_etag = attempt, etag
+                return
+
+    def write_status(self, status: dict[str, Any]) -> bool:
+        """Record an attempt's outcome. After :meth:`claim_status`, False (and nothing written) when another
+        attempt has claimed status.json since: this one no longer owns the run."""
+        key = self.key(layout.STATUS)
+        if self._status_claim is None:  # not an attempt: a local command acting for the operator
+            self.backend.put(key, codec.seal(codec.dumps(status)))
+            return True
+        etag = self.backend.cas(key, codec.seal(codec.dumps({**status, CLAIM: self._status_claim})),
+                                etag=self._status_etag)
+        if etag is None:
+            return False
+        self._status_etag = etag
+        return True
 
     def read_status(self) -> dict[str, Any] | None:
+        """The last attempt's outcome; None before any (a claim alone records none)."""
         value = self._get_sealed(layout.STATUS)
-        return value if isinstance(value, dict) else None
+        return value if isinstance(value, dict) and "outcome" in value else None
 
     # --- policy (local runs: on Kubernetes spec.policy is the run's own) -------------------
     def write_policy(self, policy: dict[str, Any]) -> None:

@@ -19,7 +19,8 @@ given when only the local CLI named runs.) Inside a run's root::
     chunks/<sha256>.json       immutable runs of journal records a snapshot points to
     blobs/<sha256>.json        big step results, content-addressed, referenced from records
     events/<name>.json         events, first write wins
-    status.json                the last attempt's outcome and what a Waiting run waits for
+    status.json                the last attempt's outcome and what a Waiting run waits for (claimedBy: the
+                               attempt that runs: journal.RunStore.claim_status)
     policy.json                a local run's policy (budgets), recorded at its first attempt
     owner.json                 a run id's owner record: who may write it now (compare-and-swap;
                                :mod:`durablerun._private.owner`)
