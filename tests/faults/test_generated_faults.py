@@ -231,7 +231,7 @@ def woken_fenced_and_silent(runs: RunEnv, pods: PodRecorder, gen: Generated) -> 
             if trial.attempt_id and r["w"] == trial.attempt_id and r["at"] >= trial.paused_at]
     assert not late, f"the paused runner journaled {late} after it was paused"
     outcome = json.loads(s3.get_object(Bucket=bucket, Key=gen.root + "status.json")["Body"].read())["body"]
-    if trial.attempt_id is not None and outcome["attempt"] == trial.attempt_id:
+    if trial.attempt_id is not None and outcome.get("attempt") == trial.attempt_id:
         written = datetime.fromisoformat(outcome["time"].replace("Z", "+00:00")).timestamp()
         assert written < trial.paused_at, f"the fenced runner recorded an outcome after the pause: {outcome}"
     status = runs.get(gen.name)["status"]
