@@ -79,26 +79,45 @@ def attempt_id(log: Path) -> str | None:
     return None
 
 
+def pause_a_runner(runs: RunEnv, trial: Paused, rng: Any) -> bool:
+    """Pause one of the run's runners at a random moment (``trial.pod``, ``trial.paused_at``); False if
+    the run finished first. A runner that ends before its moment (an attempt that reached a wait, or a short program) is
+    followed by the run's next one with the moment's window halved, so short attempts are reached too."""
+    node = runs.testbed.node
+    assert node
+    window, missed = 4.0, set[str]()
+    while True:
+        try:
+            pod = str(procs.wait_for(lambda: (p := running_pod(runs, trial.name)) not in missed and p,
+                                     timeout=120, what=f"a runner of {trial.name}"))
+        except procs.Timeout:
+            if finished(runs, trial.name):
+                return False  # it ran and finished between two looks (a loaded machine)
+            raise
+        time.sleep(rng.uniform(0, window))  # the random moment of the pause
+        try:
+            node.pause(runs.namespace, pod)
+            trial.pod, trial.paused_at = pod, time.time()
+            return True
+        except urllib.error.HTTPError:
+            if finished(runs, trial.name):
+                return False
+            missed.add(pod)
+            window /= 2
+
+
 def drive(runs: RunEnv, pods: PodRecorder, trial: Paused, rng: Any, root: str) -> None:
     node = runs.testbed.node
     assert node
     assert runs.testbed.s3
     s3 = runs.testbed.s3.client()
     try:
-        try:
-            pod = procs.wait_for(lambda: running_pod(runs, trial.name), timeout=120, what=f"a runner of {trial.name}")
-        except procs.Timeout:
-            if finished(runs, trial.name):
-                return  # it ran and finished between two looks (a loaded machine): no trial
-            raise
+        if not pause_a_runner(runs, trial, rng):
+            return  # the run finished first: no trial
+        pod = trial.pod
+        assert pod
         entry = process_of(runs.testbed, runs.namespace, pod)
         assert entry
-        time.sleep(rng.uniform(0, 4.0))  # the random moment of the pause
-        try:
-            node.pause(runs.namespace, pod)
-        except urllib.error.HTTPError:
-            return  # the run finished first: no trial
-        trial.pod, trial.paused_at = pod, time.time()
         epoch = int(pod.rsplit("-a", 1)[1])
         if trial.mode == "during-next-attempt":
             procs.wait_for(lambda: finished(runs, trial.name) or (
