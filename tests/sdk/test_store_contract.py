@@ -324,7 +324,29 @@ def test_status_written_by_an_attempt_overtaken_since_its_claim_changes_nothing(
     assert local.read_status() == {"outcome": "Waiting", "attempt": "a1", "claimedBy": "a2"}
     assert a2.write_status({"outcome": "Completed", "attempt": "a2"}) is True
     assert a2.write_status({"outcome": "Completed", "attempt": "a2", "n": 2}) is True  # its own writes follow
-    assert local.read_status() == {"outcome": "Completed", "attempt": "a2", "n": 2, "claimedBy": "a2"}
+    assert local.read_status() == {"outcome": "Completed", "attempt": "a2", "n": 2}  # it names its attempt
+
+
+def test_a_claim_that_keeps_losing_to_other_writers_gives_up_with_a_store_error(store: Store) -> None:
+    from durablerun._private import journal
+
+    claimer = store.run_store(REF)
+    backend = claimer.backend
+    real_cas = backend.cas
+    losses: list[str] = []
+
+    def overtaken(key: str, data: bytes, *, etag: str | None) -> str | None:
+        # Another attempt's claim lands between this one's read and its swap, every time.
+        current = backend.get_versioned(key)
+        real_cas(key, codec.seal(codec.dumps({journal.CLAIM: f"other-{len(losses)}"})),
+                 etag=None if current is None else current[1])
+        losses.append(key)
+        return real_cas(key, data, etag=etag)
+
+    backend.cas = overtaken  # type: ignore[method-assign]
+    with pytest.raises(errors.StoreError, match="could not claim the run's status"):
+        claimer.claim_status("a1")
+    assert len(losses) == journal.CLAIM_ROUNDS
 
 
 def test_delete_run_removes_everything_of_that_run_only(store: Store) -> None:

@@ -132,8 +132,12 @@ def _last_continuation(records: list[Record]) -> int | None:
     return None
 
 
-#: The key in status.json naming the attempt that claimed it (RunStore.claim_status).
+#: The key in status.json naming the attempt that claimed it (RunStore.claim_status), until that attempt
+#: writes its outcome, which names it as ``attempt``.
 CLAIM = "claimedBy"
+#: Claim rounds lost to other writers before claim_status gives up: each loss is another attempt's claim or
+#: outcome landing between a read and its swap, and an attempt that keeps losing is not the run's owner.
+CLAIM_ROUNDS = 5
 
 
 class RunStore:
@@ -451,7 +455,7 @@ class RunStore:
     # the guard checks the lease, but a write already past the check cannot be called back.
     def claim_status(self, attempt: str) -> None:
         key = self.key(layout.STATUS)
-        while True:
+        for _ in range(CLAIM_ROUNDS):
             current = self.backend.get_versioned(key)
             doc = {} if current is None else codec.loads(codec.unseal(current[0], what=key), what=key)
             doc = {**(doc if isinstance(doc, dict) else {}), CLAIM: attempt}
@@ -459,6 +463,8 @@ class RunStore:
             if etag is not None:
                 self._status_claim, self._status_etag = attempt, etag
                 return
+        raise errors.StoreError(f"could not claim the run's status: {CLAIM_ROUNDS} other writes won the race",
+                                key=key, attempt=attempt)
 
     def write_status(self, status: dict[str, Any]) -> bool:
         """Record an attempt's outcome. After :meth:`claim_status`, False (and nothing written) when another
@@ -467,8 +473,8 @@ class RunStore:
         if self._status_claim is None:  # not an attempt: a local command acting for the operator
             self.backend.put(key, codec.seal(codec.dumps(status)))
             return True
-        etag = self.backend.cas(key, codec.seal(codec.dumps({**status, CLAIM: self._status_claim})),
-                                etag=self._status_etag)
+        stamp = {} if status.get("attempt") == self._status_claim else {CLAIM: self._status_claim}
+        etag = self.backend.cas(key, codec.seal(codec.dumps({**status, **stamp})), etag=self._status_etag)
         if etag is None:
             return False
         self._status_etag = etag

@@ -20,7 +20,8 @@ given when only the local CLI named runs.) Inside a run's root::
     blobs/<sha256>.json        big step results, content-addressed, referenced from records
     events/<name>.json         events, first write wins
     status.json                the last attempt's outcome and what a Waiting run waits for (claimedBy: the
-                               attempt that runs: journal.RunStore.claim_status)
+                               attempt that claimed it and has not written its outcome yet:
+                               journal.RunStore.claim_status)
     policy.json                a local run's policy (budgets), recorded at its first attempt
     owner.json                 a run id's owner record: who may write it now (compare-and-swap;
                                :mod:`durablerun._private.owner`)
