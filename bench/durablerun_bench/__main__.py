@@ -65,14 +65,14 @@ class Sizes:
     export_from: int
     dbos_steps: int
     resume_repeats: int
-    scale_runs: int
+    scale_runs: tuple[int, ...]  # each a measurement of its own, side by side in one table
     scale_lease: int
-    scale_stopped: int
     write_cost_writes: int = 300
     write_cost_rounds: int = 3
     children: int = 1000
     events: int = 500
     waiting_runs: int = 1000
+    through_runners: int = scale.THROUGH_RUNNERS
     woken: int = 100
     idle_seconds: float = 60.0
     fanout_steps: int = 100
@@ -86,15 +86,15 @@ class Sizes:
     def pick(cls) -> Sizes:
         if quick():
             return cls(steps=300, step_repeats=1, replay_sizes=(100, 1_000, 10_000), replay_repeats=1,
-                       export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=60, scale_lease=15,
-                       scale_stopped=10, write_cost_writes=50, write_cost_rounds=1, children=100, events=50,
-                       waiting_runs=60, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
+                       export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=(60,), scale_lease=15,
+                       write_cost_writes=50, write_cost_rounds=1, children=100, events=50, waiting_runs=60,
+                       through_runners=30, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
                        timeline_records=20_000, kueue_runs=20, kueue_quota=4)
-        runs = int(os.environ.get("BENCH_SCALE_RUNS", "1000"))
+        runs = tuple(int(n) for n in os.environ.get("BENCH_SCALE_RUNS", "1000").split(","))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
                    export_from=100_000, dbos_steps=10_000, resume_repeats=3, scale_runs=runs, scale_lease=180,
-                   scale_stopped=max(10, runs // 20), waiting_runs=waiting, woken=min(100, waiting),
+                   waiting_runs=waiting, woken=min(100, waiting),
                    shard_runs=int(os.environ.get("BENCH_SHARD_RUNS", "3000")))
 
 
@@ -233,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                     if bed.node_process:
                         bed.node_process.stop()  # the stand-in renews leases; no runner processes
                         bed.node_process = None
-                    log(f"operator scale: {sizes.scale_runs} DurableRuns")
-                    results["scale"] = scale.bench(bed, root, run_id, runs=sizes.scale_runs,
-                                                   lease_seconds=sizes.scale_lease, stopped=sizes.scale_stopped,
-                                                   log=log)
+                    measured = []
+                    for runs in sizes.scale_runs:
+                        log(f"operator scale: {runs} DurableRuns")
+                        measured.append(scale.bench(bed, root, run_id, runs=runs, lease_seconds=sizes.scale_lease,
+                                                    stopped=max(10, runs // 20), log=log))
+                    results["scale"] = {**measured[0], "more_active": measured[1:]}
                     log(f"{len(failover.REPLICAS)} sharded operators, {sizes.shard_runs} DurableRuns, one replica "
                         "killed")
                     results["scale"]["failover"] = failover.bench(
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                         stopped=max(12, sizes.shard_runs // 50), log=log)
                     log(f"operator scale: {sizes.waiting_runs} waiting DurableRuns")
                     results["scale"]["waiting"] = scale.waiting(bed, root, run_id, runs=sizes.waiting_runs,
+                                                                through_runners=sizes.through_runners,
                                                                 woken=sizes.woken, idle_seconds=sizes.idle_seconds,
                                                                 log=log)
     finally:

@@ -312,71 +312,88 @@ def _resume(rs: dict[str, Any], targets: list[list[str]], real: dict[str, Any] |
 
 
 def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
-    d, since = sc["detection_delay"], sc["since_last_renewal"]
-    standin = sc.get("renewer", {})
+    """The scale section: one column per active size measured (``more_active`` after the first)."""
+    sizes = [sc, *sc.get("more_active", [])]
+    names = " and ".join(f"{m['runs']:,}" for m in sizes)
     out = [
-        f"## 4. Operator scale: {sc['runs']:,} DurableRuns",
+        f"## 4. Operator scale: {names} DurableRuns",
         "",
-        f"{sc['runs']:,} DurableRuns on the real kube-apiserver, the operator as shipped. Stand-in processes "
-        f"({sc.get('standins', 1)}; bench/durablerun_bench/renewer.py) acquire and renew every attempt's lease with "
-        f"the runner's guarded JSON patches, every leaseDuration/3 (leaseDuration {sc['lease_seconds']} s); runner "
-        f"pods stay unscheduled (no runner processes). {sc['stopped']} runs stop renewing at staggered, known "
-        "times; the operator must restart each of them exactly once and no other run. This machine's 2 cores run "
-        "the operator, kube-apiserver, etcd and the stand-ins together (and other engineers' tests): the control "
-        "plane's figures are its own CPU seconds, apart from the operator's.",
+        f"{names} DurableRuns on the real kube-apiserver (each a measurement of its own), the operator as shipped. "
+        "Stand-in processes (one per 2,500 runs; bench/durablerun_bench/renewer.py) acquire and renew every "
+        f"attempt's lease with the runner's guarded JSON patches, every leaseDuration/3 (leaseDuration "
+        f"{sc['lease_seconds']} s); runner pods stay unscheduled (no runner processes). One run in 20 stops renewing "
+        "at staggered, known times; the operator must restart each of them exactly once and no other run. This "
+        "machine's 2 cores run the operator, kube-apiserver, etcd and the stand-ins together: the control plane's "
+        "figures are its own CPU seconds, apart from the operator's.",
         "",
     ]
-    req = sc.get("api_requests_by_kind", {})
-    top = ", ".join(f"{k} {v:.1f}" for k, v in list(req.items())[:8])
+
+    def row(label: str, cell: Any) -> list[str]:
+        return [label, *(cell(m) for m in sizes)]
+
+    def top(m: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {v:.1f}" for k, v in list(m.get("api_requests_by_kind", {}).items())[:8])
+
+    def standin(m: dict[str, Any], *keys: str) -> list[Any]:
+        return [m.get("renewer", {}).get(k) for k in keys]
+
     rows = [
-        ["ramp-up: create all runs until every one is Running with its lease held",
-         f"{_f(sc.get('ramp_up_s'), 1)} s ({sc.get('held_after_ramp')} held), operator "
-         f"{_f(sc.get('ramp_cpu_cores'))} cores"],
-        ["measured window (steady state, stops, restarts)", f"{_f(sc['window_s'], 0)} s"],
-        ["operator CPU", f"{_f(sc['cpu_cores'])} cores"],
-        ["operator memory (RSS max in window / VmHWM)", f"{_f(sc['rss_mb_max'], 0)} MB / {_f(sc['hwm_mb'], 0)} MB"],
-        ["API requests/s, all clients (apiserver_request_total)", f"{_f(sc['api_requests_per_s'], 1)}"],
-        ["… by kind (req/s)", top],
-        ["kube-apiserver / etcd CPU", f"{_f(sc.get('apiserver_cores'))} / {_f(sc.get('etcd_cores'))} cores"],
-        ["etcd database size (in use)", f"{_f(sc.get('etcd_db_bytes', 0) / 2**20, 1)} MiB "
-                                        f"({_f(sc.get('etcd_db_in_use_bytes', 0) / 2**20, 1)} MiB)"],
-        ["DurableRun object size mean / max", f"{_f(sc.get('mean_bytes', 0) / 1024, 1)} / "
-                                              f"{_f(sc.get('max_bytes', 0) / 1024, 1)} KiB"],
-        ["stand-in renewals (acquired / renewed / fenced / errors)",
-         " / ".join(str(standin.get(k, "–")) for k in ("acquired", "renewed", "fenced", "errors"))],
-        ["stand-in lag: renewal sent after it was due p50 / p99 / max",
-         f"{_f(standin.get('lag_p50'))} / {_f(standin.get('lag_p99'))} / {_f(standin.get('lag_max'))} s"],
-        ["lease-expiry detection: delay after expiry p50 / p99 / max",
-         f"{_f(d['p50'], 1)} / {_f(d['p99'], 1)} / {_f(d['max'], 1)} s (n={d['n']})"],
-        ["… time from last renewal to restart p50 / p99",
-         f"{_f(since['p50'], 1)} / {_f(since['p99'], 1)} s (target ≤ {sc['detection_target_s']} s)"],
-        ["missed restarts (a stopped run not restarted before the window closed: its last stop + 2 leases + 30 s)",
-         str(sc["missed_restarts"])],
-        ["duplicated restarts (restarts > 1, a third attempt, or a renewing run restarted)",
-         str(sc["duplicated_restarts"])],
-        ["leases the stand-in itself let lapse (machine overloaded; those restarts are correct, not counted above)",
-         f"{sc.get('standin_lapses', 0)} ({sc.get('lapsed_runs_restarted', 0)} of those runs restarted)"],
+        row("ramp-up: create all runs until every one is Running with its lease held",
+            lambda m: f"{_f(m.get('ramp_up_s'), 1)} s ({m.get('held_after_ramp')} held), operator "
+                      f"{_f(m.get('ramp_cpu_cores'))} cores"),
+        row("measured window (steady state, stops, restarts)", lambda m: f"{_f(m['window_s'], 0)} s"),
+        row("operator CPU", lambda m: f"{_f(m['cpu_cores'])} cores"),
+        row("operator memory (RSS max in window / VmHWM)",
+            lambda m: f"{_f(m['rss_mb_max'], 0)} MB / {_f(m['hwm_mb'], 0)} MB"),
+        row("API requests/s, all clients (apiserver_request_total)", lambda m: _f(m["api_requests_per_s"], 1)),
+        row("… by kind (req/s)", top),
+        row("kube-apiserver / etcd CPU", lambda m: f"{_f(m.get('apiserver_cores'))} / {_f(m.get('etcd_cores'))} cores"),
+        row("etcd database size (in use; the whole database)",
+            lambda m: f"{_f(m.get('etcd_db_bytes', 0) / 2**20, 1)} MiB "
+                      f"({_f(m.get('etcd_db_in_use_bytes', 0) / 2**20, 1)} MiB)"),
+        row("DurableRun object size mean / max", lambda m: f"{_f(m.get('mean_bytes', 0) / 1024, 1)} / "
+                                                           f"{_f(m.get('max_bytes', 0) / 1024, 1)} KiB"),
+        row("stand-ins: processes; renewals acquired / renewed / fenced / errors",
+            lambda m: f"{m.get('standins', 1)}; " + " / ".join(
+                str(v if v is not None else "–") for v in standin(m, "acquired", "renewed", "fenced", "errors"))),
+        row("stand-in lag: renewal sent after it was due p50 / p99 / max",
+            lambda m: " / ".join(_f(v) for v in standin(m, "lag_p50", "lag_p99", "lag_max")) + " s"),
+        row("lease-expiry detection: delay after expiry p50 / p99 / max",
+            lambda m: f"{_f(m['detection_delay']['p50'], 1)} / {_f(m['detection_delay']['p99'], 1)} / "
+                      f"{_f(m['detection_delay']['max'], 1)} s (n={m['detection_delay']['n']})"),
+        row("… time from last renewal to restart p50 / p99",
+            lambda m: f"{_f(m['since_last_renewal']['p50'], 1)} / {_f(m['since_last_renewal']['p99'], 1)} s "
+                      f"(target ≤ {m['detection_target_s']} s)"),
+        row("missed restarts (a stopped run not restarted before the window closed: its last stop + 2 leases + "
+            "30 s)", lambda m: str(m["missed_restarts"])),
+        row("duplicated restarts (restarts > 1, a third attempt, or a renewing run restarted)",
+            lambda m: str(m["duplicated_restarts"])),
+        row("leases the stand-in itself let lapse (machine overloaded; those restarts are correct, not counted "
+            "above)", lambda m: f"{m.get('standin_lapses', 0)} ({m.get('lapsed_runs_restarted', 0)} of those runs "
+                                "restarted)"),
     ]
-    out += [*_table(["", "measured"], rows), ""]
+    out += [*_table(["", *(f"{m['runs']:,} runs" for m in sizes)], rows), ""]
     if sc.get("waiting"):
-        out += _per_thousand(sc, sc["waiting"])
-    n = sc["runs"]
-    targets.append([f"{n:,} runs: operator under 0.5 core", f"{_f(sc['cpu_cores'])} cores",
-                    _yes(sc["cpu_cores"] < 0.5)])
-    targets.append([f"{n:,} runs: operator under 300 MB", f"{_f(sc['rss_mb_max'], 0)} MB RSS",
-                    _yes(sc["rss_mb_max"] < 300)])
-    targets.append([f"{n:,} runs: lease expiry detected within leaseDuration + 5 s at p99",
-                    f"p99 {_f(since['p99'], 1)} s after the last renewal (lease {sc['lease_seconds']} s)",
-                    _yes(since["p99"] <= sc["detection_target_s"] if since["n"] else None)])
-    targets.append([f"{n:,} runs: no missed or duplicated restarts",
-                    f"{sc['missed_restarts']} missed, {sc['duplicated_restarts']} duplicated",
-                    _yes(sc["missed_restarts"] == 0 and sc["duplicated_restarts"] == 0)])
-    writes = req.get("PATCH durableruns/status", 0.0) * 60 / n if n else float("nan")
-    targets.append(["at most one status write a minute per active run (default lease)",
-                    f"{_f(writes)} status PATCHes/min per run (all writers: stand-in renewals and the operator)",
-                    _yes(writes <= 1.0 if sc["lease_seconds"] >= 180 else None)])
-    if n < 1000:
-        targets.append(["1,000 runs", f"measured with {n:,}", "**not measured at 1,000**"])
+        out += _per_thousand(sizes, sc["waiting"], targets)
+    for m in sizes:
+        n, since = m["runs"], m["since_last_renewal"]
+        targets.append([f"{n:,} runs: operator under 0.5 core per 1,000 runs",
+                        f"{_f(m['cpu_cores'] / (n / 1000), 3)} cores per 1,000 ({_f(m['cpu_cores'])} in all)",
+                        _yes(m["cpu_cores"] / (n / 1000) < 0.5)])
+        targets.append([f"{n:,} runs: operator under 300 MB per 1,000 runs", f"{_f(m['rss_mb_max'], 0)} MB RSS",
+                        _yes(m["rss_mb_max"] < 300 * max(1, n / 1000))])
+        targets.append([f"{n:,} runs: lease expiry detected within leaseDuration + 5 s at p99",
+                        f"p99 {_f(since['p99'], 1)} s after the last renewal (lease {m['lease_seconds']} s)",
+                        _yes(since["p99"] <= m["detection_target_s"] if since["n"] else None)])
+        targets.append([f"{n:,} runs: no missed or duplicated restarts",
+                        f"{m['missed_restarts']} missed, {m['duplicated_restarts']} duplicated",
+                        _yes(m["missed_restarts"] == 0 and m["duplicated_restarts"] == 0)])
+        writes = m.get("api_requests_by_kind", {}).get("PATCH durableruns/status", 0.0) * 60 / n if n else 0.0
+        targets.append([f"{n:,} runs: at most one status write a minute per active run (default lease)",
+                        f"{_f(writes)} status PATCHes/min per run (all writers: stand-in renewals and the operator)",
+                        _yes(writes <= 1.0 if m["lease_seconds"] >= 180 else None)])
+    if sc["runs"] < 1000:
+        targets.append(["1,000 runs", f"measured with {sc['runs']:,}", "**not measured at 1,000**"])
     if sc.get("failover"):
         out += _failover(sc["failover"], targets)
     return out
@@ -416,48 +433,75 @@ def _failover(fo: dict[str, Any], targets: list[list[str]]) -> list[str]:
     return out
 
 
-def _per_thousand(active: dict[str, Any], waiting: dict[str, Any]) -> list[str]:
-    idle = waiting["idle"]
-    a, w = active["runs"] / 1000, waiting["runs"] / 1000
+def _per_thousand(actives: list[dict[str, Any]], waiting: dict[str, Any], targets: list[list[str]]) -> list[str]:
+    """Each active size's window and the idle waiting runs', per 1,000 runs, side by side."""
+    idle, start, w = waiting["idle"], waiting.get("start"), waiting["runs"] / 1000
 
     def req(window: dict[str, Any], scale: float) -> str:
         return ", ".join(f"{k} {v / scale:.2f}" for k, v in list(window["api_requests_by_kind"].items())[:6]) or "–"
 
-    e = waiting["event_to_pod"]
+    def row(label: str, active: Any, idle_cell: str) -> list[str]:
+        return [label, *(active(m, m["runs"] / 1000) for m in actives), idle_cell]
+
+    e, ec = waiting["event_to_pod"], waiting.get("event_to_pod_clones") or {"n": 0}
     rows = [
-        ["operator CPU (cores)", _f(active["cpu_cores"] / a, 3), _f(idle["cpu_cores"] / w, 3)],
-        ["operator RSS (MB, whole process)", _f(active["rss_mb_max"], 0), _f(idle["rss_mb_max"], 0)],
-        ["API requests/s", _f(active["api_requests_per_s"] / a, 1), _f(idle["api_requests_per_s"] / w, 1)],
-        ["… by verb and resource (req/s)", req(active, a), req(idle, w)],
-        ["kube-apiserver CPU (cores)", _f(active["apiserver_cores"] / a, 3), _f(idle["apiserver_cores"] / w, 3)],
-        ["etcd CPU (cores)", _f(active["etcd_cores"] / a, 3), _f(idle["etcd_cores"] / w, 3)],
-        ["etcd database (MiB, whole database)", _f(active["etcd_db_bytes"] / 2**20, 1),
-         _f(idle["etcd_db_bytes"] / 2**20, 1)],
-        ["DurableRun size mean / max (KiB)", f"{_f(active['mean_bytes'] / 1024, 1)} / "
-                                             f"{_f(active['max_bytes'] / 1024, 1)}",
-         f"{_f(waiting['mean_bytes'] / 1024, 1)} / {_f(waiting['max_bytes'] / 1024, 1)}"],
-        ["lease-expiry detection after expiry p50 / p99 (s)",
-         f"{_f(active['detection_delay']['p50'], 1)} / {_f(active['detection_delay']['p99'], 1)}", "–"],
-        ["event patch → new attempt's pod p50 / p99 (s)", "–",
-         f"{_f(e['p50'])} / {_f(e['p99'])} (n={e['n']})"],
-        ["missed / duplicated restarts", f"{active['missed_restarts']} / {active['duplicated_restarts']}",
-         f"{waiting['missed_wakes']} / {waiting['duplicated_wakes']}"],
-        ["stand-in processes, lag p99 (s)", f"{active.get('standins', 1)}, "
-                                            f"{_f(active.get('renewer', {}).get('lag_p99'))}",
-         f"{waiting.get('standins', 1)}, –"],
+        row("operator CPU (cores)", lambda m, a: _f(m["cpu_cores"] / a, 3), _f(idle["cpu_cores"] / w, 3)),
+        row("operator RSS (MB, whole process, not divided)", lambda m, a: _f(m["rss_mb_max"], 0),
+            _f(idle["rss_mb_max"], 0)),
+        row("API requests/s", lambda m, a: _f(m["api_requests_per_s"] / a, 1), _f(idle["api_requests_per_s"] / w, 2)),
+        row("… by verb and resource (req/s)", req, req(idle, w)),
+        row("kube-apiserver CPU (cores)", lambda m, a: _f(m["apiserver_cores"] / a, 3),
+            _f(idle["apiserver_cores"] / w, 3)),
+        row("etcd CPU (cores)", lambda m, a: _f(m["etcd_cores"] / a, 3), _f(idle["etcd_cores"] / w, 3)),
+        row("DurableRun size mean / max (KiB)",
+            lambda m, a: f"{_f(m['mean_bytes'] / 1024, 1)} / {_f(m['max_bytes'] / 1024, 1)}",
+            f"{_f(waiting['mean_bytes'] / 1024, 1)} / {_f(waiting['max_bytes'] / 1024, 1)}"),
+        row("lease-expiry detection after expiry p50 / p99 (s)",
+            lambda m, a: f"{_f(m['detection_delay']['p50'], 1)} / {_f(m['detection_delay']['p99'], 1)}", "–"),
+        row("event patch → new attempt's pod p50 / p99 (s)", lambda m, a: "–",
+            f"{_f(e['p50'])} / {_f(e['p99'])} (n={e['n']}; of them cloned: p99 {_f(ec.get('p99'))}, n={ec['n']})"),
+        row("missed / duplicated restarts (waiting: wakes)",
+            lambda m, a: f"{m['missed_restarts']} / {m['duplicated_restarts']}",
+            f"{waiting['missed_wakes']} / {waiting['duplicated_wakes']}"),
+        row("stand-in processes, lag p99 (s)",
+            lambda m, a: f"{m.get('standins', 1)}, {_f(m.get('renewer', {}).get('lag_p99'))}", "1, –"),
     ]
-    return [
-        f"### Per 1,000 runs: {active['runs']:,} active, {waiting['runs']:,} waiting",
+    clones = waiting["runs"] - waiting.get("through_runners", waiting["runs"])
+    lines = [
+        f"### Per 1,000 runs: {', '.join(format(m['runs'], ',') for m in actives)} active, "
+        f"{waiting['runs']:,} waiting",
         "",
-        f"The active column is the window above divided by {a:g}; the waiting one is {waiting['runs']:,} runs "
-        f"taken to Waiting by stand-ins that end their first attempt as a runner reaching `ctx.wait_for_event` does "
-        f"(outcome in status, container exit 4 with its termination message), then {_f(idle['window_s'], 0)} s "
-        f"with nothing happening, divided by {w:g}; then {waiting['woken']} of them sent their event. Memory is "
-        "the whole process's, not divided.",
+        "Each active column is its window above divided by its thousands of runs. The waiting column: "
+        f"{waiting.get('through_runners', waiting['runs']):,} runs taken to Waiting by a stand-in that ends each "
+        "first attempt as a runner reaching `ctx.wait_for_event` does (outcome in status, container exit 4 with its "
+        "termination message)"
+        + (f", and {clones:,} more created with the operator stopped, each with the status of one of those "
+           "(its name replaced): the object the operator finds after such a run's first attempt; then the operator "
+           "started again" if clones else "")
+        + f", then {_f(idle['window_s'], 0)} s with nothing happening, divided by {w:g}; then {waiting['woken']} of "
+        "them (half of them cloned) sent their event, one every 50 ms.",
         "",
-        *_table(["per 1,000 runs", "active", "waiting (idle)"], rows),
+        *_table(["per 1,000 runs", *(f"{m['runs']:,} active" for m in actives), f"{waiting['runs']:,} waiting (idle)"],
+                rows),
         "",
     ]
+    if start:
+        lines += [f"The operator's start with {waiting['runs']:,} waiting runs (list, decide each once) took "
+                  f"{_f(waiting.get('operator_start_s'), 0)} s until its CPU settled under 0.05 cores: "
+                  f"{_f(start['cpu_cores'])} cores on average, {_f(start['api_requests_per_s'], 1)} API requests/s "
+                  f"({req(start, 1)}), RSS {_f(start['rss_mb_end'], 0)} MB.", ""]
+    n = waiting["runs"]
+    targets.append([f"{n:,} waiting runs: operator under 0.1 core while nothing happens",
+                    f"{_f(idle['cpu_cores'], 3)} cores", _yes(idle["cpu_cores"] < 0.1)])
+    targets.append([f"{n:,} waiting runs: operator under 1.5 GB RSS", f"{_f(idle['rss_mb_max'], 0)} MB",
+                    _yes(idle["rss_mb_max"] < 1536)])
+    targets.append([f"{n:,} waiting runs: event patch → next attempt's pod within 2 s p99",
+                    f"p99 {_f(e['p99'])} s (n={e['n']}), missed {waiting['missed_wakes']}, duplicated "
+                    f"{waiting['duplicated_wakes']}",
+                    _yes(e["n"] > 0 and e["p99"] <= 2.0 and not waiting["missed_wakes"]
+                         and not waiting["duplicated_wakes"])])
+    return lines
+
 
 _WRITES = {
     "configmap": "ConfigMap JSON patch (test a key, set one): the floor",

@@ -62,8 +62,12 @@ class Watcher:
 
     def _loop(self, kind: str) -> None:
         from kubernetes import client, watch
+        from kubernetes.client.exceptions import ApiException
 
         api_client = self.bed.api_client()
+        # Each reconnect resumes from the last resourceVersion seen: relisting every 30 s would cost the API
+        # server a LIST of every object (100,000 waiting runs in the scale section) and pollute its figures.
+        version: str | None = None
         while not self._stop.is_set():
             try:
                 if kind == "dr":
@@ -72,17 +76,23 @@ class Watcher:
                 else:
                     fn, args = client.CoreV1Api(api_client).list_namespaced_pod, (self.namespace,)
                 w = watch.Watch()
-                for event in w.stream(fn, *args, timeout_seconds=30):
+                resume = {"resource_version": version} if version else {}
+                for event in w.stream(fn, *args, timeout_seconds=30, **resume):
                     now = time.time()
                     obj = event["object"]
                     if not isinstance(obj, dict):
                         obj = api_client.sanitize_for_serialization(obj)
+                    version = obj.get("metadata", {}).get("resourceVersion") or version
                     with self.lock:
                         self.events.append((now, kind, event["type"], self.reduce(kind, obj)))
                     if self._stop.is_set():
                         w.stop()
                         break
-            except Exception:  # a watch can drop; it restarts and relists
+            except ApiException as error:
+                if error.status == 410:
+                    version = None  # too old: list again
+                time.sleep(0.1)
+            except Exception:  # a watch can drop; it restarts where it was
                 time.sleep(0.1)
 
     def first(self, kind: str, after: float, predicate: Any) -> float | None:

@@ -284,40 +284,108 @@ def _standin_counts(renewals: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: (int(v) if k not in ("lag_p50", "lag_p99", "lag_max") else v) for k, v in total.items()}
 
 
+#: Waiting runs taken there by stand-ins (the path a real run takes); the rest are cloned from one of them.
+THROUGH_RUNNERS = 1000
+#: The shard label of cloned runs no stand-in watches (only the woken sample's are watched).
+UNWATCHED = "none"
+
+
+def create_waiting_clones(bed: TestBed, namespace: str, names: list[str], template: dict[str, Any],
+                          watched: set[str]) -> None:
+    """Create ``names`` as DurableRuns whose status is ``template``'s (a run a stand-in took to Waiting),
+    its run name replaced by each one's: the object an operator finds after such a run's first attempt."""
+    from kubernetes import client
+
+    local = threading.local()
+    status = json.dumps(template["status"])
+    origin = template["metadata"]["name"]
+
+    def create(name: str) -> None:
+        if not hasattr(local, "api"):
+            local.api = client.CustomObjectsApi(bed.api_client())
+        body = _run_manifest(namespace, name, 180)
+        body["metadata"]["labels"][SHARD_LABEL] = "0" if name in watched else UNWATCHED
+        body["metadata"]["finalizers"] = template["metadata"].get("finalizers") or []  # the operator's, as on it
+        local.api.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, body)
+        local.api.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                                                        {"status": json.loads(status.replace(origin, name))})
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(create, names))
+
+
+def settle(op: procs.ManagedProcess, timeout: float, quiet_cores: float = 0.05, window: float = 10.0) -> float:
+    """Seconds until the operator's CPU over ``window`` seconds falls under ``quiet_cores``."""
+    t0 = time.time()
+    last_cpu, last_t = proc_cpu_seconds(op.pid), time.time()
+    while time.time() - t0 < timeout:
+        time.sleep(window)
+        cpu, now = proc_cpu_seconds(op.pid), time.time()
+        if (cpu - last_cpu) / (now - last_t) < quiet_cores:
+            return now - t0
+        last_cpu, last_t = cpu, now
+    return float("nan")
+
+
 def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idle_seconds: float,
-            log: Any = print) -> dict[str, Any]:
-    """``runs`` runs taken to Waiting (for event "go") by stand-ins; the operator idle; then ``woken`` of them sent
-    the event, one every 50 ms: event patch -> the next attempt's pod, and exactly one such pod per woken run."""
+            through_runners: int = THROUGH_RUNNERS, log: Any = print) -> dict[str, Any]:
+    """``runs`` runs Waiting for event "go"; the operator idle with them; then ``woken`` of them sent the event,
+    one every 50 ms: event patch -> the next attempt's pod, and exactly one such pod per woken run.
+
+    Up to ``through_runners`` runs get there as a real run does (a stand-in ends each first attempt Waiting); the rest
+    are created with the operator stopped, each with the status of one of those (its name replaced), and the
+    operator started again: so 100,000 waiting runs cost minutes to build rather than the eight writes a run each
+    that the real path takes. The operator's start with all of them (until its CPU settles) is measured too. Half
+    the woken sample is of each kind."""
     from kubernetes import client
 
     namespace = f"bench-waiting-{uuid.uuid4().hex[:4]}"
     resume.prepare_namespace(bed, namespace)
     names = [f"wait-{i:06d}" for i in range(runs)]
-    shards = max(1, -(-runs // RUNS_PER_STANDIN))
+    real, clones = names[:through_runners], names[through_runners:]
+    half = woken // 2 if clones else woken
+    sample = real[:: max(1, len(real) // half)][:half] + clones[:: max(1, len(clones) // max(1, woken - half))][
+        :woken - half]
     watcher = resume.Watcher(bed, namespace, _reduce).start()
-    standins = StandIns(bed, root, run_id, namespace, shards)
-    out: dict[str, Any] = {"runs": runs, "woken": woken, "standins": shards}
+    standins = StandIns(bed, root, run_id, namespace, 1)
+    out: dict[str, Any] = {"runs": runs, "through_runners": len(real), "woken": len(sample), "standins": 1}
     custom = client.CustomObjectsApi(bed.api_client())
-    with resume.operator(bed, namespace, root, run_id) as op:
+    plan = {"namespace": namespace, "lease_seconds": 180, "stop": {}, "wait_event": "go"}
+
+    def phases() -> dict[str, str]:
+        with watcher.lock:
+            events = list(watcher.events)
+        latest: dict[str, str] = {}
+        for _, kind, _, obj in events:
+            if kind == "dr":
+                latest[obj["name"]] = obj.get("phase") or ""
+        return latest
+
+    with resume.operator(bed, namespace, root, run_id):
         t0 = time.time()
-        standins.start({"namespace": namespace, "lease_seconds": 180, "stop": {}, "wait_event": "go"})
-        create_runs(bed, namespace, names, 180, shards)
-
-        def phases() -> dict[str, str]:
-            with watcher.lock:
-                events = list(watcher.events)
-            latest: dict[str, str] = {}
-            for _, kind, _, obj in events:
-                if kind == "dr":
-                    latest[obj["name"]] = obj.get("phase") or ""
-            return latest
-
+        standins.start(plan)
+        create_runs(bed, namespace, real, 180, 1)
         with contextlib.suppress(procs.Timeout):  # reported below: how many got there
-            procs.wait_for(lambda: sum(p == api.Phase.WAITING for p in phases().values()) >= runs,
-                           timeout=max(300, runs), interval=2.0, what=f"all {runs} runs Waiting")
+            procs.wait_for(lambda: sum(p == api.Phase.WAITING for p in phases().values()) >= len(real),
+                           timeout=max(300, len(real)), interval=2.0, what=f"all {len(real)} runs Waiting")
         out["ramp_up_s"] = time.time() - t0
+        log(f"  {sum(p == api.Phase.WAITING for p in phases().values())} of {len(real)} runs Waiting through "
+            f"stand-ins after {out['ramp_up_s']:.0f}s")
+        standins.stop()
+    if clones:
+        template = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, real[0])
+        assert template["status"]["phase"] == api.Phase.WAITING, template["status"]
+        t0 = time.time()
+        create_waiting_clones(bed, namespace, clones, template, set(sample))
+        out["clone_s"] = time.time() - t0
+        log(f"  {len(clones)} more Waiting runs created with the operator stopped in {out['clone_s']:.0f}s")
+    with resume.operator(bed, namespace, root, run_id) as op:
+        start = _mark(bed, op)
+        out["operator_start_s"] = settle(op, timeout=max(300, runs / 50))
+        out["start"] = _window(bed, op, start, [proc_memory_mb(op.pid)["VmRSS"]])
         out["waiting_after_ramp"] = sum(p == api.Phase.WAITING for p in phases().values())
-        log(f"  {out['waiting_after_ramp']} of {runs} runs Waiting after {out['ramp_up_s']:.0f}s")
+        log(f"  operator started with {out['waiting_after_ramp']} Waiting runs: settled in "
+            f"{out['operator_start_s']:.0f}s, RSS {out['start']['rss_mb_end']:.0f} MB")
         start = _mark(bed, op)
         rss: list[float] = []
         idle_end = time.time() + idle_seconds
@@ -325,7 +393,7 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
             rss.append(proc_memory_mb(op.pid)["VmRSS"])
             time.sleep(2)
         out["idle"] = _window(bed, op, start, rss)
-        sample = names[:: max(1, runs // woken)][:woken]
+        standins.start(plan)  # shard 0: the runs taken there by stand-ins and the woken clones
         sent: dict[str, float] = {}
         start = _mark(bed, op)
         for name in sample:
@@ -354,6 +422,8 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
     pods = started()
     delays = [pods[n][0] - sent[n] for n in sample if n in pods]
     out["event_to_pod"] = _summary(delays)
+    through = set(real)
+    out["event_to_pod_clones"] = _summary([pods[n][0] - sent[n] for n in sample if n in pods and n not in through])
     out["missed_wakes"] = sum(1 for n in sample if n not in pods)
     out["duplicated_wakes"] = sum(1 for n in sample if len(pods.get(n, [])) > 1) + sum(
         1 for n in pods if n not in sent)

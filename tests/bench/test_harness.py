@@ -314,6 +314,8 @@ def test_report_judges_the_write_cost_and_the_sizes_and_divides_per_thousand_run
         "parent": {"children": 1000, "bytes": 600 * 1024}, "events": {"events": 500, "bytes": 100 * 1024}}}
     results["scale"].update(runs=2000, lease_seconds=180, mean_bytes=4096, max_bytes=8192, standins=1,
                             **_window(0.2))
+    larger = {**results["scale"], "runs": 10_000, **_window(1.5), "mean_bytes": 4096}
+    results["scale"]["more_active"] = [larger]
     results["scale"]["waiting"] = {"runs": 4000, "woken": 100, "standins": 2, "idle": _window(0.04),
                                    "event_to_pod": {"p50": 0.5, "p99": 1.5, "max": 2.0, "n": 100},
                                    "missed_wakes": 0, "duplicated_wakes": 0, "mean_bytes": 3072, "max_bytes": 4096}
@@ -321,10 +323,16 @@ def test_report_judges_the_write_cost_and_the_sizes_and_divides_per_thousand_run
     assert "a DurableRun status write within 2× of a ConfigMap patch (API server CPU) | 3.00×" in text
     assert "| a parent of 1,000 children under 256 KiB | 600.0 KiB | **missed** |" in text
     assert "| a run sent 500 events under 256 KiB | 100.0 KiB | **met** |" in text
-    assert "### Per 1,000 runs: 2,000 active, 4,000 waiting" in text
-    assert "| operator CPU (cores) | 0.100 | 0.010 |" in text  # 0.2 / 2 and 0.04 / 4
-    # 16 status PATCHes/s over 2,000 runs: 0.48 a minute per run.
-    assert "| at most one status write a minute per active run (default lease) | 0.48 status PATCHes/min" in text
+    assert "### Per 1,000 runs: 2,000, 10,000 active, 4,000 waiting" in text
+    assert "| operator CPU (cores) | 0.100 | 0.150 | 0.010 |" in text  # 0.2 / 2, 1.5 / 10 and 0.04 / 4
+    assert "| operator CPU | 0.20 cores | 1.50 cores |" in text  # the sizes side by side, undivided
+    # 16 status PATCHes/s over 2,000 runs: 0.48 a minute per run; over 10,000: 0.10.
+    assert "| 2,000 runs: at most one status write a minute per active run (default lease) | 0.48 status PATCHes/min" \
+        in text
+    assert "| 10,000 runs: at most one status write a minute per active run (default lease) | 0.10 status PATCHes" \
+        in text
+    assert "| 4,000 waiting runs: operator under 0.1 core while nothing happens | 0.040 cores | **met** |" in text
+    assert "| 4,000 waiting runs: event patch → next attempt's pod within 2 s p99 | p99 1.50 s" in text
 
 
 def test_the_scratch_crds_change_only_what_their_variant_names() -> None:
