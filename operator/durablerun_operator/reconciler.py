@@ -64,6 +64,12 @@ class Reconciler:
         # news), and the moment its pods' clock runs out (a new version of the run does not change that).
         self._settled_version: dict[Key, str] = {}
         self._pods_until: dict[Key, Any] = {}
+        # The first look (reconcile): a queued run's body as the watch delivered it, and the names of every
+        # run's pods as the pod watch reports them. A run with no pod is first decided on those alone, with no
+        # read; only a plan that would act is decided again on fresh reads. So an operator (re)starting with
+        # 100,000 waiting runs reads none of them again, rather than two calls each at its client's rate.
+        self._first_look: dict[Key, dict[str, Any]] = {}
+        self._pods_of: dict[Key, set[str]] = {}
         # Queued runs whose WorkloadPriorityClass does not exist: a new version of one (its label fixed) is
         # decided at once, although a Queued run is otherwise woken only by its Workload.
         self._class_missing: set[Key] = set()
@@ -179,6 +185,8 @@ class Reconciler:
             if version is not None:
                 self._settled_version[key] = version
             return
+        if key not in self._pods_of:
+            self._first_look[key] = body
         self.queue.add(key)
 
     def _tell_parent(self, child: decide.RunView) -> None:
@@ -195,11 +203,19 @@ class Reconciler:
             self._unsettle((child.namespace, parent))
             self.queue.add((child.namespace, parent))
 
-    def pod_changed(self, namespace: str, run_name: str) -> None:
-        if not self._mine((namespace, run_name)):
+    def pod_changed(self, namespace: str, run_name: str, pod: str | None = None, deleted: bool = False) -> None:
+        """A run's pod (``pod``, from the pod watch) or its Workload changed: decide the run again."""
+        key = (namespace, run_name)
+        if pod is not None:
+            names = self._pods_of.setdefault(key, set())
+            (names.discard if deleted else names.add)(pod)
+            if not names:
+                del self._pods_of[key]
+            self._first_look.pop(key, None)  # a look taken before this pod was seen
+        if not self._mine(key):
             return
-        self._unsettle((namespace, run_name))
-        self.queue.add((namespace, run_name))
+        self._unsettle(key)
+        self.queue.add(key)
 
     def _unsettle(self, key: Key) -> None:
         self._settled.discard(key)
@@ -261,6 +277,7 @@ class Reconciler:
         self._rbac_ready.pop(key, None)
         self._create_failures.pop(key, None)
         self._class_missing.discard(key)
+        self._first_look.pop(key, None)
         self._cancel_timer(key)
 
     # --- one run ---------------------------------------------------------------------
@@ -273,6 +290,10 @@ class Reconciler:
         try:
             body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
             pods: list[dict[str, Any]] | None = None  # None: read them (again)
+            # Deciding on the watch's body and no pods, unread (the first look): settle, or read and decide again.
+            first_look = None if key in self._pods_of else self._first_look.pop(key, None)
+            if first_look is not None:
+                body, pods = first_look, []
             related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
             workload: dict[str, Any] | None = None  # the run's Kueue Workload, when it is admitted through Kueue
             workload_read = False
@@ -310,6 +331,11 @@ class Reconciler:
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
                                      related=related, create_failure=self._create_failures.get(key),
                                      queueing=queueing)
+                if first_look is not None and not plan.empty:
+                    first_look = body = pods = related = None  # it would act: on fresh reads only
+                    workload_read = False
+                    continue
+                first_look = None
                 held = await self._hold(run, plan, now)
                 if plan.empty or held is not None:
                     # Settled: nothing happens to it before its next wake-up, or a watch event.

@@ -1,0 +1,126 @@
+"""A run with no pod is first decided on the watch's body alone; it is read again only to act (pure logic).
+
+The API is a recorder here: what is under test is which reads the reconciler makes, the reason an operator
+(re)starting with 100,000 waiting runs costs the API server nothing per run (bench/RESULTS.md, section 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from durablerun import api
+from durablerun_operator.config import Settings
+from durablerun_operator.reconciler import Reconciler
+
+NOW = datetime.now(UTC)
+
+
+def at(seconds: float) -> str:
+    return api.format_time(NOW + timedelta(seconds=seconds))
+
+
+def run(phase: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": "run", "uid": "u1", "generation": 1, "resourceVersion": "7",
+                     "finalizers": [api.RUN_FINALIZER], "annotations": {}},
+        "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://bucket/runs"},
+                 "template": {"spec": {"containers": [{"name": "runner", "image": "runner:1"}]}}},
+        "status": {"phase": phase, "epoch": 1, "attempt": 1, "pod": "run-a1", "startTime": at(-600),
+                   "inputHash": api.input_hash({}), "observedGeneration": 1, "outcome": "Waiting",
+                   "lastPodEndTime": at(-500), **status},
+    }
+
+
+WAITING = run("Waiting", waitingFor={"event": "go", "since": at(-500)})
+
+
+class Recorder:
+    """The API as the reconciler sees it: the run as stored, and every call made."""
+
+    def __init__(self, stored: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> None:
+        self.stored, self.pods = stored, pods or []
+        self.calls: list[str] = []
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append("get_run")
+        return copy.deepcopy(self.stored)
+
+    def list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        self.calls.append("list_pods")
+        return copy.deepcopy(self.pods)
+
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self.calls.append("patch_status")
+        for op in ops:
+            if op["op"] == "add":
+                self.stored["status"][op["path"].split("/")[-1]] = op["value"]
+        self.stored["metadata"]["resourceVersion"] = str(int(self.stored["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(self.stored)
+
+    def post_event(self, *_: Any, **__: Any) -> None:
+        self.calls.append("post_event")
+
+    def __getattr__(self, name: str) -> Any:
+        def stop(*_: Any, **__: Any) -> None:  # what comes after the reads and the status write: not under test
+            self.calls.append(name)
+            raise Stop(name)
+        return stop
+
+
+class Stop(Exception):
+    pass
+
+
+def decide_once(reconciler: Reconciler) -> None:
+    async def once() -> None:
+        assert await reconciler.reconcile("ns", "run")
+        for timer in reconciler._timers.values():
+            timer.cancel()
+
+    asyncio.run(once())
+
+
+def test_a_waiting_run_seen_by_the_watch_settles_with_no_read() -> None:
+    kube = Recorder(copy.deepcopy(WAITING))
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.run_changed(copy.deepcopy(WAITING))
+    decide_once(reconciler)
+    assert kube.calls == []
+    assert ("ns", "run") in reconciler._settled
+
+
+def test_a_run_with_a_pod_is_read_before_it_is_decided() -> None:
+    kube = Recorder(copy.deepcopy(WAITING))
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.pod_changed("ns", "run", "run-a1")  # the pod watch saw one: the look cannot say "no pod"
+    reconciler.run_changed(copy.deepcopy(WAITING))
+    decide_once(reconciler)
+    assert kube.calls[:2] == ["get_run", "list_pods"]
+
+
+def test_a_pod_seen_after_the_look_was_taken_drops_the_look() -> None:
+    kube = Recorder(copy.deepcopy(WAITING))
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.run_changed(copy.deepcopy(WAITING))
+    reconciler.pod_changed("ns", "run", "run-a1")
+    reconciler.pod_changed("ns", "run", "run-a1", deleted=True)  # gone again: still, the look predates it
+    decide_once(reconciler)
+    assert kube.calls[:2] == ["get_run", "list_pods"]
+
+
+def test_a_run_that_must_act_is_decided_again_on_fresh_reads_and_acts_on_those() -> None:
+    # The watched body has the run's event: the look says act; the plan is applied only after reading it.
+    watched = copy.deepcopy(WAITING)
+    watched["spec"]["events"] = {"go": {"ok": True}}
+    kube = Recorder(copy.deepcopy(watched))
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.run_changed(watched)
+    with pytest.raises(Stop):
+        decide_once(reconciler)
+    assert kube.calls[:3] == ["get_run", "list_pods", "patch_status"], kube.calls
+    assert kube.stored["status"]["phase"] == api.Phase.RUNNING  # its next attempt starts
