@@ -51,6 +51,10 @@ from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: The operator's API client for a fleet (the chart's kubeClient.qps and .burst): the shipped 50/s paces a wave
+#: of starts at a handful of calls a run, so 10,000 runs would take over half an hour to start, and an operator
+#: starting with 100,000 waiting runs (two reads a run) over an hour. docs/operator.md, "Sizing".
+FLEET_CLIENT = {api.OperatorEnv.KUBE_QPS: "500", api.OperatorEnv.KUBE_BURST: "1000"}
 #: One stand-in process per this many runs (a Python process renews ~150 leases/s on this machine).
 RUNS_PER_STANDIN = 2500
 
@@ -214,7 +218,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
     standins = StandIns(bed, root, run_id, namespace, shards)
     renew_log = standins.log
     out: dict[str, Any] = {"runs": runs, "lease_seconds": lease_seconds, "stopped": stopped, "standins": shards}
-    with resume.operator(bed, namespace, root, run_id) as op:
+    with resume.operator(bed, namespace, root, run_id, env=FLEET_CLIENT) as op:
         cpu0, t0 = proc_cpu_seconds(op.pid), time.time()
         create_runs(bed, namespace, names, lease_seconds, shards)
         created = time.time()
@@ -270,18 +274,15 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
 
 
 def _standin_counts(renewals: list[dict[str, Any]]) -> dict[str, Any]:
-    """The stand-ins' counts summed, and their worst lag (each reports its own at SIGTERM)."""
-    last: dict[int, dict[str, Any]] = {}
-    total: dict[str, Any] = defaultdict(float)
+    """The stand-ins' counts summed, and their worst lag (each reports its own at SIGTERM; one that renewed
+    nothing reports NaN)."""
     reports = [e for e in renewals if e.get("event") == "counts"]
-    for i, e in enumerate(reports):
-        last[i] = e
-    for e in last.values():
-        for key in ("acquired", "renewed", "fenced", "errors", "lists", "waits", "completed"):
-            total[key] += e.get(key, 0)
+    total: dict[str, Any] = {key: sum(int(e.get(key, 0)) for e in reports)
+                             for key in ("acquired", "renewed", "fenced", "errors", "lists", "waits", "completed")}
     for key in ("lag_p50", "lag_p99", "lag_max"):
-        total[key] = max((e.get(key) or 0.0 for e in last.values()), default=0.0)
-    return {k: (int(v) if k not in ("lag_p50", "lag_p99", "lag_max") else v) for k, v in total.items()}
+        lags = [float(e[key]) for e in reports if isinstance(e.get(key), (int, float)) and e[key] == e[key]]
+        total[key] = max(lags, default=float("nan"))
+    return total
 
 
 #: Waiting runs taken there by stand-ins (the path a real run takes); the rest are cloned from one of them.
@@ -361,7 +362,7 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
                 latest[obj["name"]] = obj.get("phase") or ""
         return latest
 
-    with resume.operator(bed, namespace, root, run_id):
+    with resume.operator(bed, namespace, root, run_id, env=FLEET_CLIENT):
         t0 = time.time()
         standins.start(plan)
         create_runs(bed, namespace, real, 180, 1)
@@ -379,7 +380,7 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
         create_waiting_clones(bed, namespace, clones, template, set(sample))
         out["clone_s"] = time.time() - t0
         log(f"  {len(clones)} more Waiting runs created with the operator stopped in {out['clone_s']:.0f}s")
-    with resume.operator(bed, namespace, root, run_id) as op:
+    with resume.operator(bed, namespace, root, run_id, env=FLEET_CLIENT) as op:
         start = _mark(bed, op)
         out["operator_start_s"] = settle(op, timeout=max(300, runs / 50))
         out["start"] = _window(bed, op, start, [proc_memory_mb(op.pid)["VmRSS"]])
