@@ -239,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                         measured.append(scale.bench(bed, root, run_id, runs=runs, lease_seconds=sizes.scale_lease,
                                                     stopped=max(10, runs // 20), log=log))
                     results["scale"] = {**measured[0], "more_active": measured[1:]}
-                    log(f"{len(failover.REPLICAS)} sharded operators, {sizes.shard_runs} DurableRuns, one replica "
-                        "killed")
-                    results["scale"]["failover"] = failover.bench(
-                        bed, root, run_id, runs=sizes.shard_runs, lease_seconds=sizes.scale_lease,
-                        stopped=max(12, sizes.shard_runs // 50), log=log)
+                    if sizes.shard_runs:  # BENCH_SHARD_RUNS=0: not this time
+                        log(f"{len(failover.REPLICAS)} sharded operators, {sizes.shard_runs} DurableRuns, one "
+                            "replica killed")
+                        results["scale"]["failover"] = failover.bench(
+                            bed, root, run_id, runs=sizes.shard_runs, lease_seconds=sizes.scale_lease,
+                            stopped=max(12, sizes.shard_runs // 50), log=log)
                     log(f"operator scale: {sizes.waiting_runs} waiting DurableRuns")
                     results["scale"]["waiting"] = scale.waiting(bed, root, run_id, runs=sizes.waiting_runs,
                                                                 through_runners=sizes.through_runners,

@@ -219,28 +219,36 @@ class Renewer:
                         self.held.pop(name, None)  # refused: tried again when its next version is seen
 
     def watch(self, pool: ThreadPoolExecutor) -> None:
-        """Every version of the runs (of this shard): a list, then a watch from it, again when it drops."""
+        """Every version of the runs (of this shard): a list, then a watch from it that resumes where it was
+        when it times out; a list again only when the watch cannot resume (410 Gone, or an error). Listing
+        again at each timeout made 4 stand-ins of 10,000 runs read 45 MB a minute each, and the API server's
+        answers timed out (504) under them."""
         from kubernetes import watch
 
+        version: str | None = None
         while not self.done.is_set():
             try:
                 kwargs = {"label_selector": self.selector} if self.selector else {}
-                reply = self.api().list_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace,
-                                                                 api.PLURAL, **kwargs)
-                with self.lock:
-                    self.counts["lists"] += 1
-                for run in reply["items"]:
-                    self.seen(run, pool)
+                if version is None:
+                    reply = self.api().list_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace,
+                                                                     api.PLURAL, **kwargs)
+                    with self.lock:
+                        self.counts["lists"] += 1
+                    for run in reply["items"]:
+                        self.seen(run, pool)
+                    version = reply["metadata"]["resourceVersion"]
                 w = watch.Watch()
                 for event in w.stream(self.api().list_namespaced_custom_object, api.GROUP, api.VERSION,
-                                      self.namespace, api.PLURAL, resource_version=reply["metadata"]["resourceVersion"],
-                                      timeout_seconds=60, **kwargs):
+                                      self.namespace, api.PLURAL, resource_version=version,
+                                      allow_watch_bookmarks=True, timeout_seconds=60, **kwargs):
                     if self.done.is_set():
                         w.stop()
                         break
+                    version = event["object"].get("metadata", {}).get("resourceVersion") or version
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self.seen(event["object"], pool)
-            except Exception as error:  # a watch can drop or expire: list again
+            except Exception as error:  # expired (410) or dropped: list again
+                version = None
                 print(f"renewer: watch: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
                 self.done.wait(0.5)
 

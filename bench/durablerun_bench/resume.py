@@ -77,12 +77,14 @@ class Watcher:
                     fn, args = client.CoreV1Api(api_client).list_namespaced_pod, (self.namespace,)
                 w = watch.Watch()
                 resume = {"resource_version": version} if version else {}
-                for event in w.stream(fn, *args, timeout_seconds=30, **resume):
+                for event in w.stream(fn, *args, timeout_seconds=30, allow_watch_bookmarks=True, **resume):
                     now = time.time()
                     obj = event["object"]
                     if not isinstance(obj, dict):
                         obj = api_client.sanitize_for_serialization(obj)
                     version = obj.get("metadata", {}).get("resourceVersion") or version
+                    if event["type"] == "BOOKMARK":
+                        continue
                     with self.lock:
                         self.events.append((now, kind, event["type"], self.reduce(kind, obj)))
                     if self._stop.is_set():

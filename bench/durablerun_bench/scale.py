@@ -108,7 +108,9 @@ def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: int = 0)
             "workflow": "durablerun_bench.dr_flows:steps",
             "input": {"n": 1},
             "checkpoint": {"uri": "s3://bench/scale"},
-            "policy": {"leaseDuration": f"{lease_seconds}s", "backoff": {"initial": "0s", "max": "1s"}},
+            # The stand-ins run no steps: no progressTimeout may abort a run before the measurement ends.
+            "policy": {"leaseDuration": f"{lease_seconds}s", "backoff": {"initial": "0s", "max": "1s"},
+                       "progressTimeout": "24h"},
             "template": {"spec": {"containers": [{"name": "runner"}]}},
         },
     }

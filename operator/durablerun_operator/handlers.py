@@ -30,7 +30,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     own: Settings = memo.settings
     # Watches can go silently stale behind proxies and load balancers: ask the
-    # server to close each watch regularly so kopf re-lists (kopf docs, "Networking").
+    # server to close each watch regularly; kopf reconnects from the last resourceVersion it saw (bookmarks keep
+    # it fresh), listing again only on 410 Gone (kopf docs, "Networking").
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
