@@ -73,9 +73,14 @@ def is_sealed_ok(data: bytes) -> bool:
 # --- JSON -----------------------------------------------------------------------
 
 
+# Built once: json.dumps with any non-default argument builds a new encoder on every call (every step
+# encodes twice). An encoder keeps no state between calls, so threads may share it.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def dumps(value: Any) -> bytes:
     """Compact JSON bytes. NaN/Infinity are refused (they are not JSON)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODE(value).encode()
 
 
 def loads(data: bytes, *, what: str) -> Any:
@@ -120,6 +125,10 @@ def _default(value: Any) -> Any:
     raise TypeError(type(value).__qualname__)
 
 
+_ENCODE_VALUE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                                 default=_default).encode
+
+
 def encode_value(value: Any, *, what: str, verb: str = "returned",
                  root: str = "result") -> tuple[bytes, str | None]:
     """Encode a step result (or event payload) as JSON bytes.
@@ -133,12 +142,7 @@ def encode_value(value: Any, *, what: str, verb: str = "returned",
     if isinstance(value, BaseModel):
         model = f"{type(value).__module__}:{type(value).__qualname__}"
     try:
-        return (
-            json.dumps(
-                value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
-            ).encode(),
-            model,
-        )
+        return _ENCODE_VALUE(value).encode(), model
     except (TypeError, ValueError) as first:
         # Slow path only to say exactly what and where.
         try:
