@@ -31,9 +31,11 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def seal(body: bytes) -> bytes:
-    """Wrap ``body`` (JSON bytes) in an envelope carrying its sha256."""
-    return b"".join((_PREFIX, hashlib.sha256(body).hexdigest().encode(), _MID, body, _SUFFIX))
+def seal(body: bytes, *, sha256: str | None = None) -> bytes:
+    """Wrap ``body`` (JSON bytes) in an envelope carrying its sha256 (``sha256``: already computed, for a
+    content-addressed object whose name is that hash: hashed once, not twice)."""
+    digest = hashlib.sha256(body).hexdigest() if sha256 is None else sha256
+    return b"".join((_PREFIX, digest.encode(), _MID, body, _SUFFIX))
 
 
 def unseal(data: bytes, *, what: str) -> bytes:
