@@ -147,6 +147,15 @@ def _steps(s: dict[str, Any], targets: list[list[str]]) -> list[str]:
         targets.append(["a sync step function within 1.3× of an async one (filesystem store)",
                         f"{_f(rows['dr-fs-sync']['ops_per_s'], 0)} against {_f(dr_fs['ops_per_s'], 0)} steps/s, "
                         f"{_f(ratio)}×", _yes(ratio <= 1.3)])
+        inline = rows.get("dr-fs-sync-inline")
+        if inline:
+            out += [f"A sync step fn runs on a worker thread, so each step hops there and back: "
+                    f"{_f(rows['dr-fs-sync']['ops_per_s'], 0)} steps/s (CPU "
+                    f"{_f(rows['dr-fs-sync'].get('cpu_ms_per_step', 0) * 1000, 0)} µs a step), against "
+                    f"{_f(inline['ops_per_s'], 0)} steps/s (CPU {_f(inline.get('cpu_ms_per_step', 0) * 1000, 0)} µs) "
+                    f"for the same fn on the loop thread (`sync_steps_in_threads=False`) and "
+                    f"{_f(dr_fs['ops_per_s'], 0)} (CPU {_f(dr_fs.get('cpu_ms_per_step', 0) * 1000, 0)} µs) for an "
+                    "async one: the difference is the hop.", ""]
     if "fanout" in s:
         out += _fanout(s["fanout"], targets)
     return out

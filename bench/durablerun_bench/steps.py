@@ -68,6 +68,10 @@ def rows(env: Env, record_bytes: int) -> list[Row]:
             FS_DURABILITY, "floor-fdatasync"),
         Row("dr-fs-sync", "durable-run, filesystem store, sync step fn (worker thread)", "durablerun",
             {"store": "fs", "dir": env.tmp, "sync_step": True}, FS_DURABILITY, "floor-fdatasync"),
+        # The same sync step fn without the hop to a worker thread and back: what that hop costs.
+        Row("dr-fs-sync-inline", "durable-run, filesystem store, sync step fn on the loop thread "
+            "(sync_steps_in_threads=False)", "durablerun",
+            {"store": "fs", "dir": env.tmp, "sync_step": True, "threads": False}, FS_DURABILITY, "floor-fdatasync"),
         Row("dr-s3", "durable-run, S3 store (MinIO)", "durablerun", {"store": "s3", **env.s3}, S3_DURABILITY,
             "floor-s3"),
         Row("dbos-pg", "DBOS on PostgreSQL", "dbos", {"url": env.dbos_pg_url}, PG_DURABILITY, "floor-pg"),

@@ -355,3 +355,21 @@ def test_the_scratch_crds_change_only_what_their_variant_names() -> None:
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     shipped_policy = writecost.scratch_documents("shipped")[1]
     assert shipped_policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["durableruns"]
+
+
+def test_report_judges_the_per_step_targets_and_shows_what_the_sync_hop_costs() -> None:
+    results = _results()
+    rows = results["steps"]["rows"]
+    dr_fs = next(r for r in rows if r["key"] == "dr-fs")
+    dr_fs.update(ops_per_s=6000.0, ratio_overwrite=1.25, cpu_ms_per_step=0.03)
+    row = {"durability": "d", "floor": "floor-fdatasync", "mean_ms": 0.2, "p50_ms": 0.2, "p99_ms": 1.0,
+           "runs_ops_per_s": [1.0]}
+    rows += [{**row, "key": "dr-fs-sync", "label": "sync", "ops_per_s": 4000.0, "cpu_ms_per_step": 0.09},
+             {**row, "key": "dr-fs-sync-inline", "label": "inline", "ops_per_s": 5800.0, "cpu_ms_per_step": 0.035}]
+    text = report.render(results)
+    assert "| filesystem store within 1.3× of overwrite zeros + fdatasync | 1.25× | **met** |" in text
+    assert ("| a sync step function within 1.3× of an async one (filesystem store) | 4,000 against 6,000 steps/s, "
+            "1.50× | **missed** |") in text
+    assert ("4,000 steps/s (CPU 90 µs a step), against 5,800 steps/s (CPU 35 µs) for the same fn on the loop "
+            "thread (`sync_steps_in_threads=False`) and 6,000 (CPU 30 µs) for an async one: the difference is the "
+            "hop.") in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -81,6 +82,33 @@ def test_values_are_returned_as_a_replay_would_return_them(mem: Store) -> None:
     # Live and replay return the same thing: what JSON makes of the value.
     assert seen == [repr([1, 2, {"k": [3]}])] * 2
     assert r2.result == [1, 2, {"k": [3]}, "mutated"]
+
+
+class Colour(enum.StrEnum):
+    RED = "red"
+
+
+def test_scalar_results_come_back_as_a_replay_returns_them_subclasses_as_plain_values(mem: Store) -> None:
+    # A str/int/float/bool/None result is handed back as it was returned (it decodes to itself); a
+    # subclass (an enum here) is decoded like any other value, so live and replay still agree.
+    seen: list[Any] = []
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        for name, value in (("s", "ü\u2028x"), ("i", 10**20), ("f", 0.1), ("b", True), ("n", None),
+                            ("e", Colour.RED)):
+            got = await ctx.step(name, lambda v=value: v)
+            seen.append((type(got).__name__, got))
+        await ctx.wait_for_event("e")
+        return None
+
+    assert attempt(mem, wf).outcome == Outcome.WAITING
+    live = list(seen)
+    assert live == [("str", "ü\u2028x"), ("int", 10**20), ("float", 0.1), ("bool", True), ("NoneType", None),
+                    ("str", "red")]
+    mem.put_event(run=REF, name="e", payload=None)
+    seen.clear()
+    assert attempt(mem, wf).outcome == Outcome.COMPLETED
+    assert seen == live
 
 
 class Report(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,29 @@ def test_a_second_writer_that_fell_behind_is_fenced(fs: FsJournal) -> None:
     a.append(_rec(1))
     a.close()
     b.close()
+
+
+def test_a_writer_between_appends_holds_no_lock_and_a_newer_writer_fences_it(fs: FsJournal) -> None:
+    # The lock is taken per append: a writer paused between two steps (its lease lapsing) must not keep
+    # the attempt that replaces it out, and its own next append must then fail.
+    old = fs.open().run_store(REF)
+    old.load(for_writing=True)
+    old.append(_rec(0))
+    lock = os.open(fs.segment().parent / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError if held
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
+    new = fs.open().run_store(REF)
+    assert [r.seq for r in new.load(for_writing=True).records] == [0]
+    new.append(_rec(1))
+    with pytest.raises(errors.FencedError, match="already written by another writer"):
+        old.append(_rec(1))
+    new.append(_rec(2))
+    old.close()
+    new.close()
+    assert fs.seqs() == [0, 1, 2]
 
 
 def test_objects_are_written_whole_or_not_at_all(tmp_path: Path) -> None:

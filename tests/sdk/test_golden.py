@@ -18,13 +18,18 @@ changes the wire format, and needs a new layout version instead.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sys
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from durablerun._private.model import Payload, StepRecord, Totals
 from durablerun.api import Outcome
 from durablerun.engine import EngineConfig, Run
 from durablerun.stores import RunRef, Store, open_store
@@ -143,3 +148,25 @@ def _write_golden() -> None:  # pragma: no cover - run by hand, once per layout 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent / "workflows"))
     _write_golden()
+
+
+def test_a_step_record_written_out_directly_is_byte_for_byte_what_its_dict_encodes_to() -> None:
+    # StepRecord.encode writes the common record (a success, its result inline) without building the
+    # dict; whatever the strings, numbers and model, the bytes must be the dict's.
+    names = ["work", 'q"uote\\back/slash', "\u00fcn\u00efcode \u2713", "ctl\x00\x1f\x7f\u2028\ud7ff", ""]
+    floats = [0.0, 0.1, 1764134000.123456, 1e-07, 1e16, 5e-324, 123456789.0]
+    for i, name in enumerate(names):
+        for model in (None, "pkg.mod:Report"):
+            for usd in (Decimal(0), Decimal("0.000123"), Decimal("1E+3")):
+                for at in floats:
+                    record = StepRecord(seq=7 + i, pos=f"3/{i}.2", name=name, ok=True, attempts=2, dur=floats[i],
+                                        w="a1b2c3", at=at, totals=Totals(usd, 10**20, 3))
+                    record.set_result(Payload(b'{"k":[1,"\xc3\xbc"]}', None, model))
+                    assert record.encode() == record.encode_dict(), (name, model, usd, at)
+    for bad in (math.nan, math.inf):
+        record = StepRecord(seq=1, pos="1", name="n", ok=True, at=bad, totals=Totals())
+        record.set_result(Payload(b"1", None, None))
+        with pytest.raises(ValueError, match="Out of range float"):
+            record.encode()
+        with pytest.raises(ValueError, match="Out of range float"):
+            record.encode_dict()

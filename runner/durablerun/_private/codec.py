@@ -31,9 +31,11 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def seal(body: bytes) -> bytes:
-    """Wrap ``body`` (JSON bytes) in an envelope carrying its sha256."""
-    return b"".join((_PREFIX, hashlib.sha256(body).hexdigest().encode(), _MID, body, _SUFFIX))
+def seal(body: bytes, *, sha256: str | None = None) -> bytes:
+    """Wrap ``body`` (JSON bytes) in an envelope carrying its sha256 (``sha256``: already computed, for a
+    content-addressed object whose name is that hash: hashed once, not twice)."""
+    digest = hashlib.sha256(body).hexdigest() if sha256 is None else sha256
+    return b"".join((_PREFIX, digest.encode(), _MID, body, _SUFFIX))
 
 
 def unseal(data: bytes, *, what: str) -> bytes:
@@ -73,9 +75,14 @@ def is_sealed_ok(data: bytes) -> bool:
 # --- JSON -----------------------------------------------------------------------
 
 
+# Built once: json.dumps with any non-default argument builds a new encoder on every call (every step
+# encodes twice). An encoder keeps no state between calls, so threads may share it.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def dumps(value: Any) -> bytes:
     """Compact JSON bytes. NaN/Infinity are refused (they are not JSON)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODE(value).encode()
 
 
 def loads(data: bytes, *, what: str) -> Any:
@@ -120,6 +127,10 @@ def _default(value: Any) -> Any:
     raise TypeError(type(value).__qualname__)
 
 
+_ENCODE_VALUE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                                 default=_default).encode
+
+
 def encode_value(value: Any, *, what: str, verb: str = "returned",
                  root: str = "result") -> tuple[bytes, str | None]:
     """Encode a step result (or event payload) as JSON bytes.
@@ -133,12 +144,7 @@ def encode_value(value: Any, *, what: str, verb: str = "returned",
     if isinstance(value, BaseModel):
         model = f"{type(value).__module__}:{type(value).__qualname__}"
     try:
-        return (
-            json.dumps(
-                value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
-            ).encode(),
-            model,
-        )
+        return _ENCODE_VALUE(value).encode(), model
     except (TypeError, ValueError) as first:
         # Slow path only to say exactly what and where.
         try:

@@ -379,8 +379,9 @@ class RunStore:
             # record's exact bytes without re-encoding anything.
             body = (b"[\n" + b",\n".join(
                 r.raw() for r in records[chunk.first - base : chunk.last - base + 1]) + b"\n]")
-            chunk.key = layout.chunk_key(codec.sha256_hex(body))
-            self.backend.create(self.key(chunk.key), codec.seal(body))
+            sha = codec.sha256_hex(body)
+            chunk.key = layout.chunk_key(sha)
+            self.backend.create(self.key(chunk.key), codec.seal(body, sha256=sha))
         pointer = codec.seal(codec.dumps({
             "layout": layout.LAYOUT_VERSION,
             "seq": last,
@@ -410,7 +411,7 @@ class RunStore:
     # --- blobs (big results) ----------------------------------------------------------
     def put_blob(self, body: bytes) -> dict[str, Any]:
         sha = codec.sha256_hex(body)
-        self.backend.create(self.key(layout.blob_key(sha)), codec.seal(body))
+        self.backend.create(self.key(layout.blob_key(sha)), codec.seal(body, sha256=sha))
         return {"sha256": sha, "size": len(body)}
 
     def get_blob(self, ref: dict[str, Any]) -> bytes:

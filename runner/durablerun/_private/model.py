@@ -145,6 +145,17 @@ class ResultRecord(Record):
         return self.encoded if self.encoded is not None else codec.dumps(self.value)
 
 
+#: A str as JSON, escaped as codec.dumps escapes it (ensure_ascii=False): json's C encoder when present.
+_json_str: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _finite(x: float) -> str:
+    """A float as JSON writes it (its repr); NaN and infinities are not JSON, as codec.dumps refuses them."""
+    if x - x != 0.0:
+        raise ValueError(f"Out of range float values are not JSON compliant: {x!r}")
+    return repr(x)
+
+
 @dataclass(slots=True, kw_only=True, eq=False)
 class StepRecord(ResultRecord):
     """``step``: a step's outcome: ``ok`` and its result, or the ``error`` it failed with."""
@@ -167,7 +178,23 @@ class StepRecord(ResultRecord):
         return out
 
     def encode(self) -> bytes:
-        # The hot path (every step): one flat dict, in the order of _fields and Record.encode.
+        t = self.totals
+        if (self.ok and self.ref is None and self.cost is None and self.encoded is not None
+                and type(self.at) is float and type(self.dur) is float
+                and type(t.tokens) is int and type(t.steps) is int):
+            # The hot path (every step that succeeded, its result inline): the bytes encode_dict would give
+            # (tests/sdk/test_golden.py holds the two together), written out directly, which costs a third
+            # of encoding the dict. Strings are escaped by json's own encoder.
+            model = f'"model":{_json_str(self.model)},' if self.model is not None else ""
+            head = (f'{{"seq":{self.seq:d},"pos":{_json_str(self.pos)},"kind":"step","name":'
+                    f'{_json_str(self.name)},"ok":true,{model}"attempts":{self.attempts:d},"dur":{_finite(self.dur)},'
+                    f'"w":{_json_str(self.w)},"at":{_finite(self.at)},"totals":{{"usd":{_json_str(str(t.usd))},'
+                    f'"tokens":{t.tokens:d},"steps":{t.steps:d}}},"value":')
+            return head.encode() + self.encoded + b"}"
+        return self.encode_dict()
+
+    def encode_dict(self) -> bytes:
+        """Any step record: one flat dict, in the order of _fields and Record.encode."""
         data: dict[str, Any] = {"seq": self.seq, "pos": self.pos, "kind": "step",
                                 "name": self.name, "ok": self.ok}
         if not self.ok:

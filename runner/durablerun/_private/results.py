@@ -17,6 +17,8 @@ from durablerun._private.halts import Halt, HaltKind
 from durablerun._private.journal import RunStore
 from durablerun._private.model import EngineConfig, Payload, ResultRecord
 
+_DECODES_TO_ITSELF = frozenset({str, int, float, bool, type(None)})
+
 
 class Results:
     """Encodes one attempt's results for their records and decodes recorded ones."""
@@ -47,7 +49,11 @@ class Results:
             except errors.StoreError as e:
                 # The store failed, not the step: never journal this as the step's error.
                 raise store_halt(e) from None
-        # The workflow gets its own copy, decoded exactly as a replay would decode it.
+        # The workflow gets its own copy, decoded exactly as a replay would decode it. A str, int,
+        # float, bool or None (those types exactly, no subclass) decodes to an equal immutable value:
+        # the value itself is that copy, and the step skips a decode.
+        if model is None and type(value) in _DECODES_TO_ITSELF:
+            return payload, value
         return payload, codec.rebuild(codec.loads(body, what=what), model, what=what)
 
     async def recorded(self, record: ResultRecord, what: str) -> Any:

@@ -24,7 +24,7 @@ import functools
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -47,7 +47,8 @@ class _Entry:
     usd: Decimal
     tokens: int
     step: bool
-    done: Future[tuple[Any, str]] = field(default_factory=Future)
+    #: Set for a record queued for group commit (:meth:`Writer._flush` writes it).
+    done: Future[tuple[Any, str]] | None = None
 
 
 class Writer:
@@ -81,27 +82,27 @@ class Writer:
         self._write_pool.shutdown(wait=False)
 
     def _append_locked(self, record: R, usd: Decimal, tokens: int, step: bool) -> tuple[R, str]:
-        """Append one record; runs under the writer lock (see :meth:`_append_batch`)."""
-        entry = _Entry(record, usd, tokens, step)
-        self._append_batch([entry])
-        return entry.done.result()
+        """Append one record (on the loop thread for a local store, else on the writer thread)."""
+        result: tuple[R, str] = self._write_batch([_Entry(record, usd, tokens, step)])[0]
+        return result
 
     def _append_batch(self, batch: list[_Entry]) -> None:
-        """Assign the next sequence numbers and append the records, in one write when there are several.
+        """Append queued records (group commit), in one write when there are several.
 
-        Called on the loop thread for local stores and on the single writer
-        thread for remote ones; either way one batch at a time, in order. Each
-        entry's future gets its (record, key), or the Halt that stopped the write.
+        On the single writer thread, one batch at a time, in order. Each entry's
+        future gets its (record, key), or the Halt that stopped the write.
         """
         try:
             results = self._write_batch(batch)
         except BaseException as e:
             for entry in batch:
+                assert entry.done is not None
                 entry.done.set_exception(e)
             if not isinstance(e, Exception):
                 raise
             return
         for entry, result in zip(batch, results, strict=True):
+            assert entry.done is not None
             entry.done.set_result(result)
 
     def _write_batch(self, batch: list[_Entry]) -> list[tuple[Any, str]]:
@@ -227,11 +228,11 @@ class Writer:
         if self.store.backend.io_inline:
             result = self._append_locked(record, usd, tokens, step)
         elif self._grouping:
-            entry = _Entry(record, usd, tokens, step)
+            done: Future[tuple[Any, str]] = Future()
             with self._queue_lock:
-                self._queue.append(entry)
+                self._queue.append(_Entry(record, usd, tokens, step, done))
             self._write_pool.submit(self._flush)
-            result = await asyncio.wrap_future(entry.done)
+            result = await asyncio.wrap_future(done)
         else:
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(

@@ -89,14 +89,21 @@ def _etag(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
-@contextlib.contextmanager
-def _flock(fd: int, what: str) -> Iterator[None]:
+def _take_lock(fd: int, what: str) -> None:
+    """``flock`` ``fd`` exclusively: one system call when it is free (every append), else wait, with a deadline."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
     deadline = time.monotonic() + LOCK_TIMEOUT_S
     delay = 0.0005
     while True:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return
         except BlockingIOError:
             if time.monotonic() > deadline:
                 raise errors.StoreUnavailableError(
@@ -104,12 +111,19 @@ def _flock(fd: int, what: str) -> Iterator[None]:
                     "holds it (a paused or hung writer?)",
                     lock=what,
                 ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+
+
+@contextlib.contextmanager
+def _flock(fd: int, what: str) -> Iterator[None]:
+    _take_lock(fd, what)
     try:
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+#: What a segment holds where no record starts yet: its end, or the zeros a writer set aside.
+_NO_RECORD = (b"", b"\0")
 
 
 class FsJournal(base.JournalBackend):
@@ -120,6 +134,7 @@ class FsJournal(base.JournalBackend):
         self._lock_fd: int | None = None
         self._seg_fd: int | None = None
         self._seg_start: int | None = None
+        self._seg_path = ""  # the open segment's path (for keys and errors)
         self._expected_size = 0  # where this writer's next record goes in the open segment
         self._allocated = 0  # bytes the open segment holds: records, then zeros
         self._next_seq: int | None = None
@@ -255,7 +270,7 @@ class FsJournal(base.JournalBackend):
 
     def _open_writer(self, from_seq: int) -> list[tuple[int, bytes]]:
         lock_fd = self._lock()
-        with _flock(lock_fd, str(self._dir / ".lock")):
+        with _flock(lock_fd, self._lock_s):
             starts = self._segments()
             out: list[tuple[int, bytes]] = []
             next_seq = 0
@@ -278,10 +293,14 @@ class FsJournal(base.JournalBackend):
                         os.fdatasync(fd)
                         size = good
                     self._close_segment()
-                    self._seg_fd, self._seg_start, self._expected_size = fd, start, good
-                    self._allocated = size
+                    self._set_segment(fd, start, good, size)
             self._next_seq = next_seq
             return out
+
+    def _set_segment(self, fd: int, start: int, records_end: int, size: int) -> None:
+        """Make ``fd`` (segment ``start``) the one appended to: its records end at ``records_end``."""
+        self._seg_fd, self._seg_start, self._expected_size, self._allocated = fd, start, records_end, size
+        self._seg_path = os.path.join(self._dir_s, layout.segment_name(start))
 
     def _close_segment(self) -> None:
         if self._seg_fd is not None:
@@ -303,6 +322,13 @@ class FsJournal(base.JournalBackend):
             self._allocated = self._expected_size
 
     def append(self, seq: int, data: bytes) -> str:
+        """Record ``seq``: under the writer lock, check its place is free, one ``pwrite``, one ``fdatasync``.
+
+        The lock is taken for each append, not held across them: a writer paused between two steps (the
+        usual way a lease lapses) must never keep a newer writer out, and flock cannot be taken from a
+        process that is alive. What holding it would save (two ``flock`` calls and the one-byte ``pread``
+        of the position check) measured ~2.5 µs of CPU per append, against a ~100 µs ``fdatasync``.
+        """
         if self._broken:
             raise errors.StoreUnavailableError(
                 f"an earlier journal write failed ({self._broken}); this writer stops and the "
@@ -317,54 +343,62 @@ class FsJournal(base.JournalBackend):
                 f"is {self._next_seq}",
                 directory=str(self._dir),
             )
-        start = seq - seq % layout.SEGMENT_RECORDS
+        line = data + b"\n"
         lock_fd = self._lock()
-        path = os.path.join(self._dir_s, layout.segment_name(start))
-        with _flock(lock_fd, self._lock_s):
+        _take_lock(lock_fd, self._lock_s)
+        try:
+            start = seq - seq % layout.SEGMENT_RECORDS
             if self._seg_start != start:
-                # Roll over to a new segment; it must not hold a record yet.
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, size, 0).strip(b"\0"):
-                    os.close(fd)
-                    raise errors.FencedError(
-                        "journal segment already written by another writer", segment=path
-                    )
-                _fsync_dir(self._dir)
-                with contextlib.suppress(OSError):
-                    self._trim()  # the full segment's spare zeros (harmless if they stay)
-                self._close_segment()
-                self._seg_fd, self._seg_start, self._expected_size = fd, start, 0
-                self._allocated = size
-            assert self._seg_fd is not None
-            if os.pread(self._seg_fd, 1, self._expected_size) not in (b"", b"\0"):
+                self._roll_over(start)
+            fd, offset = self._seg_fd, self._expected_size
+            assert fd is not None
+            # The fence: a newer writer that appended since this one's last append (each under the
+            # lock) left a record where this one's next goes.
+            if os.pread(fd, 1, offset) not in _NO_RECORD:
                 raise errors.FencedError(
                     "journal position already written by another writer (the segment holds a "
                     "record where this writer's next one goes)",
-                    segment=path,
+                    segment=self._seg_path,
                     seq=seq,
                 )
-            line = data + b"\n"
-            end = self._expected_size + len(line)
+            end = offset + len(line)
             try:
                 if end > self._allocated:
                     # Zero-fill ahead, so the syncs of the next records flush data only.
                     grow = end - self._allocated + PREALLOCATE_BYTES
-                    _pwrite_all(self._seg_fd, bytes(grow), self._allocated)
+                    _pwrite_all(fd, bytes(grow), self._allocated)
                     self._allocated += grow
                 base.crash_point("before-write")
-                _pwrite_all(self._seg_fd, line, self._expected_size)
+                written = os.pwrite(fd, line, offset)
+                if written != len(line):
+                    _pwrite_all(fd, line[written:], offset + written)
                 base.crash_point("after-write")
-                os.fdatasync(self._seg_fd)
+                os.fdatasync(fd)
             except OSError as e:
                 self._broken = f"{e.strerror or e}"
                 raise errors.StoreUnavailableError(
-                    f"journal append failed: {e}", segment=path, seq=seq
+                    f"journal append failed: {e}", segment=self._seg_path, seq=seq
                 ) from e
-        self._expected_size += len(line)
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        self._expected_size = end
         self._next_seq = seq + 1
         base.crash_point("after-answer")
-        return f"{path}#{seq}"
+        return f"{self._seg_path}#{seq}"
+
+    def _roll_over(self, start: int) -> None:
+        """Move on to the segment starting at record ``start``; it must not hold a record yet. Under the lock."""
+        path = os.path.join(self._dir_s, layout.segment_name(start))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, size, 0).strip(b"\0"):
+            os.close(fd)
+            raise errors.FencedError("journal segment already written by another writer", segment=path)
+        _fsync_dir(self._dir)
+        with contextlib.suppress(OSError):
+            self._trim()  # the full segment's spare zeros (harmless if they stay)
+        self._close_segment()
+        self._set_segment(fd, start, 0, size)
 
     def truncate(self, from_seq: int) -> int:
         lock_fd = self._lock()
