@@ -45,7 +45,9 @@ def test_the_export_child_gets_the_otel_settings_and_none_of_the_runners_secrets
     pipe = spanexport.start(api.trace_id_of("_local/env"), env)
     try:
         assert pipe.process is not None
-        given = environ(pipe.process.pid)
+        pid = pipe.process.pid
+        # Empty for a moment after Popen returns, while the kernel finishes the child's exec.
+        given = procs.wait_for(lambda: environ(pid) or None, timeout=WAIT, what="the export child's environment")
     finally:
         assert pipe.close() == 0
     assert {k: given[k] for k in given if k.startswith("OTEL_")} == {
