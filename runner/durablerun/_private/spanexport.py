@@ -220,7 +220,17 @@ def resource(env: Mapping[str, str]) -> Resource:
     from opentelemetry.sdk.resources import Resource
 
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    return Resource.create({} if named else {"service.name": "durablerun"})
+    created = Resource.create({} if named else {"service.name": "durablerun"})
+    digest = hash(created)
+
+    class Hashed(Resource):
+        """The SDK hashes a resource by JSON-encoding its attributes, and its exporter hashes each span's to
+        group them: every span here shares this one, so its hash is computed once."""
+
+        def __hash__(self) -> int:
+            return digest
+
+    return Hashed(created.attributes, created.schema_url)
 
 
 class Rebuild:
