@@ -251,3 +251,43 @@ def test_a_steps_compact_span_reaches_the_exporter_with_its_attributes_retries_c
     assert not {"durablerun.cost.usd", "durablerun.cost.tokens", "durablerun.step.reexecuted"} & set(b)
     assert broken_span.status.status_code is StatusCode.ERROR
     assert broken_span.status.description == "NonRetryableError"
+
+
+def test_a_step_the_attempt_ended_in_the_middle_of_is_a_span_marked_interrupted(tmp_path: Path) -> None:
+    import asyncio
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from durablerun import DurableContext
+    from durablerun._private import tracing
+    from durablerun.engine import Run
+    from durablerun.stores import RunRef, open_store
+
+    exporter = InMemorySpanExporter()
+    store = open_store(f"file://{tmp_path}")
+    ref = RunRef.local("interrupted")
+    runs: list[Run] = []
+
+    async def stuck() -> None:
+        runs[0].fence("the lease was lost (test)")  # the attempt ends now, this step unjournaled
+        await asyncio.sleep(WAIT)
+
+    async def workflow(ctx: DurableContext, input: object) -> None:
+        await ctx.step("stuck", stuck)
+
+    try:
+        runs.append(Run(store=store, run=ref, workflow=workflow, input={},
+                        sinks=tracing.sinks_for(store, ref, env={}, exporter=exporter)))
+        assert runs[0].run_attempt().outcome == api.Outcome.FENCED
+    finally:
+        store.close()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    step = spans["step stuck"]
+    assert step.parent is not None
+    assert step.parent.span_id == spans["attempt"].context.span_id
+    assert dict(step.attributes or {}) == {"durablerun.step.name": "stuck", "durablerun.step.position": "0",
+                                           "durablerun.step.interrupted": True}
+    assert step.status.status_code is StatusCode.ERROR
+    assert step.status.description == ("the attempt ended (Fenced) before this step was journaled; it runs again "
+                                       "in the next attempt")
