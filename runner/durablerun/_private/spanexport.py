@@ -262,7 +262,6 @@ class Rebuild:
             status=self.unset if error is None else self.status(self.error_code, error),
             start_time=start, end_time=end)
 
-
     @staticmethod
     def step(step: Sequence[Any]) -> Span:
         """A :data:`Step` as the Span it stands for."""
