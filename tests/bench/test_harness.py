@@ -150,7 +150,9 @@ def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
     cpu = {"thread_overhead": 0.03, "thread_overhead_all": [0.03], "off_thread_cpu_ms": 0.25,
            "on_thread_cpu_ms": 0.2575, "cpu_overhead": 0.2, "cpu_overhead_all": [0.2], "off_cpu_ms": 0.27,
            "on_cpu_ms": 0.324, "child_us": 46.0, "child_us_all": [46.0, 50.2], "child_start_ms": 181.0,
-           "sink": {"steps": 20000, "traced_us": 16.5, "untraced_us": 1.5}}
+           "sink": {"steps": 20000, "traced_us": 16.5, "untraced_us": 1.5},
+           "runner": {"steps": 3000, "pairs": 2, "untraced_us": 250.0, "traced_us": 257.5, "added_us": 7.0,
+                      "added_us_all": [6.0, 8.0]}}
     text = report.render({**_results(), "tracing": {**tracing, **cpu}})
     assert "| tracing on | 0.521 ms | 2.100 ms | 0.258 ms | 0.324 ms |" in text
     assert ("CPU of the step's thread +3.0% (per repeat: +3.0%); CPU of the runner's process +20.0% (per repeat: "
@@ -159,11 +161,22 @@ def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
             "that ends no span) 181 ms of CPU, once per attempt, before the steps timed here.") in text
     assert ("of 20,000 steps through the engine's SinkSet, spans encoded and written to a pipe): 15.0 µs per step"
             in text)
+    assert ("The runner's own share in a real run (2 alternating pairs of 3,000-step runs in one process, spans "
+            "written to a pipe read every 50 ms as the export child reads it, no OpenTelemetry, no collector): "
+            "**+7.0 µs** of the event loop thread's CPU per step, +2.8% (257.5 µs traced, 250.0 µs untraced; per "
+            "pair: +6.0, +8.0 µs).") in text
 
 
 def test_the_tracing_sinks_own_cost_is_timed_on_spans_it_made() -> None:
     cost = tracing.sink_cost(steps=200, repeats=1)
     assert cost["traced_us"] > cost["untraced_us"] > 0
+
+
+def test_the_runners_own_share_is_timed_on_real_runs_that_wrote_every_span(tmp_path: Path) -> None:
+    share = tracing.runner_share(tmp=str(tmp_path), steps=50, pairs=1)
+    assert share["traced_us"] > 0
+    assert share["untraced_us"] > 0
+    assert share["added_us_all"] == [share["traced_us"] - share["untraced_us"]]
 
 
 def test_report_shows_the_timeline_pages_beside_the_whole_read() -> None:

@@ -45,7 +45,9 @@ def test_the_export_child_gets_the_otel_settings_and_none_of_the_runners_secrets
     pipe = spanexport.start(api.trace_id_of("_local/env"), env)
     try:
         assert pipe.process is not None
-        given = environ(pipe.process.pid)
+        pid = pipe.process.pid
+        # Empty for a moment after Popen returns, while the kernel finishes the child's exec.
+        given = procs.wait_for(lambda: environ(pid) or None, timeout=WAIT, what="the export child's environment")
     finally:
         assert pipe.close() == 0
     assert {k: given[k] for k in given if k.startswith("OTEL_")} == {
@@ -184,3 +186,108 @@ def test_an_export_child_that_died_costs_spans_not_time() -> None:
     started = time.monotonic()
     assert pipe.close(seconds=WAIT) == 0
     assert time.monotonic() - started < 5, "close waited on a pipe nobody reads"
+
+
+def test_a_steps_compact_span_reaches_the_exporter_with_its_attributes_retries_cost_and_failure(
+        tmp_path: Path) -> None:
+    """A step's span crosses the pipe as a flat spanexport.Step; the exporter sees the span it stands for."""
+    from datetime import timedelta
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from durablerun import DurableContext, NonRetryableError, llm
+    from durablerun._private import tracing
+    from durablerun.engine import EngineConfig, Run
+    from durablerun.stores import RunRef, open_store
+
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("once")
+        llm.charge(llm.Usage("gpt-4o", 1200, 300))
+        return "x" * 100
+
+    def broken() -> None:
+        raise NonRetryableError("for good")
+
+    async def workflow(ctx: DurableContext, input: object) -> None:
+        await ctx.step("flaky", flaky)
+        await ctx.step("broken", broken)
+
+    exporter = InMemorySpanExporter()
+    store = open_store(f"file://{tmp_path}")
+    ref = RunRef.local("compact")
+    try:
+        sinks = tracing.sinks_for(store, ref, env={}, exporter=exporter)
+        result = Run(store=store, run=ref, workflow=workflow, input={}, sinks=sinks,
+                     config=EngineConfig(retry_initial=timedelta(milliseconds=1))).run_attempt()
+    finally:
+        store.close()
+    assert result.outcome == api.Outcome.FAILED
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    attempt, flaky_span, broken_span = spans["attempt"], spans["step flaky"], spans["step broken"]
+    assert flaky_span.parent is not None
+    assert flaky_span.parent.span_id == attempt.context.span_id
+    assert flaky_span.context.trace_id == attempt.context.trace_id == api.trace_id_of(ref.key)
+    a = dict(flaky_span.attributes or {})
+    assert a.pop("durablerun.cost.usd") > 0
+    assert a == {"durablerun.step.name": "flaky", "durablerun.step.position": "0", "durablerun.step.attempts": 2,
+                 "durablerun.step.ok": True, "durablerun.journal.seq": a["durablerun.journal.seq"],
+                 "durablerun.step.result_bytes": a["durablerun.step.result_bytes"], "durablerun.cost.tokens": 1500}
+    assert a["durablerun.step.result_bytes"] >= 100
+    assert [(e.name, dict(e.attributes or {})) for e in flaky_span.events] == [
+        ("retry", {"durablerun.step.attempt": 2})]
+    assert flaky_span.status.status_code is StatusCode.UNSET
+    start, end = flaky_span.start_time, flaky_span.end_time
+    assert start is not None
+    assert end is not None
+    assert start <= flaky_span.events[0].timestamp <= end
+    b = dict(broken_span.attributes or {})
+    assert (b["durablerun.step.ok"], b["durablerun.step.result_bytes"], b["error.type"]) == (
+        False, 0, "NonRetryableError")
+    assert not {"durablerun.cost.usd", "durablerun.cost.tokens", "durablerun.step.reexecuted"} & set(b)
+    assert broken_span.status.status_code is StatusCode.ERROR
+    assert broken_span.status.description == "NonRetryableError"
+
+
+def test_a_step_the_attempt_ended_in_the_middle_of_is_a_span_marked_interrupted(tmp_path: Path) -> None:
+    import asyncio
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from durablerun import DurableContext
+    from durablerun._private import tracing
+    from durablerun.engine import Run
+    from durablerun.stores import RunRef, open_store
+
+    exporter = InMemorySpanExporter()
+    store = open_store(f"file://{tmp_path}")
+    ref = RunRef.local("interrupted")
+    runs: list[Run] = []
+
+    async def stuck() -> None:
+        runs[0].fence("the lease was lost (test)")  # the attempt ends now, this step unjournaled
+        await asyncio.sleep(WAIT)
+
+    async def workflow(ctx: DurableContext, input: object) -> None:
+        await ctx.step("stuck", stuck)
+
+    try:
+        runs.append(Run(store=store, run=ref, workflow=workflow, input={},
+                        sinks=tracing.sinks_for(store, ref, env={}, exporter=exporter)))
+        assert runs[0].run_attempt().outcome == api.Outcome.FENCED
+    finally:
+        store.close()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    step = spans["step stuck"]
+    assert step.parent is not None
+    assert step.parent.span_id == spans["attempt"].context.span_id
+    assert dict(step.attributes or {}) == {"durablerun.step.name": "stuck", "durablerun.step.position": "0",
+                                           "durablerun.step.interrupted": True}
+    assert step.status.status_code is StatusCode.ERROR
+    assert step.status.description == ("the attempt ended (Fenced) before this step was journaled; it runs again "
+                                       "in the next attempt")

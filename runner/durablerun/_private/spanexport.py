@@ -9,7 +9,9 @@ the child (this file run as a script, started by :func:`start`) rebuilds each sp
 ``OTEL_*`` settings (headers, TLS, timeouts, retries, resource attributes, batch queue) mean what they mean
 anywhere else. The child's CPU and memory count against the runner's container.
 
-The wire: one JSON array a line, :data:`Span`. The pipe is the only buffer on the runner's side. Its
+The wire: one JSON array a line, a :data:`Span`, or for a step's span (nearly every line) a :data:`Step`:
+its values without their attributes' names, which the child adds, so the runner builds one flat tuple per
+step and encodes no key. The pipe is the only buffer on the runner's side. Its
 write end is non-blocking: a span that does not fit is dropped and counted, never waited for, so a slow
 or unreachable collector cannot hold up a step (the child drains the pipe into the SDK's bounded queue
 as fast as it comes; the pipe fills only when the child is starved or stopped). A buffer in the runner
@@ -48,6 +50,16 @@ if TYPE_CHECKING:
 #: One finished span: name, span id, parent span id (0: a root), start and end (ns since the epoch),
 #: attributes, events (``[name, time_ns, attributes]``), and the error status's description (None: unset).
 Span = tuple[str, int, int, int, int, Mapping[str, Any], Sequence[Sequence[Any]], str | None]
+#: A step's span, in the order of :data:`STEP_ATTRIBUTES` after the first four: span id, parent span id, start
+#: and end (ns); the step's name, position, attempts, ok, journal seq, result bytes, cost in USD (None: no
+#: cost), tokens, error type (None: it succeeded), whether it ran again after a killed attempt; and its
+#: retries, ``[time_ns, attempt]`` each. Its first value, a number, tells it from a Span, whose is a name.
+Step = tuple[int, int, int, int, str, str, int, bool, int, int, float | None, int, str | None, bool,
+             Sequence[Sequence[int]]]
+#: The attributes of a step's span, named by the child, in the Step's order.
+STEP_ATTRIBUTES = ("durablerun.step.name", "durablerun.step.position", "durablerun.step.attempts",
+                   "durablerun.step.ok", "durablerun.journal.seq", "durablerun.step.result_bytes",
+                   "durablerun.cost.usd", "durablerun.cost.tokens", "error.type", "durablerun.step.reexecuted")
 #: The instrumentation scope of every span.
 SCOPE = "durablerun"
 #: After the pipe's end, the child exports what it holds for this long at most.
@@ -82,7 +94,7 @@ class SpanPipe:
         self._rest = b""  # the unwritten end of a line longer than the pipe took (lines over PIPE_BUF)
         self._lock = threading.Lock()
 
-    def send(self, span: Span) -> None:
+    def send(self, span: Span | Step) -> None:
         data = (_encode(span) + "\n").encode()
         with self._lock:
             self.sent += 1
@@ -208,7 +220,17 @@ def resource(env: Mapping[str, str]) -> Resource:
     from opentelemetry.sdk.resources import Resource
 
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    return Resource.create({} if named else {"service.name": "durablerun"})
+    created = Resource.create({} if named else {"service.name": "durablerun"})
+    digest = hash(created)
+
+    class Hashed(Resource):
+        """The SDK hashes a resource by JSON-encoding its attributes, and its exporter hashes each span's to
+        group them: every span here shares this one, so its hash is computed once."""
+
+        def __hash__(self) -> int:
+            return digest
+
+    return Hashed(created.attributes, created.schema_url)
 
 
 class Rebuild:
@@ -227,6 +249,8 @@ class Rebuild:
         self.unset, self.status, self.error_code = Status(StatusCode.UNSET), Status, StatusCode.ERROR
 
     def __call__(self, span: Sequence[Any]) -> ReadableSpan:
+        if not isinstance(span[0], str):
+            span = self.step(span)
         name, span_id, parent, start, end, attributes, events, error = span
         context = self.context_type(self.trace_id, span_id, is_remote=False, trace_flags=self.flags)
         return self.span_type(
@@ -238,6 +262,19 @@ class Rebuild:
             status=self.unset if error is None else self.status(self.error_code, error),
             start_time=start, end_time=end)
 
+    @staticmethod
+    def step(step: Sequence[Any]) -> Span:
+        """A :data:`Step` as the Span it stands for."""
+        span_id, parent, start, end, *values, retries = step
+        name, error = values[0], values[8]
+        attributes = {k: v for k, v in zip(STEP_ATTRIBUTES, values, strict=True) if v is not None}
+        if "durablerun.cost.usd" not in attributes:  # no cost: no tokens either
+            del attributes["durablerun.cost.tokens"]
+        if not attributes["durablerun.step.reexecuted"]:
+            del attributes["durablerun.step.reexecuted"]
+        events = [["retry", at, {"durablerun.step.attempt": attempt}] for at, attempt in retries]
+        return f"step {name}", span_id, parent, start, max(start, end), attributes, events, error
+
 
 class InProcess:
     """Spans exported by a processor in this process (an exporter handed in: tests); no pipe, no child."""
@@ -248,7 +285,7 @@ class InProcess:
         self.sent = 0
         self.dropped = 0
 
-    def send(self, span: Span) -> None:
+    def send(self, span: Span | Step) -> None:
         self.sent += 1
         self.processor.on_end(self.rebuild(span))
 

@@ -5,9 +5,10 @@ A progress sink (:class:`TracingSink`), on when ``OTEL_EXPORTER_OTLP_TRACES_ENDP
 the ``otel`` extra is installed; the other standard ``OTEL_*`` variables (service name, resource
 attributes, sampler, headers, batch queue) are honoured.
 
-Each span is built once, finished, as a tuple (``spanexport.Span``) and written to a pipe; a child process
+Each span is built once, finished, as a tuple (``spanexport.Span``; a step's, nearly every span, as a flat
+``spanexport.Step`` whose attributes the child names) and written to a pipe; a child process
 (``spanexport``) runs OpenTelemetry's batch processor and OTLP exporter on it. The step's thread pays for a
-dict, a JSON encoding and a write per step, not for the SDK's tracer, context and sampler machinery, nor its
+tuple, a JSON encoding and a write per step, not for the SDK's tracer, context and sampler machinery, nor its
 exporter's encoding (bench/RESULTS.md, section 5).
 
 The trace id is a hash of the run's identity (``api.trace_id_of``: the operator computes it too), and an
@@ -131,7 +132,7 @@ class Export(Protocol):
     sent: int
     dropped: int
 
-    def send(self, span: spanexport.Span) -> None: ...
+    def send(self, span: spanexport.Span | spanexport.Step) -> None: ...
 
     def close(self, seconds: float = ...) -> int: ...
 
@@ -155,6 +156,17 @@ class _Open:
     events: list[list[Any]] = field(default_factory=list)  # [name, time_ns, attributes]
 
 
+@dataclass(slots=True)
+class _Step:
+    """A step begun and not yet journaled."""
+
+    name: str
+    span_id: int
+    start: int  # ns since the epoch
+    reexecuted: bool
+    retries: tuple[tuple[int, int], ...] = ()  # (time_ns, attempt) each
+
+
 class TracingSink(ProgressSink):
     """Turns one attempt's progress events into spans of the run's trace.
 
@@ -170,7 +182,7 @@ class TracingSink(ProgressSink):
         self.attributes = {k: v for k, v in attributes.items() if v is not None}
         self.last_finished = last_finished
         self.attempt: _Open | None = None
-        self.steps: dict[str, _Open] = {}
+        self.steps: dict[str, _Step] = {}
         self.waits: dict[str, float] = {}
         self.delivered: int | None = None  # once the attempt ended
         #: Steps started before this attempt's first journal write, after an attempt killed mid-way: run again.
@@ -230,40 +242,29 @@ class TracingSink(ProgressSink):
         self.rerun_window = True
 
     def step_started(self, *, position: str, name: str, attempt: int) -> None:
-        span = self.steps.get(position)
-        if span is not None:
-            span.events.append(["retry", time.time_ns(), {"durablerun.step.attempt": attempt}])
+        step = self.steps.get(position)
+        if step is not None:
+            step.retries += ((time.time_ns(), attempt),)
             return
-        attributes: dict[str, Any] = {"durablerun.step.name": name, "durablerun.step.position": position}
-        if self.rerun_window:
-            attributes["durablerun.step.reexecuted"] = True
-        self.steps[position] = _Open(f"step {name}", _span_id(), time.time_ns(), attributes)
+        self.steps[position] = _Step(name, _span_id(), time.time_ns(), self.rerun_window)
 
     def record_journaled(self, *, record: Record) -> None:
         attempt = self._attempt_id
         self.rerun_window = False
         if isinstance(record, StepRecord):
-            span = self.steps.pop(record.pos, None)
-            if span is None:
+            step = self.steps.pop(record.pos, None)
+            if step is None:
                 if record.error and record.error.get("type") == replay.ABORT_MARK:
                     self._event("abort stopped an operation in a Saga", {
                         "durablerun.step.name": record.name, "durablerun.step.position": record.pos,
                         "durablerun.abort.reason": str(record.error.get("reason", ""))})
                 return
-            # Few attributes: each costs the export thread an encoding per step. Cost only where there is one.
-            a = span.attributes
-            a["durablerun.step.attempts"] = record.attempts
-            a["durablerun.step.ok"] = record.ok
-            a["durablerun.journal.seq"] = record.seq
-            a["durablerun.step.result_bytes"] = (int(record.ref["size"]) if record.ref else len(record.encoded or b"")
-                                                 ) if record.ok else 0
-            if record.cost:
-                a["durablerun.cost.usd"] = float(record.cost.usd)
-                a["durablerun.cost.tokens"] = record.cost.tokens
-            error = None
-            if not record.ok:
-                error = a["error.type"] = str((record.error or {}).get("type", "Error"))
-            self._end(span, attempt, error=error)
+            ok, cost = record.ok, record.cost
+            self.export.send((
+                step.span_id, attempt or 0, step.start, time.time_ns(), step.name, record.pos, record.attempts, ok,
+                record.seq, (int(record.ref["size"]) if record.ref else len(record.encoded or b"")) if ok else 0,
+                float(cost.usd) if cost else None, cost.tokens if cost else 0,
+                None if ok else str((record.error or {}).get("type", "Error")), step.reexecuted, step.retries))
         elif attempt is None:
             return
         elif isinstance(record, SleepRecord):
@@ -309,10 +310,16 @@ class TracingSink(ProgressSink):
         if _ACTIVE is self:
             _ACTIVE = None
         attempt = self._attempt_id
-        for step in self.steps.values():
-            step.attributes["durablerun.step.interrupted"] = True
-            self._end(step, attempt, error=f"the attempt ended ({result.outcome.value}) before this step was "
-                                           "journaled; it runs again in the next attempt")
+        for position, step in self.steps.items():
+            attributes: dict[str, Any] = {"durablerun.step.name": step.name, "durablerun.step.position": position,
+                                          "durablerun.step.interrupted": True}
+            if step.reexecuted:
+                attributes["durablerun.step.reexecuted"] = True
+            self._export(f"step {step.name}", step.span_id, start=step.start, end=time.time_ns(),
+                         attributes=attributes, parent=attempt,
+                         events=[["retry", at, {"durablerun.step.attempt": n}] for at, n in step.retries],
+                         error=f"the attempt ended ({result.outcome.value}) before this step was journaled; it "
+                               "runs again in the next attempt")
         self.steps.clear()
         span = self.attempt
         if span is not None:
