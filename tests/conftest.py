@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Once per run (not in every xdist worker): what sessions killed by SIGKILL left.
     config.stash[_REAPED] = reaper.reap_orphans()
     with contextlib.suppress(ImportError):
-        from xdist.workermanage import NodeManager
+        from xdist.workermanage import NodeManager  # type: ignore[import-untyped]
 
         # An interrupted controller gives its workers EXIT_TIMEOUT seconds (10) to end, then kills them: too
         # short for a real node's teardown (draining its pods alone may take a minute).

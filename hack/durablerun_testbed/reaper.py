@@ -112,12 +112,17 @@ def sweep(owner_id: str, root: Path) -> list[str]:
 
 def reap_orphans() -> dict[str, list[str]]:
     """Sweep the beds of every recorded owner that is gone, remove its directory (unless it asked to keep it)
-    and its record; owner id -> what was left of its beds."""
+    and its record; owner id -> what was left of its beds. An owner whose beds cannot all be removed (a
+    process that will not die) keeps its record for the next try, and says why; the others are still swept."""
     reaped = {}
     for owner in owners():
         if owner.alive():
             continue
-        reaped[owner.id] = sweep(owner.id, Path(owner.root))
+        try:
+            reaped[owner.id] = sweep(owner.id, Path(owner.root))
+        except Exception as error:
+            reaped[owner.id] = [f"not all removed, left for the next try: {error}"]
+            continue
         if not owner.keep:
             shutil.rmtree(owner.root, ignore_errors=True)
         unregister(owner.id)
