@@ -70,8 +70,11 @@ def _already_stopping(signum: int, frame: FrameType | None) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [f"removed what test session {owner} left (killed before it stopped its beds): {len(found)} items"
-            for owner, found in config.stash.get(_REAPED, {}).items()]
+    lines = []
+    for owner, found in config.stash.get(_REAPED, {}).items():
+        left = "; ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        lines.append(f"test session {owner} was killed before it stopped its beds; they left: {left or 'nothing'}")
+    return lines
 
 
 @pytest.fixture(scope="session")
