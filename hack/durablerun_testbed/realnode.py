@@ -383,7 +383,7 @@ def clean_up(workdir: Path, network: PodNetwork, testbed_id: str) -> None:
 def remains(workdir: Path, network: PodNetwork, testbed_id: str) -> list[str]:
     """What of a stopped node is still there (empty when nothing is): processes, cgroups, mounts, the bridge."""
     found = [f"process {pid} in the node's cgroups: {cmd}" for pid, cmd in cgroup_processes(testbed_id)]
-    found += [f"cgroup {path}" for path in _cgroups(cgroup_parent(testbed_id))]
+    found += [f"cgroup {path}" for path in cgroups(testbed_id)]
     found += [f"mount {point}" for point in mounts_under(workdir)]
     if subprocess.run(["ip", "link", "show", network.bridge], capture_output=True).returncode == 0:
         found.append(f"bridge {network.bridge}")
