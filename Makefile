@@ -20,7 +20,8 @@ TEST_WORKERS ?= 2
 test: setup lint
 	hack/build-binaries.sh jaeger kueue  # the tracing tests' collector and the Kueue manager, outside any timeout
 	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/realnode/test_chart_upgrade.py  # in faults
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/realnode/test_chart_upgrade.py \
+		--ignore=tests/realnode/test_interrupted_session.py  # both in faults
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
 ## apply: the chart rendered with its defaults and with every feature on, deploy/ and its samples.
@@ -37,6 +38,12 @@ generate: setup
 .PHONY: release
 release: setup
 	$(PY) hack/release.py
+
+## Remove what test sessions killed by SIGKILL left running (their beds' processes, containers, cgroups,
+## mounts, bridges, directories); never anything of a session still running. Every test session does it first.
+.PHONY: clean
+clean:
+	$(PY) -m durablerun_testbed reap
 
 sandbox-up: setup
 	$(PY) -m durablerun_testbed sandbox up $(NODE_FLAG)
@@ -65,10 +72,11 @@ bench:
 ## test bed under runner and operator SIGKILLs, pauses past the lease, S3 outages), and the real node's faults
 ## (tests/realnode/test_faults.py: 20 runs under the control plane's restart), all in one "fault trials" table,
 ## and a chart upgrade under waiting runs (tests/realnode/test_chart_upgrade.py: three operator rollouts, too
-## long for `make test`, which has the pinning it relies on in tests/realnode/test_pinning.py).
+## long for `make test`, which has the pinning it relies on in tests/realnode/test_pinning.py), and a session
+## holding a real node ended by SIGTERM and by SIGKILL (tests/realnode/test_interrupted_session.py).
 ## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.
 .PHONY: faults
 faults: setup
 	FAULT_TRIALS=$${FAULT_TRIALS:-120} $(PY) -m pytest tests/faults tests/realnode/test_faults.py \
-		tests/realnode/test_chart_upgrade.py \
+		tests/realnode/test_chart_upgrade.py tests/realnode/test_interrupted_session.py \
 		-p no:cacheprovider -rA --timeout=5400

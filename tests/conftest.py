@@ -2,50 +2,102 @@
 
 Session-scoped parts start once and only when a test asks for them; each test
 gets its own namespace or bucket. Every process the test bed starts carries one
-session marker; when the session ends, no process with it may be left.
+session marker; when the session ends, nothing its beds started may be left.
+
+However the session ends, short of SIGKILL, it stops its beds: SIGTERM and
+SIGINT end it as Ctrl-C does (every finalizer runs, then the leak check removes
+what is left). A session ended by SIGKILL leaves its beds to the next session,
+which begins by removing what every dead session left (durablerun_testbed.reaper).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
+import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
-from durablerun_testbed import procs
+from durablerun_testbed import procs, reaper
 from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.prometheus import Prometheus
-from durablerun_testbed.realnode import cgroup_processes
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 from tests.helpers import CRD_PATH, SESSION_ID, StartPrometheus
 
+_REAPED = pytest.StashKey[dict[str, list[str]]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every session process (the xdist controller and each worker) ends by an orderly teardown when signalled.
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _interrupted)
+    if hasattr(config, "workerinput"):
+        return
+    # Once per run (not in every xdist worker): what sessions killed by SIGKILL left.
+    config.stash[_REAPED] = reaper.reap_orphans()
+    with contextlib.suppress(ImportError):
+        from xdist.workermanage import NodeManager  # type: ignore[import-untyped]
+
+        # An interrupted controller gives its workers EXIT_TIMEOUT seconds (10) to end, then kills them: too
+        # short for a real node's teardown (draining its pods alone may take a minute).
+        NodeManager.EXIT_TIMEOUT = 180
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    """The first SIGTERM or SIGINT ends the session as Ctrl-C does: pytest runs every finalizer (each bed
+    stops what it started) and the leak check removes what is left. Later ones are ignored, so that they do
+    not cut the teardown short (SIGKILL still does; the next session then removes what is left). Ignored by a
+    Python handler, not SIG_IGN, which the processes the teardown starts would inherit."""
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"\n{name}: stopping every test bed of this session (pid {os.getpid()})\n")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _already_stopping)
+    raise KeyboardInterrupt(name)
+
+
+def _already_stopping(signum: int, frame: FrameType | None) -> None:
+    sys.stderr.write(f"\n{signal.Signals(signum).name} ignored: the test beds are being stopped\n")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    for owner, found in config.stash.get(_REAPED, {}).items():
+        left = "; ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        lines.append(f"test session {owner} was killed before it stopped its beds; they left: {left or 'nothing'}")
+    return lines
+
 
 @pytest.fixture(scope="session")
 def testbed_root() -> Iterator[Path]:
-    """One directory for the session's servers, logs and state; kept when KEEP_TESTBED=1."""
+    """One directory for the session's servers, logs and state; kept when KEEP_TESTBED=1. The session is
+    recorded as its beds' owner while it lasts, so that a later session can tell whether it is gone."""
     root = Path(tempfile.mkdtemp(prefix="durablerun-testbed-"))
+    keep = bool(os.environ.get("KEEP_TESTBED"))
+    reaper.register(SESSION_ID, root, keep=keep)
     yield root
-    if not os.environ.get("KEEP_TESTBED"):
-        import shutil
-
+    if not keep:
         shutil.rmtree(root, ignore_errors=True)
+    reaper.unregister(SESSION_ID)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_stray_processes() -> Iterator[None]:
-    """Fails the session if any process the test bed started outlives it: its own (they carry the session's
-    marker) and the containers of a real node's pods (in the cgroups of the session's beds; they carry none)."""
+def nothing_outlives_the_session(testbed_root: Path) -> Iterator[None]:
+    """Fails the session if anything its beds started outlives them, and removes it: their processes (they
+    carry the session's marker), a real node's containers (in its cgroups; they carry none), the cgroups,
+    mounts under the session's directory, pod bridges (``reaper.remains``)."""
     yield
-    leftovers = procs.processes_with_marker(SESSION_ID) + cgroup_processes(SESSION_ID, id_prefix=True)
-    for pid, _ in leftovers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9)
-    assert not leftovers, f"test bed processes survived the session: {leftovers}"
+    leftovers = reaper.sweep(SESSION_ID, testbed_root)
+    assert not leftovers, f"the session's test beds left behind: {leftovers}"
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""python -m durablerun_testbed {node,sandbox,llm-server} ..."""
+"""python -m durablerun_testbed {node,sandbox,llm-server,reap} ..."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox", "llm-server"):
-        print("usage: python -m durablerun_testbed {node|sandbox|llm-server} ...", file=sys.stderr)
+    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox", "llm-server", "reap"):
+        print("usage: python -m durablerun_testbed {node|sandbox|llm-server|reap} ...", file=sys.stderr)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
+    if command == "reap":
+        from durablerun_testbed import reaper
+
+        return reaper.main()
     if command == "llm-server":
         from durablerun_testbed import llmserver
 

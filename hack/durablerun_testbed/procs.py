@@ -120,16 +120,17 @@ class ManagedProcess:
         self._log.close()
 
 
-def processes_with_marker(testbed_id: str) -> list[tuple[int, str]]:
-    """(pid, command line) of every live process whose environment carries the marker."""
+def processes_with_marker(testbed_id: str, *, id_prefix: bool = False) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment carries the marker; ``id_prefix``: the
+    marker of any bed whose id starts with ``testbed_id`` (a test session's beds)."""
     needle = f"{MARKER_ENV}={testbed_id}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            if needle not in environ.split(b"\0"):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if not any(var == needle or (id_prefix and var.startswith(needle)) for var in environ):
                 continue
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             status = (entry / "status").read_text()

@@ -49,6 +49,8 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 IMAGES = ("pause", "runner", "operator", "examples")
 TEST_NETWORKS = ipaddress.ip_network("198.18.0.0/15")
 CGROUP_PREFIX = "durablerun-"
+#: A pod bridge's alias (``ifalias``) names its bed: the bridge's own name has room for 8 characters of the id.
+BRIDGE_ALIAS = "durablerun-testbed:"
 
 
 class RealNodeUnavailable(RuntimeError):
@@ -116,6 +118,7 @@ class PodNetwork:
             if str(subnet) not in taken:
                 network = cls(subnet, "drbr" + testbed_id.replace("-", "")[-8:])
                 network._up()
+                Path(f"/sys/class/net/{network.bridge}/ifalias").write_text(BRIDGE_ALIAS + testbed_id)
                 return network
         raise RealNodeUnavailable("every /24 of 198.18.0.0/15 is in use")
 
@@ -373,15 +376,15 @@ def clean_up(workdir: Path, network: PodNetwork, testbed_id: str) -> None:
     died with containerd lives on, orphaned), the cgroups, mounts under its directory (pod network namespaces
     included), the bridge."""
     end_cgroups(testbed_id)
-    _unmount_under(workdir)
+    unmount_under(workdir)
     network.delete()
 
 
 def remains(workdir: Path, network: PodNetwork, testbed_id: str) -> list[str]:
     """What of a stopped node is still there (empty when nothing is): processes, cgroups, mounts, the bridge."""
     found = [f"process {pid} in the node's cgroups: {cmd}" for pid, cmd in cgroup_processes(testbed_id)]
-    found += [f"cgroup {path}" for path in _cgroups(cgroup_parent(testbed_id))]
-    found += [f"mount {point}" for point in _mounts_under(workdir)]
+    found += [f"cgroup {path}" for path in cgroups(testbed_id)]
+    found += [f"mount {point}" for point in mounts_under(workdir)]
     if subprocess.run(["ip", "link", "show", network.bridge], capture_output=True).returncode == 0:
         found.append(f"bridge {network.bridge}")
     return found
@@ -428,11 +431,17 @@ def _cgroups(pattern: str) -> list[Path]:
     return found
 
 
+def cgroups(testbed_id: str, *, id_prefix: bool = False) -> list[Path]:
+    """The bed's cgroups in every hierarchy; ``id_prefix``: those of every bed whose id starts with
+    ``testbed_id`` (a test session's beds)."""
+    return _cgroups(cgroup_parent(testbed_id) + ("*" if id_prefix else ""))
+
+
 def cgroup_processes(testbed_id: str, *, id_prefix: bool = False) -> list[tuple[int, str]]:
     """(pid, command line) of every live process in the bed's cgroups: its pods' containers. ``id_prefix``:
     in the cgroups of every bed whose id starts with ``testbed_id`` (a test session's beds)."""
     pids: set[int] = set()
-    for path in _cgroups(cgroup_parent(testbed_id) + ("*" if id_prefix else "")):
+    for path in cgroups(testbed_id, id_prefix=id_prefix):
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             pids.update(int(pid) for pid in (path / "cgroup.procs").read_text().split())
     found = []
@@ -446,10 +455,11 @@ def cgroup_processes(testbed_id: str, *, id_prefix: bool = False) -> list[tuple[
     return found
 
 
-def end_cgroups(testbed_id: str, timeout: float = 30) -> None:
+def end_cgroups(testbed_id: str, timeout: float = 30, *, id_prefix: bool = False) -> None:
     """SIGKILL every process left in the bed's cgroups, wait until they are gone, then remove the cgroups,
-    deepest first, in every hierarchy. Only this bed's: other beds' and the machine's own are untouched."""
-    name = cgroup_parent(testbed_id)
+    deepest first, in every hierarchy. Only this bed's (``id_prefix``: every bed's whose id starts with
+    ``testbed_id``): other beds' and the machine's own are untouched."""
+    name = cgroup_parent(testbed_id) + ("*" if id_prefix else "")
     for path in _cgroups(name):
         # A frozen task (cgroup v1 freezer) does not die of SIGKILL until thawed.
         with contextlib.suppress(FileNotFoundError, OSError):
@@ -457,7 +467,7 @@ def end_cgroups(testbed_id: str, timeout: float = 30) -> None:
                 (path / "freezer.state").write_text("THAWED")
 
     def ended() -> bool:
-        left = cgroup_processes(testbed_id)
+        left = cgroup_processes(testbed_id, id_prefix=id_prefix)
         for pid, _ in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -481,7 +491,18 @@ def _is_shim(pid: int) -> bool:
         return False
 
 
-def _mounts_under(directory: Path) -> list[str]:
+def bridges(testbed_id: str, *, id_prefix: bool = False) -> list[str]:
+    """The pod bridges of the bed (``id_prefix``: of every bed whose id starts with ``testbed_id``), by alias."""
+    found = []
+    for link in Path("/sys/class/net").iterdir():
+        with contextlib.suppress(OSError):
+            alias = (link / "ifalias").read_text().strip()
+            if alias == BRIDGE_ALIAS + testbed_id or (id_prefix and alias.startswith(BRIDGE_ALIAS + testbed_id)):
+                found.append(link.name)
+    return sorted(found)
+
+
+def mounts_under(directory: Path) -> list[str]:
     prefix = str(directory.resolve()) + "/"
     mounts = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -491,7 +512,7 @@ def _mounts_under(directory: Path) -> list[str]:
     return sorted(set(mounts), key=len, reverse=True)
 
 
-def _unmount_under(directory: Path) -> None:
+def unmount_under(directory: Path) -> None:
     """Lazily unmount what containerd and the kubelet mounted under ``directory``, deepest first."""
-    for point in _mounts_under(directory):
+    for point in mounts_under(directory):
         subprocess.run(["umount", "-l", point], capture_output=True)

@@ -29,6 +29,7 @@ from durablerun.stores import RunRef, open_store
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
+from tests.faults.journal import Journal
 from tests.faults.workflows import torture_flows
 from tests.operator.helpers import WORKFLOWS as OPERATOR_WORKFLOWS
 from tests.operator.helpers import Operator, RunEnv
@@ -282,6 +283,60 @@ def check_woken_fenced(ending: dict[str, Any], log: Path, paused_at: float) -> N
         return
     assert ending["exitCode"] == 5, f"the woken runner did not exit Fenced: {ending}\n{output[-3000:]}"
     assert json.loads(ending["message"])["outcome"] == "Fenced", ending
+
+
+@dataclass
+class Paused:
+    name: str
+    mode: str  # "during-next-attempt" or "after-finish"
+    input: dict[str, Any]
+    pod: str | None = None
+    attempt_id: str | None = None
+    paused_at: float = 0.0
+    continued_at: float = 0.0
+    listing_before: dict[str, str] = field(default_factory=dict)
+    listing_after: dict[str, str] = field(default_factory=dict)
+    status_before: dict[str, Any] = field(default_factory=dict)
+    status_after: dict[str, Any] = field(default_factory=dict)
+    exit: dict[str, Any] | None = None
+    log: str = ""
+    error: BaseException | None = None
+
+
+def check_woken_and_silent(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str, journal: Journal) -> None:
+    """A runner paused past its lease, then woken (``trial``; its run's store under ``root``, ``journal`` read
+    after the wake-up): it exits Fenced, journals nothing it began after the pause and records no outcome
+    after it; woken after the run finished, not one object and not the status change. The expired lease is
+    counted as the run's restarts, and no pod ran twice in an epoch."""
+    assert runs.testbed.s3
+    assert trial.exit, "the continued runner did not end"
+    check_woken_fenced(trial.exit, Path(trial.log), trial.paused_at)
+    if trial.mode == "after-finish":
+        # Not one object changes. The one exception is a snapshot that was under way when the runner froze: it
+        # may finish writing its chunks, but they stay unreferenced (the pointer has moved on and its swap is
+        # refused), so nothing reads them.
+        changed = {k for k, v in trial.listing_after.items() if trial.listing_before.get(k) != v}
+        referenced = {c["key"] for c in (journal.pointer or {}).get("chunks", [])}
+        orphans = {k for k in changed if k.startswith("chunks/") and k not in referenced}
+        assert changed == orphans, f"the fenced runner changed the store after waking: {sorted(changed - orphans)}"
+        assert set(trial.listing_before) <= set(trial.listing_after), "the fenced runner removed objects"
+        assert trial.status_after == trial.status_before, "the fenced runner changed the run's status after waking"
+    # What the paused runner wrote, it wrote before the pause (a write under way when it froze may land).
+    late = [seq for seq, r in journal.records.items()
+            if trial.attempt_id and r["w"] == trial.attempt_id and r["at"] >= trial.paused_at]
+    assert not late, f"the paused runner journaled {late} after it was paused"
+    # The outcome record may be the paused runner's only if it wrote it before the pause (it had finished).
+    s3 = runs.testbed.s3.client()
+    outcome = json.loads(s3.get_object(Bucket=runs.bucket, Key=root + "status.json")["Body"].read())["body"]
+    if trial.attempt_id is not None and outcome.get("attempt") == trial.attempt_id:
+        written = datetime.fromisoformat(outcome["time"].replace("Z", "+00:00")).timestamp()
+        assert written < trial.paused_at, f"the fenced runner recorded an outcome after the pause: {outcome}"
+    # The expired lease is counted once, as LeaseExpired; no other restart, no pod twice per epoch.
+    status = runs.get(trial.name)["status"]
+    pods.check_one_pod_per_epoch(trial.name, status["attempt"])
+    seen = events(runs, trial.name)
+    assert seen["LeaseExpired"] >= 1, seen
+    assert seen["Restarting"] == status["restarts"], seen
 
 
 def wait_pod_exit(runs: RunEnv, pods: PodRecorder, pod: str, timeout: float = 60) -> dict[str, Any]:

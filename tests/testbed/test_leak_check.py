@@ -29,7 +29,7 @@ def test_a_process_left_in_a_beds_pod_cgroup_is_a_leak_and_stopping_the_node_end
     try:
         placed = []
         # The cpuset hierarchy needs CPUs set on every new level; the others take a task as they are.
-        for top in realnode._cgroups(realnode.cgroup_parent(bed)):
+        for top in realnode.cgroups(bed):
             pod = top / "kubepods" / "besteffort" / f"pod{uuid.uuid4()}"
             pod.mkdir(parents=True)
             try:
@@ -44,7 +44,7 @@ def test_a_process_left_in_a_beds_pod_cgroup_is_a_leak_and_stopping_the_node_end
         realnode.end_cgroups(bed)
         assert leaked.wait(timeout=30) == -9, "end_cgroups did not kill the process"
         assert realnode.cgroup_processes(bed) == []
-        assert realnode._cgroups(realnode.cgroup_parent(bed)) == [], "end_cgroups left cgroups"
+        assert realnode.cgroups(bed) == [], "end_cgroups left cgroups"
     finally:
         leaked.kill()
         leaked.wait(timeout=30)
