@@ -37,7 +37,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.connect_timeout = 30
     # List in pages, as client-go's reflectors do: one unpaged LIST of 100,000 runs is parsed whole (gigabytes of
     # dicts at once), and the allocator keeps that peak as the idle operator's RSS.
-    settings.watching.chunk_size = 500
+    settings.watching.chunk_size = kube.LIST_PAGE
     settings.posting.level = logging.WARNING
     # The operator's RBAC is least privilege: no cluster-wide reads of CRDs or
     # namespaces, so kopf must not scan for them (the resources are fixed).

@@ -23,6 +23,8 @@ from durablerun_operator import kueue
 log = logging.getLogger("durablerun.operator.kube")
 
 JSON_PATCH = "application/json-patch+json"
+#: Objects a LIST returns at most per page (kopf's watch and the resync): client-go's reflectors' page size.
+LIST_PAGE = 500
 
 
 class Conflict(Exception):
@@ -58,15 +60,14 @@ class Kube:
                 return None
             raise
 
-    def list_runs(self, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-        if not namespaces:
-            reply = self.custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
-            return list(reply["items"])
-        runs: list[dict[str, Any]] = []
-        for namespace in namespaces:
-            reply = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL)
-            runs.extend(reply["items"])
-        return runs
+    def list_runs_page(self, namespace: str | None, token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the runs of ``namespace`` (None: every namespace) and the token of the next (None: the
+        last). Paged as client-go's reflectors list: one LIST of 100,000 runs is gigabytes parsed at once."""
+        kwargs: dict[str, Any] = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
+        reply = (self.custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, **kwargs)
+                 if namespace is None else
+                 self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, **kwargs))
+        return list(reply["items"]), (reply.get("metadata") or {}).get("continue") or None
 
     def list_children(self, namespace: str, parent: str) -> list[dict[str, Any]]:
         reply = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,

@@ -64,10 +64,11 @@ class Reconciler:
         # news), and the moment its pods' clock runs out (a new version of the run does not change that).
         self._settled_version: dict[Key, str] = {}
         self._pods_until: dict[Key, Any] = {}
-        # The first look (reconcile): a queued run's body as the watch delivered it, and the names of every
-        # run's pods as the pod watch reports them. A run with no pod is first decided on those alone, with no
-        # read; only a plan that would act is decided again on fresh reads. So an operator (re)starting with
-        # 100,000 waiting runs reads none of them again, rather than two calls each at its client's rate.
+        # The first look: the names of every run's pods as the pod watch reports them, and the watched body of
+        # a queued run whose decision also reads its relations or Workload. A run with no pod is first decided
+        # on the watched body alone, with no read (at sight in run_changed, or in reconcile when it has
+        # relations); only a plan that would act is decided again on fresh reads. So an operator (re)starting
+        # with 100,000 waiting runs reads none of them again, rather than two calls each at its client's rate.
         self._first_look: dict[Key, dict[str, Any]] = {}
         self._pods_of: dict[Key, set[str]] = {}
         # Queued runs whose WorkloadPriorityClass does not exist: a new version of one (its label fixed) is
@@ -140,8 +141,15 @@ class Reconciler:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             try:
-                for run in await self._io(self.kube.list_runs, self.settings.namespaces):
-                    self.run_changed(run)
+                for namespace in self.settings.namespaces or (None,):
+                    token: str | None = None
+                    while True:  # a page is decided before the next is read: one page held at a time
+                        runs, token = await self._io(self.kube.list_runs_page, namespace, token)
+                        for run in runs:
+                            self.run_changed(run)
+                        del runs
+                        if token is None:
+                            break
             except Exception:
                 log.exception("resync failed")
 
@@ -185,9 +193,40 @@ class Reconciler:
             if version is not None:
                 self._settled_version[key] = version
             return
-        if key not in self._pods_of:
-            self._first_look[key] = body
+        if key not in self._pods_of and not self.queue.busy(key):
+            if decide.related_names(run) or (self.settings.kueue and kueue.queue_name(body)):
+                self._first_look[key] = body  # its decision reads its relations or Workload: reconcile takes it
+            else:
+                try:
+                    if self._settle_unread(key, run, now):
+                        return
+                except Exception:  # the reconcile, on fresh reads, says what is wrong and retries
+                    log.debug("%s/%s: the first look failed; reconciling", *key, exc_info=True)
         self.queue.add(key)
+
+    def _settle_unread(self, key: Key, run: decide.RunView, now: datetime) -> bool:
+        """The first look at a run with no pod, no relations and no Workload: decided on the watched body alone,
+        here, so that nothing is held or read for it. True if it settled; False if it would act: it is then
+        decided again on fresh reads. An operator (re)starting with 100,000 waiting runs so neither reads them
+        again (two calls each at its client's rate) nor holds their bodies until its workers reach them."""
+        plan = decide.decide(run, [], now, stuck_seconds=self.settings.stuck_terminating_seconds, related={},
+                             create_failure=self._create_failures.get(key))
+        if not plan.empty:
+            return False
+        self._failures.pop(key, None)
+        self._set_held(key, None)
+        until = wakeups.next_wakeup(run, [], now, self.settings.stuck_terminating_seconds)
+        self._settle(key, run, [], until, now)
+        return True
+
+    def _settle(self, key: Key, run: decide.RunView, views: list[decide.PodView], until: datetime,
+                now: datetime) -> None:
+        """Nothing happens to the run before ``until`` or a watch event."""
+        self._settled.add(key)
+        self._settled_version[key] = run.body["metadata"].get("resourceVersion", "")
+        self._pods_until[key] = wakeups.pods_until(views, self.settings.stuck_terminating_seconds)
+        # A moment already past means decide and the wake-up disagree: look again soon, not in a loop.
+        self._wake_at(key, max(until, now + MIN_WAKE), now)
 
     def _tell_parent(self, child: decide.RunView) -> None:
         """A child's phase, cost or propagated state changed: its parent reports, rolls up or wakes."""
@@ -338,18 +377,13 @@ class Reconciler:
                 first_look = None
                 held = await self._hold(run, plan, now)
                 if plan.empty or held is not None:
-                    # Settled: nothing happens to it before its next wake-up, or a watch event.
-                    self._settled.add(key)
-                    self._settled_version[key] = body["metadata"].get("resourceVersion", "")
-                    self._pods_until[key] = wakeups.pods_until(views, self.settings.stuck_terminating_seconds)
                     until = held or wakeups.next_wakeup(run, views, now, self.settings.stuck_terminating_seconds)
                     if queueing is not None and queueing.missing_priority_class:
                         self._class_missing.add(key)
                         until = min(until, now + PRIORITY_CLASS_RECHECK)
                     else:
                         self._class_missing.discard(key)
-                    # A moment already past means decide and the wake-up disagree: look again soon, not in a loop.
-                    self._wake_at(key, max(until, now + MIN_WAKE), now)
+                    self._settle(key, run, views, until, now)
                     return True
                 if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
                     return self._not_mine(key)
@@ -533,13 +567,16 @@ class Reconciler:
                            "restarted at once")
                 log.warning("%s/%s LeaseExpiryHeld: %s", *key, message)
                 await self._io(self.kube.post_event, run.body, "Warning", "LeaseExpiryHeld", message)
+        self._set_held(key, until)
+        return until
+
+    def _set_held(self, key: Key, until: datetime | None) -> None:
         if until is None:
             self._held.discard(key)
         else:
             self._held.add(key)
         if self.metrics:
             self.metrics.set_lease_restarts_held(len(self._held))
-        return until
 
     def _judge(self, now: datetime, *, fresh: bool = False) -> overload.Judgement | None:
         """The mass expiry under way (None: none), judged over every active lease at most once per

@@ -45,6 +45,10 @@ class WorkQueue:
         if key not in self._active:
             self._queue.put_nowait(key)
 
+    def busy(self, key: Key) -> bool:
+        """Queued or being reconciled."""
+        return key in self._dirty or key in self._active
+
     async def get(self) -> Key:
         key = await self._queue.get()
         self._dirty.discard(key)

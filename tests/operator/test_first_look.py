@@ -85,42 +85,102 @@ def decide_once(reconciler: Reconciler) -> None:
     asyncio.run(once())
 
 
-def test_a_waiting_run_seen_by_the_watch_settles_with_no_read() -> None:
+def watched(reconciler: Reconciler, body: dict[str, Any]) -> None:
+    """The watch delivers ``body`` (in the event loop, as kopf calls the handler)."""
+    async def deliver() -> None:
+        reconciler.run_changed(body)
+        for timer in reconciler._timers.values():
+            timer.cancel()
+
+    asyncio.run(deliver())
+
+
+def test_a_waiting_run_seen_by_the_watch_settles_at_sight_with_no_read_and_nothing_held() -> None:
     kube = Recorder(copy.deepcopy(WAITING))
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    reconciler.run_changed(copy.deepcopy(WAITING))
-    decide_once(reconciler)
+    watched(reconciler, copy.deepcopy(WAITING))
     assert kube.calls == []
     assert ("ns", "run") in reconciler._settled
+    assert not reconciler.queue.busy(("ns", "run"))  # no reconcile to come
+    assert reconciler._first_look == {}  # no body kept: 100,000 of them were gigabytes
 
 
 def test_a_run_with_a_pod_is_read_before_it_is_decided() -> None:
     kube = Recorder(copy.deepcopy(WAITING))
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     reconciler.pod_changed("ns", "run", "run-a1")  # the pod watch saw one: the look cannot say "no pod"
-    reconciler.run_changed(copy.deepcopy(WAITING))
+    watched(reconciler, copy.deepcopy(WAITING))
+    assert ("ns", "run") not in reconciler._settled
     decide_once(reconciler)
     assert kube.calls[:2] == ["get_run", "list_pods"]
 
 
-def test_a_pod_seen_after_the_look_was_taken_drops_the_look() -> None:
+def test_a_pod_seen_after_the_run_settled_at_sight_has_it_read_again() -> None:
     kube = Recorder(copy.deepcopy(WAITING))
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    reconciler.run_changed(copy.deepcopy(WAITING))
+    watched(reconciler, copy.deepcopy(WAITING))
     reconciler.pod_changed("ns", "run", "run-a1")
     reconciler.pod_changed("ns", "run", "run-a1", deleted=True)  # gone again: still, the look predates it
+    assert reconciler.queue.busy(("ns", "run"))
+    decide_once(reconciler)
+    assert kube.calls[:2] == ["get_run", "list_pods"]
+
+
+def test_a_run_being_reconciled_is_not_decided_at_sight() -> None:
+    kube = Recorder(copy.deepcopy(WAITING))
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.queue.add(("ns", "run"))  # queued (a resync, a timer): its reconcile reads it
+    watched(reconciler, copy.deepcopy(WAITING))
+    assert ("ns", "run") not in reconciler._settled
     decide_once(reconciler)
     assert kube.calls[:2] == ["get_run", "list_pods"]
 
 
 def test_a_run_that_must_act_is_decided_again_on_fresh_reads_and_acts_on_those() -> None:
     # The watched body has the run's event: the look says act; the plan is applied only after reading it.
-    watched = copy.deepcopy(WAITING)
-    watched["spec"]["events"] = {"go": {"ok": True}}
-    kube = Recorder(copy.deepcopy(watched))
+    body = copy.deepcopy(WAITING)
+    body["spec"]["events"] = {"go": {"ok": True}}
+    kube = Recorder(copy.deepcopy(body))
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    reconciler.run_changed(watched)
+    watched(reconciler, body)
+    assert kube.calls == []
+    assert reconciler.queue.busy(("ns", "run"))
     with pytest.raises(Stop):
         decide_once(reconciler)
     assert kube.calls[:3] == ["get_run", "list_pods", "patch_status"], kube.calls
     assert kube.stored["status"]["phase"] == api.Phase.RUNNING  # its next attempt starts
+
+
+def test_the_resync_lists_in_pages_and_decides_each_page_before_reading_the_next() -> None:
+    # 100,000 runs in one LIST were gigabytes parsed at once; a page at a time, the operator holds one page.
+    pages = {None: ("p1", 2), "p1": ("p2", 2), "p2": (None, 1)}
+    reads: list[tuple[str | None, int]] = []  # (the page's token, runs settled when it was asked for)
+
+    class Pages(Recorder):
+        def list_runs_page(self, namespace: str | None, token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+            reads.append((token, len(reconciler._settled)))
+            if len(reads) == 4:  # the next resync began: the first one is over
+                done.set()
+            following, count = pages[token]
+            runs = []
+            for i in range(count):
+                body = copy.deepcopy(WAITING)
+                body["metadata"]["name"] = f"run-{token}-{i}"
+                runs.append(body)
+            return runs, following
+
+    kube = Pages(copy.deepcopy(WAITING))
+    reconciler = Reconciler(kube, Settings(resync_seconds=0.01))  # type: ignore[arg-type]
+
+    done = asyncio.Event()
+
+    async def one_resync() -> None:
+        task = asyncio.create_task(reconciler.resync_forever())
+        await done.wait()
+        task.cancel()
+        for timer in reconciler._timers.values():
+            timer.cancel()
+
+    asyncio.run(asyncio.wait_for(one_resync(), 10))
+    assert reads == [(None, 0), ("p1", 2), ("p2", 4), (None, 5)]
+    assert kube.calls == []  # waiting runs with no pod: settled at sight
