@@ -103,6 +103,21 @@ def test_executions_beyond_the_kills_that_caught_a_step_are_caught() -> None:
         check_executions(keys, ["c"], interrupted={"p-a1"})
 
 
+def test_a_paused_runners_step_in_flight_may_land_after_the_next_attempts_and_nothing_else_may() -> None:
+    # Trial p11-3 of 2026-11-26: p-a1 froze past its lease check, p-a2 ran the step and the run; p-a1 woke.
+    ledger = Ledger([("start", "s0", "p-a2"), ("start", "s0", "p-a1")])
+    with pytest.raises(AssertionError, match="ran again after"):
+        check_executions(ledger, ["s0"], interrupted={"p-a1"})
+    check_executions(ledger, ["s0"], interrupted={"p-a1"}, in_flight={("s0", "p-a1")})
+    # Begun after the wake-up (not in flight at the freeze): still a step run again after it completed.
+    with pytest.raises(AssertionError, match="ran again after"):
+        check_executions(ledger, ["s0"], interrupted={"p-a1"}, in_flight={("s1", "p-a1")})
+    # In flight in one pod does not excuse a third execution by a pod nobody interrupted.
+    three = Ledger([("start", "s0", "p-a2"), ("start", "s0", "p-a3"), ("start", "s0", "p-a1")])
+    with pytest.raises(AssertionError, match="nobody interrupted"):
+        check_executions(three, ["s0"], interrupted={"p-a1"}, in_flight={("s0", "p-a1")})
+
+
 def test_the_oracle_check_fails_on_every_execution_the_design_does_not_permit() -> None:
     program = [{"op": "step", "name": "s1", "fails": 1, "retries": 2},
                {"op": "saga", "steps": [{"op": "step", "name": "s2", "fails": 0, "retries": 0}], "fail": "s3"}]

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from durablerun_testbed import procs
 from tests.faults.helpers import (
     Ledger,
@@ -57,6 +58,18 @@ def attempt_id(log: Path) -> str | None:
         if line.startswith("{") and '"run_started"' in line:
             return str(json.loads(line)["attempt"])
     return None
+
+
+def begun_before(log: Path, moment: float) -> set[str]:
+    """The steps a runner's log says it began (its ``step_started`` lines) before ``moment`` (epoch seconds).
+    The line is written just after the step passed the lease check, with no await between them."""
+    begun = set()
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+        if line.startswith("{") and '"step_started"' in line:
+            event = json.loads(line)
+            if api.parse_time(event["time"]).timestamp() < moment:
+                begun.add(str(event["name"]))
+    return begun
 
 
 def pause_a_runner(runs: RunEnv, trial: Paused, rng: Any) -> bool:
@@ -128,8 +141,11 @@ def check_trial(runs: RunEnv, pods: PodRecorder, trial: Paused, root: str) -> No
     if trial.mode == "after-finish":
         assert journal.pointer, "the finished run has no snapshot"
     check_woken_and_silent(runs, pods, trial, root, journal)
+    # A step the paused runner had begun may run on when it wakes, after the next attempt ran it: at least once.
+    in_flight = {(step, trial.pod) for step in begun_before(Path(trial.log), trial.paused_at)} \
+        if trial.pod and trial.log else set()
     check_executions(Ledger.read(runs, trial.name), torture_flows.step_names(trial.input),
-                     {trial.pod or ""} | cut_off(runs, pods, trial, journal))
+                     {trial.pod or ""} | cut_off(runs, pods, trial, journal), in_flight)
 
 
 def cut_off(runs: RunEnv, pods: PodRecorder, trial: Paused, journal: Journal) -> set[str]:
