@@ -77,6 +77,8 @@ CHILD_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HTTP_PRO
              "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
              "CURL_CA_BUNDLE")
 
+#: The child's niceness, above the runner's: its exporter's threads inherit it.
+EXPORT_NICE = 10
 _PR_SET_PDEATHSIG = 1
 # The C encoder (no indent), no cycle check: a span is built by this package from plain values.
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
@@ -325,6 +327,10 @@ def _die_with(parent: int) -> None:
 
 def main(argv: Sequence[str]) -> int:
     trace_id, parent = int(argv[0], 16), int(argv[1])
+    # The steps come first: where this process and the runner share a CPU, the scheduler gives the runner
+    # most of it and the export its slack (an unprivileged process may lower its own priority).
+    with contextlib.suppress(OSError):
+        os.nice(EXPORT_NICE)
     # Ctrl-C reaches the runner's whole process group; the runner then ends its attempt and closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     processor, counting = pipeline(os.environ)
