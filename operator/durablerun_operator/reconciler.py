@@ -330,7 +330,8 @@ class Reconciler:
             body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
             pods: list[dict[str, Any]] | None = None  # None: read them (again)
             # Deciding on the watch's body and no pods, unread (the first look): settle, or read and decide again.
-            first_look = None if key in self._pods_of else self._first_look.pop(key, None)
+            # A look is only taken with no pod known, and a pod seen since drops it (pod_changed).
+            first_look = self._first_look.pop(key, None)
             if first_look is not None:
                 body, pods = first_look, []
             related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
