@@ -188,7 +188,9 @@ def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tort
     if run.fault.reason == R.OOM_KILLED:
         assert all((endings.get(p) or {}).get("reason") == "OOMKilled" for p in counted), endings
     restarts, disruptions = (0, len(counted)) if run.fault.reason.disruption else (len(counted), 0)
-    assert (status["restarts"], status["disruptions"]) == (restarts, disruptions), (status, sorted(counted))
+    # On a mismatch, say how each attempt ended (exit code and reason), so the failure explains itself.
+    told = {p: {k: (e or {}).get(k) for k in ("exitCode", "reason")} for p, e in sorted(endings.items())}
+    assert (status["restarts"], status["disruptions"]) == (restarts, disruptions), (status, sorted(counted), told)
     pods.check_one_pod_per_epoch(run.name, status["attempt"])
     # The operator posts a transition's Events after its status: wait for the last one.
     seen = procs.wait_for(lambda: (s := events(runs, run.name))["Succeeded"] and s, timeout=30,

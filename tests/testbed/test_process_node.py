@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from durablerun_testbed import procs
+from durablerun_testbed.processnode.node import ending_reason
 from durablerun_testbed.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -102,6 +103,15 @@ def test_a_killed_container_reports_137_and_why(testbed: TestBed, namespace: str
     getattr(testbed.node, fault)(namespace, fault)  # SIGKILL as a crash would, or as the OOM killer would
     state = terminated(wait_phase(testbed, namespace, fault, "Failed"))
     assert (state["exitCode"], state["reason"]) == (137, reason)
+
+
+def test_an_oom_kill_that_lands_after_the_exit_is_not_reported() -> None:
+    # The race behind fault trial p36-3: the runner exited on its own (here with 3) between the fault's
+    # lookup of a running container and its SIGKILL; the kernel would not have OOM-killed a dead process.
+    assert ending_reason(-signal.SIGKILL, oom_marked=True) == "OOMKilled"
+    assert ending_reason(3, oom_marked=True) == "Error"
+    assert ending_reason(0, oom_marked=True) == "Completed"
+    assert ending_reason(-signal.SIGKILL, oom_marked=False) == "Error"
 
 
 def test_pause_and_continue(testbed: TestBed, namespace: str) -> None:

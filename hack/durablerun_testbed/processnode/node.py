@@ -277,10 +277,7 @@ class ProcessNode:
                 return  # a lost node reports nothing
             container.exit_code = 128 - code if code < 0 else code
             container.finished_at = now()
-            if container.oom_marked:
-                container.reason = "OOMKilled"
-            else:
-                container.reason = "Completed" if container.exit_code == 0 else "Error"
+            container.reason = ending_reason(code, container.oom_marked)
             message = container.termination_path.read_bytes()[:TERMINATION_MESSAGE_LIMIT]
             if not message.strip() and container.exit_code != 0 and \
                     container.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
@@ -454,6 +451,15 @@ class ProcessNode:
             for c in runtime.containers.values():
                 if c.running and c.popen:
                     _kill_group(c.popen, signal.SIGKILL)
+
+
+def ending_reason(returncode: int, oom_marked: bool) -> str:
+    """A container's terminated reason from its process's return code. OOMKilled only when the OOM kill
+    was what ended it: a container that exited on its own just before the kill landed (the kill then
+    signals a zombie) ended as it says, as a real kernel, which kills only a live process, would report."""
+    if oom_marked and returncode == -signal.SIGKILL:
+        return "OOMKilled"
+    return "Completed" if returncode == 0 else "Error"
 
 
 def _kill_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
