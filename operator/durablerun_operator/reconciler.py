@@ -194,7 +194,7 @@ class Reconciler:
                 self._settled_version[key] = version
             return
         if key not in self._pods_of and not self.queue.busy(key):
-            if decide.related_names(run) or (self.settings.kueue and kueue.queue_name(body)):
+            if decide.related_names(run) or self._queue_of(body):
                 self._first_look[key] = body  # its decision reads its relations or Workload: reconcile takes it
             else:
                 try:
@@ -203,6 +203,10 @@ class Reconciler:
                 except Exception:  # the reconcile, on fresh reads, says what is wrong and retries
                     log.debug("%s/%s: the first look failed; reconciling", *key, exc_info=True)
         self.queue.add(key)
+
+    def _queue_of(self, body: dict[str, Any]) -> str | None:
+        """The Kueue queue the run is admitted through: none with the integration off."""
+        return kueue.queue_name(body) if self.settings.kueue else None
 
     def _settle_unread(self, key: Key, run: decide.RunView, now: datetime) -> bool:
         """The first look at a run with no pod, no relations and no Workload: decided on the watched body alone,
@@ -356,7 +360,7 @@ class Reconciler:
                 self._observe(run, now)
                 if related is None:
                     related = await self._related(run)
-                queue = kueue.queue_name(body) if self.settings.kueue else None
+                queue = self._queue_of(body)
                 if queue and not workload_read:
                     workload = await self._io(self.kube.get_workload, namespace,
                                               kueue.workload_name(name, run.uid))
