@@ -41,8 +41,9 @@ class Policy:
 class Lease:
     """An active run's lease, as the operator last saw it."""
 
-    renewed: datetime
+    renewed: datetime  # its last renewal; before the first, its runner container's start
     validity: timedelta  # decide.lease_validity: the duration its holder published plus the clock-skew margin
+    epoch: int  # the attempt's: a start time read with the pods stands until the attempt changes
 
     def late(self, now: datetime) -> bool:
         # Runners renew every third of the lease: a lease half through its validity has missed a renewal.
@@ -50,13 +51,18 @@ class Lease:
         return now - self.renewed > self.validity / 2
 
 
-def active_lease(run: decide.RunView) -> Lease | None:
-    """The lease of a Running run whose current attempt holds it; None for any other run."""
+def active_lease(run: decide.RunView, running_since: datetime | None = None) -> Lease | None:
+    """The lease of a Running run's current attempt: its last renewal, or, before the first, its runner
+    container's start (``running_since``, from which decide judges a lease not yet acquired). Runners
+    started together on a starved node acquire late as renewals behind a slow API server come late: their
+    restarts are held alike, rather than fenced and started again onto the same starved CPUs. None for any
+    other run, and for an attempt whose container's start is not known."""
     status = run.status
-    if status.phase != api.Phase.RUNNING or status.lease.epoch != status.epoch:
+    if status.phase != api.Phase.RUNNING:
         return None
-    renewed = api.parse_time(status.lease.renewTime)
-    return Lease(renewed, clocks.lease_validity(run)) if renewed is not None else None
+    held = status.lease.epoch == status.epoch
+    renewed = api.parse_time(status.lease.renewTime) if held else running_since
+    return Lease(renewed, clocks.lease_validity(run), status.epoch) if renewed is not None else None
 
 
 @dataclass(frozen=True)

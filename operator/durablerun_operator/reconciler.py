@@ -357,7 +357,7 @@ class Reconciler:
                 now = api.now()
                 views = [decide.PodView.from_pod(p, now, self.settings.stuck_terminating_seconds) for p in pods]
                 run = decide.RunView.from_body(body)
-                self._observe(run, now)
+                self._observe(run, now, views)
                 if related is None:
                     related = await self._related(run)
                 queue = self._queue_of(body)
@@ -534,16 +534,22 @@ class Reconciler:
         if not created:
             log.info("pod %s already exists: attempt %d was started before", name, epoch)
 
-    def _observe(self, run: decide.RunView, now: Any) -> None:
-        active = overload.active_lease(run)
+    def _observe(self, run: decide.RunView, now: Any, pods: list[decide.PodView] | None = None) -> None:
+        """Keep the run's lease for the mass-expiry judgement, and its metrics. ``pods``: read with it (the
+        watch has none), for the start of an attempt that has not acquired its lease yet."""
+        run_key, status = (run.namespace, run.name), run.status
+        running_since = next((p.running_since for p in pods or [] if p.epoch == status.epoch), None)
+        active = overload.active_lease(run, running_since)
+        kept = self._leases.get(run_key)
         if active is not None:
-            self._leases[(run.namespace, run.name)] = active
-        else:
-            self._leases.pop((run.namespace, run.name), None)
+            self._leases[run_key] = active
+        elif not (pods is None and kept is not None and kept.epoch == status.epoch
+                  and status.phase == api.Phase.RUNNING):  # the watch has no pods: the start read with them stands
+            self._leases.pop(run_key, None)
         if not self.metrics or run.raw_status is None:
             return
         self.metrics.observe_run(run.namespace, run.name, run.status, run.spec.policy, now)
-        lease, status = run.status.lease, run.status
+        lease = status.lease
         # Resume latency: previous pod's end -> the new attempt holding the lease.
         if lease.epoch == status.epoch and lease.acquireTime and status.lastPodEndTime:
             key = (run.uid, status.epoch)
@@ -562,7 +568,7 @@ class Reconciler:
         until = None
         if plan.restart_reason == api.RestartReason.LEASE_EXPIRED.value:
             judgement = self._judge(now)
-            until = overload.hold_until(plan.restart_reason, overload.active_lease(run), now,
+            until = overload.hold_until(plan.restart_reason, self._leases.get(key), now,
                                         mass_expiry=judgement is not None, recovered_at=self._recovered_at)
             if until is not None and judgement is not None and (key, run.uid) not in self._held_told:
                 self._held_told.add((key, run.uid))

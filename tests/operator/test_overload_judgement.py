@@ -21,8 +21,8 @@ LEASE_EXPIRED = api.RestartReason.LEASE_EXPIRED.value
 
 def leases(fresh: int, late: int) -> list[overload.Lease]:
     """``fresh`` leases renewed 5 s ago, ``late`` ones last renewed before half their validity."""
-    return ([overload.Lease(NOW - timedelta(seconds=5), VALIDITY)] * fresh
-            + [overload.Lease(NOW - timedelta(seconds=40), VALIDITY)] * late)
+    return ([overload.Lease(NOW - timedelta(seconds=5), VALIDITY, 2)] * fresh
+            + [overload.Lease(NOW - timedelta(seconds=40), VALIDITY, 2)] * late)
 
 
 @pytest.mark.parametrize(("fresh", "late", "policy", "mass"), [
@@ -58,7 +58,7 @@ def test_a_mass_expiry_under_way_ends_only_once_half_as_many_leases_are_late(fre
 
 
 def test_a_lease_is_late_once_half_its_validity_passed_without_a_renewal() -> None:
-    lease = overload.Lease(NOW, VALIDITY)
+    lease = overload.Lease(NOW, VALIDITY, 2)
     assert not lease.late(NOW + VALIDITY / 2)
     assert lease.late(NOW + VALIDITY / 2 + timedelta(milliseconds=1))
 
@@ -73,7 +73,7 @@ def test_active_lease_is_only_a_held_lease_of_a_running_attempt() -> None:
     assert overload.active_lease(decide.RunView.from_body(body({"phase": "Backoff"}))) is None
 
 
-LEASE = overload.Lease(NOW - timedelta(seconds=70), VALIDITY)
+LEASE = overload.Lease(NOW - timedelta(seconds=70), VALIDITY, 2)
 
 
 @pytest.mark.parametrize(("reason", "mass", "recovered", "expected"), [

@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from durablerun import api
-from durablerun_operator import metrics, overload
+from durablerun_operator import decide, metrics, overload
 from durablerun_operator.config import Settings
 from durablerun_operator.reconciler import Reconciler
 from durablerun_operator.workqueue import RateLimiter
@@ -132,9 +132,9 @@ def late_leases(rec: Reconciler, late: int, fresh: int) -> None:
     """Other active runs, as the watch showed them: ``late`` leases renewed 100 s ago, ``fresh`` ones just now."""
     now = datetime.now(UTC)
     for i in range(late):
-        rec._leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32))
+        rec._leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32), 1)
     for i in range(fresh):
-        rec._leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32))
+        rec._leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32), 1)
 
 
 def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
@@ -153,6 +153,44 @@ def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
     assert "51 of 61 active runs" in kube.events[0][1]
     assert registry.get_sample_value("durablerun_mass_lease_expiry") == 1.0
     assert registry.get_sample_value("durablerun_lease_restarts_held") == 1.0
+
+
+def not_acquired() -> dict[str, Any]:
+    """A run whose attempt 2 started its container (live_pod) 50 s ago on a 30 s lease and never acquired it."""
+    run = expired()
+    run["spec"] = {**run["spec"], "policy": {**run["spec"].get("policy", {}), "leaseDuration": "30s"}}
+    run["status"]["lease"] = {}
+    return run
+
+
+def test_a_start_too_slow_to_acquire_is_held_like_a_late_renewal_when_many_are_late() -> None:
+    # Runners started together on a starved node acquire late, as renewals behind a slow API server do: the
+    # lease not yet acquired counts from its container's start (50 s ago, past its 32 s), and is held alike.
+    run = not_acquired()
+    kube = Stub(run, [live_pod()])
+    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    late_leases(rec, late=50, fresh=10)
+    asyncio.run(rec.reconcile("ns", "run"))
+    assert kube.patches == 0
+    assert [reason for reason, _ in kube.events] == ["LeaseExpiryHeld"]
+    assert "51 of 61 active runs" in kube.events[0][1]
+    started = rec._leases[("ns", "run")]
+    assert (started.epoch, started.validity) == (2, timedelta(seconds=30) + decide.CLOCK_SKEW_MARGIN)
+    # A watch event of the same attempt, which carries no pods, keeps the start read with them.
+    rec._observe(decide.RunView.from_body(kube.run), datetime.now(UTC))
+    assert rec._leases[("ns", "run")] == started
+
+
+def test_a_lone_start_too_slow_to_acquire_is_restarted_at_once() -> None:
+    run = not_acquired()
+    kube = Stub(run, [live_pod()])
+    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    late_leases(rec, late=3, fresh=500)
+    asyncio.run(rec.reconcile("ns", "run"))
+    assert kube.patches >= 1
+    reasons = [reason for reason, _ in kube.events]
+    assert "LeaseExpired" in reasons
+    assert "LeaseExpiryHeld" not in reasons
 
 
 def test_a_lone_expired_lease_is_restarted_at_once() -> None:
