@@ -68,9 +68,9 @@ ensure_local() {
 finish() {
   local tar
   tar="$(archive "$1" "$2")"
-  rm -f "$tar.tmp"
-  buildah push -q "$3" "oci-archive:$tar.tmp:$3" >/dev/null
-  mv "$tar.tmp" "$tar"
+  # A temporary name of this process's own: two set-ups on one machine may export the same image at once.
+  buildah push -q "$3" "oci-archive:$tar.$$.tmp:$3" >/dev/null
+  mv "$tar.$$.tmp" "$tar"
   echo "$tar $3" >"$CURRENT/$1.current"
   log "$1: $3 ($(du -h "$tar" | cut -f1))"
 }
