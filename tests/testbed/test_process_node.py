@@ -127,6 +127,26 @@ def test_pause_and_continue(testbed: TestBed, namespace: str) -> None:
     assert pod_json(testbed, namespace, "sleepy")["status"]["phase"] == "Running"
 
 
+def test_a_pod_force_deleted_while_paused_lives_until_continued_then_gets_sigterm(
+        testbed: TestBed, namespace: str, tmp_path: Path) -> None:
+    # A partitioned kubelet does not hear that its pod was force-deleted (the operator does it to a pod stuck
+    # terminating): the container lives on, and is stopped as the pod's deletion says once the node is back.
+    marker = tmp_path / "got-term"
+    run_pod(testbed, namespace, "cutoff", f"trap 'touch {marker}; exit 7' TERM; while true; do sleep 0.1; done")
+    wait_phase(testbed, namespace, "cutoff", "Running")
+    assert testbed.node
+    pid = testbed.node.pause(namespace, "cutoff")["pid"]
+    testbed.kubectl("delete", "pod", "cutoff", "-n", namespace, "--grace-period=0", "--force", "--wait=true")
+    assert procs.pid_alive(pid), "the paused container was killed although its node was cut off"
+    assert not marker.exists()
+    testbed.node.cont(namespace, "cutoff")
+    ended = procs.wait_for(lambda: next((p for p in testbed.node.processes()  # type: ignore[union-attr]
+                                         if p["pid"] == pid and p["exitCode"] is not None), None),
+                           timeout=30, what="the continued container to stop")
+    assert ended["exitCode"] == 7, ended
+    assert marker.exists(), "the continued container got no SIGTERM"
+
+
 def test_graceful_deletion_sends_sigterm(testbed: TestBed, namespace: str, tmp_path: Path) -> None:
     marker = tmp_path / "got-term"
     script = f"trap 'touch {marker}; exit 0' TERM; while true; do sleep 0.1; done"

@@ -20,7 +20,7 @@ API server:
 - on request, through a small HTTP control API on loopback: SIGKILLs a
   container (exit 137), marks it OOMKilled, pauses/continues it (SIGSTOP and
   SIGCONT; while paused the node also ignores the pod, as a partitioned node
-  would: a deletion reaches the process only once it is continued), or loses the node under a pod
+  would: a deletion, a forced one too, reaches the process only once it is continued), or loses the node under a pod
   (the process dies unreported, the pod gets a DisruptionTarget condition and
   is force-deleted, as the taint manager and pod GC do for a lost node).
 

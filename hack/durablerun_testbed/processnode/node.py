@@ -133,7 +133,13 @@ class ProcessNode:
 
     def _forget(self, uid: str) -> None:
         with self.lock:
-            runtime = self.pods.pop(uid, None)
+            runtime = self.pods.get(uid)
+            if runtime and runtime.partitioned:
+                # A partitioned kubelet does not hear of the deletion: its container lives on until the node is
+                # back (continued), and the node keeps its exit for /processes, as the pod that held it is gone.
+                runtime.gone = True
+                return
+            self.pods.pop(uid, None)
         if runtime:
             for container in runtime.containers.values():
                 if container.running and container.popen:
@@ -205,6 +211,8 @@ class ProcessNode:
             return
         runtime.started = True
         runtime.start_time = now()
+        grace = pod.spec.termination_grace_period_seconds
+        runtime.grace_seconds = 30.0 if grace is None else float(grace)
         for container_dict in pod_dict["spec"]["containers"]:
             container = runtime.containers[container_dict["name"]]
             container.waiting_reason = container.waiting_message = None
@@ -406,6 +414,8 @@ class ProcessNode:
         elif action == "continue":
             runtime.partitioned = False
             _kill_group(target.popen, signal.SIGCONT)
+            if runtime.gone:
+                self._stop_gone(runtime)
         elif action == "term":
             _kill_group(target.popen, signal.SIGTERM)
         elif action == "lose":
@@ -413,6 +423,24 @@ class ProcessNode:
         else:
             raise ValueError(f"unknown action {action!r}: use kill, oom, pause, continue, term or lose")
         return {"pod": runtime.key, "container": target.name, "pid": pid, "action": action}
+
+    def _stop_gone(self, runtime: PodRuntime) -> None:
+        """Back from a partition, the node finds the pod deleted: SIGTERM its containers, SIGKILL after the
+        pod's grace period, as a kubelet stops a pod removed from the API server while it was cut off."""
+        with runtime.lock:
+            runtime.deleting = True
+            running = [c.popen for c in runtime.containers.values() if c.running and c.popen]
+        for popen in running:
+            _kill_group(popen, signal.SIGTERM)
+
+        def kill() -> None:
+            for popen in running:
+                if popen.poll() is None:
+                    _kill_group(popen, signal.SIGKILL)
+
+        timer = threading.Timer(runtime.grace_seconds, kill)
+        timer.daemon = True
+        timer.start()
 
     def _lose(self, runtime: PodRuntime) -> None:
         with runtime.lock:

@@ -76,6 +76,10 @@ class PodRuntime:
     #: Paused: the process is SIGSTOPped and the node acts as if cut off from it
     #: (no status, no deletion handling) until it is continued.
     partitioned: bool = False
+    #: Deleted from the API server (force-deleted) while partitioned: the node learns of it when continued.
+    gone: bool = False
+    #: The pod's terminationGracePeriodSeconds: SIGTERM to SIGKILL when the node stops a gone pod.
+    grace_seconds: float = 30.0
 
     @property
     def key(self) -> str:
