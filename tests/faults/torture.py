@@ -33,7 +33,6 @@ from tests.faults.helpers import (
     Ledger,
     PodRecorder,
     check_executions,
-    events,
     finished,
     manifest,
     reference,
@@ -187,8 +186,11 @@ def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tort
     if run.fault.reason == R.OOM_KILLED:
         assert all((endings.get(p) or {}).get("reason") == "OOMKilled" for p in counted), endings
     # The operator posts a transition's Events after its status: wait for the last one.
-    procs.wait_for(lambda: events(runs, run.name)["Succeeded"], timeout=30, what="the Succeeded Event")
-    told = runs.events(run.name)
+    def with_succeeded() -> list[dict[str, Any]] | None:
+        listed = runs.events(run.name)
+        return listed if any(e["reason"] == "Succeeded" for e in listed) else None
+
+    told = procs.wait_for(with_succeeded, timeout=30, what="the Succeeded Event")
     seen = Counter(e["reason"] for e in told)
     # Restarts no fault did: an attempt the operator found with its lease lapsed (a LeaseExpired Event names
     # its pod; on a loaded machine a runner can take longer than a short lease to start) is restarted for

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from durablerun import api
@@ -163,17 +165,35 @@ def not_acquired() -> dict[str, Any]:
     return run
 
 
-def test_a_start_too_slow_to_acquire_is_held_like_a_late_renewal_when_many_are_late() -> None:
-    # Runners started together on a starved node acquire late, as renewals behind a slow API server do: the
-    # lease not yet acquired counts from its container's start (50 s ago, past its 32 s), and is held alike.
-    run = not_acquired()
+def reconciled(run: dict[str, Any], late: int, fresh: int, **settings: Any) -> tuple[Stub, Reconciler]:
+    """``run`` reconciled once, its pod live, among ``late`` late and ``fresh`` fresh leases of other runs."""
     kube = Stub(run, [live_pod()])
-    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    late_leases(rec, late=50, fresh=10)
+    rec = Reconciler(kube, Settings(**settings))  # type: ignore[arg-type]
+    late_leases(rec, late=late, fresh=fresh)
     asyncio.run(rec.reconcile("ns", "run"))
-    assert kube.patches == 0
-    assert [reason for reason, _ in kube.events] == ["LeaseExpiryHeld"]
-    assert "51 of 61 active runs" in kube.events[0][1]
+    return kube, rec
+
+
+# Runners started together on a starved node acquire late, as renewals behind a slow API server do: a lease not
+# yet acquired counts from its container's start (50 s ago, past its 32 s), and is held or restarted alike.
+@pytest.mark.parametrize("run", [expired, not_acquired], ids=["renewal-late", "never-acquired"])
+@pytest.mark.parametrize(("late", "fresh", "held"), [(50, 10, True), (3, 500, False)], ids=["many-late", "alone"])
+def test_a_late_lease_is_held_when_many_are_late_and_restarted_at_once_when_alone(
+        run: Callable[[], dict[str, Any]], late: int, fresh: int, held: bool) -> None:
+    kube, _ = reconciled(run(), late, fresh)
+    reasons = [reason for reason, _ in kube.events]
+    if held:
+        assert kube.patches == 0
+        assert reasons == ["LeaseExpiryHeld"]
+        assert "51 of 61 active runs" in kube.events[0][1]
+    else:
+        assert kube.patches >= 1
+        assert "LeaseExpired" in reasons
+        assert "LeaseExpiryHeld" not in reasons
+
+
+def test_a_start_not_acquired_counts_from_its_container_and_a_watch_event_keeps_that() -> None:
+    kube, rec = reconciled(not_acquired(), late=50, fresh=10)
     started = rec._leases[("ns", "run")]
     assert (started.epoch, started.validity) == (2, timedelta(seconds=30) + decide.CLOCK_SKEW_MARGIN)
     # A watch event of the same attempt, which carries no pods, keeps the start read with them.
@@ -181,32 +201,8 @@ def test_a_start_too_slow_to_acquire_is_held_like_a_late_renewal_when_many_are_l
     assert rec._leases[("ns", "run")] == started
 
 
-def test_a_lone_start_too_slow_to_acquire_is_restarted_at_once() -> None:
-    run = not_acquired()
-    kube = Stub(run, [live_pod()])
-    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    late_leases(rec, late=3, fresh=500)
-    asyncio.run(rec.reconcile("ns", "run"))
-    assert kube.patches >= 1
-    reasons = [reason for reason, _ in kube.events]
-    assert "LeaseExpired" in reasons
-    assert "LeaseExpiryHeld" not in reasons
-
-
-def test_a_lone_expired_lease_is_restarted_at_once() -> None:
-    kube = Stub(expired(), [live_pod()])
-    rec = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    late_leases(rec, late=3, fresh=500)
-    asyncio.run(rec.reconcile("ns", "run"))
-    assert kube.patches >= 1
-    assert "LeaseExpiryHeld" not in [reason for reason, _ in kube.events]
-
-
 def test_the_hold_is_off_when_the_fraction_is_zero() -> None:
-    kube = Stub(expired(), [live_pod()])
-    rec = Reconciler(kube, Settings(mass_expiry_fraction=0))  # type: ignore[arg-type]
-    late_leases(rec, late=500, fresh=0)
-    asyncio.run(rec.reconcile("ns", "run"))
+    kube, _ = reconciled(expired(), late=500, fresh=0, mass_expiry_fraction=0)
     assert kube.patches >= 1
 
 

@@ -157,52 +157,53 @@ def test_runner_cut_off_the_network_is_fenced_and_writes_nothing_once_back(real_
         fenced_while(real_runs, pods, "cutoff", cut, frozen=False)
 
 
-def start_runs(real_runs: RealRuns, prefix: str, count: int, steps: int,
-               policy: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Start ``count`` runs and wait until each runs in a pod holding its lease: each run's status then, the
-    attempt the fault will meet (on a loaded machine a runner slower to start than its lease may have cost
-    an attempt before it: no fault's doing)."""
+def start_runs(real_runs: RealRuns, prefix: str, count: int, steps: int, policy: dict[str, Any]) -> list[str]:
+    """Start ``count`` runs and wait until each is under way: its pod holds the lease and has journaled a step
+    and renewed since. On a loaded machine a runner slower to start than its lease may cost an attempt before
+    that (it stops itself, as it must): no fault's doing, so the fault waits for runners that work."""
     names = [f"{prefix}{i}" for i in range(count)]
     for name in names:
         real_runs.apply(real_runs.manifest(name, "realnode_flows:steps",
                                            {"steps": steps, "sleep": 0.5, "marks": f"executions-{name}"},
                                            policy=policy))
-    def holding(name: str) -> dict[str, Any] | None:
-        status = real_runs.status(name)
-        held = status.get("phase") == "Running" and (status.get("lease") or {}).get("holder") == status.get("pod")
-        return status if held else None
-
-    started = {}
     for name in names:
         try:
-            started[name] = procs.wait_for(lambda: holding(name),  # noqa: B023 (called before the loop moves on)
-                           timeout=240, interval=0.5, what=f"{name} to run in a pod holding its lease")
+            procs.wait_for(lambda: under_way(real_runs.status(name)),  # noqa: B023 (called before the loop moves on)
+                           timeout=240, interval=0.5, what=f"{name} to journal a step in a pod holding its lease")
         except procs.Timeout as error:  # say where it stands: the run's status and Events, the namespace's pods
             seen = [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
             pods = real_runs.kubectl("get", "pods", "-o", "wide", check=False)
             raise procs.Timeout(f"{error}; status {real_runs.status(name)}; events {seen}; pods:\n{pods}") from None
-    return started
+    return names
 
 
-def still_running(real_runs: RealRuns, names: list[str]) -> None:
-    """Every run is still in its first attempt when the fault comes; else the fault tested nothing for it."""
-    done = {name: s.get("phase") for name in names if (s := real_runs.status(name)).get("phase") != "Running"}
+def under_way(status: dict[str, Any]) -> bool:
+    """Running in a pod that holds the lease and whose renewal has shipped a step it journaled."""
+    lease, progress = status.get("lease") or {}, status.get("progress") or {}
+    return status.get("phase") == "Running" and lease.get("holder") == status.get("pod") and \
+        (progress.get("lastProgressTime") or "") >= (lease.get("acquireTime") or "~")
+
+
+def before_the_fault(real_runs: RealRuns, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each run's status as the fault comes, the attempt it will meet; every run must still be running
+    (else the fault tested nothing for it)."""
+    statuses = {name: real_runs.status(name) for name in names}
+    done = {name: status.get("phase") for name, status in statuses.items() if status.get("phase") != "Running"}
     assert not done, f"runs no longer running when the fault came: {done}"
+    return statuses
 
 
 def check_runs(real_runs: RealRuns, names: list[str], steps: int, failed: list[str],
-               expect: Callable[[str, dict[str, Any]], None], started: dict[str, dict[str, Any]] | None = None) -> None:
-    """Every run succeeded with no restart (none since ``started``, its status when the fault came, if given),
-    every step ran, none twice in one pod or again after an uninterrupted pod, and ``expect(name, final
-    status)`` holds: a line in ``failed`` for each run that broke one of them (a trial failed)."""
+               expect: Callable[[str, dict[str, Any]], None]) -> None:
+    """Every run succeeded, every step ran, none twice in one pod or again after an uninterrupted pod, and
+    ``expect(name, final status)`` holds: a line in ``failed`` for each run that broke one of them (a trial
+    failed)."""
     for name in names:
         try:
             final = real_runs.wait_phase(name, "Succeeded", "Failed", "Aborted", timeout=300)
-            seen = [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
             # Said in words: pytest cuts a long repr short, and the Events say why an attempt ended.
-            assert final["phase"] == "Succeeded", f"{final['phase']}: {final.get('message')}; events {seen}"
-            before = started[name].get("restarts", 0) if started else 0
-            assert final["restarts"] == before, f"{final['restarts']} restarts, {before} before the fault; {seen}"
+            assert final["phase"] == "Succeeded", \
+                f"{final['phase']}: {final.get('message')}; events {told(real_runs, name)}"
             ledger = real_runs.ledger(name, f"executions-{name}")
             ended = {f"{name}-a{epoch}" for epoch in range(1, final["epoch"])}  # attempts the fault ended
             check_executions(ledger, [f"s{i}" for i in range(steps)], ended)
@@ -211,8 +212,14 @@ def check_runs(real_runs: RealRuns, names: list[str], steps: int, failed: list[s
             failed.append(f"{name}: {error}")
 
 
-#: Long enough (15 s of steps) that the last of several runs starts before the first one ends.
-STEPS_UNDER_RESTART = 30
+def told(real_runs: RealRuns, name: str) -> list[str]:
+    """The run's Events, in words."""
+    return [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
+
+
+#: Long enough (30 s of steps) that each of several runs is under way (a step shipped with its first renewal,
+#: 10 s into a 30 s lease) before the first one ends.
+STEPS_UNDER_RESTART = 60
 
 
 #: CI restarts containerd and then the kubelet under one set of runs (the budget); the long version gives each
@@ -220,15 +227,15 @@ STEPS_UNDER_RESTART = 30
 RESTARTS = ["containerd", "kubelet"] if TRIALS >= 30 else ["containerd+kubelet"]
 
 
-def same_attempt(real_runs: RealRuns, started: dict[str, dict[str, Any]]) -> Callable[[str, dict[str, Any]], None]:
-    """The run finished in the attempt that held its lease when the fault came: it ended none, and none was
-    counted (as a disruption or a LeaseExpired of that attempt's pod)."""
+def same_attempt(real_runs: RealRuns, before: dict[str, dict[str, Any]]) -> Callable[[str, dict[str, Any]], None]:
+    """The run finished in the attempt that held its lease when the fault came (``before``, each run's status
+    then): it ended none, and none was counted (as a restart, a disruption or a LeaseExpired of that pod)."""
     def expect(name: str, final: dict[str, Any]) -> None:
-        before = started[name]
-        assert (final["attempt"], final["disruptions"]) == (before["attempt"], before.get("disruptions", 0)), \
-            (name, before, final)
+        then = before[name]
+        counts = {k: (then.get(k, 0), final.get(k, 0)) for k in ("attempt", "restarts", "disruptions")}
+        assert all(a == b for a, b in counts.values()), f"(before, after): {counts}; events {told(real_runs, name)}"
         assert not [e for e in real_runs.events(name)
-                    if e["reason"] == "LeaseExpired" and f"pod {before['pod']} " in e["message"]], name
+                    if e["reason"] == "LeaseExpired" and f"pod {then['pod']} " in e["message"]], told(real_runs, name)
 
     return expect
 
@@ -238,10 +245,11 @@ def test_restarting_the_runtime_or_the_kubelet_under_five_runs_loses_and_repeats
         real_bed: TestBed, real_runs: RealRuns, tally: Tally, parts: str) -> None:
     real = node(real_bed)
     with trials(tally, RESTARTED.format(parts.replace("+", " and ")), 5) as failed:
-        started = start_runs(real_runs, parts[:4], 5, STEPS_UNDER_RESTART, {"leaseDuration": "30s"})
-        names = list(started)
-        for part in parts.split("+"):
-            still_running(real_runs, names)
+        names = start_runs(real_runs, parts[:4], 5, STEPS_UNDER_RESTART, {"leaseDuration": "30s"})
+        started = before_the_fault(real_runs, names)
+        for n, part in enumerate(parts.split("+")):
+            if n:
+                before_the_fault(real_runs, names)  # the next fault meets running runs too
             if part == "containerd":
                 real.restart_containerd()
             else:
@@ -249,7 +257,7 @@ def test_restarting_the_runtime_or_the_kubelet_under_five_runs_loses_and_repeats
                 real.start_kubelet()
             procs.wait_for(lambda: real.ready(real_bed.kubectl), timeout=120, what=f"the node to be Ready after {part}")
         # The containers outlive their runtime's or kubelet's restart: each run finishes in the pod it ran in.
-        check_runs(real_runs, names, STEPS_UNDER_RESTART, failed, same_attempt(real_runs, started), started)
+        check_runs(real_runs, names, STEPS_UNDER_RESTART, failed, same_attempt(real_runs, started))
 
 
 def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: TestBed, real_runs: RealRuns,
@@ -257,13 +265,12 @@ def test_restarting_etcd_and_the_api_server_under_runs_fences_nobody(real_bed: T
     assert real_bed.controlplane
     steps = STEPS_UNDER_RESTART + 2 * CONTROL_PLANE_RUNS
     with trials(tally, CONTROL_PLANE, CONTROL_PLANE_RUNS) as failed:
-        started = start_runs(real_runs, "cp", CONTROL_PLANE_RUNS, steps, {"leaseDuration": "30s"})
-        names = list(started)
-        still_running(real_runs, names)
+        names = start_runs(real_runs, "cp", CONTROL_PLANE_RUNS, steps, {"leaseDuration": "30s"})
+        started = before_the_fault(real_runs, names)
         real_bed.controlplane.restart_etcd()
         real_bed.controlplane.restart_apiserver()
         # Unreachable for less than the lease (30 s): no false fencing, every run finishes in the pod it ran in.
-        check_runs(real_runs, names, steps, failed, same_attempt(real_runs, started), started)
+        check_runs(real_runs, names, steps, failed, same_attempt(real_runs, started))
 
 
 #: The node lifecycle controller, quicker than its defaults (50 s of silence, then the pods' 300 s toleration):
@@ -284,7 +291,7 @@ def test_node_lost_until_its_pods_are_deleted_then_back_resumes_the_runs_as_disr
         disruptions = {reason.value for reason in api.RestartReason if reason.disruption}
 
         def one_disruption(name: str, final: dict[str, Any]) -> None:
-            assert (final["disruptions"], final["attempt"]) == (1, 2), (name, final)
+            assert (final["disruptions"], final["attempt"], final["restarts"]) == (1, 2, 0), (name, final)
             messages = [e["message"] for e in real_runs.events(name) if e["reason"] == "Restarting"]
             assert [m.split(":")[0] in disruptions for m in messages] == [True], messages
 
