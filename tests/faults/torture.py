@@ -179,6 +179,9 @@ def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tort
     assert journal.last["value"] == result
     assert journal.last["totals"] == {"usd": str(totals.usd), "tokens": totals.tokens, "steps": totals.steps}
     # Status, Events, pods and metrics agree: every attempt the faults ended counted once, with its reason.
+    # First one pod per epoch: the recorder keys endings by pod name, so they say how each attempt ended only
+    # if no name was used for two pods.
+    pods.check_one_pod_per_epoch(run.name, status["attempt"])
     endings = {p: pods.ending(p) for p in pods.pods_of(run.name)}
     crashed = {p for p, e in endings.items() if (e or {}).get("exitCode") == 137}
     assert crashed <= run.killed, f"pods crashed that nobody killed: {crashed - run.killed}"
@@ -204,7 +207,6 @@ def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tort
     assert (status["restarts"], status["disruptions"]) == (restarts + len(lapsed), disruptions), (
         f"restarts and disruptions {status['restarts']}, {status['disruptions']}; counted {sorted(counted)}, "
         f"lapsed {sorted(lapsed)}; endings {how}; events {[(e['reason'], e['message']) for e in told]}")
-    pods.check_one_pod_per_epoch(run.name, status["attempt"])
     assert seen["AttemptStarted"] == status["attempt"], seen
     assert seen["Restarting"] == len(counted) + len(lapsed), seen
     assert seen["Succeeded"] == 1, seen

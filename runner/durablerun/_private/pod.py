@@ -204,37 +204,35 @@ def _attempt(identity: Identity) -> int:
     lease = Lease(status, identity, spec.policy.lease_duration, sink)
     body = lease.acquire()
     log.info("lease acquired: %s/%s epoch %d", identity.namespace, identity.name, identity.epoch)
-
-    store = _store(spec)
-    ref = _run_ref(spec, identity)
-    if spec.checkpoint.runId:
-        # Hold the store's owner record before anything is written; renew the status lease meanwhile.
-        owner = _owner(store, ref, identity, spec)
-        lease.start(None)
-        try:
-            owner.acquire()
-        except HeldElsewhere as held:
-            return _wait_for_holder(identity, lease, held)
-        except errors.FencedError as error:  # a newer attempt of this run holds it
-            lease.stop()
-            raise Fenced(str(error)) from None
-        except _STORE_CONFIG_ERRORS as error:
-            lease.stop()
-            raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
-        except BaseException:
-            lease.stop()
-            raise
-        lease.owner = owner  # from now on, this pod writes only while it holds both leases
-        owner.start(on_lost=lease.fence)
-        if lease.lost:  # a newer attempt took the run over while this one waited for the record
-            owner.release()
-            raise Fenced(lease.lost)
-        log.info("store lease acquired: %s", owner.key)
-    delivered: set[str] = set()
+    # Renew from now on, through the set-up too (the store's client, the owner record, the events): a runner
+    # starved of CPU, twenty starting at once on a small node, must not lose its lease before its first step.
+    lease.start(None)
     try:
+        store = _store(spec)
+        ref = _run_ref(spec, identity)
+        if spec.checkpoint.runId:
+            # Hold the store's owner record before anything is written.
+            owner = _owner(store, ref, identity, spec)
+            try:
+                owner.acquire()
+            except HeldElsewhere as held:
+                return _wait_for_holder(identity, lease, held)
+            except errors.FencedError as error:  # a newer attempt of this run holds it
+                raise Fenced(str(error)) from None
+            lease.owner = owner  # from now on, this pod writes only while it holds both leases
+            owner.start(on_lost=lease.fence)
+            if lease.lost:  # a newer attempt took the run over while this one waited for the record
+                owner.release()
+                raise Fenced(lease.lost)
+            log.info("store lease acquired: %s", owner.key)
+        delivered: set[str] = set()
         _deliver_events(store, ref, spec.events, delivered)
     except _STORE_CONFIG_ERRORS as error:
+        lease.stop()
         raise errors.ConfigError(_name_the_credentials(str(error), spec, identity)) from error
+    except BaseException:
+        lease.stop()
+        raise
     # maxDuration counts the time the run had a pod (the operator sums it), not waits between attempts.
     status_now = resource.DurableRunStatus.model_validate(body.get("status") or {})
     active = timedelta(seconds=status_now.activeSeconds)
@@ -268,12 +266,9 @@ def _attempt(identity: Identity) -> int:
     signal.signal(signal.SIGTERM, lambda *_: run.request_stop())
     if _SIGTERM_BEFORE_RUN.is_set():
         run.request_stop()
-    if not spec.checkpoint.runId:
-        lease.start(run)
-    else:
-        lease.run = run
-        if lease.lost:
-            run.fence(lease.lost)
+    lease.run = run
+    if lease.lost:
+        run.fence(lease.lost)
     try:
         result = run.run_attempt()
     finally:
