@@ -171,9 +171,9 @@ def start_runs(real_runs: RealRuns, prefix: str, count: int, steps: int, policy:
             procs.wait_for(lambda: under_way(real_runs.status(name)),  # noqa: B023 (called before the loop moves on)
                            timeout=240, interval=0.5, what=f"{name} to journal a step in a pod holding its lease")
         except procs.Timeout as error:  # say where it stands: the run's status and Events, the namespace's pods
-            seen = [f"{e['reason']}: {e['message']}" for e in real_runs.events(name)]
             pods = real_runs.kubectl("get", "pods", "-o", "wide", check=False)
-            raise procs.Timeout(f"{error}; status {real_runs.status(name)}; events {seen}; pods:\n{pods}") from None
+            raise procs.Timeout(f"{error}; status {real_runs.status(name)}; events {told(real_runs, name)}; "
+                                f"pods:\n{pods}") from None
     return names
 
 
