@@ -119,12 +119,14 @@ def starting() -> dict[str, Any]:
 
 @pytest.mark.parametrize("failure_epoch", [None, 1])
 def test_a_running_run_without_its_pod_creates_it_again(failure_epoch: int | None) -> None:
-    # No failure seen, or one of an older attempt: the create was interrupted, so it is made again.
+    # No failure seen, or one of an older attempt: the create was interrupted, so it is made again, once the API
+    # server has confirmed the run is still at that attempt (a patch of tests alone: test_stale_decider.py).
     failure = decide.CreateFailure(failure_epoch, "quota", permanent=True) if failure_epoch else None
     plan = decide.decide(decide.RunView.from_body(body(starting())), [], T0 + timedelta(seconds=200),
                          create_failure=failure)
     assert plan.create_pod_epoch == 2
-    assert not plan.patch
+    assert plan.patch == [{"op": "test", "path": "/status/epoch", "value": 2},
+                          {"op": "test", "path": "/status/phase", "value": "Running"}]
 
 
 def test_a_pod_that_cannot_be_created_fails_the_run_with_an_event_and_a_condition() -> None:

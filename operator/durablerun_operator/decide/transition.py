@@ -78,10 +78,8 @@ def status_patch(
     """
     new_doc = new.model_dump(mode="json", exclude_none=True)
     if old is None:
-        return [{"op": "test", "path": path, "value": value} for path, value in guard.items()] + [
-            {"op": "add", "path": "/status", "value": new_doc}
-        ]
-    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
+        return [*tests(guard), {"op": "add", "path": "/status", "value": new_doc}]
+    ops = tests(guard)
     for key in sorted(set(old) | set(new_doc)):
         if key in resource.RUNNER_REQUEST_FIELDS:
             continue  # the runner's alone: a stale copy written back could drop a request it just added
@@ -90,6 +88,11 @@ def status_patch(
         elif old.get(key) != new_doc[key]:
             ops.append({"op": "add", "path": f"/status/{key}", "value": new_doc[key]})
     return ops
+
+
+def tests(guard: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch ``test`` ops that pin ``guard`` (path -> value)."""
+    return [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
 
 
 def conditions(status: resource.DurableRunStatus, now: datetime, generation: int) -> list[resource.Condition]:
@@ -204,4 +207,9 @@ class Transition:
             self.new.observedGeneration = self.run.generation
             self.new.conditions = conditions(self.new, self.now, self.run.generation)
             self.plan.patch = status_patch(self.run.raw_status, self.new, guard=self.guard)
+        elif self.plan.create_pod_epoch is not None:
+            # A pod created again (its creation was interrupted) changes no status, yet a stale read must not
+            # create it: another operator may have moved the run on and deleted that pod since. The guard
+            # alone, tested by the API server just before the create, refuses it then.
+            self.plan.patch = tests(self.guard)
         return self.plan
