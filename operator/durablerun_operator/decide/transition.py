@@ -207,9 +207,10 @@ class Transition:
             self.new.observedGeneration = self.run.generation
             self.new.conditions = conditions(self.new, self.now, self.run.generation)
             self.plan.patch = status_patch(self.run.raw_status, self.new, guard=self.guard)
-        elif self.plan.create_pod_epoch is not None:
-            # A pod created again (its creation was interrupted) changes no status, yet a stale read must not
-            # create it: another operator may have moved the run on and deleted that pod since. The guard
-            # alone, tested by the API server just before the create, refuses it then.
+        elif self.plan.touches_pods:
+            # Pod actions that change no status (a pod created again after an interrupted create, pods no attempt
+            # owns deleted or released) still act on what was read. Another operator may have moved the run on
+            # since: a stale read must neither bring back the pod of an attempt that is over nor delete the pod
+            # of one begun after it. The guard alone, tested by the API server just before, refuses them then.
             self.plan.patch = tests(self.guard)
         return self.plan
