@@ -63,6 +63,17 @@ def test_a_pending_run_without_a_workload_queues_one_and_starts_no_pod() -> None
     assert next(c for c in status["conditions"] if c["type"] == "Progressing")["status"] == "True"
 
 
+def test_a_queued_runs_workload_made_again_is_guarded_like_a_transition() -> None:
+    # Its Workload is gone (deleted by hand, or by another operator that has moved the run on since the read):
+    # a new one is made only once the API server confirms the run is still Queued at that epoch.
+    queued = body({"phase": "Queued", "message": f"queued in LocalQueue {QUEUE}: waiting for Kueue to admit the "
+                   "attempt"})
+    plan, _ = decided(queued)
+    assert plan.create_workload
+    assert plan.patch == [{"op": "test", "path": "/status/epoch", "value": queued["status"]["epoch"]},
+                          {"op": "test", "path": "/status/phase", "value": "Queued"}]
+
+
 def test_a_queued_run_shows_why_kueue_has_not_admitted_it_once_and_stays_quiet() -> None:
     plan, status = decided(body({"phase": "Queued"}), wl=PENDING)
     assert status["phase"] == "Queued"

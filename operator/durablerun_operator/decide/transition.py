@@ -207,10 +207,11 @@ class Transition:
             self.new.observedGeneration = self.run.generation
             self.new.conditions = conditions(self.new, self.now, self.run.generation)
             self.plan.patch = status_patch(self.run.raw_status, self.new, guard=self.guard)
-        elif self.plan.touches_pods:
-            # Pod actions that change no status (a pod created again after an interrupted create, pods no attempt
-            # owns deleted or released) still act on what was read. Another operator may have moved the run on
-            # since: a stale read must neither bring back the pod of an attempt that is over nor delete the pod
-            # of one begun after it. The guard alone, tested by the API server just before, refuses them then.
+        elif self.plan.touches_pods or self.plan.touches_workload:
+            # Pod and Workload actions that change no status (a pod created again after an interrupted create,
+            # pods no attempt owns deleted or released, a queued run's Workload made again) still act on what
+            # was read. Another operator may have moved the run on since: a stale read must neither bring back
+            # the pod of an attempt that is over nor delete the pod of one begun after it. The guard alone,
+            # tested by the API server just before, refuses them then.
             self.plan.patch = tests(self.guard)
         return self.plan
