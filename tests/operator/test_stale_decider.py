@@ -73,10 +73,14 @@ def test_an_operator_that_read_the_run_before_it_moved_on_does_not_recreate_the_
         "attemptStartTime": now, "inputHash": api.input_hash({"steps": 1}), "observedGeneration": 1,
         "lease": {}})
     # ... so the other operator restarted the run (epoch 3) and deleted moved-a2; this one read the run before.
-    set_status(runs, "moved", {"epoch": 3, "attempt": 3, "restarts": 2, "pod": "moved-a3"})
+    version = set_status(runs, "moved", {"epoch": 3, "attempt": 3, "restarts": 2, "pod": "moved-a3"})[
+        "metadata"]["resourceVersion"]
 
     reconciler = Reconciler(ReadBefore(runs.testbed.api_client(), stale), Settings(runner_image="runner:test"))
     assert asyncio.run(reconciler.reconcile(runs.namespace, "moved"))
+    # Refused on the stale read, then, on a fresh one, moved-a3 created (its create had not happened): both
+    # guards were test ops alone, which write nothing (no new version of the run for every watcher to read).
+    assert runs.get("moved")["metadata"]["resourceVersion"] == version
 
     assert list(pods(runs)) == ["moved-a3"], "the stale decision created a pod of attempt 2, which is over"
 
