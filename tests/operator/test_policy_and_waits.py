@@ -123,10 +123,16 @@ def test_first_event_value_wins(operator: Operator, runs: RunEnv) -> None:
 
 
 def test_suspend_and_resume(operator: Operator, runs: RunEnv) -> None:
-    runs.apply(runs.manifest("pausable", "optest_flows:steps", {"steps": 6, "sleep": 0.5}))
-    procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=60, what="step s1")
+    runs.apply(runs.manifest("pausable", "optest_flows:steps", {"steps": 6, "sleep": 0.5, "hold": "s2"}))
+    procs.wait_for(lambda: "start s2" in runs.ledger(), timeout=60, what="step s2")
     runs.testbed.kubectl("patch", "dr", "pausable", "-n", runs.namespace, "--type=merge",
                          "-p", '{"spec": {"suspend": true}}')
+    asked = api.now()
+    # A renewal after the patch hands the runner the spec (its answer is the run): only then is s2 let go, so
+    # the suspension meets a step in flight however slow the machine (s3-s5 take 1.5 s).
+    procs.wait_for(lambda: api.parse_time(runs.get("pausable")["status"]["lease"].get("renewTime")) > asked,
+                   timeout=30, what="a lease renewal after spec.suspend was set")
+    (runs.ledger_dir / "release-s2").touch()
     run = runs.wait_phase("pausable", "Suspended", timeout=60)
     procs.wait_for(lambda: not live_pods(runs, "pausable"), timeout=30, what="no pod while suspended")
     assert run["status"]["restarts"] == 0
