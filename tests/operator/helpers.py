@@ -75,6 +75,11 @@ class RunEnv:
     def get(self, name: str) -> dict[str, Any]:
         return dict(json.loads(self.testbed.kubectl("get", "dr", name, "-n", self.namespace, "-o", "json").stdout))
 
+    def patch_status(self, name: str, status: dict[str, Any], check: bool = True) -> Any:
+        """A merge patch of the run's status subresource, as a runner or another operator would write it."""
+        return self.testbed.kubectl("patch", "dr", name, "-n", self.namespace, "--subresource=status",
+                                    "--type=merge", "-p", json.dumps({"status": status}), check=check)
+
     def wait_phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
         return procs.wait_for(
             lambda: (run := self.get(name)).get("status", {}).get("phase") in phases and run,

@@ -206,8 +206,7 @@ def test_a_parent_as_an_older_operator_left_it_is_understood_after_the_upgrade(
     request = {"workflow": "optest_children:worker", "input": {"n": 1}, "policy": {}}
     legacy = {"childRequests": {"w0": request, "w1": request},
               "children": {"w0": {"run": "old-w0", "uid": "5d0c6a5e-0000-4000-8000-000000000000", "phase": "Running"}}}
-    runs.testbed.kubectl("patch", "dr", "old", "-n", runs.namespace, "--subresource=status", "--type=merge",
-                         "-p", json.dumps({"status": legacy}))
+    runs.patch_status("old", legacy)
 
     # The new operator reads the old names: w0 is reported failed and not created again; w1 is created (suspended
     # with its parent); status.children is gone, and only the child in flight is kept by name.

@@ -18,22 +18,17 @@ def condition(type_: str, **fields: Any) -> dict[str, Any]:
             "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1, **fields}
 
 
-def patch_status(runs: RunEnv, name: str, status: dict[str, Any]) -> Any:
-    return runs.testbed.kubectl("patch", "dr", name, "-n", runs.namespace, "--subresource=status",
-                                "--type=merge", "-p", json.dumps({"status": status}), check=False)
-
-
 def test_conditions_have_the_standard_schema(runs: RunEnv) -> None:
     """No operator: the API server alone holds writers of the status to metav1.Condition's shape."""
     runs.apply(runs.manifest("shape", "optest_flows:steps"))
-    assert patch_status(runs, "shape", {"conditions": [condition("Progressing")]}).returncode == 0
+    assert runs.patch_status("shape", {"conditions": [condition("Progressing")]}, check=False).returncode == 0
     for bad, complaint in (
         ([condition("Complete"), condition("Complete", status="False")], "Duplicate value"),
         ([condition("Complete", lastTransitionTime="yesterday")], "lastTransitionTime"),
         ([condition("Complete", reason="not camel case")], "reason"),
         ([{"type": "Complete", "status": "True"}], "Required value"),
     ):
-        refused = patch_status(runs, "shape", {"conditions": bad})
+        refused = runs.patch_status("shape", {"conditions": bad}, check=False)
         assert refused.returncode != 0, bad
         assert complaint in refused.stderr, refused.stderr
     explained = runs.testbed.kubectl("explain", "durablerun.status.conditions").stdout

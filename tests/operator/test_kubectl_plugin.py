@@ -195,10 +195,8 @@ def test_tree_completion_and_errors(runs: RunEnv, plugin: Plugin) -> None:
         manifest = runs.manifest(child, "optest_flows:steps", suspend=True)
         manifest["metadata"]["labels"] = {api.LABEL_PARENT: parent}
         runs.apply(manifest)
-    family = {"status": {"cost": {"usd": "0.10"},
-                         "childrenTotal": {"runs": 2, "finished": 1, "summary": "1/2", "usd": "0.30"}}}
-    runs.testbed.kubectl("patch", "dr", "parent", "-n", runs.namespace, "--subresource=status", "--type=merge",
-                         "-p", json.dumps(family))
+    runs.patch_status("parent", {"cost": {"usd": "0.10"},
+                                 "childrenTotal": {"runs": 2, "finished": 1, "summary": "1/2", "usd": "0.30"}})
     tree = plugin.dr("tree", "parent")
     assert tree.returncode == 0, tree.stderr
     assert tree.stdout.splitlines()[0] == "parent  -  $0.10 (children 1/2: $0.30)", tree.stdout

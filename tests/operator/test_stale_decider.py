@@ -44,8 +44,7 @@ class ReadBefore(Kube):
 
 
 def set_status(runs: RunEnv, name: str, status: dict[str, Any]) -> dict[str, Any]:
-    runs.testbed.kubectl("patch", "dr", name, "-n", runs.namespace, "--subresource=status", "--type=merge",
-                         "-p", json.dumps({"status": status}))
+    runs.patch_status(name, status)
     return runs.get(name)
 
 

@@ -78,8 +78,8 @@ def status_patch(
     """
     new_doc = new.model_dump(mode="json", exclude_none=True)
     if old is None:
-        return [*tests(guard), {"op": "add", "path": "/status", "value": new_doc}]
-    ops = tests(guard)
+        return [*guard_ops(guard), {"op": "add", "path": "/status", "value": new_doc}]
+    ops = guard_ops(guard)
     for key in sorted(set(old) | set(new_doc)):
         if key in resource.RUNNER_REQUEST_FIELDS:
             continue  # the runner's alone: a stale copy written back could drop a request it just added
@@ -90,7 +90,7 @@ def status_patch(
     return ops
 
 
-def tests(guard: dict[str, Any]) -> list[dict[str, Any]]:
+def guard_ops(guard: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON patch ``test`` ops that pin ``guard`` (path -> value)."""
     return [{"op": "test", "path": path, "value": value} for path, value in guard.items()]
 
@@ -213,5 +213,5 @@ class Transition:
             # was read. Another operator may have moved the run on since: a stale read must neither bring back
             # the pod of an attempt that is over nor delete the pod of one begun after it. The guard alone,
             # tested by the API server just before, refuses them then.
-            self.plan.patch = tests(self.guard)
+            self.plan.patch = guard_ops(self.guard)
         return self.plan
