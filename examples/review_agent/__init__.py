@@ -44,7 +44,7 @@ def publish(draft: str, reviewer: str) -> str:
 
 async def review_agent(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     topic, parts = input.get("topic", "durable execution"), int(input.get("parts", 6))
-    seconds = float(input.get("step_seconds", 1.5))
+    seconds = float(input.get("step_seconds", 3))
     ctx.set_total_steps(parts + 2)  # plan, the research steps, publish: kubectl get dr shows "3/8"
     questions = await ctx.step("plan", plan, topic, parts, seconds)
     notes = []

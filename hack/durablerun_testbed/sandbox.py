@@ -270,6 +270,7 @@ class Story:
 
     state: SandboxState
     crashed_pod: str
+    journaled_before_crash: int
     phases: list[str]
     executions: dict[str, int]
     events: list[dict[str, Any]]
@@ -297,7 +298,11 @@ def kill(state: SandboxState, namespace: str, pod: str) -> dict[str, Any]:
     running = [c for c in body["status"].get("containerStatuses", []) if "running" in c.get("state", {})]
     if not running:
         raise SystemExit(f"pod {namespace}/{pod} has no running container to kill")
-    _real_node(state).kill_container(running[0]["containerID"])
+    try:
+        _real_node(state).kill_container(running[0]["containerID"])
+    except RuntimeError as error:  # it ended between the kubelet's report and the kill
+        raise SystemExit(f"pod {namespace}/{pod}'s container {running[0]['name']} ended before the kill "
+                         f"reached it ({error})") from None
     return {"pod": pod, "container": running[0]["name"], "signal": "SIGKILL"}
 
 
@@ -346,7 +351,9 @@ def _story(state: SandboxState) -> Story:
             time.sleep(2)
 
     _show(env, kubectl, "apply", "-f", str(EXAMPLE))
-    first = watch_until("3 steps are journaled", lambda s: (s.get("progress") or {}).get("completedSteps", 0) >= 3)
+    # The runner reports progress with its lease renewals (every leaseDuration/3), so the status can lag the
+    # journal by a renewal: crash early enough that steps are still left to run when the kill lands.
+    first = watch_until("2 steps are journaled", lambda s: (s.get("progress") or {}).get("completedSteps", 0) >= 2)
     pod = str(first["pod"])
     followers = [_LogFollower(env, kubectl, pod)] if state.node == "real" else []
     print(f"\n# crash: SIGKILL the runner container of pod {pod} (as an OOM kill or a node crash would)")
@@ -379,7 +386,8 @@ def _story(state: SandboxState) -> Story:
                 print(f"  {line}")
     events = json.loads(subprocess.run([kubectl, "get", "events", "--field-selector", f"involvedObject.name={name}",
                                         "-o", "json"], env=env, capture_output=True, text=True, check=True).stdout)
-    return Story(state, pod, phases, executions, list(events["items"]), final)
+    return Story(state, pod, int(first["progress"]["completedSteps"]), phases, executions,
+                 list(events["items"]), final)
 
 
 def _count_executions(lines: list[str], source: str) -> dict[str, int]:

@@ -16,7 +16,10 @@ from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
 
-STEPS = 5
+# The runner reports progress with its renewals (every leaseDuration/3), so the status can lag the journal by
+# that much: enough steps are left to run when the kill lands.
+STEPS = 8
+MOVED_STEPS = 12  # the same, for the run that is evicted and then drained
 
 
 def test_chart_operator_is_ready_non_root_and_read_only(real_bed: TestBed, chart_operator: dict[str, Any]) -> None:
@@ -60,14 +63,15 @@ def test_run_succeeds_in_the_workflow_image(real_runs: RealRuns) -> None:
 
 def test_sigkill_of_the_runner_container_resumes_without_redoing_steps(real_bed: TestBed, real_runs: RealRuns) -> None:
     assert real_bed.real_node
-    real_runs.apply(real_runs.manifest("killed", "realnode_flows:steps", {"steps": STEPS, "sleep": 1.0}))
+    real_runs.apply(real_runs.manifest("killed", "realnode_flows:steps", {"steps": STEPS, "sleep": 1.5}))
     first = real_runs.wait_steps("killed", 2)
+    journaled = first["progress"]["completedSteps"]
     real_bed.real_node.kill_container(real_runs.running_container_id(first["pod"]))
     status = real_runs.wait_phase("killed", "Succeeded", "Failed", "Aborted")
     assert status["phase"] == "Succeeded", status
     assert (status["restarts"], status["attempt"]) == (1, 2), status
     runs = real_runs.executions()
-    assert (runs["s0"], runs["s1"]) == (1, 1), runs
+    assert all(runs[f"s{i}"] == 1 for i in range(journaled)), (journaled, runs)
     assert all(runs[f"s{i}"] >= 1 for i in range(STEPS)), runs
     assert sum(runs.values()) <= STEPS + 1, f"more than the step in flight ran twice: {runs}"
     # The kubelet reported the container's exit: 137, killed by SIGKILL.
@@ -90,7 +94,7 @@ def test_real_oom_kill_restarts_the_run_naming_the_limit(real_runs: RealRuns) ->
 
 
 def test_eviction_and_drain_are_disruptions_not_restarts(real_bed: TestBed, real_runs: RealRuns) -> None:
-    real_runs.apply(real_runs.manifest("moved", "realnode_flows:steps", {"steps": 8, "sleep": 1.0}))
+    real_runs.apply(real_runs.manifest("moved", "realnode_flows:steps", {"steps": MOVED_STEPS, "sleep": 1.0}))
     first = real_runs.wait_steps("moved", 1)
     real_runs.running_container_id(first["pod"])
     # The Eviction API, as a cluster autoscaler or `kubectl drain` calls it.
@@ -115,7 +119,7 @@ def test_eviction_and_drain_are_disruptions_not_restarts(real_bed: TestBed, real
     assert status["restarts"] == 0, status
     assert status["disruptions"] == 2, status
     runs = real_runs.executions()
-    assert sum(runs.values()) <= 8 + 2, f"more than the steps in flight ran twice: {runs}"
+    assert sum(runs.values()) <= MOVED_STEPS + 2, f"more than the steps in flight ran twice: {runs}"
 
 
 def test_waiting_run_holds_no_pod_and_an_event_resumes_it(real_runs: RealRuns) -> None:
