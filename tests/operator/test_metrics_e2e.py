@@ -39,7 +39,8 @@ def test_metrics_alerts_and_dashboard_from_the_real_operator(
 ) -> None:
     started = time.time()
     prometheus = start_prometheus([f"127.0.0.1:{operator.metrics_port}"], rule_files=[rules_for_test(tmp_path)])
-    runs.apply(runs.manifest("resumed", "optest_flows:steps", {"steps": 10, "sleep": 0.6, "usd": "0.05"}))
+    # 20 steps: the kill comes after a report of two journaled (renewals are 2 s apart) and a scrape.
+    runs.apply(runs.manifest("resumed", "optest_flows:steps", {"steps": 20, "sleep": 0.6, "usd": "0.05"}))
     runs.apply(runs.manifest("capped", "optest_flows:steps", {"steps": 5, "sleep": 0.05, "usd": "0.10"},
                              policy={"costCeilingUSD": "0.15"}))
     runs.apply(runs.manifest("ongoing", "optest_flows:steps", {"steps": 400, "sleep": 0.5, "usd": "0.01"}))
