@@ -33,14 +33,16 @@ def test_operator_killed_and_restarted(start_operator: StartOperator, runs: RunE
         operator.process.signal_group(signal.SIGKILL)
         runs.apply(runs.manifest("survivor", "optest_flows:steps", {"steps": 4, "sleep": 0.3}))
     else:
-        runs.apply(runs.manifest("survivor", "optest_flows:steps", {"steps": 4, "sleep": 0.3},
+        # s1 runs until released: the pod is mid-run when it or the operator is killed, however slow the machine.
+        runs.apply(runs.manifest("survivor", "optest_flows:steps", {"steps": 4, "sleep": 0.3, "hold": "s1"},
                                  policy={"backoff": {"initial": "3s", "max": "3s"}}))
-        procs.wait_for(lambda: "done s0" in runs.ledger(), timeout=60, what="step s0")
+        procs.wait_for(lambda: "start s1" in runs.ledger(), timeout=60, what="step s1")
         if moment == "during-backoff":
             node.kill(runs.namespace, runs.get("survivor")["status"]["pod"])
             runs.wait_phase("survivor", "Backoff", timeout=30)
         operator.process.signal_group(signal.SIGKILL)
     operator.process.popen.wait(10)
+    (runs.ledger_dir / "release-s1").touch()
 
     start_operator("operator-2")
     run = runs.wait_phase("survivor", "Succeeded", timeout=90)
