@@ -97,7 +97,9 @@ def check_fenced_and_silent(real_runs: RealRuns, pods: PodRecorder, name: str, p
     assert expired or any("Fenced" in m for m in restarts), (expired, restarts)
 
 
-STEPS = 12
+#: 10 s of steps: the status shows two journaled up to a renewal (2 s) late, and the fault must still find the
+#: runner mid-run (a finished one exits 0, not Fenced).
+STEPS = 20
 
 
 def fenced_while(real_runs: RealRuns, pods: PodRecorder, name: str,
