@@ -41,8 +41,8 @@ def test_operator_killed_and_restarted(start_operator: StartOperator, runs: RunE
             node.kill(runs.namespace, runs.get("survivor")["status"]["pod"])
             runs.wait_phase("survivor", "Backoff", timeout=30)
         operator.process.signal_group(signal.SIGKILL)
+        (runs.ledger_dir / "release-s1").touch()
     operator.process.popen.wait(10)
-    (runs.ledger_dir / "release-s1").touch()
 
     start_operator("operator-2")
     run = runs.wait_phase("survivor", "Succeeded", timeout=90)
