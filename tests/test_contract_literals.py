@@ -56,7 +56,7 @@ TOOL_KNOBS: dict[str, tuple[str, ...]] = {
     "DURABLERUN_KILL_SEED": ("tests/sdk/test_kill_resume.py",),
     "DURABLERUN_KILL_DEBUG": ("tests/sdk/test_kill_resume.py",),
     "DURABLERUN_SCREENSHOTS": ("tests/browser/test_run_browser.py",),
-    "DURABLERUN_CRASH_AT": ("runner/durablerun/_private/backends/base.py",),
+    "DURABLERUN_CRASH_AT": ("runner/durablerun/_private/storage/backends/base.py",),
 }
 # Where phase and outcome words are Kubernetes' own (pod phases, container reasons), not a run's.
 PHASE_WORDS_ARE_KUBERNETES = ("hack/durablerun_testbed/processnode/",)

@@ -147,7 +147,7 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
     pointer and the chunks it names. The resume benchmark checks each copy
     replays to the same result.
     """
-    from durablerun._private import codec, layout
+    from durablerun._private.records import codec, layout
     from durablerun.stores import RunRef, open_store
     from durablerun_bench import dr_flows
     from durablerun_bench.systems import s3_client
@@ -207,7 +207,7 @@ def build_exported(p: dict[str, Any]) -> dict[str, Any]:
 def _last_snapshot_due(records: list[bytes], every: int) -> int:
     """The last record the engine snapshots at, of journal ``records`` (sealed): every ``every``
     records of the first generation, then at each continuation and every ``every`` records after it."""
-    from durablerun._private import codec
+    from durablerun._private.records import codec
 
     last = len(records) - 1
     for seq in range(last, -1, -1):

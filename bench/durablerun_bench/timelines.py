@@ -26,9 +26,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from durablerun._private import layout, timeline
-from durablerun._private.journal import RunStore
-from durablerun._private.model import EventRecord, Record, StepRecord, Totals, WaitRecord
+from durablerun._private.records import layout
+from durablerun._private.records.model import EventRecord, Record, StepRecord, Totals, WaitRecord
+from durablerun._private.storage.journal import RunStore
+from durablerun._private.tools import timeline
 from durablerun.stores import RunRef, open_store
 from durablerun_bench import machine
 from durablerun_bench.systems import s3_client

@@ -21,8 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from durablerun import api
-from durablerun._private import webhooks
+from durablerun import api, webhooks
 from durablerun_bench.util import percentile
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from durablerun import __version__, api
+from durablerun import api
+from durablerun._version import __version__
 
 
 def _env_number(name: str, default: float, kind: type[int] | type[float]) -> Any:

@@ -17,7 +17,7 @@ Public modules: ``durablerun`` (this: the workflow API and its errors),
 ``durablerun.integrations`` (extras). Everything under ``durablerun._private`` is internal.
 """
 
-from durablerun._private.context import DurableContext
+from durablerun._private.engine.context import DurableContext
 from durablerun._version import __version__
 from durablerun.api import AbortReason, Outcome
 from durablerun.errors import (

@@ -15,7 +15,7 @@ and replay like any step (docs/agents.md):
   replay sees the same history.
 """
 
-from durablerun._private.agents import (
+from durablerun._private.agents.tools import (
     Saga,
     SideEffect,
     Tool,

@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from durablerun import errors
+
 GROUP = "durablerun.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -145,6 +147,19 @@ class Outcome(enum.StrEnum):
     def exit_code(self) -> int:
         return _EXIT_CODES[self]
 
+    @property
+    def final_phase(self) -> Phase | None:
+        """The phase a run ends in when an attempt ends so, or None when the run goes on (the one mapping: the
+        operator's decisions and the SDK's local families both read it)."""
+        return _FINAL_PHASES.get(self)
+
+
+_FINAL_PHASES = {
+    Outcome.COMPLETED: Phase.SUCCEEDED,
+    Outcome.FAILED: Phase.FAILED,
+    Outcome.USAGE_ERROR: Phase.FAILED,
+    Outcome.ABORTED: Phase.ABORTED,
+}
 
 _EXIT_CODES = {
     Outcome.COMPLETED: 0,
@@ -439,6 +454,21 @@ def _duration_field(default: str, description: str, *, positive: bool = False) -
 
 USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
 #: A workflow function, as module:function (spec.workflow, a child request's workflow).
+#: An event's name (``spec.events.<name>``, ``ctx.wait_for_event``, a webhook's event): a file name in the
+#: store and a key of the run's spec, so one definition for the SDK, the CLI and the webhook ingress.
+EVENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+
+
+def check_event_name(name: str) -> str:
+    """``name`` if it is a valid event name, else a ConfigError that says what one looks like."""
+    if not re.match(EVENT_NAME_PATTERN, name):
+        raise errors.ConfigError(
+            f"invalid event name {name!r}: use 1-253 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
 WORKFLOW_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 

@@ -1,4 +1,4 @@
-"""The ``durablerun`` command (implementation: ``durablerun._private.cli``).
+"""The ``durablerun`` command (implementation: ``durablerun._private.tools.cli``).
 
 ::
 
@@ -14,6 +14,6 @@ Exit codes follow docs/design.md: 0 Completed, 1 Failed, 2 usage error, 3 Aborte
 4 Waiting or Suspended, 5 Fenced; 75 when the store could not be reached.
 """
 
-from durablerun._private.cli import main
+from durablerun._private.tools.cli import main
 
 __all__ = ["main"]

@@ -52,8 +52,8 @@ records the outcome in the run's ``status.json`` (not when Fenced).
 the operator puts in ``status.inputHash``.
 """
 
-from durablerun._private.engine import SDK_VERSION, Run, load_workflow
-from durablerun._private.model import AttemptResult, EngineConfig, RunStarted, Totals, WaitingFor
+from durablerun._private.engine.run import SDK_VERSION, Run, load_workflow
+from durablerun._private.records.model import AttemptResult, EngineConfig, RunStarted, Totals, WaitingFor
 from durablerun.api import input_hash
 
 __all__ = [

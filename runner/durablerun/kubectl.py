@@ -1,4 +1,4 @@
-"""``kubectl durablerun``: the kubectl plugin (implementation: ``durablerun._private.kubectl``).
+"""``kubectl durablerun``: the kubectl plugin (implementation: ``durablerun._private.tools.kubectl``).
 
 Installed as the ``kubectl-durablerun`` and ``kubectl_complete-durablerun`` console scripts;
 docs/operator.md describes its commands.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from durablerun._private.kubectl import complete_main, main
+from durablerun._private.tools.kubectl import complete_main, main
 
 __all__ = ["complete_main", "main"]
 

@@ -18,7 +18,7 @@ error naming it, never a free call a budget cannot see.
 Importing this module imports neither openai nor anthropic.
 """
 
-from durablerun._private.llm import (
+from durablerun._private.agents.llm import (
     PRICES,
     PRICES_AS_OF,
     Price,

@@ -1,4 +1,4 @@
-"""``durablerun pod``: the runner inside a DurableRun's pod (implementation: ``durablerun._private.pod``).
+"""``durablerun pod``: the runner inside a DurableRun's pod (implementation: ``durablerun._private.pod.attempt``).
 
 The runner image's entrypoint runs ``durablerun pod``; ``python -m durablerun.pod`` does the same.
 docs/design.md says what the operator hands the runner and what the runner reports back.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from durablerun._private.pod import main
+from durablerun._private.pod.attempt import main
 
 __all__ = ["main"]
 

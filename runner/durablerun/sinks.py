@@ -20,6 +20,6 @@ the attempt's event-loop thread and must not block; an exception in a sink is
 logged and ignored. :class:`JsonLinesSink` writes one JSON object per event.
 """
 
-from durablerun._private.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
+from durablerun._private.engine.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
 
 __all__ = ["EventKind", "JsonLinesSink", "ProgressEvent", "ProgressSink"]

@@ -11,7 +11,7 @@ Open one by URI::
 A run lives under ``<prefix>/<namespace>/<name>/<uid>/`` (a DurableRun:
 ``RunRef.kubernetes(ns, name, uid)``) or ``<prefix>/_local/<run-id>/`` (the
 local CLI's ``--run-id``: ``RunRef.local(run_id)``). The full key layout is
-documented in ``durablerun._private.layout`` and docs/sdk.md.
+documented in ``durablerun._private.records.layout`` and docs/sdk.md.
 
 For the operator (all keyword-only, all safe to call while a runner runs):
 
@@ -33,10 +33,10 @@ FencedError when another writer won a journal position,
 StoreUnavailableError when the store cannot be reached after retries).
 """
 
-from durablerun._private.backends.options import S3Options
-from durablerun._private.layout import LAYOUT_VERSION, RunRef
-from durablerun._private.model import Totals
-from durablerun._private.stores import (
+from durablerun._private.records.layout import LAYOUT_VERSION, RunRef
+from durablerun._private.records.model import Totals
+from durablerun._private.storage.backends.options import S3Options
+from durablerun._private.storage.stores import (
     CheckpointInfo,
     EventInfo,
     RunInfo,

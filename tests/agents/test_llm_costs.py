@@ -15,7 +15,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from durablerun import ConfigError, DurableContext, Outcome, Policy, api, llm
-from durablerun._private import llm as llm_impl
+from durablerun._private.agents import llm as llm_impl
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
 

@@ -243,7 +243,7 @@ def test_replay_target_is_judged_on_the_continuing_workflow_with_the_plain_loop_
 def test_the_export_waits_for_the_snapshot_the_engine_takes_last() -> None:
     from durablerun_bench import replay
 
-    from durablerun._private import codec
+    from durablerun._private.records import codec
 
     def recs(kinds: list[str]) -> list[bytes]:
         return [codec.seal(codec.dumps({"seq": i, "kind": k})) for i, k in enumerate(kinds)]

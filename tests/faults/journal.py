@@ -3,7 +3,7 @@
 Deliberately independent of the SDK's reader: the envelope is unsealed and
 its sha256 checked here, records and snapshot chunks are parsed here, so an
 SDK bug cannot hide itself from the check. The layout is the one of
-``runner/durablerun/_private/layout.py`` (layout version 1)::
+``runner/durablerun/_private/records/layout.py`` (layout version 1)::
 
     <prefix>/<namespace>/<name>/<uid>/manifest.json
                                      journal/<seq:012d>.json   one sealed record, or a group:

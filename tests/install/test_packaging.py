@@ -91,8 +91,8 @@ def test_the_wheel_and_sdist_carry_the_metadata_users_rely_on(dist: Path) -> Non
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "durablerun/py.typed" in names
     # The run browser's pages ship in the package: it fetches nothing from elsewhere (docs/web.md).
-    assert {f"durablerun/_private/browser_assets/{f}" for f in ("index.html", "run.html", "ui.css", "ui.js")} <= set(
-        names), names
+    assets = {f"durablerun/_private/tools/browser_assets/{f}" for f in ("index.html", "run.html", "ui.css", "ui.js")}
+    assert assets <= set(names), names
     (sdist,) = dist.glob("durable_run-*.tar.gz")
     with tarfile.open(sdist) as archive:
         members = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}

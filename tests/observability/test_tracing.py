@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from durablerun import api
-from durablerun._private import layout
-from durablerun._private.model import WaitRecord
+from durablerun._private.records import layout
+from durablerun._private.records.model import WaitRecord
 from durablerun.stores import open_store
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger

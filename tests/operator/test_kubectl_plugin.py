@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from durablerun import api
-from durablerun._private import layout
+from durablerun._private.records import layout
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.testbed import TestBed
 from tests.operator.helpers import Operator, RunEnv

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from durablerun import api
-from durablerun._private import owner as owner_record
-from durablerun._private.model import Record, StepRecord
+from durablerun._private.records.model import Record, StepRecord
+from durablerun._private.storage import owner as owner_record
 from durablerun.stores import RunRef, open_store
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from durablerun import api
-from durablerun._private.kubeapi import KIND_REF
+from durablerun._private.tools.kubeapi import KIND_REF
 from durablerun_testbed import procs
 from tests.operator.helpers import Operator, RunEnv
 from tests.operator.test_kubectl_plugin import Plugin, plugin

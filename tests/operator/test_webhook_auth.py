@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from durablerun._private import webhooks
+from durablerun import webhooks
 from durablerun_operator.ingress import auth
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api
-from durablerun._private import webhooks
+from durablerun import api, webhooks
 from durablerun_operator.ingress import auth
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from durablerun import api
-from durablerun._private.kubeapi import KIND_REF
+from durablerun._private.tools.kubeapi import KIND_REF
 from durablerun_testbed import procs
 from durablerun_testbed.realnode import build_workflow_image
 from durablerun_testbed.testbed import TestBed

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from durablerun._private.backends import memory
+from durablerun._private.storage.backends import memory
 from durablerun.stores import Store, open_store
 
 from .helpers import REPO, WORKFLOWS, StoreSpec, s3_store_spec

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from durablerun import api
-from durablerun._private import layout
-from durablerun._private.backends.fs import FsBackend
-from durablerun._private.backends.memory import MemoryBackend
-from durablerun._private.backends.s3 import S3Backend
+from durablerun._private.records import layout
+from durablerun._private.storage.backends.fs import FsBackend
+from durablerun._private.storage.backends.memory import MemoryBackend
+from durablerun._private.storage.backends.s3 import S3Backend
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.resource import Policy
 from durablerun.stores import RunRef, Store, open_store

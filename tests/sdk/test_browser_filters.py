@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from durablerun import api
-from durablerun._private import browser
+from durablerun._private.tools import browser
 
 NOW = api.parse_time("2026-01-02T00:00:00Z").timestamp()
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from durablerun import ChildRunFailed, DurableContext, api, errors, relations
-from durablerun._private.children import PodBroker
-from durablerun._private.layout import RunRef
+from durablerun._private.engine.children import PodBroker
+from durablerun._private.records.layout import RunRef
 from durablerun.api import Outcome
 from durablerun.engine import Run
 from durablerun.stores import open_store

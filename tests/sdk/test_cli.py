@@ -119,7 +119,7 @@ def test_usage_errors_exit_2_and_name_the_flag(tmp_path: Path,
         (["run", "racing:approval", *store], "--run-id"),
         (["send-event", "--run-id", "x", *store, "bad name!"], "invalid event name"),
     ]
-    from durablerun._private import cli as cli_module
+    from durablerun._private.tools import cli as cli_module
 
     for args, needle in cases:
         assert cli_module.main(args) == 2, args
@@ -140,19 +140,19 @@ def test_workflow_raising_at_import_fails_with_exit_1(tmp_path: Path) -> None:
 def test_pod_subcommand_delegates_to_durablerun_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    from durablerun import _private
-    from durablerun._private import cli as cli_module
+    from durablerun._private import pod as pod_package
+    from durablerun._private.tools import cli as cli_module
 
     seen: list[list[str]] = []
-    fake = types.ModuleType("durablerun._private.pod")
+    fake = types.ModuleType("durablerun._private.pod.attempt")
     fake.main = lambda argv: seen.append(argv) or 5  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "durablerun._private.pod", fake)
-    monkeypatch.setattr(_private, "pod", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "durablerun._private.pod.attempt", fake)
+    monkeypatch.setattr(pod_package, "attempt", fake, raising=False)
     assert cli_module.main(["pod", "--epoch", "3"]) == 5
     assert seen == [["--epoch", "3"]]
     # Without the module: a clear usage error, not a traceback.
-    monkeypatch.setitem(sys.modules, "durablerun._private.pod", None)
-    monkeypatch.delattr(_private, "pod", raising=False)
+    monkeypatch.setitem(sys.modules, "durablerun._private.pod.attempt", None)
+    monkeypatch.delattr(pod_package, "attempt", raising=False)
     assert cli_module.main(["pod"]) == 2
 
 

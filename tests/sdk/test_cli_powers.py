@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from durablerun import api
-from durablerun._private import codec, layout
+from durablerun._private.records import codec, layout
 from durablerun.api import Outcome, format_time, now
 from durablerun.stores import RunRef, open_store
 

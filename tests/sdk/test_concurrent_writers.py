@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from durablerun._private.model import StepRecord
+from durablerun._private.records.model import StepRecord
 from durablerun.api import Outcome
 from durablerun.stores import RunRef
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from durablerun import DurableContext, EventTimeout, ResultNotSerializableError, StepError
-from durablerun._private import codec, layout
-from durablerun._private.journal import RunStore
-from durablerun._private.model import ContinueRecord, Record
+from durablerun._private.records import codec, layout
+from durablerun._private.records.model import ContinueRecord, Record
+from durablerun._private.storage.journal import RunStore
 from durablerun.api import AbortReason, Outcome
 from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.resource import Policy
@@ -714,7 +714,7 @@ def test_a_stop_request_before_the_continuation_suspends_and_the_resume_continue
 def test_a_snapshot_is_taken_at_each_continuation_and_then_every_snapshot_every_records(
     mem: Store, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from durablerun._private import writer
+    from durablerun._private.engine import writer
 
     asked: list[int | None] = []
     real_job = writer.Writer._snapshot_job

@@ -10,7 +10,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
-from durablerun._private.display import PlainProgress, TtyProgress
+from durablerun._private.tools.display import PlainProgress, TtyProgress
 from durablerun.api import Outcome
 from durablerun.engine import AttemptResult, RunStarted
 

@@ -14,8 +14,8 @@ import pytest
 from pydantic import BaseModel
 
 from durablerun import DurableContext, NonRetryableError, StepError
-from durablerun._private.backends import memory
-from durablerun._private.model import Record, StepRecord
+from durablerun._private.records.model import Record, StepRecord
+from durablerun._private.storage.backends import memory
 from durablerun.api import Outcome
 from durablerun.engine import EngineConfig
 from durablerun.sinks import ProgressSink
@@ -609,7 +609,7 @@ def test_a_corrupted_journal_object_fails_loudly_and_is_not_overwritten(
 
 
 def _stored_journal(store: Store) -> Any:
-    from durablerun._private.backends.fs import FsBackend
+    from durablerun._private.storage.backends.fs import FsBackend
 
     if isinstance(store.backend, FsBackend):
         d = store.backend.root / REF.path / "journal"
@@ -686,7 +686,7 @@ def test_a_missing_snapshot_chunk_falls_back_to_the_journal(store_spec: StoreSpe
 
 def test_a_store_failure_while_saving_a_big_result_is_not_the_steps_failure(mem: Store) -> None:
     from durablerun import errors as sdk_errors
-    from durablerun._private.backends.memory import MemoryBackend
+    from durablerun._private.storage.backends.memory import MemoryBackend
 
     class BlobsDown(MemoryBackend):
         def create(self, key: str, data: bytes) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from durablerun import errors
-from durablerun._private import codec, layout
-from durablerun._private.model import Record, StepRecord, Totals
+from durablerun._private.records import codec, layout
+from durablerun._private.records.model import Record, StepRecord, Totals
 from durablerun.stores import RunRef, Store, open_store
 
 from .helpers import fs_segment

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from durablerun._private.model import Payload, StepRecord, Totals
+from durablerun._private.records.model import Payload, StepRecord, Totals
 from durablerun.api import Outcome
 from durablerun.engine import EngineConfig, Run
 from durablerun.stores import RunRef, Store, open_store
@@ -77,7 +77,7 @@ def _finish(store: Store) -> Any:
 
 def _records(store: Store) -> bytes:
     """Every journal record's body, volatile values starred, one per line."""
-    from durablerun._private import codec
+    from durablerun._private.records import codec
 
     lines = []
     for seq, sealed in store.backend.journal(REF.path + "/").read(0):

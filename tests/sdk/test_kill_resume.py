@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durablerun._private.model import ContinueRecord
+from durablerun._private.records.model import ContinueRecord
 from durablerun.stores import RunRef
 
 from .helpers import StoreSpec, sub_env, wait_until

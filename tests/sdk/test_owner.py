@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from durablerun import errors
-from durablerun._private import owner
-from durablerun._private.owner import HeldElsewhere, Holder, OwnerLease
+from durablerun._private.storage import owner
+from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun.stores import RunRef, Store
 
 from .helpers import StoreSpec, cli

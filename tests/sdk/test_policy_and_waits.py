@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from durablerun import DurableContext, EventTimeout, StepError
-from durablerun._private.backends import memory
-from durablerun._private.backends.memory import MemoryBackend
-from durablerun._private.stores import Store
+from durablerun._private.storage.backends import memory
+from durablerun._private.storage.backends.memory import MemoryBackend
+from durablerun._private.storage.stores import Store
 from durablerun.api import AbortReason, Outcome
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.resource import Policy
@@ -109,7 +109,7 @@ def test_a_cost_charged_past_the_ceiling_by_the_last_step_is_reported(mem: Store
 
 
 def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
-    from durablerun._private.pod import kubectl_advice
+    from durablerun._private.pod.attempt import kubectl_advice
 
     config = EngineConfig(policy_advice=kubectl_advice("team", "agent"))
     r = Run(store=mem, run=RunRef.kubernetes("team", "agent", "u1"), workflow=charging,
@@ -123,7 +123,7 @@ def test_abort_messages_on_kubernetes_give_kubectl_advice(mem: Store) -> None:
 
 def test_a_declared_total_is_the_progress_denominator_while_running_and_on_replay(
         mem: Store) -> None:
-    from durablerun._private.lease import StatusSink
+    from durablerun._private.pod.lease import StatusSink
 
     async def wf(ctx: DurableContext, input: Any) -> Any:
         ctx.set_total_steps(input["n"])
@@ -162,7 +162,7 @@ def test_a_declared_total_is_the_progress_denominator_while_running_and_on_repla
 
 def test_the_step_in_flight_is_reported_until_it_is_journaled(mem: Store) -> None:
     """status.progress.inFlight: what the operator names when the attempt ends mid-step (a crash, a fence)."""
-    from durablerun._private.lease import StatusSink, _status_ops
+    from durablerun._private.pod.lease import StatusSink, _status_ops
 
     sink = StatusSink()
     seen: list[dict[str, Any]] = []

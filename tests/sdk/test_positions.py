@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from durablerun import DurableContext
-from durablerun._private.journal import Loaded
-from durablerun._private.model import RECORD_KINDS
-from durablerun._private.replay import Live, pos_str, pos_tuple
+from durablerun._private.engine.replay import Live, pos_str, pos_tuple
+from durablerun._private.records.model import RECORD_KINDS
+from durablerun._private.storage.journal import Loaded
 from durablerun.api import Outcome
 from durablerun.testing import WorkflowTest
 

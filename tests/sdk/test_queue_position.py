@@ -9,7 +9,7 @@ import subprocess
 from typing import Any
 
 from durablerun import api
-from durablerun._private import kubeapi
+from durablerun._private.tools import kubeapi
 
 
 def run(phase: str = "Queued", queue: str | None = "lq") -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from durablerun import errors
-from durablerun._private import codec, layout
+from durablerun._private.records import codec, layout
 from durablerun.api import Outcome
 from durablerun.engine import Run
 from durablerun.stores import RunRef, Store, open_store

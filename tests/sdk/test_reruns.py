@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from durablerun._private import layout
-from durablerun._private.owner import Holder, OwnerLease
+from durablerun._private.records import layout
+from durablerun._private.storage.owner import Holder, OwnerLease
 from durablerun.api import Outcome
 from durablerun.stores import RunRef, open_store
 

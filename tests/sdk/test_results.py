@@ -7,7 +7,7 @@ import json
 import pytest
 
 from durablerun import api
-from durablerun._private import codec
+from durablerun._private.records import codec
 from durablerun.api import Outcome
 from durablerun.engine import EngineConfig, Run
 from durablerun.resource import RESULT_INLINE_MAX
@@ -102,7 +102,7 @@ def test_inspect_opens_a_run_id_journal_by_its_identity_read_only(testbed: objec
                                                                   s3_spec: StoreSpec) -> None:
     """A DurableRun with spec.checkpoint.runId: `inspect --kubernetes` and `inspect --run-id` open the run
     id's journal (wherever its runner is), show who holds it, and write nothing."""
-    from durablerun._private.owner import Holder, OwnerLease
+    from durablerun._private.storage.owner import Holder, OwnerLease
     from durablerun_testbed.testbed import TestBed
 
     assert isinstance(testbed, TestBed)

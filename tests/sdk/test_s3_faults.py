@@ -10,9 +10,9 @@ import botocore.exceptions
 import pytest
 
 from durablerun import errors
-from durablerun._private.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
-from durablerun._private.backends.s3 import S3Backend
-from durablerun._private.model import Record, StepRecord
+from durablerun._private.records.model import Record, StepRecord
+from durablerun._private.storage.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
+from durablerun._private.storage.backends.s3 import S3Backend
 from durablerun.stores import RunRef, Store
 
 from .helpers import StoreSpec

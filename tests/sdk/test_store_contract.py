@@ -11,9 +11,9 @@ from decimal import Decimal
 import pytest
 
 from durablerun import errors
-from durablerun._private import codec, layout
-from durablerun._private.journal import RunStore
-from durablerun._private.model import Record, StepRecord, Totals
+from durablerun._private.records import codec, layout
+from durablerun._private.records.model import Record, StepRecord, Totals
+from durablerun._private.storage.journal import RunStore
 from durablerun.stores import RunRef, Store
 
 from .helpers import StoreSpec, corrupt_journal_record, raw_journal_bytes
@@ -328,7 +328,7 @@ def test_status_written_by_an_attempt_overtaken_since_its_claim_changes_nothing(
 
 
 def test_a_claim_that_keeps_losing_to_other_writers_gives_up_with_a_store_error(store: Store) -> None:
-    from durablerun._private import journal
+    from durablerun._private.storage import journal
 
     claimer = store.run_store(REF)
     backend = claimer.backend

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from durablerun import errors
-from durablerun._private import layout
+from durablerun._private.records import layout
 from durablerun.api import Outcome
 from durablerun.engine import Run
 from durablerun.stores import RunRef, open_store

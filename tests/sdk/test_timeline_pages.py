@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from durablerun._private import timeline
-from durablerun._private.journal import RunStore
-from durablerun._private.model import EventRecord, Record, StepRecord, Totals, WaitRecord
+from durablerun._private.records.model import EventRecord, Record, StepRecord, Totals, WaitRecord
+from durablerun._private.storage.journal import RunStore
+from durablerun._private.tools import timeline
 from durablerun.stores import RunRef, Store, open_store
 
 REF = RunRef.local("pages")

@@ -1,4 +1,4 @@
-"""The pod `kubectl durablerun upgrade` checks new code in (durablerun._private.upgrades.check_pod), as a manifest.
+"""The pod `kubectl durablerun upgrade` checks new code in (`tools.upgrades.check_pod`), as a manifest.
 
 It must act as the run's own attempts do (its ServiceAccount, its store credentials from its Secret, restricted
 security) and must not look like an attempt to the operator (no run label). The real node runs it end to end:
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from durablerun import api
-from durablerun._private.upgrades import check_pod
+from durablerun._private.tools.upgrades import check_pod
 
 
 def run(template: dict[str, Any] | None = None) -> dict[str, Any]:

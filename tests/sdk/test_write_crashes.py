@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from durablerun._private import layout
-from durablerun._private.backends.base import CRASH_ENV, CRASH_POINTS, GROUP_CRASH_POINTS
+from durablerun._private.records import layout
+from durablerun._private.storage.backends.base import CRASH_ENV, CRASH_POINTS, GROUP_CRASH_POINTS
 from durablerun.stores import RunRef
 
 from .helpers import StoreSpec, cli

@@ -269,8 +269,7 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
     if pod is not None:
         if pod.has_finalizer:
             t.plan.release_pods.append(pod.name)
-        keep = ending.outcome in (api.Outcome.COMPLETED, api.Outcome.FAILED, api.Outcome.USAGE_ERROR,
-                                  api.Outcome.ABORTED)
+        keep = ending.outcome is not None and ending.outcome.final_phase is not None  # the run's last pod
         if (delete or not keep) and not pod.deleting:
             t.plan.delete_pods.append(pod.name)
     outcome = ending.outcome
@@ -278,12 +277,11 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
     if ran and (outcome is None or outcome == api.Outcome.FENCED):  # it did not end by itself: say what it did
         doing = transition.in_flight(status, ending.finished_at or t.now)
         ending = replace(ending, message=f"{ending.message} {doing}")
-    if outcome == api.Outcome.COMPLETED:
-        t.finish(api.Phase.SUCCEEDED, ending.message)
-    elif outcome in (api.Outcome.FAILED, api.Outcome.USAGE_ERROR):
-        t.finish(api.Phase.FAILED, ending.message)
-    elif outcome == api.Outcome.ABORTED:
-        t.finish(api.Phase.ABORTED, ending.message, ending.abort_reason or api.AbortReason.BUDGET_EXHAUSTED)
+    final = outcome.final_phase if outcome is not None else None
+    if final == api.Phase.ABORTED:
+        t.finish(final, ending.message, ending.abort_reason or api.AbortReason.BUDGET_EXHAUSTED)
+    elif final is not None:
+        t.finish(final, ending.message)
     elif outcome == api.Outcome.WAITING:
         waiting = ending.waiting_for or {}
         t.new.phase = api.Phase.WAITING

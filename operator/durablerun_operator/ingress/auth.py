@@ -1,7 +1,7 @@
 """Who may send an event: per-source signature schemes, the replay window, the body's selected part.
 
 Pure functions of the request's bytes and headers, so each scheme is table-tested. Capability
-tokens are ``durablerun._private.webhooks`` (the SDK signs them). Every comparison of a
+tokens are ``durablerun.webhooks`` (the SDK signs them). Every comparison of a
 signature is constant-time.
 """
 

@@ -22,9 +22,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
-from durablerun import api
-from durablerun._private import webhooks
-from durablerun._private.layout import check_event_name
+from durablerun import api, webhooks
 from durablerun_operator import kube
 from durablerun_operator.ingress import auth
 
@@ -180,7 +178,7 @@ class Ingress:
             log.info("request with %s for %s/%s refused: %s", label, namespace, run, error)
             raise _UNAUTHORIZED from None
         try:
-            check_event_name(event)
+            api.check_event_name(event)
         except Exception as error:
             raise _Answer(400, "bad_request", str(error)) from None
         return await self._deliver(namespace, run, event, self._value(body, request), label)

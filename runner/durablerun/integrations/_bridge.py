@@ -20,8 +20,8 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from durablerun import errors
-from durablerun._private.context import DurableContext
-from durablerun._private.halts import Halt
+from durablerun._private.engine.context import DurableContext
+from durablerun._private.engine.halts import Halt
 
 T = TypeVar("T")
 

@@ -39,7 +39,7 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from durablerun._private.extras import require
+from durablerun._private.storage.extras import require
 
 require("langgraph", "the LangGraph integration", "langgraph")
 
@@ -51,8 +51,8 @@ from langgraph.pregel import Pregel  # noqa: E402
 from langgraph.types import Command, Interrupt  # noqa: E402
 
 from durablerun import errors  # noqa: E402
-from durablerun._private import llm  # noqa: E402
-from durablerun._private.context import DurableContext  # noqa: E402
+from durablerun._private.agents import llm  # noqa: E402
+from durablerun._private.engine.context import DurableContext  # noqa: E402
 
 __all__ = ["run_graph"]
 

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from durablerun._private.extras import require
+from durablerun._private.storage.extras import require
 
 require("pydantic-ai", "the pydantic-ai integration", "pydantic_ai")
 
@@ -51,8 +51,8 @@ from pydantic_ai.run import AgentRunResult  # noqa: E402
 from pydantic_ai.tools import AgentDepsT  # noqa: E402
 
 from durablerun import errors  # noqa: E402
-from durablerun._private import llm  # noqa: E402
-from durablerun._private.context import DurableContext  # noqa: E402
+from durablerun._private.agents import llm  # noqa: E402
+from durablerun._private.engine.context import DurableContext  # noqa: E402
 from durablerun.integrations._bridge import CURRENT, Bridge  # noqa: E402
 
 __all__ = ["DurableRunDurability", "run"]

@@ -1,0 +1,437 @@
+"""``kubectl durablerun ui``: the run browser, a local web server acting as the user (docs/web.md).
+
+Like ``kubectl proxy`` it listens on 127.0.0.1 only and makes every call with the user's own kubectl
+(kubeconfig, context): Kubernetes RBAC decides what each person sees and changes. The runs list is a watch
+(``kubectl get --watch``) kept in memory; the pages poll a cheap endpoint that answers "unchanged" until the
+watch saw something. A run's timeline is read from its journal with the credentials ``kubectl durablerun
+journal`` uses, a page at a time: a page reads its own records, never the journal whole. Actions are the
+plugin's own (``kubeapi``), by POST with this server's token only (CSRF), and a request naming another host
+is refused (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from decimal import Decimal, InvalidOperation
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from durablerun import api, errors
+from durablerun._private.records.layout import RunRef
+from durablerun._private.storage.stores import Store
+from durablerun._private.tools import kubeapi, timeline
+from durablerun._private.tools.kubeapi import Kubectl, PluginError
+
+ASSETS = Path(__file__).parent / "browser_assets"
+STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
+RUNS_PAGE = 100  # runs per page of the list
+TIMELINE_PAGE = 200  # timeline entries per page: a run of 100,000 steps is never sent whole
+TOKEN_HEADER = "X-Durablerun-Token"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's own label naming a workload's LocalQueue
+PERMISSION_TTL = 30.0  # seconds an answer of the API server's SelfSubjectAccessReview is reused
+
+
+def summary(body: dict[str, Any]) -> dict[str, Any]:
+    """What the list shows of a run (and filters on)."""
+    meta, status = body["metadata"], body.get("status") or {}
+    labels = meta.get("labels") or {}
+    waiting = status.get("waitingFor") or {}
+    return {"namespace": meta["namespace"], "name": meta["name"], "phase": status.get("phase") or "",
+            "message": status.get("message") or "", "labels": labels, "queue": labels.get(QUEUE_LABEL, ""),
+            "created": meta.get("creationTimestamp") or "", "usd": (status.get("cost") or {}).get("usd") or "0",
+            "tokens": (status.get("cost") or {}).get("tokens") or 0, "attempt": status.get("attempt") or 0,
+            "restarts": status.get("restarts") or 0, "waitingFor": waiting.get("event") or waiting.get("wakeTime"),
+            "parent": labels.get(api.LABEL_PARENT, "")}
+
+
+class Filters:
+    """The list's filters, from the query string; a bad one is a ``ValueError`` naming the field."""
+
+    def __init__(self, query: dict[str, list[str]]) -> None:
+        def one(key: str) -> str:
+            return (query.get(key) or [""])[0].strip()
+
+        self.phases = {p for p in one("phase").split(",") if p}
+        unknown = self.phases - {p.value for p in api.Phase}
+        if unknown:
+            raise ValueError(f"phase: {', '.join(sorted(unknown))} is not a phase "
+                             f"({', '.join(p.value for p in api.Phase)})")
+        self.labels: list[tuple[str, str | None]] = []
+        for term in (t.strip() for t in one("label").split(",") if t.strip()):
+            key, _, value = term.partition("=")
+            self.labels.append((key.strip(), value.strip() if "=" in term else None))
+        self.queue = one("queue")
+        self.max_age: float | None = None
+        if one("age"):
+            try:
+                self.max_age = api.parse_duration(one("age")).total_seconds()
+            except ValueError as e:
+                raise ValueError(f"age: {e} (e.g. 30m, 2h, 7d)") from None
+        self.min_usd: Decimal | None = None
+        if one("cost"):
+            try:
+                self.min_usd = Decimal(one("cost"))
+            except InvalidOperation:
+                raise ValueError(f"cost: {one('cost')!r} is not a number of US dollars (e.g. 0.5)") from None
+
+    def __call__(self, run: dict[str, Any], now: float) -> bool:
+        if self.phases and run["phase"] not in self.phases:
+            return False
+        for key, value in self.labels:
+            if key not in run["labels"] or (value is not None and run["labels"][key] != value):
+                return False
+        if self.queue and run["queue"] != self.queue:
+            return False
+        if self.max_age is not None and (not run["created"]
+                                         or now - api.parse_time(run["created"]).timestamp() > self.max_age):
+            return False
+        return self.min_usd is None or Decimal(run["usd"]) >= self.min_usd
+
+
+class RunWatch:
+    """Every run the user may list, kept current by one ``kubectl get --watch``, restarted when it ends."""
+
+    def __init__(self, kube: Kubectl, all_namespaces: bool) -> None:
+        self.kube, self.all_namespaces = kube, all_namespaces
+        self.runs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.version = 0  # bumped on every change the watch sees
+        self.error = ""  # the last watch's complaint (e.g. Forbidden), shown on the list
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.process: subprocess.Popen[str] | None = None
+        self.thread = threading.Thread(target=self._loop, name="run-watch", daemon=True)
+
+    def start(self) -> RunWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            argv = [self.kube.binary, *self.kube.flags, "get", kubeapi.RESOURCE, "--watch", "--output-watch-events",
+                    "-o", "json", *(["--all-namespaces"] if self.all_namespaces else [])]
+            self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            with self.lock:  # the new watch lists every run again: start from nothing
+                self.runs.clear()
+                self.version += 1
+            self._read(self.process)
+            stderr = self.process.stderr.read() if self.process.stderr else ""
+            self.process.wait()
+            if stderr.strip():
+                with self.lock:
+                    self.error, self.version = stderr.strip(), self.version + 1
+            self.stopping.wait(2.0)  # the API server ends watches now and then; start the next one
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout
+        lines: list[str] = []
+        for line in process.stdout:  # kubectl prints each event as a JSON object, on one line or indented
+            lines.append(line)
+            if not line.rstrip().endswith("}"):
+                continue
+            try:
+                event = json.loads("".join(lines))
+            except json.JSONDecodeError:
+                continue  # a line inside the object
+            lines = []
+            body = event.get("object") or {}
+            if body.get("kind") != api.KIND:
+                continue
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            with self.lock:
+                if event.get("type") == "DELETED":
+                    self.runs.pop(key, None)
+                else:
+                    self.runs[key] = summary(body)
+                self.version, self.error = self.version + 1, ""
+
+    def page(self, filters: Filters, offset: int) -> dict[str, Any]:
+        now = time.time()
+        with self.lock:
+            found = [r for r in self.runs.values() if filters(r, now)]
+            version, error = self.version, self.error
+        found.sort(key=lambda r: (r["created"], r["namespace"], r["name"]), reverse=True)
+        return {"version": version, "error": error, "total": len(found), "offset": offset,
+                "runs": found[offset:offset + RUNS_PAGE]}
+
+    def children(self, namespace: str, name: str, seen: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+        """The run's child runs (label durablerun.dev/parent), recursively, oldest first."""
+        with self.lock:
+            found = [r for r in self.runs.values() if r["namespace"] == namespace and r["parent"] == name]
+        found.sort(key=lambda r: r["created"])
+        return [{**r, "children": [] if r["name"] in seen else self.children(namespace, r["name"], seen | {name})}
+                for r in found]
+
+
+class Timelines:
+    """The open journals of the last few runs looked at. A timeline page reads only its own records (and a
+    few before them) from the store, never the journal whole (``timeline.page``); the store is kept open,
+    and which attempt wrote which position is remembered for ``REMEMBER_SECONDS`` (a rerun rewrites it)."""
+
+    REMEMBER_SECONDS = 10.0
+    REOPEN_SECONDS = 300.0  # credentials from a Secret are read again this often
+
+    def __init__(self, credentials_from_secret: bool, keep: int = 4) -> None:
+        self.credentials_from_secret, self.keep = credentials_from_secret, keep
+        # (namespace, name, uid) -> (its store, the journal's run store, the attempts index, opened, indexed)
+        self.open: OrderedDict[tuple[str, str, str], _Journal] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def page(self, kube: Kubectl, body: dict[str, Any], offset: int, size: int) -> tuple[timeline.Timeline,
+                                                                                           dict[str, Any]]:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"], meta["uid"])
+        with self.lock:  # one page at a time: a page is a few milliseconds, and a store is not shared
+            journal = self.open.pop(key, None)
+            if journal is not None and time.monotonic() - journal.opened > self.REOPEN_SECONDS:
+                journal.close()
+                journal = None
+            if journal is None:
+                journal = _Journal(*kubeapi.open_journal(kube, body,
+                                                         credentials_from_secret=self.credentials_from_secret))
+            self.open[key] = journal
+            while len(self.open) > self.keep:
+                self.open.popitem(last=False)[1].close()
+            if time.monotonic() - journal.indexed > self.REMEMBER_SECONDS:
+                journal.attempts, journal.indexed = timeline.Attempts(journal.runs), time.monotonic()
+            if not journal.checked:
+                journal.store.check()
+                journal.checked = True
+            return timeline.page(journal.runs, journal.ref.key, offset, size, now=time.time(),
+                                 attempts=journal.attempts, count_attempts=False)  # status.attempt counts them
+
+    def close(self) -> None:
+        with self.lock:
+            while self.open:
+                self.open.popitem()[1].close()
+
+
+class _Journal:
+    def __init__(self, store: Store, ref: RunRef) -> None:
+        self.store, self.ref = store, ref
+        self.runs = store.run_store(ref)
+        self.attempts = timeline.Attempts(self.runs)
+        self.opened, self.indexed, self.checked = time.monotonic(), time.monotonic(), False
+
+    def close(self) -> None:
+        self.runs.close()
+        self.store.close()
+
+
+class Browser:
+    """What the handlers share: the user's kubectl, the watch, the timelines, the token, the permissions."""
+
+    def __init__(self, kube: Kubectl, watch: RunWatch, timelines: Timelines) -> None:
+        self.kube, self.watch, self.timelines = kube, watch, timelines
+        self.token = secrets.token_urlsafe(32)
+        self.hosts: set[str] = set()
+        self._can: dict[str, tuple[float, bool]] = {}
+        self.events: dict[tuple[str, str], list[dict[str, Any]]] = {}  # each run's Events, as its page last read them
+
+    def can_change(self, namespace: str) -> bool:
+        """Whether the user may patch runs in ``namespace``: a SelfSubjectAccessReview (`kubectl auth can-i`)."""
+        cached = self._can.get(namespace)
+        if cached and time.monotonic() - cached[0] < PERMISSION_TTL:
+            return cached[1]
+        answer = self.kube.in_namespace(namespace)("auth", "can-i", "patch", kubeapi.RESOURCE, check=False)
+        allowed = answer.stdout.strip() == "yes"
+        self._can[namespace] = (time.monotonic(), allowed)
+        return allowed
+
+    def run_page(self, namespace: str, name: str) -> dict[str, Any]:
+        kube = self.kube.in_namespace(namespace)
+        body = kube.run(name)
+        events = kube.events(name)
+        self.events[(namespace, name)] = events  # the timeline's restart causes, asked for right after
+        position = kubeapi.queue_position(kube, body)  # while Queued: where Kueue has it (or why unknown)
+        return {"run": body, "events": [{"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
+                                         "count": e.get("count") or 1,
+                                         "time": e.get("lastTimestamp") or e.get("eventTime")} for e in events],
+                "children": self.watch.children(namespace, name), "canChange": self.can_change(namespace),
+                "queue": position.describe() if position else summary(body)["queue"]}
+
+    def timeline_page(self, namespace: str, name: str, offset: int) -> dict[str, Any]:
+        """The timeline entries journal positions ``offset`` to ``offset + TIMELINE_PAGE`` end; ``total`` counts
+        the journal's records (the pages), ``attemptCount`` the run's attempts (its status's)."""
+        kube = self.kube.in_namespace(namespace)
+        kube_run = kube.run(name)
+        built, whole = self.timelines.page(kube, kube_run, offset, TIMELINE_PAGE)
+        events = self.events.get((namespace, name))
+        timeline.restart_causes(built.entries, timeline.kubernetes_events(
+            events if events is not None else kube.events(name)))
+        page = built.to_json()
+        if whole["total"]:  # the bars place each entry within the whole run, not within its page
+            page["start"], page["end"] = (api.format_time(whole[k], precise=True) for k in ("start", "end"))
+        attempt_count = int((kube_run.get("status") or {}).get("attempt") or 0)
+        return {**page, "total": whole["total"], "attemptCount": attempt_count, "offset": offset,
+                "pageSize": TIMELINE_PAGE}
+
+    def act(self, namespace: str, name: str, action: str, form: dict[str, Any]) -> str:
+        """One of the plugin's changes, as the user (their RBAC refuses what they may not do)."""
+        kube = self.kube.in_namespace(namespace)
+        if action == "event":
+            event = str(form.get("event") or "")
+            try:
+                payload = json.loads(str(form.get("payload") or "{}"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"payload: not JSON ({e}); e.g. {{\"approved\": true}}") from None
+            return kubeapi.send_event(kube, name, event, payload)
+        if action in ("suspend", "resume"):
+            return kubeapi.suspend(kube, name, action == "suspend")
+        if action == "abort":
+            return kubeapi.abort(kube, name, str(form.get("reason") or "requested in the run browser"))
+        if action == "retry":
+            return kubeapi.retry(kube, name)
+        raise LookupError(action)
+
+
+PATHS = [  # (method, pattern, handler name)
+    ("GET", re.compile(r"/"), "index"),
+    ("GET", re.compile(r"/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)"), "run"),
+    ("GET", re.compile(r"/static/(?P<file>[a-z.]+)"), "static"),
+    ("GET", re.compile(r"/api/runs"), "api_runs"),
+    ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)"), "api_run"),
+    ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/timeline"), "api_timeline"),
+    ("POST", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/(?P<action>[a-z]+)"), "api_act"),
+]
+
+
+class Handler(BaseHTTPRequestHandler):
+    browser: Browser  # set on the subclass serve() makes
+    server_version = "durablerun-ui"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: the terminal shows the URL, not every GET
+        pass
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        if self.headers.get("Host") not in self.browser.hosts:  # another site's name resolving to 127.0.0.1
+            return self._send(HTTPStatus.MISDIRECTED_REQUEST, {"error": "this server answers to 127.0.0.1 only"})
+        url = urlsplit(self.path)
+        for verb, pattern, name in PATHS:
+            match = pattern.fullmatch(url.path)
+            if match and verb == method:
+                try:
+                    return getattr(self, name)(parse_qs(url.query), **match.groupdict())  # type: ignore[no-any-return]
+                except ValueError as e:
+                    return self._send(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+                except (PluginError, errors.StoreError, errors.ConfigError) as e:
+                    status = HTTPStatus.FORBIDDEN if "Forbidden" in str(e) else HTTPStatus.CONFLICT
+                    if "NotFound" in str(e):
+                        status = HTTPStatus.NOT_FOUND
+                    return self._send(status, {"error": str(e)})
+        self._send(HTTPStatus.NOT_FOUND, {"error": f"no page {url.path}"})
+
+    def _send(self, status: HTTPStatus, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Content-Security-Policy", "default-src 'self'")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _page(self, file: str) -> None:
+        html = (ASSETS / file).read_text().replace("{{token}}", self.browser.token)
+        self._send(HTTPStatus.OK, html.encode(), "text/html; charset=utf-8")
+
+    def index(self, query: dict[str, list[str]]) -> None:
+        self._page("index.html")
+
+    def run(self, query: dict[str, list[str]], ns: str, name: str) -> None:
+        self._page("run.html")
+
+    def static(self, query: dict[str, list[str]], file: str) -> None:
+        if file not in STATIC:
+            return self._send(HTTPStatus.NOT_FOUND, {"error": f"no file {file}"})
+        self._send(HTTPStatus.OK, (ASSETS / file).read_bytes(), STATIC[file])
+
+    def api_runs(self, query: dict[str, list[str]]) -> None:
+        filters, offset = Filters(query), _offset(query)
+        version = self.browser.watch.version
+        if (query.get("version") or [""])[0] == str(version):  # the poll's usual answer: nothing new
+            return self._send(HTTPStatus.OK, {"version": version, "unchanged": True})
+        self._send(HTTPStatus.OK, self.browser.watch.page(filters, offset))
+
+    def api_run(self, query: dict[str, list[str]], ns: str, name: str) -> None:
+        self._send(HTTPStatus.OK, self.browser.run_page(ns, name))
+
+    def api_timeline(self, query: dict[str, list[str]], ns: str, name: str) -> None:
+        self._send(HTTPStatus.OK, self.browser.timeline_page(ns, name, _offset(query)))
+
+    def api_act(self, query: dict[str, list[str]], ns: str, name: str, action: str) -> None:
+        # Only this server's pages know the token: another site can make the browser POST here, not read it.
+        if not secrets.compare_digest(self.headers.get(TOKEN_HEADER) or "", self.browser.token):
+            return self._send(HTTPStatus.FORBIDDEN, {"error": f"missing or wrong {TOKEN_HEADER}: reload the page"})
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > 256 * 1024:
+            return self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "the form is larger than 256 KiB"})
+        try:
+            form = json.loads(self.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            return self._send(HTTPStatus.BAD_REQUEST, {"error": "the request body is not JSON"})
+        try:
+            message = self.browser.act(ns, name, action, form if isinstance(form, dict) else {})
+        except LookupError:
+            return self._send(HTTPStatus.NOT_FOUND, {"error": f"no action {action!r}: event, suspend, resume, "
+                                                              "abort or retry"})
+        self._send(HTTPStatus.OK, {"message": message})
+
+
+def _offset(query: dict[str, list[str]]) -> int:
+    text = (query.get("offset") or ["0"])[0]
+    if not text.isdigit():
+        raise ValueError(f"offset: {text!r} is not a whole number")
+    return int(text)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl-C does: the watch's kubectl ends with it
+
+
+def serve(kube: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl durablerun ui``: serve until interrupted."""
+    all_namespaces = bool(args.all_namespaces)
+    watch = RunWatch(kube, all_namespaces).start()
+    browser = Browser(kube, watch, Timelines(args.credentials_from_secret))
+    handler = type("BoundHandler", (Handler,), {"browser": browser})
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)  # loopback only, as kubectl proxy
+    port = server.server_address[1]
+    browser.hosts = {f"127.0.0.1:{port}", f"localhost:{port}"}
+    print(f"Serving the run browser on http://127.0.0.1:{port}/ as your kubeconfig's user (Ctrl-C to stop)",
+          flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        watch.stop()
+        browser.timelines.close()
+    return 0
+
