@@ -28,6 +28,7 @@ test: setup lint
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports --no-cache
 	$(PY) hack/lint_manifests.py
 
 generate: setup
