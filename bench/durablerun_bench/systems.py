@@ -237,7 +237,7 @@ def durablerun(p: dict[str, Any]) -> Series:
     sinks: list[Any] = []
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.get("trace_endpoint"):  # the tracing section: the sink `durablerun run` adds when an endpoint is set
-        from durablerun._private.engine import tracing
+        from durablerun._private.telemetry import tracing
 
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = p["trace_endpoint"]  # the exporter reads the environment
         sinks = tracing.sinks_for(store, ref)  # starts the span export child

@@ -78,7 +78,7 @@ def child_start(endpoint: str, repeats: int = 5) -> float:
     """The span export child's CPU for an attempt that ends no span: its start and exit; ms, median."""
     import resource
 
-    from durablerun._private.engine import spanexport
+    from durablerun._private.telemetry import spanexport
 
     def once() -> float:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -96,9 +96,9 @@ def sink_cost(*, steps: int = 20000, repeats: int = 5) -> dict[str, float]:
     import subprocess
     from decimal import Decimal
 
-    from durablerun._private.engine import spanexport, tracing
     from durablerun._private.engine.sinks import EventKind, ProgressSink, SinkSet
     from durablerun._private.records.model import StepRecord
+    from durablerun._private.telemetry import spanexport, tracing
 
     def per_step(sinks: list[ProgressSink]) -> float:
         emit = SinkSet(sinks).emit
@@ -140,7 +140,7 @@ def runner_share(*, tmp: str, steps: int = 3000, pairs: int = 6) -> dict[str, An
     import subprocess
 
     from durablerun import api
-    from durablerun._private.engine import spanexport, tracing
+    from durablerun._private.telemetry import spanexport, tracing
     from durablerun.engine import Run
     from durablerun.stores import RunRef, open_store
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from durablerun import api
-from durablerun._private.engine import tracing
+from durablerun._private.telemetry import tracing
 from durablerun.stores import RunRef, open_store
 
 BASE = "http://otel-collector:4318"

@@ -1,4 +1,4 @@
-"""The span export child (durablerun._private.engine.spanexport): what it is given, and that it neither holds up
+"""The span export child (durablerun._private.telemetry.spanexport): what it is given, and that it neither holds up
 the runner nor outlives it.
 
 Real processes, a real Jaeger on loopback. The traces themselves: tests/observability/test_tracing.py.
@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from durablerun import api
-from durablerun._private.engine import spanexport
+from durablerun._private.telemetry import spanexport
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
 
@@ -211,7 +211,7 @@ def test_a_steps_compact_span_reaches_the_exporter_with_its_attributes_retries_c
     from opentelemetry.trace import StatusCode
 
     from durablerun import DurableContext, NonRetryableError, llm
-    from durablerun._private.engine import tracing
+    from durablerun._private.telemetry import tracing
     from durablerun.engine import EngineConfig, Run
     from durablerun.stores import RunRef, open_store
 
@@ -274,7 +274,7 @@ def test_a_step_the_attempt_ended_in_the_middle_of_is_a_span_marked_interrupted(
     from opentelemetry.trace import StatusCode
 
     from durablerun import DurableContext
-    from durablerun._private.engine import tracing
+    from durablerun._private.telemetry import tracing
     from durablerun.engine import Run
     from durablerun.stores import RunRef, open_store
 

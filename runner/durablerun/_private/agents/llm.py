@@ -11,8 +11,9 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private.engine import replay, tracing
+from durablerun._private.engine import replay
 from durablerun._private.engine.context import DurableContext
+from durablerun._private.telemetry import tracing
 
 __all__ = ["PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
            "metered", "price_for", "read_usage", "set_price"]

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private.engine import tracing
 from durablerun._private.engine.children import PodBroker
 from durablerun._private.engine.run import Run, tuned_from_env
 from durablerun._private.engine.sinks import JsonLinesSink
@@ -46,6 +45,7 @@ from durablerun._private.records.layout import RunRef
 from durablerun._private.records.model import AttemptResult, EngineConfig
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun._private.storage.stores import Store, store_from_checkpoint
+from durablerun._private.telemetry import tracing
 
 log = logging.getLogger("durablerun.pod")
 

@@ -39,7 +39,6 @@ from datetime import timedelta
 from typing import Any
 
 from durablerun import api, errors, relations, resource
-from durablerun._private.engine import tracing
 from durablerun._private.engine.family import FamilyRun, LocalFamily
 from durablerun._private.engine.run import EngineConfig, Run, tuned_from_env
 from durablerun._private.engine.sinks import JsonLinesSink, ProgressSink
@@ -48,6 +47,7 @@ from durablerun._private.records.model import AttemptResult, WaitingFor
 from durablerun._private.storage.journal import RunStore
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.storage.stores import Store, open_store, store_from_checkpoint
+from durablerun._private.telemetry import tracing
 from durablerun._private.tools import arguments, inspection, replayer, reruns, timeline
 from durablerun._private.tools.display import PlainProgress, TtyProgress
 from durablerun.api import AbortReason, Outcome, parse_duration, parse_time

@@ -37,7 +37,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 from durablerun import api
-from durablerun._private.engine import replay, spanexport
+from durablerun._private.engine import replay
 from durablerun._private.engine.sinks import ProgressSink
 from durablerun._private.records.model import (
     AttemptResult,
@@ -50,6 +50,7 @@ from durablerun._private.records.model import (
     StepRecord,
     WaitRecord,
 )
+from durablerun._private.telemetry import spanexport
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
