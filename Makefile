@@ -75,9 +75,11 @@ bench:
 ## and a chart upgrade under waiting runs (tests/realnode/test_chart_upgrade.py: three operator rollouts, too
 ## long for `make test`, which has the pinning it relies on in tests/realnode/test_pinning.py), and a session
 ## holding a real node ended by SIGTERM and by SIGKILL (tests/realnode/test_interrupted_session.py).
+## The journal reader fuzzed with 5,000 examples per kind of damage (tests/sdk/test_fuzz_journal.py, 150 in `make test`).
 ## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.
 .PHONY: faults
 faults: setup
-	FAULT_TRIALS=$${FAULT_TRIALS:-120} $(PY) -m pytest tests/faults tests/realnode/test_faults.py \
-		tests/realnode/test_chart_upgrade.py tests/realnode/test_interrupted_session.py \
+	FAULT_TRIALS=$${FAULT_TRIALS:-120} FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(PY) -m pytest tests/faults \
+		tests/realnode/test_faults.py tests/realnode/test_chart_upgrade.py tests/realnode/test_interrupted_session.py \
+		tests/sdk/test_fuzz_journal.py \
 		-p no:cacheprovider -rA --timeout=5400

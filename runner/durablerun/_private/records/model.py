@@ -13,6 +13,7 @@ the codec and the shared contract (:mod:`durablerun.api`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,13 +38,44 @@ class Totals:
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Totals:
+        """Raises ValueError on anything the writer never writes (a NaN or negative amount, a count that is
+        not a whole number >= 0)."""
         if not data:
             return cls()
-        return cls(Decimal(str(data.get("usd", "0"))), int(data.get("tokens", 0)),
-                   int(data.get("steps", 0)))
+        return cls(money(data.get("usd", "0")), count(data.get("tokens", 0)), count(data.get("steps", 0)))
 
     def copy(self) -> Totals:
         return Totals(self.usd, self.tokens, self.steps)
+
+
+def money(value: Any) -> Decimal:
+    """An amount of US dollars as records carry it (a decimal string): finite and not negative."""
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise ValueError(f"an amount must be a decimal string, not {value!r}")
+    usd = Decimal(value)  # raises InvalidOperation (an ArithmeticError) on text that is no number
+    if not usd.is_finite() or usd < 0:
+        raise ValueError(f"an amount must be finite and not negative, not {value!r}")
+    return usd
+
+
+def count(value: Any) -> int:
+    """A count as records carry it (tokens, steps, attempts): a whole JSON number, not negative."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"a count must be a whole number >= 0, not {value!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, not {value!r}")
+    return value
+
+
+def seconds(value: Any) -> float:
+    """A time or duration as records carry it (Unix seconds): a finite number."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"seconds must be a finite number, not {value!r}")
+    return float(value)
 
 
 @dataclass(slots=True)
@@ -307,22 +339,32 @@ def decode_record(seq: int, data: Any, body: bytes, where: str) -> Record:
         claimed = data.get("seq") if isinstance(data, dict) else "?"
         raise errors.CorruptionError(
             f"journal record claims seq {claimed} but is stored at {seq}", key=where)
-    cls = RECORD_KINDS.get(data.get("kind"))  # type: ignore[arg-type]
+    kind = data.get("kind")
+    cls = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise errors.CorruptionError(
             f"journal record {seq} has unknown kind {data.get('kind')!r}", key=where)
+    try:
+        return _decode(cls, seq, data, body)
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
+        # A record the writer never writes (a field missing, of the wrong type, NaN): damage or a
+        # hand-edit, named as such rather than surfacing as a KeyError in the middle of a replay.
+        raise errors.CorruptionError(f"journal record {seq} ({cls.kind}) is malformed: {e!s}", key=where) from e
+
+
+def _decode(cls: type[Record], seq: int, data: dict[str, Any], body: bytes) -> Record:
     cost = data.get("cost")
     common: dict[str, Any] = {
-        "seq": seq, "pos": str(data["pos"]), "name": str(data.get("name", "")),
-        "w": str(data.get("w", "")), "at": float(data.get("at", 0)),
-        "cost": Cost(Decimal(str(cost.get("usd", "0"))), int(cost.get("tokens", 0))) if cost else None,
+        "seq": seq, "pos": _text(data["pos"]), "name": str(data.get("name", "")),
+        "w": str(data.get("w", "")), "at": seconds(data.get("at", 0)),
+        "cost": Cost(money(cost.get("usd", "0")), count(cost.get("tokens", 0))) if cost else None,
         "totals": Totals.from_json(data.get("totals")), "body": body,
     }
     get = data.get
     if cls is StepRecord:
         return StepRecord(**common, ok=bool(get("ok")), value=get("value"), ref=get("ref"),
-                          model=get("model"), error=get("error"), attempts=int(get("attempts", 1)),
-                          dur=float(get("dur", 0)))
+                          model=get("model"), error=get("error"), attempts=count(get("attempts", 1)),
+                          dur=seconds(get("dur", 0)))
     if cls is ValueRecord:
         return ValueRecord(**common, value=str(data["value"]))
     if cls is SleepRecord:
@@ -335,8 +377,7 @@ def decode_record(seq: int, data: Any, body: bytes, where: str) -> Record:
     if cls is ContinueRecord:
         gen = get("gen")
         if not isinstance(gen, int) or isinstance(gen, bool) or gen < 1:
-            raise errors.CorruptionError(
-                f"continuation record {seq} has no valid generation number", key=where)
+            raise ValueError("a continuation needs a generation number >= 1")
         return ContinueRecord(**common, gen=gen, value=get("value"), ref=get("ref"),
                               model=get("model"))
     if cls is CompleteRecord:

@@ -37,13 +37,14 @@ store (``RunStore.read_all`` and ``durablerun inspect --all`` read them).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from durablerun import errors
 from durablerun._private.records import codec, layout
-from durablerun._private.records.model import ContinueRecord, Record, Totals, decode_record
+from durablerun._private.records.model import ContinueRecord, Record, Totals, count, decode_record
 from durablerun._private.storage.backends import base
 from durablerun.api import format_time
 
@@ -122,6 +123,26 @@ def _chunk_lines(body: bytes, where: str) -> list[bytes]:
     if not inner:
         return []
     return inner.split(b",\n")
+
+
+_CHUNK_KEY = re.compile(re.escape(layout.CHUNKS_DIR) + r"[0-9a-f]{64}\.json")
+
+
+def _read_pointer(sealed: bytes, where: str) -> tuple[list[Chunk], int, int]:
+    """A snapshot pointer's chunks, the last seq it covers and its base (the continuation it starts at)."""
+    meta = codec.loads(codec.unseal(sealed, what=where), what=where)
+    try:
+        chunks = [Chunk(_key(c["key"]), count(c["first"]), count(c["last"])) for c in meta["chunks"]]
+        return chunks, count(meta["seq"]), count(meta.get("base", 0))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise errors.CorruptionError(f"snapshot pointer is malformed: {e!s}", key=where) from e
+
+
+def _key(value: object) -> str:
+    # Exactly a chunk's name: a pointer must not lead a reader out of its run's keys.
+    if not isinstance(value, str) or not _CHUNK_KEY.fullmatch(value):
+        raise ValueError(f"a chunk's key must be {layout.chunk_key('<sha256>')!r}, not {value!r}")
+    return value
 
 
 def _last_continuation(records: list[Record]) -> int | None:
@@ -254,10 +275,8 @@ class RunStore:
             chunks: list[Chunk] = []
             snap_seq, snap_etag, base = -1, None, 0
             if pointer is not None:
-                meta = codec.loads(codec.unseal(pointer[0], what=where), what=where)
-                chunks = [Chunk(c["key"], int(c["first"]), int(c["last"])) for c in meta["chunks"]]
-                snap_seq, snap_etag = int(meta["seq"]), pointer[1]
-                base = int(meta.get("base", 0))
+                chunks, snap_seq, base = _read_pointer(pointer[0], where)
+                snap_etag = pointer[1]
             tail, read = self._read_tail(snap_seq + 1, for_writing)
             objects += read
             last_cont = _last_continuation(tail)
@@ -296,8 +315,7 @@ class RunStore:
         snap_etag = None if current is None else current[1]
         base = 0
         if current is not None:
-            meta = codec.loads(codec.unseal(current[0], what=where), what=where)
-            base = int(meta.get("base", 0))
+            _, _, base = _read_pointer(current[0], where)
         # The journal from the pointer's base on (the last continuation it knows of).
         records, read = self._read_tail(base, for_writing)
         objects += read
