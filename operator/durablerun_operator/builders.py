@@ -213,11 +213,11 @@ def _runner_env(run: dict[str, Any], epoch: int, settings: Settings) -> list[dic
     secret = checkpoint.get("credentialsSecret")
     if secret:
         # The operator never reads the Secret: the kubelet injects it into the runner.
-        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        for key in api.STORE_SECRET_KEYS:
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
         # Optional keys: temporary credentials, and the endpoint of an S3-compatible server
         # (so one manifest works against different stores, as in the local sandbox).
-        for key in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        for key in api.STORE_SECRET_OPTIONAL_KEYS:
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}})
     return env
 

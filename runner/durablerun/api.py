@@ -454,6 +454,12 @@ def _duration_field(default: str, description: str, *, positive: bool = False) -
 
 USD_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
 #: A workflow function, as module:function (spec.workflow, a child request's workflow).
+#: The keys of a run's store credentials Secret (spec.checkpoint.credentialsSecret): the two it must have, and
+#: the optional ones (temporary credentials; the endpoint of an S3-compatible server when the spec names none).
+#: The operator hands them to the runner, the plugin reads them with --credentials-from-secret: one list.
+STORE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+STORE_SECRET_OPTIONAL_KEYS = ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3")
+
 #: An event's name (``spec.events.<name>``, ``ctx.wait_for_event``, a webhook's event): a file name in the
 #: store and a key of the run's spec, so one definition for the SDK, the CLI and the webhook ingress.
 EVENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"

@@ -111,6 +111,29 @@ def test_approve_wait_journal_logs_and_events_are_write_once(
                            runs.pods("review"), key=lambda p: int(p["metadata"]["labels"][api.LABEL_EPOCH]))]
 
 
+def test_the_journal_is_read_from_the_endpoint_the_credentials_secret_names(
+    operator: Operator, runs: RunEnv, plugin: Plugin
+) -> None:
+    """The sandbox's way (docs/install.md): the endpoint of the S3-compatible server is in the credentials
+    Secret (AWS_ENDPOINT_URL_S3), not in the spec. The plugin reads the store as the run's pods do."""
+    s3 = runs.testbed.s3
+    assert s3 is not None
+    runs.testbed.kubectl("create", "secret", "generic", "s3-with-endpoint", "-n", runs.namespace,
+                         f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
+                         f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
+                         f"--from-literal=AWS_ENDPOINT_URL_S3={s3.endpoint_url}")
+    manifest = runs.manifest("byendpoint", "optest_flows:steps", {"steps": 2, "sleep": 0})
+    manifest["spec"]["checkpoint"] = {"uri": f"s3://{runs.bucket}/runs", "credentialsSecret": "s3-with-endpoint",
+                                      "region": "us-east-1"}
+    runs.apply(manifest)
+    done = plugin.dr("wait", "byendpoint", "--timeout", "90s")
+    assert done.returncode == 0, done.stdout + done.stderr
+    journal = plugin.dr("journal", "byendpoint", "--credentials-from-secret", "--json")
+    assert journal.returncode == 0, journal.stderr
+    assert json.loads(journal.stdout)["completed"] is True
+    assert [r["name"] for r in json.loads(journal.stdout)["records"] if r["kind"] == "step"] == ["s0", "s1"]
+
+
 def test_suspend_resume_abort_retry(operator: Operator, runs: RunEnv, plugin: Plugin) -> None:
     runs.apply(runs.manifest("long", "optest_flows:steps", {"steps": 40, "sleep": 0.2}))
     runs.wait_phase("long", "Running")

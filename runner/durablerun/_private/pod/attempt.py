@@ -53,14 +53,13 @@ CRASH_EXIT = 70  # not an outcome: the operator counts it as a crash and restart
 
 
 def _store(spec: resource.DurableRunSpec) -> Store:
-    checkpoint = spec.checkpoint
-    if checkpoint.endpoint is None and os.environ.get("AWS_ENDPOINT_URL_S3"):
-        # From the credentials Secret's optional AWS_ENDPOINT_URL_S3 key.
-        checkpoint = checkpoint.model_copy(update={"endpoint": os.environ["AWS_ENDPOINT_URL_S3"]})
+    # The credentials Secret's keys, as the operator put them in the environment (builders.runner_env).
     return store_from_checkpoint(
-        checkpoint,
+        spec.checkpoint,
         access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
         secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        session_token=os.environ.get("AWS_SESSION_TOKEN"),
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3"),
     )
 
 

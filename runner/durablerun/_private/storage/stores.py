@@ -250,14 +250,18 @@ def store_from_checkpoint(
     *,
     access_key: str | None = None,
     secret_key: str | None = None,
+    session_token: str | None = None,
+    endpoint_url: str | None = None,
 ) -> Store:
-    """Open the store a DurableRun's ``spec.checkpoint`` describes."""
+    """Open the store a DurableRun's ``spec.checkpoint`` describes; ``endpoint_url`` (the credentials Secret's
+    AWS_ENDPOINT_URL_S3) applies when the spec names no endpoint."""
     return open_store(
         checkpoint.uri,
-        endpoint_url=checkpoint.endpoint,
+        endpoint_url=checkpoint.endpoint or endpoint_url,
         region=checkpoint.region,
         server_side_encryption=checkpoint.serverSideEncryption,
         kms_key_id=checkpoint.kmsKeyId,
         access_key=access_key,
         secret_key=secret_key,
+        session_token=session_token,
     )

@@ -163,13 +163,16 @@ def open_journal(kube: Kubectl, body: dict[str, Any], *, credentials_from_secret
     environment, or with ``credentials_from_secret`` from the run's spec.checkpoint.credentialsSecret."""
     spec = resource.DurableRunSpec.model_validate(body["spec"])
     meta = body["metadata"]
-    access_key = secret_key = None
+    found: dict[str, str] = {}
     if credentials_from_secret:
         if not spec.checkpoint.credentialsSecret:
             raise PluginError(f"{meta['name']} names no spec.checkpoint.credentialsSecret: drop "
                               "--credentials-from-secret and export AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
         data = kube.json("get", "secret", spec.checkpoint.credentialsSecret).get("data") or {}
-        access_key, secret_key = (base64.b64decode(data[k]).decode() if k in data else None
-                                  for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"))
-    store = store_from_checkpoint(spec.checkpoint, access_key=access_key, secret_key=secret_key)
+        # Every key the run's own pods get from it, the endpoint of an S3-compatible server included.
+        found = {k: base64.b64decode(data[k]).decode()
+                 for k in (*api.STORE_SECRET_KEYS, *api.STORE_SECRET_OPTIONAL_KEYS) if k in data}
+    store = store_from_checkpoint(
+        spec.checkpoint, access_key=found.get("AWS_ACCESS_KEY_ID"), secret_key=found.get("AWS_SECRET_ACCESS_KEY"),
+        session_token=found.get("AWS_SESSION_TOKEN"), endpoint_url=found.get("AWS_ENDPOINT_URL_S3"))
     return store, layout.RunRef.durable_run(meta["namespace"], meta["name"], meta["uid"], spec.checkpoint.runId)

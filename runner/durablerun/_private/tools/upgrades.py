@@ -53,9 +53,9 @@ def check_pod(run: dict[str, Any], image: str) -> dict[str, Any]:
     secret = (spec.get("checkpoint") or {}).get("credentialsSecret")
     if secret:  # the run's own store credentials, as its attempts get them; never read by the plugin
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+                for key in api.STORE_SECRET_KEYS]
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
-                for key in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3")]
+                for key in api.STORE_SECRET_OPTIONAL_KEYS]
     container = {
         "name": api.RUNNER_CONTAINER, "image": image,
         "command": ["durablerun", "replay", spec["workflow"], "--kubernetes", f"{meta['namespace']}/{meta['name']}"],
