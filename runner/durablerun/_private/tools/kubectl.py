@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any
 
-from durablerun import api, errors
+from durablerun import api, errors, resource
 from durablerun._private.records import layout
 from durablerun._private.tools import arguments, browser, inspection, kubeapi, reruns, timeline, upgrades
 from durablerun._private.tools.kubeapi import KIND_REF, Kubectl, PluginError
@@ -117,14 +117,50 @@ def cmd_wait(kube: Kubectl, args: argparse.Namespace) -> int:
 
 def cmd_status(kube: Kubectl, args: argparse.Namespace) -> int:
     run = kube.run(args.run)
-    status = run.get("status") or {}
-    message = f": {status['message']}" if status.get("message") else ""
-    print(f"{KIND_REF}/{args.run} {status.get('phase') or 'not started'}{message}")
+    for line in describe_status(run, api.now()):
+        print(line)
     queue = (run["metadata"].get("labels") or {}).get(api.LABEL_QUEUE_NAME)
     if queue:
         position = kubeapi.queue_position(kube, run)
         print(f"queue: {position.describe() if position else queue}")
     return 0
+
+
+def describe_status(run: dict[str, Any], now: Any) -> list[str]:
+    """What `kubectl durablerun status` says of a run: its phase and message, then where it is (steps journaled,
+    the step in flight), what it spent, the attempt and its lease, and what a waiting run waits for."""
+    status = resource.DurableRunStatus.model_validate(run.get("status") or {})
+    message = f": {status.message}" if status.message else ""
+    lines = [f"{KIND_REF}/{run['metadata']['name']} {status.phase or 'not started'}{message}"]
+    progress = status.progress
+    if progress.completedSteps or progress.totalSteps or progress.inFlight:
+        of = f" of {progress.totalSteps}" if progress.totalSteps else ""
+        line = f"progress: {progress.completedSteps}{of} steps journaled"
+        flight = progress.inFlight
+        if flight is not None and status.phase == api.Phase.RUNNING:
+            retry = f", retry {flight.attempt - 1}" if flight.attempt > 1 else ""
+            line += f"; in flight: step {flight.name!r} (at {flight.position}{retry}) for " \
+                    f"{_elapsed(now, flight.startTime)}"
+        lines.append(line)
+    if status.cost.usd != "0" or status.cost.tokens:
+        lines.append(f"cost: ${status.cost.usd}, {status.cost.tokens} tokens")
+    lease = status.lease
+    if status.phase == api.Phase.RUNNING and status.pod:
+        renewed = (f"lease renewed {_elapsed(now, lease.renewTime)} ago"
+                   if lease.renewTime and lease.holder == status.pod else "lease not held yet")
+        lines.append(f"attempt {status.attempt} in pod {status.pod}, {renewed}")
+    waiting = status.waitingFor
+    if status.phase == api.Phase.WAITING and waiting is not None:
+        what = (f"event {waiting.event!r}" if waiting.event else
+                f"a durable sleep until {waiting.wakeTime}" if waiting.wakeTime else "its turn")
+        since = f" since {waiting.since}" if waiting.since else ""
+        lines.append(f"waiting for {what}{since} (no pod)")
+    return lines
+
+
+def _elapsed(now: Any, since: str) -> str:
+    seconds = max(0, round((now - api.parse_time(since)).total_seconds()))
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def _retry_pending(run: dict[str, Any]) -> bool:
