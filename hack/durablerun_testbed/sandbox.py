@@ -293,8 +293,12 @@ def kill(state: SandboxState, namespace: str, pod: str) -> dict[str, Any]:
     if state.node != "real":
         return NodeClient(state.node_url).kill(namespace, pod)
     env = dict(os.environ, KUBECONFIG=state.kubeconfig)
-    body = json.loads(subprocess.run([str(binaries.kubectl()), "get", "pod", pod, "-n", namespace, "-o", "json"],
-                                     env=env, capture_output=True, text=True, check=True).stdout)
+    got = subprocess.run([str(binaries.kubectl()), "get", "pod", pod, "-n", namespace, "-o", "json"],
+                         env=env, capture_output=True, text=True, check=False)
+    if got.returncode != 0:  # most often: the pod is gone (the run moved on to its next attempt)
+        raise SystemExit(f"no pod {namespace}/{pod} to kill: {got.stderr.strip()} (kubectl get pods -n {namespace} "
+                         "lists the run's pods)")
+    body = json.loads(got.stdout)
     running = [c for c in body["status"].get("containerStatuses", []) if "running" in c.get("state", {})]
     if not running:
         raise SystemExit(f"pod {namespace}/{pod} has no running container to kill")

@@ -103,3 +103,23 @@ def test_timeline_of_a_run_with_a_restart_a_sleep_and_a_wait(tmp_path: Path) -> 
     missing = cli(["timeline", "--run-id", "nope", "--store", f"file://{tmp_path / 'store'}"], env=env)
     assert missing.returncode == 1
     assert "no run _local/nope" in missing.stderr
+
+
+def test_no_step_is_marked_when_none_stands_out(tmp_path: Path) -> None:
+    """Steps that all took the same time (as shown) and cost nothing: no `<- slowest`, no `most expensive`."""
+    (tmp_path / "wf_even.py").write_text(textwrap.dedent('''
+        async def run(ctx, input):
+            for name in ("a", "b", "c"):
+                await ctx.step(name, lambda: 1)
+            return "done"
+    '''))
+    env = sub_env({})
+    base = ["--run-id", "even", "--store", f"file://{tmp_path / 'store'}"]
+    done = subprocess.run([sys.executable, "-m", "durablerun", "run", "wf_even:run", *base, "--quiet"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(cli(["timeline", *base, "--output", "json"], env=env).stdout)
+    steps = [e for e in doc["entries"] if e["kind"] == "step"]
+    assert [e["name"] for e in steps] == ["a", "b", "c"]
+    assert [e["marks"] for e in steps] == [[], [], []]
+    assert "<-" not in cli(["timeline", *base], env=env).stdout

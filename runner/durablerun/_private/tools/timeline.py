@@ -138,12 +138,7 @@ def build(run: str, records: Sequence[Record], *, now: float | None = None, firs
         entries.append(Entry("wait", w.name, w.at, end, w.pos, first_attempt - 1 + max(1, len(writers)),
                              reason=f"waiting for event {w.name!r}{until}"))
     entries.sort(key=lambda e: (e.start, e.end))
-    steps = [e for e in entries if e.kind == "step"]
-    if steps:
-        max(steps, key=lambda e: e.duration).marks.append("slowest")
-        costly = max(steps, key=lambda e: (Decimal(e.usd), e.tokens))
-        if Decimal(costly.usd) > 0 or costly.tokens > 0:
-            costly.marks.append("most expensive")
+    _mark([e for e in entries if e.kind == "step"])
     totals = records[-1].totals if records else None
     return Timeline(run, entries, writers, str(totals.usd) if totals else "0", totals.tokens if totals else 0)
 
@@ -243,11 +238,7 @@ def page(rs: RunStore, run: str, offset: int, size: int, *, now: float,
     steps = [e for e in entries if e.kind == "step"]
     for e in entries:
         e.marks.clear()
-    if steps:
-        max(steps, key=lambda e: e.duration).marks.append("slowest")
-        costly = max(steps, key=lambda e: (Decimal(e.usd), e.tokens))
-        if Decimal(costly.usd) > 0 or costly.tokens > 0:
-            costly.marks.append("most expensive")
+    _mark(steps)
     whole: dict[str, Any] = {"total": total, "start": None, "end": None, "attempts": 0, "usd": "0", "tokens": 0}
     if total:
         head = records[:1] if first == 0 and records else rs.read_range(0, 1)
@@ -270,6 +261,23 @@ def _seconds(s: float) -> str:
     if s < 172800:
         return f"{s / 3600:.1f}h"
     return f"{s / 86400:.1f}d"
+
+
+def _mark(steps: list[Entry]) -> None:
+    """Mark the slowest and the most expensive step, where one stands out: a mark on one of several steps
+    that took the same time (as shown, to the tenth of a second) or cost the same would point at nothing."""
+    def alone(key: Any) -> Entry | None:
+        ranked = sorted(steps, key=key, reverse=True)
+        if len(ranked) < 2 or key(ranked[0]) == key(ranked[1]):
+            return None
+        return ranked[0]
+
+    slowest = alone(lambda e: round(e.duration, 1))
+    if slowest is not None:
+        slowest.marks.append("slowest")
+    costly = alone(lambda e: (Decimal(e.usd), e.tokens))
+    if costly is not None and (Decimal(costly.usd) > 0 or costly.tokens > 0):
+        costly.marks.append("most expensive")
 
 
 def render(t: Timeline, out: IO[str] | None = None) -> None:
