@@ -153,6 +153,9 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert '"by": "dana"' in text(chrome, "#output")
     assert runs.executions("flaky") == 2  # the crash and the restart
     assert runs.executions("prepare") == 1  # replayed from the journal, not run again
+    # A finished run is offered nothing the operator would refuse or ignore: no event, suspend, abort or retry.
+    until(chrome, lambda: not chrome.find_element(By.ID, "event-form").is_displayed(), "no event form once done")
+    assert offered(chrome) == []
 
     # Abort the other from its page: the question says the Saga grace applies.
     chrome.get(f"{url}runs/{ns}/long")
@@ -162,11 +165,18 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     until(chrome, lambda: "abort requested" in text(chrome, "#result"), "the abort's answer")
     until(chrome, lambda: text(chrome, "#phase") == "Aborted", "the run Aborted", timeout=120)
     assert runs.get("long")["status"]["phase"] == "Aborted"
+    until(chrome, lambda: offered(chrome) == ["retry"], "only retry offered for an aborted run")
 
     # Chromium and chromedriver listen on loopback only.
     addresses = chromium.listening(chromedriver.pids())
     assert addresses, "chromedriver listens somewhere"
     assert all(a.startswith(("127.0.0.1:", "::1:")) for a in addresses), addresses
+
+
+def offered(chrome: webdriver.Remote) -> list[str]:
+    """The actions the run's page offers (its buttons shown)."""
+    return [b.get_attribute("data-action") for b in chrome.find_elements(By.CSS_SELECTOR, "[data-action]")
+            if b.is_displayed()]
 
 
 def request(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:

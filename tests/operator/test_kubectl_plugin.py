@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from durablerun import api
 from durablerun._private.records import layout
+from durablerun._private.tools import kubeapi
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.testbed import TestBed
 from tests.operator.helpers import Operator, RunEnv
@@ -132,6 +134,26 @@ def test_the_journal_is_read_from_the_endpoint_the_credentials_secret_names(
     assert journal.returncode == 0, journal.stderr
     assert json.loads(journal.stdout)["completed"] is True
     assert [r["name"] for r in json.loads(journal.stdout)["records"] if r["kind"] == "step"] == ["s0", "s1"]
+
+
+def test_a_runs_events_are_its_own_not_those_of_an_earlier_run_of_the_same_name(
+    operator: Operator, runs: RunEnv, plugin: Plugin
+) -> None:
+    """The run page and the timeline show a run's Events: a deleted run of the same name had its own."""
+    for first in (True, False):
+        runs.apply(runs.manifest("again", "optest_flows:steps", {"steps": 1, "sleep": 0}))
+        assert plugin.dr("wait", "again", "--timeout", "90s").returncode == 0
+        current = runs.get("again")
+        if first:
+            runs.testbed.kubectl("delete", "dr", "again", "-n", runs.namespace, "--wait=true")
+    kube = kubeapi.Kubectl(argparse.Namespace(namespace=runs.namespace, context=None,
+                                              kubeconfig=str(runs.testbed.kubeconfig)))
+    kube.binary = str(plugin.kubectl)
+    events = kube.events(current)
+    assert [e["reason"] for e in events].count("Succeeded") == 1, events
+    assert {e["involvedObject"]["uid"] for e in events} == {current["metadata"]["uid"]}
+    # Both runs' Events are there: the earlier run's are left out by its uid, not gone.
+    assert [e["reason"] for e in runs.events("again")].count("Succeeded") == 2
 
 
 def test_suspend_resume_abort_retry(operator: Operator, runs: RunEnv, plugin: Plugin) -> None:

@@ -258,7 +258,7 @@ class Browser:
     def run_page(self, namespace: str, name: str) -> dict[str, Any]:
         kube = self.kube.in_namespace(namespace)
         body = kube.run(name)
-        events = kube.events(name)
+        events = kube.events(body)
         self.events[(namespace, name)] = events  # the timeline's restart causes, asked for right after
         position = kubeapi.queue_position(kube, body)  # while Queued: where Kueue has it (or why unknown)
         return {"run": body, "events": [{"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
@@ -275,7 +275,7 @@ class Browser:
         built, whole = self.timelines.page(kube, kube_run, offset, TIMELINE_PAGE)
         events = self.events.get((namespace, name))
         timeline.restart_causes(built.entries, timeline.kubernetes_events(
-            events if events is not None else kube.events(name)))
+            events if events is not None else kube.events(kube_run)))
         page = built.to_json()
         if whole["total"]:  # the bars place each entry within the whole run, not within its page
             page["start"], page["end"] = (api.format_time(whole[k], precise=True) for k in ("start", "end"))

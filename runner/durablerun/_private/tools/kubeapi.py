@@ -60,11 +60,13 @@ class Kubectl:
         body: dict[str, Any] = self.json("get", RESOURCE, name)
         return body
 
-    def events(self, name: str) -> list[dict[str, Any]]:
-        """The Kubernetes Events about run ``name``, oldest first (the run page's table, the timeline's restart
-        causes). Reading Events is not everyone's right: none when refused."""
-        result = self("get", "events", "--field-selector", f"involvedObject.name={name},involvedObject.kind={api.KIND}",
-                      "-o", "json", check=False)
+    def events(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Kubernetes Events about ``run`` (this run: an earlier one of the same name, deleted, has another
+        uid), oldest first (the run page's table, the timeline's restart causes). Reading Events is not
+        everyone's right: none when refused."""
+        meta = run["metadata"]
+        about = f"involvedObject.name={meta['name']},involvedObject.kind={api.KIND},involvedObject.uid={meta['uid']}"
+        result = self("get", "events", "--field-selector", about, "-o", "json", check=False)
         if result.returncode != 0:
             return []
         items: list[dict[str, Any]] = json.loads(result.stdout).get("items") or []

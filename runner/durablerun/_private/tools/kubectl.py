@@ -202,11 +202,12 @@ def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
-    store, ref = kubeapi.open_journal(kube, kube.run(args.run), credentials_from_secret=args.credentials_from_secret)
+    run = kube.run(args.run)
+    store, ref = kubeapi.open_journal(kube, run, credentials_from_secret=args.credentials_from_secret)
     try:
         if args.command == "timeline":  # the same journal, drawn over time, each restart with its cause
             return timeline.show(store, ref, as_json=args.output == "json",
-                                 events=timeline.kubernetes_events(kube.events(args.run)))
+                                 events=timeline.kubernetes_events(kube.events(run)))
         return inspection.inspect_run(store, ref, as_json=args.json, show_all=args.all)
     finally:
         store.close()

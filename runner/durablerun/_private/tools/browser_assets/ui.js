@@ -148,6 +148,13 @@ function runPage() {
       ["suspend", spec.suspend ? "yes" : "no"], ...(page.queue ? [["queue", page.queue]] : [])];
     document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     document.getElementById("actions").hidden = !page.canChange;
+    // Only what the operator would act on: a finished run takes no event, suspend or abort, and only a
+    // failed or aborted one a retry (a run that succeeded would only replay to the same result).
+    const finished = ["Succeeded", "Failed", "Aborted"].includes(status.phase);
+    const offered = {suspend: !finished && !spec.suspend, resume: !!spec.suspend && !finished, abort: !finished,
+      retry: status.phase === "Failed" || status.phase === "Aborted"};
+    for (const button of document.querySelectorAll("[data-action]")) button.hidden = !offered[button.dataset.action];
+    document.getElementById("event-form").hidden = finished;
     document.querySelector("#conditions tbody").replaceChildren(...(status.conditions || []).map(c =>
       el("tr", {}, el("td", {}, c.type), el("td", {}, c.status), el("td", {}, c.reason || ""),
         el("td", {class: "message"}, c.message || ""))));
