@@ -40,25 +40,15 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from tests.faults import generated
-from tests.faults.helpers import (
-    LEDGER_MOUNT,
-    Paused,
-    PodRecorder,
-    StartStore,
-    Store,
-    Tally,
-    check_woken_and_silent,
-    events,
-    fenced_by_the_fencing,
-    finished,
-    manifest,
-    seeded,
-    send_event,
-)
-from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
-from tests.faults.test_pause_fencing import drive as pause_drive
-from tests.faults.test_runner_kills import Tortured, drive
-from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.faults.helpers import Paused, check_woken_and_silent, fenced_by_the_fencing, finished, seeded
+from tests.faults.pausing import drive as pause_drive
+from tests.faults.torture import Tortured, drive
+from tests.helpers.bed import StartStore, Store
+from tests.helpers.journal_checks import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.pods import PodRecorder
+from tests.helpers.runs import Operator, RunEnv, StartOperator, events, send_event
+from tests.helpers.tally import Tally
+from tests.helpers.torture_runs import LEDGER_MOUNT, manifest
 
 pytestmark = pytest.mark.testbed
 
