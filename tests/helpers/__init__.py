@@ -1,6 +1,8 @@
 """What more than one test folder uses: the test bed's shared fixtures, runs and their workflows, journal checks.
 
-The tests' counterpart of Temporal's ``tests/helpers`` and controller-runtime's ``envtest``. The rules:
+The tests' counterpart of Temporal's ``tests/helpers`` and controller-runtime's ``envtest``. The rules, checked
+by import-linter (.importlinter, ``make lint``: contracts test-folders-independent and tests-layers) and by
+tests/test_test_imports.py:
 
 - a test folder (tests/operator, tests/faults, ...) imports no other test folder, only ``tests.helpers``;
 - ``tests.helpers`` imports no test folder;
