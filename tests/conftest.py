@@ -31,7 +31,11 @@ from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import CRD_PATH, SESSION_ID, StartPrometheus
+from tests.helpers.session import CRD_PATH, SESSION_ID, StartPrometheus
+
+# The fixtures more than one folder uses (an operator per test, a namespace ready for DurableRuns, a pod
+# recorder, a MinIO of the test's own, the fault tally): defined in tests/helpers/bed.py, provided to every folder.
+pytest_plugins = ["tests.helpers.bed"]
 
 _REAPED = pytest.StashKey[dict[str, list[str]]]()
 
@@ -164,6 +168,6 @@ def start_prometheus(testbed_root: Path) -> Iterator[StartPrometheus]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The "fault trials" table of the session's fault tests (tests/faults, tests/realnode/test_faults.py)."""
-    from tests.faults.fixtures import print_tally
+    from tests.helpers.tally import print_tally
 
     print_tally(terminalreporter)

@@ -50,7 +50,7 @@ TOOL_KNOBS: dict[str, tuple[str, ...]] = {
     "DURABLERUN_BENCH_MARK": (_DR_FLOWS, _DBOS_FLOWS),
     "DURABLERUN_BENCH_CRASH": (_DR_FLOWS, _DBOS_FLOWS),
     "DURABLERUN_BENCH_STEP_MARKS": (_DR_FLOWS,),
-    "DURABLERUN_SKIP_REAL_NODE": ("tests/helpers.py",),
+    "DURABLERUN_SKIP_REAL_NODE": ("tests/helpers/session.py",),
     "DURABLERUN_KILL_EXAMPLES": ("tests/sdk/test_kill_resume.py",),
     "DURABLERUN_KUEUE_RUNS": ("tests/kueue/test_latency.py",),
     "DURABLERUN_KILL_SEED": ("tests/sdk/test_kill_resume.py",),

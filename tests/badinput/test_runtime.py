@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from durablerun_testbed import procs
-from tests.badinput.helpers import check_all, failed, flip, objects, root_of, stay_failed
-from tests.faults.helpers import Ledger, PodRecorder, manifest, send_event, torture_input
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.failing_runs import check_all, failed, flip, objects, root_of, stay_failed
+from tests.helpers.pods import PodRecorder
+from tests.helpers.runs import Operator, RunEnv, send_event
+from tests.helpers.torture_runs import Ledger, manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 

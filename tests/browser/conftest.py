@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +14,8 @@ from selenium import webdriver
 
 from durablerun_testbed import binaries, chromium, procs
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
-from tests.operator.fixtures import operator, runs, start_operator
-
-__all__ = ["chrome", "chromedriver", "operator", "runs", "start_operator", "start_ui"]
-
-StartUI = Callable[..., str]
+from tests.browser.pages import StartUI
+from tests.helpers.session import SESSION_ID
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,8 @@ from selenium.webdriver.common.by import By
 
 from durablerun import api
 from durablerun_testbed.testbed import TestBed
-from tests.browser.conftest import StartUI
-from tests.browser.test_run_browser import confirm, listed, open_link, text, until
-from tests.operator.helpers import RunEnv
+from tests.browser.pages import StartUI, confirm, listed, open_link, text, until
+from tests.helpers.runs import RunEnv
 
 pytestmark = pytest.mark.testbed
 

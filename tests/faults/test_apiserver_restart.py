@@ -20,23 +20,14 @@ import pytest
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.faults.helpers import (
-    Ledger,
-    Tally,
-    check_executions,
-    events,
-    finished,
-    manifest,
-    process_of,
-    reference,
-    seeded,
-    torture_input,
-    trials_of_each_kind,
-)
-from tests.faults.journal import check_journal, read_journal, run_root
-from tests.faults.workflows import torture_flows
-from tests.operator import fixtures as operator_fixtures
-from tests.operator.helpers import RunEnv
+from tests.faults.helpers import finished, reference, seeded, trials_of_each_kind
+from tests.helpers import bed
+from tests.helpers.fault_workflows import torture_flows
+from tests.helpers.journal_checks import check_journal, read_journal, run_root
+from tests.helpers.pods import process_of
+from tests.helpers.runs import RunEnv, events
+from tests.helpers.tally import Tally
+from tests.helpers.torture_runs import Ledger, check_executions, manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 
@@ -54,9 +45,9 @@ def test_apiserver_restarted_mid_run(own_bed: TestBed, s3_server: S3Server, test
     procs.wait_for(lambda: own_bed.kubectl("get", "serviceaccount", "default", "-n", namespace,
                                            check=False).returncode == 0, timeout=30, what="the default ServiceAccount")
     # The operator tests' fixtures, on this control plane.
-    runs: RunEnv = operator_fixtures.runs.__wrapped__(own_bed, namespace, s3_server.create_bucket(
+    runs: RunEnv = bed.runs.__wrapped__(own_bed, namespace, s3_server.create_bucket(
         "t-" + uuid.uuid4().hex[:16]), tmp_path)
-    operators = operator_fixtures.start_operator.__wrapped__(own_bed, testbed_root, namespace)
+    operators = bed.start_operator.__wrapped__(own_bed, testbed_root, namespace)
     start_operator = next(operators)
     rng = seeded("API server restart")
     assert own_bed.controlplane

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from tests.faults import generated, torture
-from tests.faults.helpers import Ledger, check_executions, fenced_by_the_fencing
-from tests.faults.journal import Journal, check_journal, check_kept, journal_object, unseal
+from tests.faults.helpers import fenced_by_the_fencing
+from tests.helpers.journal_checks import Journal, check_journal, check_kept, journal_object, unseal
+from tests.helpers.torture_runs import Ledger, check_executions
 
 
 def seal(body: bytes) -> bytes:

@@ -31,8 +31,8 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
-from tests.operator import fixtures as operator_fixtures
+from tests.helpers import bed
+from tests.helpers.session import SESSION_ID
 
 pytestmark = pytest.mark.testbed
 
@@ -61,7 +61,7 @@ def test_each_waiting_run_wakes_exactly_once_through_a_replica_death_a_handover_
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")])))
     namespace = "t-" + uuid.uuid4().hex[:10]
     resume.prepare_namespace(own_bed, namespace)
-    operators = operator_fixtures.start_operator.__wrapped__(own_bed, testbed_root, namespace)
+    operators = bed.start_operator.__wrapped__(own_bed, testbed_root, namespace)
     start_operator = next(operators)
     standins = scale.StandIns(own_bed, testbed_root, SESSION_ID, namespace, max(1, BURST // 500))
     try:

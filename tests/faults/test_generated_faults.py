@@ -4,13 +4,13 @@ The programs of tests/faults/generated.py, child runs included (they need the op
 DurableRuns, several at once; early events are in the manifest, and each late event is sent once the run
 is Waiting for it. Four faults, each over its own programs:
 
-* runner SIGKILLs: the driver of tests/faults/test_runner_kills.py kills each run's current runner at
-  random moments;
+* runner SIGKILLs: the driver of tests/faults/test_runner_kills.py (tests/faults/torture.py) kills each run's
+  current runner at random moments;
 * operator SIGKILLs: the operator's process group is killed every few seconds and started again after a
   random downtime, while the runs go through their steps, waits, child runs and continuations;
-* runner paused past its lease: the driver of tests/faults/test_pause_fencing.py pauses each run's
-  runner (SIGSTOP) at a random moment and continues it once the next attempt runs, or after the run
-  finished; the woken runner must exit Fenced having written nothing since the pause;
+* runner paused past its lease: the driver of tests/faults/test_pause_fencing.py (tests/faults/pausing.py)
+  pauses each run's runner (SIGSTOP) at a random moment and continues it once the next attempt runs, or after
+  the run finished; the woken runner must exit Fenced having written nothing since the pause;
 * S3 outage: the runs' store is a MinIO of the test's own, stopped at a random moment while every run of
   the batch works and started again after ``OUTAGE`` seconds, as tests/faults/test_s3_outage.py does.
 
@@ -40,25 +40,15 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from tests.faults import generated
-from tests.faults.helpers import (
-    LEDGER_MOUNT,
-    Paused,
-    PodRecorder,
-    StartStore,
-    Store,
-    Tally,
-    check_woken_and_silent,
-    events,
-    fenced_by_the_fencing,
-    finished,
-    manifest,
-    seeded,
-    send_event,
-)
-from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
-from tests.faults.test_pause_fencing import drive as pause_drive
-from tests.faults.test_runner_kills import Tortured, drive
-from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.faults.helpers import Paused, check_woken_and_silent, fenced_by_the_fencing, finished, seeded
+from tests.faults.pausing import drive as pause_drive
+from tests.faults.torture import Tortured, drive
+from tests.helpers.bed import StartStore, Store
+from tests.helpers.journal_checks import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.pods import PodRecorder
+from tests.helpers.runs import Operator, RunEnv, StartOperator, events, send_event
+from tests.helpers.tally import Tally
+from tests.helpers.torture_runs import LEDGER_MOUNT, manifest
 
 pytestmark = pytest.mark.testbed
 

@@ -33,9 +33,10 @@ from durablerun import api
 from durablerun.engine import Run
 from durablerun.stores import RunRef, Store, open_store
 from tests.faults import generated
-from tests.faults.helpers import TALLY, WORKFLOWS
-from tests.faults.workflows import generated_flows
-from tests.sdk.helpers import StoreSpec, s3_store_spec, sub_env, wait_until
+from tests.helpers.fault_workflows import generated_flows
+from tests.helpers.local_runs import StoreSpec, s3_store_spec, sub_env, wait_until
+from tests.helpers.tally import TALLY
+from tests.helpers.torture_runs import WORKFLOWS
 
 PROGRAMS = int(os.environ.get("GEN_PROGRAMS") or os.environ.get("FAULT_TRIALS") or "2")
 MAX_KILLS = 3

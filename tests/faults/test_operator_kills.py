@@ -33,30 +33,14 @@ from typing import Any
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.helpers import (
-    GO,
-    Ledger,
-    PodRecorder,
-    Tally,
-    check_executions,
-    check_woken_fenced,
-    events,
-    finished,
-    manifest,
-    process_of,
-    reference,
-    run_metric,
-    running_pod,
-    scrape,
-    seeded,
-    send_event,
-    torture_input,
-    trials_of_each_kind,
-    wait_pod_exit,
-)
-from tests.faults.journal import check_journal, read_journal, run_root
-from tests.faults.workflows import torture_flows
-from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.faults.helpers import GO, check_woken_fenced, finished, reference, running_pod, seeded, trials_of_each_kind
+from tests.helpers.fault_workflows import torture_flows
+from tests.helpers.journal_checks import check_journal, read_journal, run_root
+from tests.helpers.metrics import run_metric, scrape
+from tests.helpers.pods import PodRecorder, process_of, wait_pod_exit
+from tests.helpers.runs import Operator, RunEnv, StartOperator, events, send_event
+from tests.helpers.tally import Tally
+from tests.helpers.torture_runs import Ledger, check_executions, manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.helpers import PodRecorder, Tally, scrape, seeded, trials_of_each_kind
-from tests.faults.torture import RUNNER_SIGKILL, Tortured, drive, torture_batch
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.faults.helpers import seeded, trials_of_each_kind
+from tests.faults.torture import RUNNER_SIGKILL, torture_batch
+from tests.helpers.metrics import scrape
+from tests.helpers.pods import PodRecorder
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.helpers.tally import Tally
 
 pytestmark = pytest.mark.testbed
-
-__all__ = ["Tortured", "drive"]  # test_generated_faults.py drives its programs with them
 
 TRIALS = trials_of_each_kind(8)
 PARALLEL = int(os.environ.get("FAULT_PARALLEL", "4"))

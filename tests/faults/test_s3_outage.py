@@ -17,23 +17,14 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.helpers import (
-    Ledger,
-    PodRecorder,
-    StartStore,
-    Tally,
-    check_executions,
-    events,
-    finished,
-    manifest,
-    reference,
-    seeded,
-    torture_input,
-    trials_of_each_kind,
-)
-from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
-from tests.faults.workflows import torture_flows
-from tests.operator.helpers import Operator, RunEnv
+from tests.faults.helpers import finished, reference, seeded, trials_of_each_kind
+from tests.helpers.bed import StartStore
+from tests.helpers.fault_workflows import torture_flows
+from tests.helpers.journal_checks import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.pods import PodRecorder
+from tests.helpers.runs import Operator, RunEnv, events
+from tests.helpers.tally import Tally
+from tests.helpers.torture_runs import Ledger, check_executions, manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.fixtures import trials
-from tests.faults.helpers import Tally
+from tests.helpers.tally import Tally, trials
 
 
 def test_trials_that_pass_are_counted_without_failures() -> None:

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.helpers import PodRecorder, Tally, scrape, seeded, trials_of_each_kind
+from tests.faults.helpers import seeded, trials_of_each_kind
 from tests.faults.torture import EVICTION, FAULTS_PER_RUN, OOM, POD_DELETION, RUNNER_SIGKILL, torture_batch
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.metrics import scrape
+from tests.helpers.pods import PodRecorder
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.helpers.tally import Tally
 
 pytestmark = pytest.mark.testbed
 

@@ -28,23 +28,13 @@ from kubernetes.client.rest import ApiException
 
 from durablerun import api
 from durablerun_testbed import procs
-from tests.faults.helpers import (
-    GO,
-    Ledger,
-    PodRecorder,
-    check_executions,
-    finished,
-    manifest,
-    reference,
-    run_metric,
-    running_pod,
-    send_event,
-    torture_input,
-    wait_pod_exit,
-)
-from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
-from tests.faults.workflows import torture_flows
-from tests.operator.helpers import RunEnv
+from tests.faults.helpers import GO, finished, reference, running_pod
+from tests.helpers.fault_workflows import torture_flows
+from tests.helpers.journal_checks import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.metrics import run_metric
+from tests.helpers.pods import PodRecorder, wait_pod_exit
+from tests.helpers.runs import RunEnv, send_event
+from tests.helpers.torture_runs import Ledger, check_executions, manifest, torture_input
 
 FAULTS_PER_RUN = 3
 SPREAD = 5.0  # seconds after a runner's process starts within which its fault falls

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed.testbed import TestBed
-
-from .helpers import Helm, Kubectl
+from tests.helpers.clis import Helm, Kubectl
 
 
 @pytest.fixture

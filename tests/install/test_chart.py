@@ -12,8 +12,9 @@ import yaml
 from durablerun import api
 from durablerun_testbed import binaries
 from durablerun_testbed.testbed import TestBed
+from tests.helpers.clis import CHART, Helm, Kubectl, dump
 
-from .helpers import CHART, Helm, Kubectl, at, dump, full_values, of_kind, one, schema_leaves
+from .helpers import at, full_values, of_kind, one, schema_leaves
 
 pytestmark = pytest.mark.testbed
 

@@ -16,8 +16,9 @@ import yaml
 
 import durablerun
 from durablerun_operator.config import Settings
+from tests.helpers.clis import CHART
 
-from .helpers import CHART, REPO
+from .helpers import REPO
 
 IMAGES = REPO / "deploy" / "images"
 

@@ -17,9 +17,10 @@ from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
+from tests.helpers.clis import CHART, Helm, Kubectl, parse
+from tests.helpers.session import SESSION_ID
 
-from .helpers import CHART, DEPLOY, Helm, Kubectl, parse
+from .helpers import DEPLOY
 
 pytestmark = pytest.mark.testbed
 

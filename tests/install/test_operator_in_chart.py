@@ -27,8 +27,7 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-
-from .helpers import Helm, Kubectl
+from tests.helpers.clis import Helm, Kubectl
 
 pytestmark = pytest.mark.testbed
 

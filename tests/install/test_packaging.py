@@ -27,8 +27,9 @@ from packaging.utils import canonicalize_name
 
 import durablerun
 from durablerun import api
+from tests.helpers.clis import CHART
 
-from .helpers import CHART, REPO
+from .helpers import REPO
 
 # What an sdist is built from (the same list the images' .dockerignore files let through).
 SOURCES = ["pyproject.toml", "README.md", "LICENSE", "runner", "operator"]

@@ -18,8 +18,9 @@ from durablerun import api
 from durablerun_operator import builders
 from durablerun_operator.config import Settings
 from durablerun_testbed.testbed import TestBed
+from tests.helpers.clis import Helm, Kubectl
 
-from .helpers import Helm, Kubectl, full_values, of_kind
+from .helpers import full_values, of_kind
 
 pytestmark = pytest.mark.testbed
 

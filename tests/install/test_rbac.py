@@ -20,8 +20,7 @@ from durablerun import api
 from durablerun_operator import builders
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-
-from .helpers import CHART, Helm, Kubectl, dump, service_account_kubectl
+from tests.helpers.clis import CHART, Helm, Kubectl, dump, service_account_kubectl
 
 pytestmark = pytest.mark.testbed
 

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from durablerun import api
+from tests.helpers.clis import CHART, Helm, Kubectl
 
-from .helpers import CHART, DEPLOY, REPO, Helm, Kubectl
+from .helpers import DEPLOY, REPO
 
 pytestmark = pytest.mark.testbed
 

@@ -18,10 +18,11 @@ from durablerun_operator import metrics
 from durablerun_operator.ingress import server as ingress
 from durablerun_testbed import procs
 from durablerun_testbed.prometheus import Prometheus, ServiceMonitorTarget
-from tests.helpers import StartPrometheus
-from tests.observability.helpers import FakeOperator, running
+from tests.helpers.clis import Helm, Manifest
+from tests.helpers.prometheus import FakeOperator, running
+from tests.helpers.session import StartPrometheus
 
-from .helpers import Helm, Manifest, one
+from .helpers import one
 
 RELEASE_NAMESPACE = "durable-run"
 WAIT = 30.0  # seconds; Prometheus scrapes every second

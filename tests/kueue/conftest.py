@@ -1,5 +1,5 @@
-"""One real Kueue manager for the session, on the session's test bed (hack/durablerun_testbed/kueue.py), and the
-operator tests' fixtures (an operator per test, a namespace with a bucket and a ledger)."""
+"""One real Kueue manager for the session, on the session's test bed (hack/durablerun_testbed/kueue.py); the
+operator tests' fixtures (an operator per test, a namespace with a bucket and a ledger) come from tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import pytest
 
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
-from tests.operator.fixtures import operator, runs, start_operator
-
-__all__ = ["kueue", "operator", "runs", "start_operator"]
+from tests.helpers.session import SESSION_ID
 
 
 @pytest.fixture(scope="session")

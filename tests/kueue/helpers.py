@@ -1,4 +1,6 @@
-"""Kueue objects for the tests: one flavor, a ClusterQueue with a quota, a LocalQueue in a namespace."""
+"""Kueue objects for the tests: one flavor, a ClusterQueue with a quota, a LocalQueue in a namespace; queued runs
+and what became of them. Kueue's API version and ``wait_active`` are in ``tests.helpers.kueue`` (the real node's
+Kueue test uses them too)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,9 @@ from typing import Any
 import yaml
 
 from durablerun import api
-from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.operator.helpers import RunEnv
-
-V1BETA2 = "kueue.x-k8s.io/v1beta2"
+from tests.helpers.kueue import V1BETA2
+from tests.helpers.runs import RunEnv
 
 
 def queues(cluster_queue: str, local_queue: str, namespace: str, *, cpu: str, memory: str = "64Gi",
@@ -35,24 +35,6 @@ def apply(testbed: TestBed, documents: list[dict[str, Any]]) -> None:
     testbed.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
 
 
-def condition(testbed: TestBed, resource: str, name: str, type_: str, namespace: str | None = None) -> Any:
-    """The condition ``type_`` of a Kueue object (None while it has none)."""
-    scope = ["-n", namespace] if namespace else []
-    result = testbed.kubectl("get", resource, name, *scope, "-o", "json", check=False)
-    if result.returncode != 0:
-        return None
-    conditions = json.loads(result.stdout).get("status", {}).get("conditions", [])
-    return next((c for c in conditions if c["type"] == type_), None)
-
-
-def wait_active(testbed: TestBed, resource: str, name: str, namespace: str | None = None,
-                timeout: float = 60) -> dict[str, Any]:
-    active: dict[str, Any] = procs.wait_for(
-        lambda: (c := condition(testbed, resource, name, "Active", namespace)) and c["status"] == "True" and c,
-        timeout=timeout, what=f"{resource} {name} to be Active")
-    return active
-
-
 def queued_run(runs: RunEnv, name: str, queue: str, *, cpu: str = "500m", **input: Any) -> dict[str, Any]:
     """A DurableRun of ``optest_kueue:tagged`` (tag = its name) in LocalQueue ``queue``, its runner asking for
     ``cpu``. Its lease is longer than the operator tests' 6s: a restart for a lease that lapsed on a loaded
@@ -72,3 +54,8 @@ def live_pods(runs: RunEnv) -> list[str]:
 
 def reasons(runs: RunEnv, name: str) -> list[str]:
     return [e["reason"] for e in sorted(runs.events(name), key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def phases(runs: RunEnv) -> dict[str, str]:
+    out = runs.testbed.kubectl("get", "dr", "-n", runs.namespace, "-o", "json").stdout
+    return {r["metadata"]["name"]: r.get("status", {}).get("phase", "") for r in json.loads(out)["items"]}

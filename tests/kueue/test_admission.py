@@ -11,8 +11,9 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.kueue import Kueue
-from tests.kueue.helpers import apply, live_pods, queued_run, queues, reasons, wait_active
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.kueue import wait_active
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.kueue.helpers import apply, live_pods, phases, queued_run, queues, reasons
 
 pytestmark = pytest.mark.testbed
 
@@ -25,11 +26,6 @@ def cluster_queue(runs: RunEnv, cpu: str) -> str:
     apply(runs.testbed, queues(name, "lq", runs.namespace, cpu=cpu))
     wait_active(runs.testbed, "localqueues.kueue.x-k8s.io", "lq", runs.namespace)
     return name
-
-
-def phases(runs: RunEnv) -> dict[str, str]:
-    out = runs.testbed.kubectl("get", "dr", "-n", runs.namespace, "-o", "json").stdout
-    return {r["metadata"]["name"]: r.get("status", {}).get("phase", "") for r in json.loads(out)["items"]}
 
 
 def test_six_runs_in_a_queue_with_quota_for_two_never_run_more_than_two_pods(

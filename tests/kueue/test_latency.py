@@ -17,8 +17,9 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed.kueue import Kueue
-from tests.kueue.helpers import apply, queued_run, queues, wait_active
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.kueue import wait_active
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.kueue.helpers import apply, queued_run, queues
 
 pytestmark = pytest.mark.testbed
 

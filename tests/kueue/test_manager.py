@@ -12,8 +12,9 @@ from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.kueue import NAMESPACE, SERVICE_ACCOUNT, Kueue
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import REPO
-from tests.kueue.helpers import apply, queues, wait_active
+from tests.helpers.kueue import wait_active
+from tests.helpers.session import REPO
+from tests.kueue.helpers import apply, queues
 
 
 def test_queues_become_active_and_kueue_webhooks_answer(testbed: TestBed, kueue: Kueue, namespace: str) -> None:

@@ -11,8 +11,9 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.kueue import Kueue
-from tests.kueue.helpers import V1BETA2, apply, queued_run, queues, reasons, wait_active
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.kueue import V1BETA2, wait_active
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.kueue.helpers import apply, queued_run, queues, reasons
 
 pytestmark = pytest.mark.testbed
 

@@ -21,10 +21,11 @@ from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
-from tests.install.helpers import service_account_kubectl
-from tests.kueue.helpers import apply, queued_run, queues, wait_active
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.clis import service_account_kubectl
+from tests.helpers.kueue import wait_active
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.helpers.session import SESSION_ID
+from tests.kueue.helpers import apply, queued_run, queues
 
 pytestmark = pytest.mark.testbed
 

@@ -10,9 +10,9 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed.kueue import Kueue
-from tests.kueue.helpers import apply, live_pods, queued_run, queues, wait_active
-from tests.kueue.test_admission import phases
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.kueue import wait_active
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.kueue.helpers import apply, live_pods, phases, queued_run, queues
 
 pytestmark = pytest.mark.testbed
 

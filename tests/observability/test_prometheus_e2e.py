@@ -21,8 +21,7 @@ from durablerun import resource
 from durablerun_operator import metrics
 from durablerun_operator.ingress import server as ingress
 from durablerun_testbed import procs
-from tests.helpers import StartPrometheus
-from tests.observability.helpers import (
+from tests.helpers.prometheus import (
     DASHBOARD,
     WAIT,
     FakeOperator,
@@ -37,6 +36,7 @@ from tests.observability.helpers import (
     scalar,
     substitute,
 )
+from tests.helpers.session import StartPrometheus
 
 
 @pytest.fixture

@@ -1,7 +1,18 @@
-"""The operator tests' fixtures (defined in ``tests.operator.fixtures``, shared with other tiers)."""
+"""The operator tests' own fixture: ``kubectl durablerun`` as a user runs it (the test bed's shared fixtures come
+from tests/conftest.py)."""
 
 from __future__ import annotations
 
-from tests.operator.fixtures import operator, runs, start_operator
+from pathlib import Path
 
-__all__ = ["operator", "runs", "start_operator"]
+import pytest
+
+from durablerun_testbed.testbed import TestBed
+from tests.helpers.kubectl_plugin import Plugin
+
+
+@pytest.fixture
+def plugin(testbed: TestBed, namespace: str, tmp_path: Path) -> Plugin:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Plugin(testbed, namespace, home)

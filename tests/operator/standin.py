@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from durablerun import api
-from tests.operator.helpers import RunEnv
+from tests.helpers.runs import RunEnv
 
 JSON_PATCH = "application/json-patch+json"
 

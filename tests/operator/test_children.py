@@ -14,7 +14,7 @@ import pytest
 
 from durablerun import api, relations
 from durablerun_testbed import procs
-from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.helpers.runs import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from durablerun import api
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -18,22 +18,7 @@ import pytest
 
 from durablerun import api, resource
 from durablerun_operator import decide
-from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
-
-
-def plan_for(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None,
-             seconds: float = 200) -> tuple[decide.Plan, dict[str, Any]]:
-    """The plan at T0 + ``seconds``, and the status it writes (the whole new status)."""
-    now = T0 + timedelta(seconds=seconds)
-    views = [decide.PodView.from_pod(p, now, 60.0) for p in pods or []]
-    plan = decide.decide(decide.RunView.from_body(run_body), views, now)
-    status = dict(run_body["status"])
-    for op in plan.patch:
-        if op["op"] == "add":
-            status[op["path"].split("/")[-1]] = op["value"]
-        elif op["op"] == "remove":
-            status.pop(op["path"].split("/")[-1])
-    return plan, status
+from tests.operator.run_bodies import POLICY, T0, apply, at, body, ended, plan_for, runner_pod, running, waiting_report
 
 
 def failed(**extra: Any) -> dict[str, Any]:
@@ -177,41 +162,6 @@ class _AnyText(str):
 ANY_TEXT = _AnyText("any text")
 
 
-def apply(run_body: dict[str, Any], plan: decide.Plan) -> dict[str, Any]:
-    """The status after the plan's patch, checking that its test ops hold on the status it was made from."""
-    status = dict(run_body.get("status") or {})
-    for op in plan.patch:
-        key = op["path"].removeprefix("/status").removeprefix("/")
-        if op["op"] == "test":
-            current: Any = run_body
-            for part in op["path"].strip("/").split("/"):
-                current = current.get(part) if isinstance(current, dict) else None
-            assert current == op["value"], op
-        elif op["path"] == "/status":
-            status = dict(op["value"])
-        elif op["op"] == "add":
-            status[key] = op["value"]
-        else:
-            status.pop(key)
-    return status
-
-
-def ended(exit_code: int, *, report: dict[str, Any] | None = None, reason: str | None = None,
-          deleting: bool = False, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The current attempt's pod, its runner container terminated at T0+110."""
-    pod = runner_pod()
-    terminated: dict[str, Any] = {"exitCode": exit_code, "finishedAt": at(110)}
-    if report is not None:
-        terminated["message"] = json.dumps(report)
-    if reason:
-        terminated["reason"] = reason
-    pod["status"] = {"phase": "Failed" if exit_code else "Succeeded", "conditions": conditions or [],
-                     "containerStatuses": [{"name": api.RUNNER_CONTAINER, "state": {"terminated": terminated}}]}
-    if deleting:
-        pod["metadata"]["deletionTimestamp"] = at(105)
-    return pod
-
-
 def lost_pod(by: str, grace: int) -> dict[str, Any]:
     """The current attempt's pod deleted (``by``) while running on a node that is gone and reports nothing."""
     pod = runner_pod()
@@ -225,10 +175,6 @@ def old_pod() -> dict[str, Any]:
     pod = runner_pod()
     pod["metadata"].update(name="run-a1", uid="p0", labels={api.LABEL_RUN: "run", api.LABEL_EPOCH: "1"})
     return pod
-
-
-def waiting_report(**waiting_for: str) -> dict[str, Any]:
-    return {"outcome": "Waiting", "message": "waiting", "waitingFor": waiting_for}
 
 
 EVICTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]

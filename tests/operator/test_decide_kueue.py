@@ -14,8 +14,7 @@ import pytest
 from durablerun import api
 from durablerun_operator import decide, kueue
 from durablerun_operator.config import Settings
-from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
-from tests.operator.test_decide import apply, ended, waiting_report
+from tests.operator.run_bodies import POLICY, T0, apply, at, body, ended, runner_pod, running, waiting_report
 
 QUEUE = "team-a"
 

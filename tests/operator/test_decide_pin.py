@@ -15,8 +15,7 @@ import pytest
 from durablerun import api, relations
 from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
-from tests.operator.run_bodies import at, body, runner_pod, running
-from tests.operator.test_decide import plan_for
+from tests.operator.run_bodies import at, body, plan_for, runner_pod, running
 
 DIGEST = "localhost/wf@sha256:" + "a" * 64
 NEWER = "localhost/wf@sha256:" + "b" * 64

@@ -13,8 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from durablerun import api
 from durablerun_operator import decide, tracing
-from tests.operator.run_bodies import T0, body, running
-from tests.operator.test_decide import ended
+from tests.operator.run_bodies import T0, body, ended, running
 
 
 def test_tracing_is_off_without_an_endpoint_and_a_malformed_one_stops_the_operator_naming_it() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from durablerun_testbed import procs
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

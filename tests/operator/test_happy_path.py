@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from durablerun_testbed import procs
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

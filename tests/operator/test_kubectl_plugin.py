@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,41 +12,11 @@ import pytest
 from durablerun import api
 from durablerun._private.records import layout
 from durablerun._private.tools import kubeapi
-from durablerun_testbed import binaries, procs
-from durablerun_testbed.testbed import TestBed
-from tests.operator.helpers import Operator, RunEnv
+from durablerun_testbed import procs
+from tests.helpers.kubectl_plugin import Plugin
+from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
-
-
-class Plugin:
-    """`kubectl [args]` with only the package's console scripts and kubectl on PATH, as a user's shell has."""
-
-    def __init__(self, testbed: TestBed, namespace: str, home: Path) -> None:
-        scripts = Path(sys.executable).parent  # where pip put kubectl-durablerun
-        self.kubectl = binaries.kubectl()
-        bin_dir = home / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "kubectl").symlink_to(self.kubectl)
-        for script in ("kubectl-durablerun", "kubectl_complete-durablerun"):
-            (bin_dir / script).symlink_to(scripts / script)
-        self.env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "KUBECONFIG": str(testbed.kubeconfig),
-                    "USER": "tester"}
-        self.namespace = namespace
-
-    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["kubectl", *args], env=self.env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
-
-    def dr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return self("durablerun", "-n", self.namespace, *args, timeout=timeout)
-
-
-@pytest.fixture
-def plugin(testbed: TestBed, namespace: str, tmp_path: Path) -> Plugin:
-    home = tmp_path / "home"
-    home.mkdir()
-    return Plugin(testbed, namespace, home)
 
 
 def test_kubectl_finds_the_plugin(plugin: Plugin) -> None:

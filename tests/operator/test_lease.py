@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.helpers import PodRecorder, process_of, wait_pod_exit
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.pods import PodRecorder, process_of, wait_pod_exit
+from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs
-from tests.helpers import StartPrometheus
-from tests.observability.helpers import (
+from tests.helpers.prometheus import (
     DASHBOARD,
     firing,
     has_numbers,
@@ -25,7 +24,8 @@ from tests.observability.helpers import (
     scalar,
     substitute,
 )
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv
+from tests.helpers.session import StartPrometheus
 
 pytestmark = pytest.mark.testbed
 

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from durablerun_testbed import procs
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.runs import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from durablerun_testbed import procs
-from tests.faults.helpers import scrape
-from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.helpers.metrics import scrape
+from tests.helpers.runs import Operator, RunEnv, StartOperator
 from tests.operator.standin import StandIn
 
 pytestmark = pytest.mark.testbed

@@ -11,7 +11,7 @@ import pytest
 
 from durablerun import api
 from durablerun_operator import decide, overload
-from tests.operator.test_quiet import body, running
+from tests.operator.run_bodies import body, running
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 VALIDITY = timedelta(seconds=62)  # a 60 s lease plus the clock-skew margin

@@ -11,7 +11,7 @@ from urllib3.exceptions import ProtocolError
 from durablerun import api
 from durablerun_operator.kube import Kube
 from durablerun_testbed import procs
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv
 
 
 def refusal(status: int, message: str) -> ApiException:

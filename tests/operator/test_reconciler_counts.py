@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,22 +18,8 @@ from durablerun import api
 from durablerun_operator import metrics
 from durablerun_operator.config import Settings
 from durablerun_operator.reconciler import Reconciler
+from tests.operator.reconciler_runs import RUN, at
 
-NOW = datetime.now(UTC)
-
-
-def at(seconds: float) -> str:
-    return api.format_time(NOW + timedelta(seconds=seconds))
-
-
-RUN: dict[str, Any] = {
-    "metadata": {"namespace": "ns", "name": "run", "uid": "u1", "generation": 1, "resourceVersion": "7",
-                 "finalizers": [api.RUN_FINALIZER], "annotations": {}},
-    "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://bucket/runs"}},
-    "status": {"phase": "Running", "epoch": 2, "attempt": 1, "pod": "run-a2", "startTime": at(-60),
-               "inputHash": api.input_hash({}), "observedGeneration": 1,
-               "lease": {"holder": "run-a2", "epoch": 2, "acquireTime": at(-50), "renewTime": at(-1)}},
-}
 
 # The runner's pod, ended: Completed (exit 0) or crashed (exit 137).
 def ended_pod(exit_code: int, message: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from durablerun_operator import decide, metrics, overload
 from durablerun_operator.config import Settings
 from durablerun_operator.reconciler import Reconciler
 from durablerun_operator.workqueue import RateLimiter
-from tests.operator.test_reconciler_counts import RUN, at
+from tests.operator.reconciler_runs import RUN, at
 
 WAITING: dict[str, Any] = {
     **RUN, "status": {**RUN["status"], "phase": "Waiting", "pod": "run-a1", "lease": {},

@@ -23,8 +23,8 @@ from durablerun.stores import RunRef, open_store
 from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import CRD_PATH, SESSION_ID
-from tests.operator.helpers import RunEnv
+from tests.helpers.runs import RunEnv
+from tests.helpers.session import CRD_PATH, SESSION_ID
 
 pytestmark = pytest.mark.testbed
 

@@ -8,7 +8,7 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed import procs
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
 

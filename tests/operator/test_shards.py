@@ -23,7 +23,7 @@ import pytest
 from durablerun import api
 from durablerun_operator import shards
 from durablerun_testbed import procs
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.runs import RunEnv, StartOperator
 from tests.operator.standin import StandIn
 
 pytestmark = pytest.mark.testbed

@@ -25,7 +25,7 @@ from durablerun import api
 from durablerun_operator.config import Settings
 from durablerun_operator.kube import Kube
 from durablerun_operator.reconciler import Reconciler
-from tests.operator.helpers import RunEnv
+from tests.helpers.runs import RunEnv
 
 pytestmark = pytest.mark.testbed
 

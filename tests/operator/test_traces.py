@@ -15,7 +15,7 @@ import pytest
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
-from tests.operator.helpers import Operator, RunEnv, StartOperator
+from tests.helpers.runs import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 

@@ -16,10 +16,9 @@ import pytest
 from durablerun import api
 from durablerun._private.tools.kubeapi import KIND_REF
 from durablerun_testbed import procs
-from tests.operator.helpers import Operator, RunEnv
-from tests.operator.test_kubectl_plugin import Plugin, plugin
+from tests.helpers.kubectl_plugin import Plugin
+from tests.helpers.runs import Operator, RunEnv
 
-__all__ = ["plugin"]
 pytestmark = pytest.mark.testbed
 
 V1 = "localhost/durable-run/agents@sha256:" + "1" * 64

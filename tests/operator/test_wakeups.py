@@ -17,7 +17,8 @@ import pytest
 
 from durablerun import api
 from durablerun_operator import decide, wakeups
-from tests.operator.test_quiet import CLOCKED, POLICY, T0, at, body, decides_something, runner_pod, running
+from tests.operator.clocked_runs import CLOCKED, decides_something
+from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
 
 STUCK = 60.0
 

@@ -27,10 +27,9 @@ from durablerun import api, webhooks
 from durablerun_operator.ingress import auth
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
-from tests.install.helpers import Helm, Kubectl, dump, service_account_kubectl
-
-from .helpers import RunEnv, StartOperator
+from tests.helpers.clis import Helm, Kubectl, dump, service_account_kubectl
+from tests.helpers.runs import RunEnv, StartOperator
+from tests.helpers.session import SESSION_ID
 
 RUN_SECRET = "run-hooks"  # the Secret a run names in spec.webhook: the chart's webhooks.sourceSecrets
 

@@ -25,15 +25,11 @@ from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.realnode import RealNodeUnavailable, build_workflow_image, check_machine
 from durablerun_testbed.testbed import TestBed
-from tests.faults.fixtures import tally
-from tests.helpers import SESSION_ID, skip_real_node_if_asked
-from tests.install.helpers import Helm
-from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
+from tests.helpers.clis import Helm
+from tests.helpers.session import SESSION_ID, skip_real_node_if_asked
+from tests.realnode.helpers import OPERATOR_NAMESPACE, RELEASE, RealRuns
 
 WORKFLOWS = Path(__file__).resolve().parent / "workflows"
-RELEASE = "durable-run"
-
-__all__ = ["tally"]  # the fault suite's tally: tests/realnode/test_faults.py counts its trials in it
 
 
 @pytest.fixture(scope="session")

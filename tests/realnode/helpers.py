@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -13,10 +14,15 @@ from durablerun import api
 from durablerun_operator import builders
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.faults.helpers import Ledger
+from tests.helpers.torture_runs import Ledger
 
 #: Where the chart installs the operator.
 OPERATOR_NAMESPACE = "durable-run-system"
+#: The chart's release name.
+RELEASE = "durable-run"
+#: Version 2 of the workflows (test_pinning.py, test_chart_upgrade.py), and the moving tag a deploy retags.
+V2 = Path(__file__).resolve().parent / "workflows_v2"
+MOVING = "localhost/durable-run/pinning-test:moving"
 
 
 @dataclass

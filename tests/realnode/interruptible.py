@@ -8,7 +8,7 @@ from pathlib import Path
 
 from durablerun_testbed import podfaults, procs
 from durablerun_testbed.testbed import TestBed
-from tests.testbed.sessions import hold
+from tests.helpers.interrupted_sessions import hold
 
 
 def test_hold_a_pod_on_the_real_node(real_bed: TestBed, testbed_root: Path) -> None:

@@ -20,10 +20,8 @@ from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.realnode import build_workflow_image, built_image
 from durablerun_testbed.testbed import TestBed
-from tests.install.helpers import Helm
-from tests.realnode.conftest import RELEASE
-from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
-from tests.realnode.test_pinning import MOVING, V2
+from tests.helpers.clis import Helm
+from tests.realnode.helpers import MOVING, OPERATOR_NAMESPACE, RELEASE, V2, RealRuns
 
 
 def _repository_and_tag(ref: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ check: each step ran, at most once per pod, and again only after a pod the
 fault interrupted. ``FAULT_TRIALS`` sizes the runs under the restarts (CI: the
 default 8; ``make faults``: 120, so 20 runs under the control plane's restart).
 Each run under a fault is one trial of its kind in the fault suite's tally
-(``tests.faults.fixtures.trials``), printed with tests/faults' kinds.
+(``tests.helpers.tally.trials``), printed with tests/faults' kinds.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from durablerun import api
 from durablerun_testbed import podfaults, procs
 from durablerun_testbed.standby import StandbyNode
 from durablerun_testbed.testbed import TestBed
-from tests.faults.fixtures import trials
-from tests.faults.helpers import PodRecorder, Tally, check_executions
-from tests.faults.journal import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.journal_checks import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.pods import PodRecorder
+from tests.helpers.tally import Tally, trials
+from tests.helpers.torture_runs import check_executions
 from tests.realnode.helpers import RealRuns
 
 TRIALS = int(os.environ.get("FAULT_TRIALS", "8"))

@@ -11,9 +11,9 @@ import signal
 import pytest
 
 from durablerun_testbed import procs, realnode, reaper
-from tests.helpers import skip_real_node_if_asked
-from tests.testbed import sessions
-from tests.testbed.test_interrupted_session import assert_nothing_left
+from tests.helpers import interrupted_sessions as sessions
+from tests.helpers.interrupted_sessions import assert_nothing_left
+from tests.helpers.session import skip_real_node_if_asked
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(900)]
 

@@ -14,11 +14,10 @@ from durablerun import api
 from durablerun_testbed import binaries, procs
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
-from tests.install.helpers import Helm
-from tests.kueue.helpers import V1BETA2, wait_active
-from tests.realnode.conftest import RELEASE
-from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
+from tests.helpers.clis import Helm
+from tests.helpers.kueue import V1BETA2, wait_active
+from tests.helpers.session import SESSION_ID
+from tests.realnode.helpers import OPERATOR_NAMESPACE, RELEASE, RealRuns
 
 TOLERATION = {"key": "example.com/runners", "operator": "Exists", "effect": "NoSchedule"}
 

@@ -18,11 +18,8 @@ from durablerun._private.tools.kubeapi import KIND_REF
 from durablerun_testbed import procs
 from durablerun_testbed.realnode import build_workflow_image
 from durablerun_testbed.testbed import TestBed
-from tests.operator.test_kubectl_plugin import Plugin
-from tests.realnode.helpers import RealRuns
-
-V2 = Path(__file__).resolve().parent / "workflows_v2"
-MOVING = "localhost/durable-run/pinning-test:moving"
+from tests.helpers.kubectl_plugin import Plugin
+from tests.realnode.helpers import MOVING, V2, RealRuns
 
 
 def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_that_replays(

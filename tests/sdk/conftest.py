@@ -11,8 +11,9 @@ import pytest
 
 from durablerun._private.storage.backends import memory
 from durablerun.stores import Store, open_store
+from tests.helpers.local_runs import StoreSpec, s3_store_spec
 
-from .helpers import REPO, WORKFLOWS, StoreSpec, s3_store_spec
+from .helpers import REPO, WORKFLOWS
 
 # Test workflows and the examples import by their own names, as `durablerun run` does.
 for _path in (str(WORKFLOWS), str(REPO / "examples")):

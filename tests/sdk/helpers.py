@@ -1,77 +1,32 @@
-"""Helpers shared by SDK tests: the store matrix's specs, running the CLI, waiting on a condition, a reference
-attempt, and reaching *under* a store to damage it on purpose."""
+"""Helpers shared by SDK tests: running the CLI with this folder's workflows, a reference attempt, and reaching
+*under* a store to damage it on purpose (the store matrix's specs and waiting on a condition are in
+``tests.helpers.local_runs``, shared with the fault suite)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from durablerun import api
 from durablerun._private.records import layout
 from durablerun._private.storage.backends.fs import FsBackend
 from durablerun._private.storage.backends.memory import MemoryBackend
 from durablerun._private.storage.backends.s3 import S3Backend
 from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.resource import Policy
-from durablerun.stores import RunRef, Store, open_store
+from durablerun.stores import RunRef, Store
+from tests.helpers import local_runs
 
 if TYPE_CHECKING:
-    from durablerun_testbed.s3 import S3Server
+    pass
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 WORKFLOWS = HERE / "workflows"
-
-
-@dataclass
-class StoreSpec:
-    """How to open one store from this process and from a subprocess."""
-
-    kind: str
-    uri: str
-    env: dict[str, str]
-    cli_args: list[str]
-    options: dict[str, Any]
-
-    def open(self) -> Store:
-        return open_store(self.uri, **self.options)
-
-
-def s3_store_spec(server: S3Server, bucket: str) -> StoreSpec:
-    """A bucket on a MinIO of the test bed, as a store spec."""
-    env = {
-        "AWS_ACCESS_KEY_ID": server.access_key,
-        "AWS_SECRET_ACCESS_KEY": server.secret_key,
-        "AWS_REGION": server.region,
-        "AWS_ENDPOINT_URL_S3": server.endpoint_url,
-    }
-    options = {
-        "endpoint_url": server.endpoint_url,
-        "region": server.region,
-        "access_key": server.access_key,
-        "secret_key": server.secret_key,
-    }
-    return StoreSpec("s3", f"s3://{bucket}/runs", env, ["--endpoint-url", server.endpoint_url], options)
-
-
-def sub_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(REPO / "runner"), str(WORKFLOWS), str(REPO / "examples")]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.pop(api.Env.STORE, None)
-    env.update(extra or {})
-    return env
 
 
 def cli(args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -82,17 +37,9 @@ def cli(args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None 
         env=sub_env(env), cwd=cwd, timeout=timeout, check=False)
 
 
-def wait_until(condition: Callable[[], Any], *, timeout: float, what: str,
-               interval: float = 0.005) -> Any:
-    """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+def sub_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """``local_runs.sub_env`` with this folder's workflows importable."""
+    return local_runs.sub_env(extra, workflows=[WORKFLOWS])
 
 
 FAST = EngineConfig(retry_initial=timedelta(milliseconds=1), retry_max=timedelta(milliseconds=5),

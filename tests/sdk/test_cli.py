@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from durablerun.api import Outcome
+from tests.helpers.local_runs import StoreSpec, wait_until
 
-from .helpers import StoreSpec, cli, sub_env, wait_until
+from .helpers import cli, sub_env
 
 
 def test_run_wait_send_event_resume_and_inspect(durable_store_spec: StoreSpec,

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from durablerun.api import Outcome
 from durablerun.stores import RunRef, open_store
+from tests.helpers.local_runs import wait_until
 
-from .helpers import cli, sub_env, wait_until
+from .helpers import cli, sub_env
 
 
 def _family(tmp_path: Path, **input: object) -> tuple[list[str], Path, str]:

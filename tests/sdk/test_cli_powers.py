@@ -13,8 +13,9 @@ from durablerun import api
 from durablerun._private.records import codec, layout
 from durablerun.api import Outcome, format_time, now
 from durablerun.stores import RunRef, open_store
+from tests.helpers.local_runs import wait_until
 
-from .helpers import cli, sub_env, wait_until
+from .helpers import cli, sub_env
 
 
 def test_retry_runs_the_failed_step_again_after_a_fix(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 from durablerun._private.records.model import StepRecord
 from durablerun.api import Outcome
 from durablerun.stores import RunRef
+from tests.helpers.local_runs import StoreSpec, wait_until
 
-from .helpers import StoreSpec, cli, sub_env, wait_until
+from .helpers import cli, sub_env
 
 # The engine alone, without the CLI's owner record: `python -c ENGINE_ONLY STORE_URI INPUT_JSON`.
 ENGINE_ONLY = """

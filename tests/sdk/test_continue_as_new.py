@@ -21,8 +21,9 @@ from durablerun.engine import AttemptResult, EngineConfig, Run, RunStarted
 from durablerun.resource import Policy
 from durablerun.sinks import ProgressSink
 from durablerun.stores import RunRef, Store
+from tests.helpers.local_runs import StoreSpec, wait_until
 
-from .helpers import FAST, REF, Ledger, StoreSpec, attempt, wait_until
+from .helpers import FAST, REF, Ledger, attempt
 
 
 class Started(ProgressSink):

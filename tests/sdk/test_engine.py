@@ -20,8 +20,9 @@ from durablerun.api import Outcome
 from durablerun.engine import EngineConfig
 from durablerun.sinks import ProgressSink
 from durablerun.stores import RunRef, Store, open_store
+from tests.helpers.local_runs import StoreSpec
 
-from .helpers import REF, Ledger, StoreSpec, attempt, raw_journal_bytes
+from .helpers import REF, Ledger, attempt, raw_journal_bytes
 
 
 def _step(record: Record) -> StepRecord:

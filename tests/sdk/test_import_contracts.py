@@ -1,8 +1,8 @@
 """The architecture's import rules (.importlinter, run by `make lint`) each catch what they forbid.
 
 A contract that never fails protects nothing: each one here is broken on purpose, in a copy of the tree
-with one planted import, and import-linter must name it broken. A contract added to .importlinter without
-a planted import here fails the first test.
+(runner/, operator/ and tests/) with one planted import, and import-linter must name it broken. A contract
+added to .importlinter without a planted import here fails the first test.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ PLANTED: dict[str, tuple[str, str]] = {
     "backends-unaware": (f"{RUNNER}/storage/backends/fs.py", "from durablerun._private.storage.backends import s3"),
     "records-layers": (f"{RUNNER}/records/codec.py", "from durablerun._private.records import model"),
     "only-s3-imports-boto": (f"{RUNNER}/storage/stores.py", "import boto3"),
+    "test-folders-independent": ("tests/faults/helpers.py", "from tests.operator import run_bodies"),
+    "tests-layers": ("tests/helpers/runs.py", "from tests.faults import helpers"),
 }
 
 
@@ -43,7 +45,8 @@ def _contracts() -> list[str]:
 
 
 def _lint(tree: Path, contract: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'runner'}{os.pathsep}{tree / 'operator'}"}
+    # The copy first on the path: its tests package, not this checkout's.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / part) for part in ("", "runner", "operator"))}
     return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(ROOT / ".importlinter"),
                            "--contract", contract], cwd=tree, env=env, capture_output=True, text=True, timeout=120)
 
@@ -54,7 +57,7 @@ def test_every_contract_is_seen_to_fail() -> None:
 
 @pytest.mark.parametrize("contract", sorted(PLANTED))
 def test_a_planted_import_breaks_the_contract(contract: str, tmp_path: Path) -> None:
-    for part in ("runner", "operator"):
+    for part in ("runner", "operator", "tests"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     target, planted = PLANTED[contract]
     clean = _lint(tmp_path, contract)

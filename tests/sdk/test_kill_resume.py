@@ -34,8 +34,9 @@ from hypothesis import strategies as st
 
 from durablerun._private.records.model import ContinueRecord
 from durablerun.stores import RunRef
+from tests.helpers.local_runs import StoreSpec, wait_until
 
-from .helpers import StoreSpec, sub_env, wait_until
+from .helpers import sub_env
 from .workflows import chaos
 
 EXAMPLES = int(os.environ.get("DURABLERUN_KILL_EXAMPLES", "20"))

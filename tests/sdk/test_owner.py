@@ -17,8 +17,9 @@ from durablerun import errors
 from durablerun._private.storage import owner
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun.stores import RunRef, Store
+from tests.helpers.local_runs import StoreSpec
 
-from .helpers import StoreSpec, cli
+from .helpers import cli
 
 REF = RunRef.local("moving-run")
 UID = "3f2a9c1e-0000-4000-8000-000000000001"

@@ -24,8 +24,9 @@ from durablerun.engine import AttemptResult, EngineConfig, Run
 from durablerun.resource import Policy
 from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
 from durablerun.stores import RunRef
+from tests.helpers.local_runs import StoreSpec, wait_until
 
-from .helpers import FAST, REF, Ledger, StoreSpec, attempt, wait_until
+from .helpers import FAST, REF, Ledger, attempt
 
 # --- budgets -------------------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ from durablerun.api import Outcome
 from durablerun.engine import EngineConfig, Run
 from durablerun.resource import RESULT_INLINE_MAX
 from durablerun.stores import RunRef
+from tests.helpers.local_runs import StoreSpec
 
-from .helpers import StoreSpec, cli
+from .helpers import cli
 
 
 @pytest.mark.parametrize("size", [10, RESULT_INLINE_MAX + 100, 3000])

@@ -14,8 +14,7 @@ from durablerun._private.records.model import Record, StepRecord
 from durablerun._private.storage.backends.options import DEFAULT_MAX_ATTEMPTS, S3Options
 from durablerun._private.storage.backends.s3 import S3Backend
 from durablerun.stores import RunRef, Store
-
-from .helpers import StoreSpec
+from tests.helpers.local_runs import StoreSpec
 
 REF = RunRef.local("faults")
 

@@ -15,8 +15,9 @@ from durablerun._private.records import codec, layout
 from durablerun._private.records.model import Record, StepRecord, Totals
 from durablerun._private.storage.journal import RunStore
 from durablerun.stores import RunRef, Store
+from tests.helpers.local_runs import StoreSpec
 
-from .helpers import StoreSpec, corrupt_journal_record, raw_journal_bytes
+from .helpers import corrupt_journal_record, raw_journal_bytes
 
 REF = RunRef.kubernetes("team-a", "research", "3f2a9c1e-0000-4000-8000-000000000001")
 

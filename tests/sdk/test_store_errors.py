@@ -18,8 +18,9 @@ from durablerun._private.records import layout
 from durablerun.api import Outcome
 from durablerun.engine import Run
 from durablerun.stores import RunRef, open_store
+from tests.helpers.local_runs import StoreSpec, wait_until
 
-from .helpers import StoreSpec, cli, fs_segment, sub_env, wait_until
+from .helpers import cli, fs_segment, sub_env
 
 
 def _cli_env(spec: StoreSpec, **overrides: str) -> dict[str, str]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from durablerun import api
 from durablerun.api import Outcome
+from tests.helpers.local_runs import wait_until
 
-from .helpers import cli, sub_env, wait_until
+from .helpers import cli, sub_env
 
 WORKFLOW = textwrap.dedent('''
     import os, time

@@ -29,8 +29,9 @@ import pytest
 from durablerun._private.records import layout
 from durablerun._private.storage.backends.base import CRASH_ENV, CRASH_POINTS, GROUP_CRASH_POINTS
 from durablerun.stores import RunRef
+from tests.helpers.local_runs import StoreSpec
 
-from .helpers import StoreSpec, cli
+from .helpers import cli
 from .workflows import chaos
 
 #: Two steps in sequence, then a gather: the crash hits the second step's record (nth 2), whose step is

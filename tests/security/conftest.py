@@ -1,8 +1,3 @@
-"""The operator tests' and the fault suite's fixtures, shared."""
+"""The security tests use the test bed's shared fixtures (tests/conftest.py, from ``tests.helpers.bed``)."""
 
 from __future__ import annotations
-
-from tests.faults.fixtures import dedicated_store, pods
-from tests.operator.fixtures import operator, runs, start_operator
-
-__all__ = ["dedicated_store", "operator", "pods", "runs", "start_operator"]

@@ -13,8 +13,9 @@ import os
 
 import pytest
 
-from tests.faults.helpers import StartStore, manifest, torture_input
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.bed import StartStore
+from tests.helpers.runs import Operator, RunEnv
+from tests.helpers.torture_runs import manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 

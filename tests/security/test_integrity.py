@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from durablerun.stores import RunRef, open_store
-from tests.badinput.helpers import check_all, failed, flip, objects, root_of, stay_failed
-from tests.faults.helpers import Ledger, manifest, send_event, torture_input
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.failing_runs import check_all, failed, flip, objects, root_of, stay_failed
+from tests.helpers.runs import Operator, RunEnv, send_event
+from tests.helpers.torture_runs import Ledger, manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 

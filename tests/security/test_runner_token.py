@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from durablerun_testbed import binaries, procs
-from tests.faults.helpers import Ledger, manifest, process_of, torture_input
-from tests.operator.helpers import Operator, RunEnv
+from tests.helpers.pods import process_of
+from tests.helpers.runs import Operator, RunEnv
+from tests.helpers.torture_runs import Ledger, manifest, torture_input
 
 pytestmark = pytest.mark.testbed
 

@@ -14,7 +14,6 @@ scan is shown to find a secret where one is (the Secret object itself).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets
@@ -25,18 +24,13 @@ import pytest
 
 from durablerun import api
 from durablerun_testbed import procs
-from tests.faults.helpers import Ledger, StartStore, manifest, scrape, send_event, torture_input
-from tests.operator.helpers import RunEnv, StartOperator
+from tests.helpers.bed import StartStore
+from tests.helpers.metrics import scrape
+from tests.helpers.runs import RunEnv, StartOperator, send_event
+from tests.helpers.torture_runs import Ledger, manifest, torture_input
+from tests.security.secret_scan import leaks
 
 pytestmark = pytest.mark.testbed
-
-
-def forms(secret: str) -> list[bytes]:
-    return [secret.encode(), base64.b64encode(secret.encode())]
-
-
-def leaks(data: bytes, values: dict[str, str]) -> list[str]:
-    return [name for name, value in values.items() if any(form in data for form in forms(value))]
 
 
 def scan_files(root: Path, values: dict[str, str]) -> dict[str, list[str]]:

@@ -21,7 +21,7 @@ from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.s3 import S3Server
-from tests.security.test_secret_leaks import leaks
+from tests.security.secret_scan import leaks
 
 
 def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server, s3_bucket: str,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.testbed.sessions import hold
-from tests.testbed.test_process_node import run_pod, wait_phase
+from tests.helpers.interrupted_sessions import hold
+from tests.testbed.node_pods import run_pod, wait_phase
 
 
 def test_hold_a_pod_on_the_process_node(testbed: TestBed, namespace: str, testbed_root: Path) -> None:

@@ -18,19 +18,13 @@ import pytest
 
 from durablerun_testbed import procs, reaper
 from durablerun_testbed.s3 import S3Server
-from tests.helpers import SESSION_ID
-from tests.testbed import sessions
+from tests.helpers import interrupted_sessions as sessions
+from tests.helpers.interrupted_sessions import assert_nothing_left
+from tests.helpers.session import SESSION_ID
 
 pytestmark = pytest.mark.testbed
 
 TEST = "tests/testbed/interruptible.py::test_hold_a_pod_on_the_process_node"
-
-
-def assert_nothing_left(held: sessions.Held) -> None:
-    assert reaper.remains(held.owner, held.root) == []
-    assert not [pid for pid in held.containers if procs.pid_alive(pid)], "the pod's process survived"
-    assert held.owner not in [owner.id for owner in reaper.owners()], "the session's record is left"
-    assert not held.root.exists(), "the session's directory is left"
 
 
 def test_sigterm_to_an_xdist_session_stops_its_beds() -> None:

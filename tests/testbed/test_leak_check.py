@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from durablerun_testbed import procs, realnode
-from tests.helpers import SESSION_ID, skip_real_node_if_asked
+from tests.helpers.session import SESSION_ID, skip_real_node_if_asked
 
 pytestmark = pytest.mark.testbed
 

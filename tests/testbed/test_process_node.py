@@ -12,32 +12,9 @@ import pytest
 from durablerun_testbed import procs
 from durablerun_testbed.processnode.node import ending_reason
 from durablerun_testbed.testbed import TestBed
+from tests.testbed.node_pods import pod_json, run_pod, wait_phase
 
 pytestmark = pytest.mark.testbed
-
-
-def run_pod(testbed: TestBed, namespace: str, name: str, script: str, **container: Any) -> None:
-    pod = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"team": "agents"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{"name": "main", "image": "unused", "command": ["sh", "-c", script], **container}],
-        },
-    }
-    testbed.kubectl("apply", "-f", "-", input=json.dumps(pod))
-
-
-def pod_json(testbed: TestBed, namespace: str, name: str) -> dict[str, Any]:
-    return dict(json.loads(testbed.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout))
-
-
-def wait_phase(testbed: TestBed, namespace: str, name: str, phase: str) -> dict[str, Any]:
-    return procs.wait_for(
-        lambda: (p := pod_json(testbed, namespace, name))["status"].get("phase") == phase and p,
-        timeout=30, what=f"pod {namespace}/{name} to be {phase}",
-    )
 
 
 def terminated(pod: dict[str, Any]) -> dict[str, Any]:

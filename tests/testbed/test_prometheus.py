@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from durablerun_testbed import binaries, procs
-from tests.helpers import StartPrometheus
+from tests.helpers.session import StartPrometheus
 
 
 @pytest.fixture

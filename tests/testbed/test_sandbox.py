@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from durablerun_testbed import procs, realnode, sandbox
-from tests.helpers import SESSION_ID, skip_real_node_if_asked
+from tests.helpers.session import SESSION_ID, skip_real_node_if_asked
 
 pytestmark = pytest.mark.testbed
 

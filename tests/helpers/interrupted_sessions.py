@@ -3,7 +3,8 @@
 The child session runs one test of an ``interruptible.py`` module (named on its command line: the suite never
 collects it); that test starts its bed and a pod, reports where they are (:func:`hold`) and waits to be
 interrupted. The parent signals it, then checks with the leak check's own functions (``reaper.remains``) that
-nothing of its beds is left, or, after SIGKILL, that what is left is what the next session removes.
+nothing of its beds is left (:func:`assert_nothing_left`), or, after SIGKILL, that what is left is what the next
+session removes. Used by tests/testbed (the process node) and tests/realnode (the real node).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from durablerun_testbed import procs
-from tests.helpers import REPO, SESSION_ID
+from durablerun_testbed import procs, reaper
+from tests.helpers.session import REPO, SESSION_ID
 
 #: Where the child's test writes its report (a JSON file).
 REPORT_ENV = "HELD_SESSION_REPORT"
@@ -102,3 +103,10 @@ def _start(test: str, workdir: Path, *pytest_args: str) -> Held:
                              f"{log.read_text(errors='replace')[-3000:]}")
     facts = json.loads(report.read_text())
     return Held(popen, log, facts["owner"], Path(facts["root"]), facts["pid"], facts["containers"])
+
+
+def assert_nothing_left(held: Held) -> None:
+    assert reaper.remains(held.owner, held.root) == []
+    assert not [pid for pid in held.containers if procs.pid_alive(pid)], "the pod's process survived"
+    assert held.owner not in [owner.id for owner in reaper.owners()], "the session's record is left"
+    assert not held.root.exists(), "the session's directory is left"

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from durablerun_testbed import procs
-from tests.faults.helpers import events
-from tests.faults.journal import list_objects, run_root
-from tests.operator.helpers import RunEnv
+from tests.helpers.journal_checks import list_objects, run_root
+from tests.helpers.runs import RunEnv, events
 
 SETTLE = 2.0  # seconds finished runs are watched for a restart that must not come (4 operator resyncs)
 

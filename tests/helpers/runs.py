@@ -1,9 +1,11 @@
-"""Driving the operator and DurableRuns on the test bed: what the operator tests (and the fault, bad-input and
-security tiers) share. Their fixtures are in ``tests.operator.fixtures``."""
+"""Driving the operator and DurableRuns on the test bed: what the operator tests (and the fault, bad-input,
+security, Kueue and browser tiers) share. Their fixtures are in ``tests.helpers.bed``; the workflows every run
+can name are in workflows/ here."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,3 +111,12 @@ class RunEnv:
         out = self.testbed.kubectl("get", "events", "-n", self.namespace,
                                    "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
         return list(json.loads(out)["items"])
+
+
+def events(runs: RunEnv, name: str) -> Counter[str]:
+    return Counter(e["reason"] for e in runs.events(name))
+
+
+def send_event(runs: RunEnv, name: str, event: str, payload: Any) -> None:
+    runs.testbed.kubectl("patch", "dr", name, "-n", runs.namespace, "--type=merge",
+                         "-p", json.dumps({"spec": {"events": {event: payload}}}))
