@@ -104,6 +104,8 @@ def test_full_values_render_is_accepted_by_the_api_server(
     ingress = one(webhooks, "Deployment")["spec"]
     assert ingress["replicas"] == 2
     assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
+    assert {"--failure-rate=0.5", "--failure-burst=5", "--trusted-proxy=10.0.0.0/8"} <= set(
+        ingress["template"]["spec"]["containers"][0]["args"])
     assert one(webhooks, "Role")["metadata"]["namespace"] == namespace
     secrets_rule = next(r for r in one(webhooks, "Role")["rules"] if r["resources"] == ["secrets"])
     assert secrets_rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [

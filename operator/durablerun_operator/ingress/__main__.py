@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import start_http_server
 
 from durablerun_operator import kube
+from durablerun_operator.ingress import limits
 from durablerun_operator.ingress.server import Ingress, Settings
 
 
@@ -23,11 +24,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tls-cert", help="PEM certificate chain (from a Secret); plain HTTP without it")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument("--max-body-bytes", type=int, default=Settings.max_body)
-    parser.add_argument("--rate", type=float, default=Settings.rate, help="requests per second per source")
-    parser.add_argument("--burst", type=int, default=Settings.burst, help="requests at once per source")
+    parser.add_argument("--rate", type=float, default=Settings.rate,
+                        help="authenticated requests per second per run and source")
+    parser.add_argument("--burst", type=int, default=Settings.burst,
+                        help="authenticated requests at once per run and source")
+    parser.add_argument("--failure-rate", type=float, default=Settings.failure_rate,
+                        help="failed authentications per second per client address")
+    parser.add_argument("--failure-burst", type=int, default=Settings.failure_burst,
+                        help="failed authentications at once per client address")
+    parser.add_argument("--trusted-proxy", action="append", default=[],
+                        help="an address or network (CIDR) of a proxy whose X-Forwarded-For names the client "
+                             "(repeat for several)")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    try:
+        proxies = limits.parse_networks(args.trusted_proxy)
+        limits.RateLimits(args.rate, args.burst)
+        limits.RateLimits(args.failure_rate, args.failure_burst)
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kube.load_config()
     tls = None
@@ -37,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.address)
     settings = Settings(namespaces=frozenset(args.namespace), max_body=args.max_body_bytes, rate=args.rate,
-                        burst=args.burst)
+                        burst=args.burst, failure_rate=args.failure_rate, failure_burst=args.failure_burst,
+                        trusted_proxies=proxies)
     web.run_app(Ingress(kube.Kube(), settings).app(), host=args.address, port=args.port, ssl_context=tls,
                 print=None, access_log=None)
 
