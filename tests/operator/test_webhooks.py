@@ -81,6 +81,7 @@ def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path
                                                                "sourceSecrets": [RUN_SECRET]}},
                              "--show-only", "templates/webhooks.yaml")
     wanted = [o for o in rendered if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Secret",
+                                                    "ClusterRole", "ClusterRoleBinding",
                                                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
     testbed.kubectl("apply", "-f", "-", input=dump(wanted))
     account = next(o for o in wanted if o["kind"] == "ServiceAccount")["metadata"]["name"]
@@ -104,7 +105,8 @@ def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path
     procs.wait_for(healthy, timeout=30, what="the webhook ingress's /healthz")
     yield server
     process.stop()
-    for policy in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+    for policy in ("validatingadmissionpolicybinding", "validatingadmissionpolicy", "clusterrolebinding",
+                   "clusterrole"):
         testbed.kubectl("delete", policy, f"{release}-durable-run-webhooks", "--ignore-not-found", check=False)
 
 
@@ -311,3 +313,43 @@ def test_a_forgers_flood_does_not_throttle_the_runs_real_senders(
     assert answers[200] >= 9, answers  # the first was a duplicate: nothing changed
     assert answers[429] >= 10, answers
 
+
+def test_a_runner_signs_urls_for_its_own_run_only(
+        runs: RunEnv, ingress: Ingress, start_operator: StartOperator, testbed: TestBed) -> None:
+    """A runner pod holds no namespace key: it gets a key derived for its run from the ingress, with a
+    ServiceAccount token bound to the pod. A workflow that signs a URL for another run with it, or asks for the
+    other run's key, is refused with the answer any bad token gets; URLs signed with the namespace's key, as
+    runners before this change signed them, still work."""
+    start_operator(DURABLERUN_WEBHOOK_URL=ingress.url)
+    victim = runs.manifest("victim", "optest_flows:approval")
+    victim["spec"]["suspend"] = True  # no pod needed: events may arrive before the run waits
+    runs.apply(victim)
+    uid = runs.get("victim")["metadata"]["uid"]
+    runs.apply(runs.manifest("forger", "optest_hooks:forger", input={"victim": "victim", "uid": uid}))
+    pod = procs.wait_for(lambda: next(iter(runs.pods("forger")), None), timeout=60, what="the forger's pod")
+    runs.wait_phase("forger", "Waiting", timeout=90)
+    found = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in runs.ledger()}
+    assert found["namespace"] == "keys absent"
+    assert found["victim"].startswith("key refused")
+    assert "HTTP 401" in found["victim"]
+    forged = found["forged"][len(ingress.url):]
+    assert webhooks.read_claims(forged.rsplit("/", 1)[1]).run == "victim"
+    assert ingress.post(forged, b'{"approved": true}') == (401, {"error": "unauthorized"})
+    assert ingress.post("/v1/hooks/garbage", b'{"approved": true}') == (401, {"error": "unauthorized"})
+    assert runs.get("victim")["spec"].get("events", {}) == {}
+
+    # Nothing of the namespace's keys in the runner's pod: no Secret volume, no variable.
+    assert api.WEBHOOK_KEYS_SECRET not in json.dumps(pod["spec"])
+    current, keys = _keys(testbed, runs.namespace)
+    assert all(base64.b64encode(k).decode() not in json.dumps(pod) and k.decode() not in json.dumps(pod)
+               for k in keys.values())
+
+    # The forger's own URL works: its run's key signs for its run.
+    assert ingress.post(found["url"][len(ingress.url):], b'{"approved": true}')[0] == 202
+    runs.wait_phase("forger", "Succeeded", timeout=90)
+
+    # A URL from before the upgrade, signed with the namespace's key itself, still opens its run.
+    claims = webhooks.Claims(namespace=runs.namespace, run="victim", uid=uid, event="legacy",
+                             expires=int(time.time()) + 600, key_id=current)
+    assert ingress.post(f"/v1/hooks/{webhooks.sign(claims, keys[current])}", b"1")[0] == 202
+    assert runs.get("victim")["spec"]["events"] == {"legacy": 1}

@@ -12,6 +12,8 @@ whatever failed: a missing run, a wrong signature and an expired token look the 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,7 +36,9 @@ REQUESTS = Counter("durablerun_webhook_requests", "Webhook requests by outcome."
 LATENCY = Histogram("durablerun_webhook_request_seconds", "Time to answer a webhook request.",
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 OUTCOMES = ("delivered", "duplicate", "unauthorized", "gone", "conflict", "bad_request", "too_large",
-            "rate_limited", "error")
+            "rate_limited", "error", "key_issued")
+#: The pod a bound ServiceAccount token was made for, as a TokenReview reports it.
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
 for _outcome in OUTCOMES:
     REQUESTS.labels(_outcome)
 
@@ -91,6 +95,7 @@ class Ingress:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1)
         app.router.add_post("/v1/hooks/{token}", self._answering(self.capability))
+        app.router.add_post(webhooks.KEYS_ROUTE, self._answering(self.run_key))
         app.router.add_post("/v1/namespaces/{namespace}/runs/{run}/events/{event}", self._answering(self.signed))
         app.router.add_get("/healthz", self.healthz)
         return app
@@ -129,7 +134,7 @@ class Ingress:
         entries = await self._secret(claims.namespace, api.WEBHOOK_KEYS_SECRET)
         try:
             _, keys = webhooks.load_keys(entries or {})
-            webhooks.verify(token, keys, datetime.fromtimestamp(self.clock(), UTC))
+            self._verify(token, claims, keys)
         except (ValueError, webhooks.TokenError) as error:
             log.info("capability URL refused for %s/%s from %s: %s", claims.namespace, claims.run, client, error)
             raise self._failed(client) from None
@@ -138,6 +143,57 @@ class Ingress:
         value = self._value(body, request)
         return await self._deliver(claims.namespace, claims.run, claims.event, value,
                                    "a capability URL", uid=claims.uid)
+
+    def _verify(self, token: str, claims: webhooks.Claims, keys: dict[str, bytes]) -> None:
+        """A token signed with its run's key (derived from the namespace's), or else one signed with the namespace's
+        key itself, as runners did before they got keys of their own (docs/security.md, "Webhook keys")."""
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        if claims.key_id not in keys:
+            raise webhooks.TokenError("unknown key")
+        derived = webhooks.derive_run_key(keys[claims.key_id], claims.namespace, claims.run, claims.uid)
+        try:
+            webhooks.verify(token, {claims.key_id: derived}, now)
+        except webhooks.TokenError as error:
+            if str(error) != "bad signature":
+                raise
+            webhooks.verify(token, keys, now)  # signed with the namespace's key: a URL from before the upgrade
+            log.info("capability URL for %s/%s signed with the namespace's key %s (a runner from before run keys)",
+                     claims.namespace, claims.run, claims.key_id)
+
+    async def run_key(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
+        """A runner pod's own run's key, for the pod that presents its ServiceAccount token (audience
+        ``api.WEBHOOK_TOKEN_AUDIENCE``, bound to the pod) and is its run's current attempt (``status.pod``)."""
+        client = self._client(request)
+        bearer = request.headers.get("Authorization", "")
+        if not bearer.startswith("Bearer ") or not self.failures.available(client):
+            raise self._failed(client)  # a token review is an API call: held to the address's failures
+        try:
+            run = str(json.loads(await self._body(request))["run"])
+        except (ValueError, KeyError, TypeError):
+            raise _Answer(400, "bad_request", 'the body must be JSON {"run": "<the run\'s name>"}') from None
+        review = await asyncio.to_thread(self.kube.review_token, bearer[len("Bearer "):], api.WEBHOOK_TOKEN_AUDIENCE)
+        username, extra = review or ("", {})
+        parts = username.split(":")
+        namespace = parts[2] if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] else ""
+        pod = (extra.get(POD_NAME_CLAIM) or [""])[0]
+        if not namespace or not pod or namespace not in self.settings.namespaces:
+            log.info("run key for %r refused to %s: the token is not a served namespace's pod's (%s)",
+                     run, client, username or "not authenticated")
+            raise self._failed(client)
+        found = await asyncio.to_thread(self.kube.get_run, namespace, run)
+        if found is None or (found.get("status") or {}).get("pod") != pod:
+            log.info("run key for %s/%s refused to pod %s: not the run's current attempt", namespace, run, pod)
+            raise self._failed(client)
+        self._limit(f"{namespace}/{run}/run-key", "this run's pod")
+        try:
+            current, keys = webhooks.load_keys(await self._secret(namespace, api.WEBHOOK_KEYS_SECRET) or {})
+        except ValueError as error:
+            log.warning("run key for %s/%s: Secret %s: %s", namespace, run, api.WEBHOOK_KEYS_SECRET, error)
+            raise _Answer(503, "error", f"namespace {namespace}'s webhook keys are not usable; the ingress's log "
+                                        "says why") from None
+        key = webhooks.derive_run_key(keys[current], namespace, run, found["metadata"]["uid"])
+        return 200, "key_issued", {"run": run, "uid": found["metadata"]["uid"], "kid": current,
+                                   "key": base64.urlsafe_b64encode(key).rstrip(b"=").decode()}
 
     async def signed(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
         """A signature checked with the run's own source (``spec.webhook``) if it names one, else with the entry
