@@ -145,11 +145,14 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
         pod_spec.setdefault("volumes", []).append({"name": "durablerun-tmp", "emptyDir": {}})
 
     if settings.webhook_url:
-        # The namespace's keys for ctx.webhook_url; optional, so a namespace the ingress does not serve
-        # still runs (its ctx.webhook_url says what to configure).
-        mounts.append({"name": "durablerun-webhook-keys", "mountPath": api.WEBHOOK_KEYS_PATH, "readOnly": True})
-        pod_spec.setdefault("volumes", []).append(
-            {"name": "durablerun-webhook-keys", "secret": {"secretName": api.WEBHOOK_KEYS_SECRET, "optional": True}})
+        # For ctx.webhook_url: a ServiceAccount token only the webhook ingress accepts, bound to this pod, which
+        # the runner trades there for its run's own signing key. Never the namespace's keys: with them a
+        # workflow could sign URLs for every run of its namespace (docs/security.md, "Webhook keys").
+        directory, file = api.WEBHOOK_TOKEN_PATH.rsplit("/", 1)
+        mounts.append({"name": "durablerun-webhook-token", "mountPath": directory, "readOnly": True})
+        pod_spec.setdefault("volumes", []).append({"name": "durablerun-webhook-token", "projected": {"sources": [
+            {"serviceAccountToken": {"audience": api.WEBHOOK_TOKEN_AUDIENCE, "expirationSeconds": 3600,
+                                     "path": file}}]}})
 
     pod_security = pod_spec.setdefault("securityContext", {})
     pod_security.setdefault("runAsNonRoot", True)

@@ -271,6 +271,16 @@ class Kube:
             raise
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
 
+    def review_token(self, token: str, audience: str) -> tuple[str, dict[str, list[str]]] | None:
+        """Who a ServiceAccount token (for ``audience``) authenticates: (username, extra), or None if it does not."""
+        review = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[audience]))
+        status = client.AuthenticationV1Api(self.client).create_token_review(review).status
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        if audience not in (status.audiences or []):
+            return None
+        return str(status.user.username or ""), {k: list(v) for k, v in (status.user.extra or {}).items()}
+
     # --- shard Leases (shards.py) ------------------------------------------------------
 
     def list_leases(self, namespace: str) -> list[dict[str, Any]]:

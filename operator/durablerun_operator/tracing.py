@@ -5,6 +5,10 @@ The reconciler hands :meth:`DecisionTracer.record` every plan it carries out, as
 Waiting, EventReceived, Resumed...) becomes one span named ``operator <reason>`` in the trace whose id
 ``durablerun.api`` derives from the run's identity, beside the runner's attempt and step spans.
 
+A span carries reasons and names (the Event's reason, the restart's, the step in flight, the event waited
+for), never an Event's message: a Failed run's message is the workflow's exception text, which may hold
+anything the workflow had, and a trace backend is read by more people than the run.
+
 Off unless ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the chart's
 ``tracing.endpoint``). Spans go through a bounded queue to a thread of their own: a collector that is down
 costs the operator its spans, never a decision or a delay.
@@ -110,14 +114,19 @@ class DecisionTracer:
             common["durablerun.abort.reason"] = plan.abort_reason
         if plan.completion:
             common["durablerun.completion"] = plan.completion
+        progress, waiting = run.status.progress, run.status.waitingFor
+        step = progress.inFlight.name if progress.inFlight else progress.stepName
+        if step:
+            common["durablerun.step"] = step
+        if waiting and waiting.event:
+            common["durablerun.waiting.event"] = waiting.event
         try:
             parent = run.annotations.get(api.ANNOTATION_PARENT_TRACE)
             if parent and run.raw_status is None and plan.patch:  # admitted now
                 self._link_child(run, key, parent)
-            for kind, reason, message in plan.events:
+            for kind, reason, _message in plan.events:  # the message may quote the workflow: never exported
                 self._span(f"operator {reason}", api.trace_id_of(key), {
-                    **common, "durablerun.operator.reason": reason, "durablerun.operator.event_type": kind,
-                    "durablerun.operator.message": message[:1024]})
+                    **common, "durablerun.operator.reason": reason, "durablerun.operator.event_type": kind})
         except Exception:  # tracing never changes a decision
             log.exception("tracing: could not record the decisions about %s/%s", run.namespace, run.name)
 

@@ -220,7 +220,8 @@ class Env:
     # owner record of a run with spec.checkpoint.runId so that another cluster's run can say whom it waits for.
     CLUSTER = "DURABLERUN_CLUSTER"
     # The webhook ingress's public base URL (the chart's webhooks.url), set when the ingress is on:
-    # ctx.webhook_url builds capability URLs under it, signed with the key mounted at WEBHOOK_KEYS_PATH.
+    # ctx.webhook_url builds capability URLs under it, signed with the run's own key, which the runner gets
+    # from the ingress by presenting the ServiceAccount token mounted at WEBHOOK_TOKEN_PATH.
     WEBHOOK_URL = "DURABLERUN_WEBHOOK_URL"
 
     # Logging level of the runner (and of the operator: OperatorEnv.LOG_LEVEL), e.g. DEBUG.
@@ -238,12 +239,17 @@ class Env:
     OTEL_NOT_SHARED = ("OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 
 
-# The webhook ingress (docs/web.md). In each namespace it serves, the chart's Secret of signing keys
-# for capability URLs (mounted read-only into runner pods at WEBHOOK_KEYS_PATH), and the user's Secret
-# of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing, hmac.ocr).
+# The webhook ingress (docs/web.md, docs/security.md). In each namespace it serves, the chart's Secret of
+# signing keys for capability URLs (the ingress's alone: a runner gets a key derived for its run), and the
+# user's Secret of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing).
 WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
 WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
+# Where runner pods of older operators had the namespace's keys mounted (an SDK still signs with them there).
 WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
+# A runner pod's ServiceAccount token for the ingress only (its audience), bound to the pod: the runner
+# presents it to get its run's key.
+WEBHOOK_TOKEN_AUDIENCE = "durablerun.dev/webhooks"
+WEBHOOK_TOKEN_PATH = "/var/run/secrets/durablerun.dev/webhook-token/token"
 
 
 class OperatorEnv:

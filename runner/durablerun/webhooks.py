@@ -7,6 +7,11 @@ expiry (Unix seconds) and the id of the key that signed it; the signature is HMA
 encoded claims with that key. Keys live in a namespace's ``durablerun-webhook-keys`` Secret
 (docs/web.md): one entry per key id and ``current`` naming the one to sign with, so a key can be
 rotated by adding a new one and moving ``current``, without breaking URLs signed with the old one.
+
+A runner never holds those keys: it signs with a key derived for its run (``derive_run_key``: HKDF of
+the namespace's key over the run's namespace, name and uid), which it gets from the ingress by
+presenting its pod's ServiceAccount token (docs/security.md). Its workflow can therefore sign for its
+own run only; the ingress derives the same key to verify.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import hashlib
 import hmac
 import json
 import re
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +35,8 @@ from durablerun import api, errors
 
 #: The Secret entry that names the key id new tokens are signed with.
 CURRENT = "current"
+#: The ingress's route where a runner pod gets its run's key.
+KEYS_ROUTE = "/v1/run-keys"
 # A key id is a Secret entry's name that is not ``current``.
 _KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
@@ -95,6 +105,18 @@ def verify(token: str, keys: dict[str, bytes], now: datetime) -> Claims:
     return claims
 
 
+def hkdf_sha256(key: bytes, salt: bytes, info: bytes) -> bytes:
+    """HKDF-SHA256 (RFC 5869) of ``key``: the first 32 bytes of output (one block of the expand step)."""
+    prk = hmac.new(salt, key, hashlib.sha256).digest()  # extract
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()  # expand
+
+
+def derive_run_key(key: bytes, namespace: str, run: str, uid: str) -> bytes:
+    """The run's own signing key: HKDF-SHA256 of a namespace ``key`` over the run's identity."""
+    info = json.dumps([namespace, run, uid], separators=(",", ":")).encode()
+    return hkdf_sha256(key, b"durablerun.dev/webhook-run-key", info)
+
+
 def load_keys(entries: dict[str, bytes]) -> tuple[str, dict[str, bytes]]:
     """(current key id, key id → key) from a keys Secret's entries; ValueError naming what is wrong."""
     current = entries.get(CURRENT, b"").decode().strip()
@@ -120,8 +142,33 @@ def url(base: str, token: str) -> str:
     return f"{base.rstrip('/')}/v1/hooks/{quote(token, safe='.-_')}"
 
 
+def fetch_run_key(base: str, token: str, run: str, timeout: float = 5.0) -> tuple[str, bytes]:
+    """(key id, key) of ``run``, from the ingress at ``base``, for the pod whose ServiceAccount ``token`` this
+    is; WorkflowError naming why not."""
+    request = urllib.request.Request(
+        f"{base.rstrip('/')}{KEYS_ROUTE}", data=json.dumps({"run": run}).encode(), method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    last: Exception | None = None
+    for pause in (0.5, 1.0, 2.0, 0.0):  # a restarting ingress: a few tries before the workflow sees it
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                answer = json.loads(reply.read())
+            return str(answer["kid"]), _unb64(str(answer["key"]))
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code != 429:
+                raise errors.WorkflowError(
+                    f"ctx.webhook_url: the webhook ingress at {base} refused this pod its run's key "
+                    f"(HTTP {error.code}); its log says why") from None
+            last = error
+        except (OSError, ValueError, KeyError, binascii.Error) as error:
+            last = error
+        time.sleep(pause)
+    raise errors.WorkflowError(f"ctx.webhook_url: the webhook ingress at {base} did not give this pod its "
+                               f"run's key: {last}")
+
+
 def capability_url(event: str, lifetime: timedelta, environ: Mapping[str, str], now: datetime) -> str:
-    """A capability URL for ``event`` of the run this pod runs, signed with the namespace's current key.
+    """A capability URL for ``event`` of the run this pod runs, signed with the run's own key.
 
     Raises ``WorkflowError`` saying what to set when the webhook ingress is not configured here.
     """
@@ -132,15 +179,19 @@ def capability_url(event: str, lifetime: timedelta, environ: Mapping[str, str], 
         raise errors.WorkflowError(
             "ctx.webhook_url needs the webhook ingress: run the workflow as a DurableRun with the chart's "
             f"webhooks.enabled=true and webhooks.url set (the operator then sets {api.Env.WEBHOOK_URL})")
-    keys_dir = Path(api.WEBHOOK_KEYS_PATH)
-    try:
-        current, keys = read_key_dir(keys_dir)
-    except FileNotFoundError:
+    token_path, keys_dir = Path(api.WEBHOOK_TOKEN_PATH), Path(api.WEBHOOK_KEYS_PATH)
+    if token_path.is_file():
+        key_id, key = fetch_run_key(base, token_path.read_text().strip(), run)
+    elif keys_dir.is_dir():  # a pod of an older operator, which mounted the namespace's keys
+        try:
+            key_id, keys = read_key_dir(keys_dir)
+        except ValueError as error:
+            raise errors.WorkflowError(f"ctx.webhook_url: Secret {api.WEBHOOK_KEYS_SECRET!r}: {error}") from None
+        key = keys[key_id]
+    else:
         raise errors.WorkflowError(
-            f"ctx.webhook_url: no signing keys at {keys_dir}: namespace {namespace!r} has no Secret "
-            f"{api.WEBHOOK_KEYS_SECRET!r}; add the namespace to the chart's webhooks.namespaces") from None
-    except ValueError as error:
-        raise errors.WorkflowError(f"ctx.webhook_url: Secret {api.WEBHOOK_KEYS_SECRET!r}: {error}") from None
+            f"ctx.webhook_url: no ServiceAccount token for the webhook ingress at {token_path}: this pod was not "
+            "made by the durable-run operator with the chart's webhooks.enabled=true")
     claims = Claims(namespace=namespace, run=run, uid=uid, event=event, expires=int((now + lifetime).timestamp()),
-                    key_id=current)
-    return url(base, sign(claims, keys[current]))
+                    key_id=key_id)
+    return url(base, sign(claims, key))

@@ -114,7 +114,8 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
             "enabled": True, "url": "https://hooks.example.com", "namespaces": watch_namespaces, "replicas": 2,
             "sourceSecrets": ["ci-hooks"],
             "port": 9443, "metricsPort": 19091, "tls": {"secretName": "hooks-tls"}, "maxBodyBytes": 65536,
-            "rate": 5, "burst": 10, "service": {"type": "LoadBalancer", "port": 8443},
+            "rate": 5, "burst": 10, "failureRate": 0.5, "failureBurst": 5, "trustedProxies": ["10.0.0.0/8"],
+            "service": {"type": "LoadBalancer", "port": 8443},
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         },
         "extraObjects": [

@@ -56,6 +56,17 @@ def test_a_rotated_key_still_verifies_what_it_signed() -> None:
     assert webhooks.verify(old, KEYS, NOW).key_id == "k0"
 
 
+def test_run_keys_are_hkdf_of_the_namespace_key_and_differ_per_run() -> None:
+    # RFC 5869, test case 1 (SHA-256), the first 32 bytes of its output.
+    okm = webhooks.hkdf_sha256(b"\x0b" * 22, bytes(range(13)), bytes(range(0xf0, 0xfa)))
+    assert okm.hex() == "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
+    keys = {webhooks.derive_run_key(KEY, *run) for run in [
+        ("team-a", "review", "u-1"), ("team-a", "review", "u-2"), ("team-a", "other", "u-1"),
+        ("team-b", "review", "u-1"), ("team-a/review", "", "u-1")]}
+    assert len(keys) == 5  # another namespace, name or uid: another key
+    assert KEY not in keys
+
+
 @pytest.mark.parametrize(("entries", "message"), [
     ({"k1": KEY}, "no 'current' entry"),
     ({"current": b"k2", "k1": KEY}, "names key 'k2'"),

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,11 @@ class Ingress:
 
 
 @pytest.fixture
-def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path) -> Iterator[Ingress]:
-    """The chart's webhook objects applied to the test bed, and the ingress running as its ServiceAccount."""
+def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[Ingress]:
+    """The chart's webhook objects applied to the test bed, and the ingress running as its ServiceAccount
+    (with the rate limits a test passes as its ``indirect`` parameter, else generous ones)."""
+    limits = getattr(request, "param", None) or ["--rate", "1000", "--burst", "2000"]
     port, metrics_port = procs.free_port(), procs.free_port()
     url = f"http://127.0.0.1:{port}"
     release = "wh-" + uuid.uuid4().hex[:6]
@@ -75,6 +79,7 @@ def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path
                                                                "sourceSecrets": [RUN_SECRET]}},
                              "--show-only", "templates/webhooks.yaml")
     wanted = [o for o in rendered if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Secret",
+                                                    "ClusterRole", "ClusterRoleBinding",
                                                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
     testbed.kubectl("apply", "-f", "-", input=dump(wanted))
     account = next(o for o in wanted if o["kind"] == "ServiceAccount")["metadata"]["name"]
@@ -82,7 +87,7 @@ def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path
     process = procs.ManagedProcess(
         "webhooks", [sys.executable, "-m", "durablerun_operator.ingress", "--namespace", namespace,
                      "--address", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-                     "--rate", "1000", "--burst", "2000"],
+                     *limits],
         log_path=testbed_root / "logs" / f"webhooks-{release}.log",
         env={**testbed.env(), "KUBECONFIG": str(as_ingress.kubeconfig)}, testbed_id=SESSION_ID)
     server = Ingress(url, f"http://127.0.0.1:{metrics_port}/metrics", account, namespace, as_ingress.kubeconfig)
@@ -98,7 +103,8 @@ def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path
     procs.wait_for(healthy, timeout=30, what="the webhook ingress's /healthz")
     yield server
     process.stop()
-    for policy in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+    for policy in ("validatingadmissionpolicybinding", "validatingadmissionpolicy", "clusterrolebinding",
+                   "clusterrole"):
         testbed.kubectl("delete", policy, f"{release}-durable-run-webhooks", "--ignore-not-found", check=False)
 
 
@@ -262,3 +268,86 @@ def test_the_ingress_account_may_only_add_events(runs: RunEnv, ingress: Ingress)
     assert not as_ingress.can_i("delete", "durableruns", runs.namespace)
     assert not as_ingress.can_i("list", "secrets", runs.namespace)
     assert as_ingress.can_i("get", "secrets/durablerun-webhook-sources", runs.namespace)
+
+
+@pytest.mark.parametrize("ingress", [["--rate", "2", "--burst", "10", "--failure-rate", "1", "--failure-burst", "20"]],
+                         indirect=True)
+def test_a_forgers_flood_does_not_throttle_the_runs_real_senders(
+        runs: RunEnv, ingress: Ingress, start_operator: StartOperator, testbed: TestBed) -> None:
+    """Rate limits count failures against the address they come from and deliveries against the run only once
+    they are authentic: a flood of forged tokens and wrong signatures naming a run, from one address, spends
+    that address's allowance, not the run's, and the run's real capability URL and GitHub delivery (here from
+    the same address, as through one proxy) still go through."""
+    secret = b"whsec-" + uuid.uuid4().hex.encode()
+    testbed.kubectl("create", "secret", "generic", api.WEBHOOK_SOURCES_SECRET, "-n", runs.namespace,
+                    f"--from-literal=github.ci={secret.decode()}")
+    start_operator(DURABLERUN_WEBHOOK_URL=ingress.url)
+    runs.apply(runs.manifest("hooked", "optest_hooks:hooked"))
+    runs.wait_phase("hooked", "Waiting", timeout=90)
+    path = _url_of(runs)[len(ingress.url):]
+    claims = webhooks.read_claims(path.rsplit("/", 1)[1])
+
+    forged, wrong = Counter[int](), Counter[int]()
+    signed_path = f"/v1/namespaces/{runs.namespace}/runs/hooked/events/review?source=github.ci"
+    body = b'{"conclusion": "success"}'
+    started = time.monotonic()
+    for i in range(150):  # the run's every bucket, as today's main counted it, many times over
+        token = webhooks.sign(webhooks.Claims(**{**claims.__dict__, "event": f"e{i}"}), uuid.uuid4().bytes * 2)
+        forged[ingress.post(f"/v1/hooks/{token}", b"{}")[0]] += 1
+        wrong[ingress.post(signed_path, body, SIGNERS["github"](b"guessed", body, 0))[0]] += 1
+    elapsed = time.monotonic() - started
+    assert set(forged) | set(wrong) == {401, 429}, (forged, wrong)
+    # The address's allowance: 20 at once and one a second (both routes share it).
+    assert forged[401] + wrong[401] <= 20 + elapsed + 1, (forged, wrong, elapsed)
+    assert runs.get("hooked")["spec"].get("events", {}) == {}
+
+    assert ingress.post(signed_path, body, SIGNERS["github"](secret, body, 0))[0] == 202
+    assert ingress.post(path, b'{"approved": true}')[0] == 202
+    done = runs.wait_phase("hooked", "Succeeded", timeout=90)
+    assert done["spec"]["events"] == {"review": {"conclusion": "success"}, "done": {"approved": True}}
+
+    # Authentic deliveries have their own limit per run and source: 10 at once here, then 2 a second.
+    answers = Counter(ingress.post(signed_path, body, SIGNERS["github"](secret, body, 0))[0] for _ in range(30))
+    assert answers[200] >= 9, answers  # the first was a duplicate: nothing changed
+    assert answers[429] >= 10, answers
+
+
+def test_a_runner_signs_urls_for_its_own_run_only(
+        runs: RunEnv, ingress: Ingress, start_operator: StartOperator, testbed: TestBed) -> None:
+    """A runner pod holds no namespace key: it gets a key derived for its run from the ingress, with a
+    ServiceAccount token bound to the pod. A workflow that signs a URL for another run with it, or asks for the
+    other run's key, is refused with the answer any bad token gets; URLs signed with the namespace's key, as
+    runners before this change signed them, still work."""
+    start_operator(DURABLERUN_WEBHOOK_URL=ingress.url)
+    victim = runs.manifest("victim", "optest_flows:approval")
+    victim["spec"]["suspend"] = True  # no pod needed: events may arrive before the run waits
+    runs.apply(victim)
+    uid = runs.get("victim")["metadata"]["uid"]
+    runs.apply(runs.manifest("forger", "optest_hooks:forger", input={"victim": "victim", "uid": uid}))
+    pod = procs.wait_for(lambda: next(iter(runs.pods("forger")), None), timeout=60, what="the forger's pod")
+    runs.wait_phase("forger", "Waiting", timeout=90)
+    found = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in runs.ledger()}
+    assert found["namespace"] == "keys absent"
+    assert found["victim"].startswith("key refused")
+    assert "HTTP 401" in found["victim"]
+    forged = found["forged"][len(ingress.url):]
+    assert webhooks.read_claims(forged.rsplit("/", 1)[1]).run == "victim"
+    assert ingress.post(forged, b'{"approved": true}') == (401, {"error": "unauthorized"})
+    assert ingress.post("/v1/hooks/garbage", b'{"approved": true}') == (401, {"error": "unauthorized"})
+    assert runs.get("victim")["spec"].get("events", {}) == {}
+
+    # Nothing of the namespace's keys in the runner's pod: no Secret volume, no variable.
+    assert api.WEBHOOK_KEYS_SECRET not in json.dumps(pod["spec"])
+    current, keys = _keys(testbed, runs.namespace)
+    assert all(base64.b64encode(k).decode() not in json.dumps(pod) and k.decode() not in json.dumps(pod)
+               for k in keys.values())
+
+    # The forger's own URL works: its run's key signs for its run.
+    assert ingress.post(found["url"][len(ingress.url):], b'{"approved": true}')[0] == 202
+    runs.wait_phase("forger", "Succeeded", timeout=90)
+
+    # A URL from before the upgrade, signed with the namespace's key itself, still opens its run.
+    claims = webhooks.Claims(namespace=runs.namespace, run="victim", uid=uid, event="legacy",
+                             expires=int(time.time()) + 600, key_id=current)
+    assert ingress.post(f"/v1/hooks/{webhooks.sign(claims, keys[current])}", b"1")[0] == 202
+    assert runs.get("victim")["spec"]["events"] == {"legacy": 1}

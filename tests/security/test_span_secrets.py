@@ -21,6 +21,7 @@ from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.s3 import S3Server
+from tests.helpers.runs import RunEnv, StartOperator
 from tests.security.secret_scan import leaks
 
 
@@ -73,3 +74,35 @@ def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server,
               "an API key in the env": api_key, "the canary in input, result, error and event": canary}
     assert leaks(body, values) == [], "secret values in the exported spans"
     assert leaks(body, {"a step's name": visible}) == ["a step's name"]  # the scan finds what is there
+
+
+def test_no_workflow_text_becomes_an_operator_span_attribute(
+        start_operator: StartOperator, runs: RunEnv, jaeger: Jaeger) -> None:
+    """The operator's spans carry reasons and names, never an Event's message, which may quote the workflow: a
+    DurableRun with a secret in its input, a step's result and a step's error, and one that reaches its
+    exception (so the Failed Event's message and status.message quote it), traced through a real Jaeger."""
+    start_operator(OTEL_EXPORTER_OTLP_ENDPOINT=jaeger.otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="100")
+    canary, failure = "canary-" + secrets.token_hex(16), "failure-" + secrets.token_hex(16)
+    visible = "visible_" + secrets.token_hex(6)
+    runs.apply(runs.manifest("leaky", "optest_secrets:leaky", {"secret": canary, "visible": visible}))
+    runs.wait_phase("leaky", "Waiting", timeout=90)
+    runs.testbed.kubectl("patch", "dr", "leaky", "-n", runs.namespace, "--type", "merge",
+                         "-p", json.dumps({"spec": {"events": {"approve": {"note": failure}}}}))
+    done = runs.wait_phase("leaky", "Failed", timeout=90)
+    assert failure in done["status"]["message"]  # the workflow's text is there to leak
+
+    def stored() -> bytes | None:
+        body = jaeger.raw_trace(done["status"]["traceID"])
+        return body if b'"operator Failed"' in body and b'"operator Waiting"' in body else None
+
+    body = procs.wait_for(stored, timeout=30, interval=0.2, what="the operator's Failed in the run's trace")
+    values = {"the canary in input, result and a step's error": canary,
+              "the exception the run failed with (its Failed Event's message)": failure}
+    assert leaks(body, values) == [], "workflow text in the exported spans"
+    assert leaks(body, {"a step's name": visible}) == ["a step's name"]  # the scan finds what is there
+
+    # The run's Events carry no secret the workflow merely handled. (The Failed Event quotes the exception the
+    # run failed with, as status.message does: docs/security.md.)
+    events = json.dumps(runs.events("leaky")).encode()
+    assert leaks(events, {"the canary in input, result and a step's error": canary}) == []
+    assert leaks(events, {"the failure": failure}) == ["the failure"]

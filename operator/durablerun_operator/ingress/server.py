@@ -12,10 +12,12 @@ whatever failed: a missing run, a wrong signature and an expired token look the 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +26,7 @@ from prometheus_client import Counter, Histogram
 
 from durablerun import api, webhooks
 from durablerun_operator import kube
-from durablerun_operator.ingress import auth
+from durablerun_operator.ingress import auth, limits
 
 log = logging.getLogger("durablerun.ingress")
 
@@ -32,7 +34,9 @@ REQUESTS = Counter("durablerun_webhook_requests", "Webhook requests by outcome."
 LATENCY = Histogram("durablerun_webhook_request_seconds", "Time to answer a webhook request.",
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 OUTCOMES = ("delivered", "duplicate", "unauthorized", "gone", "conflict", "bad_request", "too_large",
-            "rate_limited", "error")
+            "rate_limited", "error", "key_issued")
+#: The pod a bound ServiceAccount token was made for, as a TokenReview reports it.
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
 for _outcome in OUTCOMES:
     REQUESTS.labels(_outcome)
 
@@ -43,12 +47,22 @@ class Settings:
     namespaces: frozenset[str]
     #: Largest accepted body in bytes (webhooks.maxBodyBytes).
     max_body: int = 256 * 1024
-    #: Requests per second and burst allowed per source (a capability URL's source is its run).
+    #: Authenticated deliveries per second and burst allowed per run and source (a capability URL's source is
+    #: its run), counted once the signature is checked: nobody else's requests spend them.
     rate: float = 20.0
     burst: int = 100
-    #: How many times a source's allowance a namespace's signed requests get in all: each reads the run it
-    #: names before its signature can be checked, so a caller naming ever other runs must not read at will.
+    #: Failed authentications per second and burst allowed per client address; past them its requests that
+    #: cannot be checked without reading the API server are answered 429 before any read.
+    failure_rate: float = 1.0
+    failure_burst: int = 20
+    #: How many times a source's allowance the failed signed requests to one namespace get in all: each read
+    #: the run it named before its signature could be checked, so callers from many addresses naming ever
+    #: other runs must not make the ingress read at will.
     namespace_share: int = 10
+    #: Proxies (addresses or networks) whose X-Forwarded-For names the client; else the peer is the client.
+    trusted_proxies: tuple[limits.Network, ...] = ()
+    #: Most buckets each rate limit keeps (least recently used dropped first): memory stays bounded.
+    max_buckets: int = 20_000
     #: Seconds a Secret read is reused: a rotated key or a new source is seen within this long.
     secret_ttl: float = 10.0
 
@@ -60,45 +74,26 @@ class _Answer(Exception):
 
 
 _UNAUTHORIZED = _Answer(401, "unauthorized", "unauthorized")
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    stamp: float
-
-
-@dataclass
-class RateLimits:
-    """A token bucket per source: ``rate`` a second, up to ``burst`` at once."""
-
-    rate: float
-    burst: int
-    clock: Callable[[], float] = time.monotonic
-    buckets: dict[str, _Bucket] = field(default_factory=dict)
-
-    def allow(self, source: str) -> bool:
-        now = self.clock()
-        bucket = self.buckets.setdefault(source, _Bucket(float(self.burst), now))
-        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.stamp) * self.rate)
-        bucket.stamp = now
-        if bucket.tokens < 1:
-            return False
-        bucket.tokens -= 1
-        return True
+_TOO_MANY_FAILURES = _Answer(429, "rate_limited", "too many failed requests from this address; retry later")
 
 
 class Ingress:
     def __init__(self, client: kube.Kube, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.kube, self.settings, self.clock = client, settings, clock
-        self.limits = RateLimits(settings.rate, settings.burst)
-        self.namespace_limits = RateLimits(settings.rate * settings.namespace_share,
-                                           settings.burst * settings.namespace_share)
+        cap = settings.max_buckets
+        #: Authenticated deliveries, per verified run and source.
+        self.limits = limits.RateLimits(settings.rate, settings.burst, cap)
+        #: Failed authentications, per client address.
+        self.failures = limits.RateLimits(settings.failure_rate, settings.failure_burst, cap)
+        #: Failed signed requests that read a run first, per namespace.
+        self.namespace_failures = limits.RateLimits(settings.rate * settings.namespace_share,
+                                                    settings.burst * settings.namespace_share, cap)
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1)
         app.router.add_post("/v1/hooks/{token}", self._answering(self.capability))
+        app.router.add_post(webhooks.KEYS_ROUTE, self._answering(self.run_key))
         app.router.add_post("/v1/namespaces/{namespace}/runs/{run}/events/{event}", self._answering(self.signed))
         app.router.add_get("/healthz", self.healthz)
         return app
@@ -124,28 +119,87 @@ class Ingress:
     # --- the two ways in ------------------------------------------------------------------------
 
     async def capability(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
+        """The token is checked before anything is counted against its run: a forger spends only its own
+        address's allowance, and checking costs no API read (the served namespaces' keys are cached)."""
+        client = self._client(request)
+        token = request.match_info["token"]
         try:
-            claims = webhooks.read_claims(request.match_info["token"])
+            claims = webhooks.read_claims(token)
         except webhooks.TokenError:
-            raise _UNAUTHORIZED from None
-        self._limit(f"{claims.namespace}/{claims.run}")
+            raise self._failed(client) from None
         if claims.namespace not in self.settings.namespaces:
-            raise _UNAUTHORIZED
+            raise self._failed(client)
         entries = await self._secret(claims.namespace, api.WEBHOOK_KEYS_SECRET)
         try:
             _, keys = webhooks.load_keys(entries or {})
-            webhooks.verify(request.match_info["token"], keys, datetime.fromtimestamp(self.clock(), UTC))
+            self._verify(token, claims, keys)
         except (ValueError, webhooks.TokenError) as error:
-            log.info("capability URL refused for %s/%s: %s", claims.namespace, claims.run, error)
-            raise _UNAUTHORIZED from None
+            log.info("capability URL refused for %s/%s from %s: %s", claims.namespace, claims.run, client, error)
+            raise self._failed(client) from None
+        self._limit(f"{claims.namespace}/{claims.run}/{claims.uid}", "this run's capability URLs")
         body = await self._body(request)
         value = self._value(body, request)
         return await self._deliver(claims.namespace, claims.run, claims.event, value,
                                    "a capability URL", uid=claims.uid)
 
+    def _verify(self, token: str, claims: webhooks.Claims, keys: dict[str, bytes]) -> None:
+        """A token signed with its run's key (derived from the namespace's), or else one signed with the namespace's
+        key itself, as runners did before they got keys of their own (docs/security.md, "Webhook keys")."""
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        if claims.key_id not in keys:
+            raise webhooks.TokenError("unknown key")
+        derived = webhooks.derive_run_key(keys[claims.key_id], claims.namespace, claims.run, claims.uid)
+        try:
+            webhooks.verify(token, {claims.key_id: derived}, now)
+        except webhooks.TokenError as error:
+            if str(error) != "bad signature":
+                raise
+            webhooks.verify(token, keys, now)  # signed with the namespace's key: a URL from before the upgrade
+            log.info("capability URL for %s/%s signed with the namespace's key %s (a runner from before run keys)",
+                     claims.namespace, claims.run, claims.key_id)
+
+    async def run_key(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
+        """A runner pod's own run's key, for the pod that presents its ServiceAccount token (audience
+        ``api.WEBHOOK_TOKEN_AUDIENCE``, bound to the pod) and is its run's current attempt (``status.pod``)."""
+        client = self._client(request)
+        bearer = request.headers.get("Authorization", "")
+        if not bearer.startswith("Bearer ") or not self.failures.available(client):
+            raise self._failed(client)  # a token review is an API call: held to the address's failures
+        try:
+            run = str(json.loads(await self._body(request))["run"])
+        except (ValueError, KeyError, TypeError):
+            raise _Answer(400, "bad_request", 'the body must be JSON {"run": "<the run\'s name>"}') from None
+        review = await asyncio.to_thread(self.kube.review_token, bearer[len("Bearer "):], api.WEBHOOK_TOKEN_AUDIENCE)
+        username, extra = review or ("", {})
+        parts = username.split(":")
+        namespace = parts[2] if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] else ""
+        pod = (extra.get(POD_NAME_CLAIM) or [""])[0]
+        if not namespace or not pod or namespace not in self.settings.namespaces:
+            log.info("run key for %r refused to %s: the token is not a served namespace's pod's (%s)",
+                     run, client, username or "not authenticated")
+            raise self._failed(client)
+        found = await asyncio.to_thread(self.kube.get_run, namespace, run)
+        if found is None or (found.get("status") or {}).get("pod") != pod:
+            log.info("run key for %s/%s refused to pod %s: not the run's current attempt", namespace, run, pod)
+            raise self._failed(client)
+        self._limit(f"{namespace}/{run}/run-key", "this run's pod")
+        try:
+            current, keys = webhooks.load_keys(await self._secret(namespace, api.WEBHOOK_KEYS_SECRET) or {})
+        except ValueError as error:
+            log.warning("run key for %s/%s: Secret %s: %s", namespace, run, api.WEBHOOK_KEYS_SECRET, error)
+            raise _Answer(503, "error", f"namespace {namespace}'s webhook keys are not usable; the ingress's log "
+                                        "says why") from None
+        key = webhooks.derive_run_key(keys[current], namespace, run, found["metadata"]["uid"])
+        return 200, "key_issued", {"run": run, "uid": found["metadata"]["uid"], "kid": current,
+                                   "key": base64.urlsafe_b64encode(key).rstrip(b"=").decode()}
+
     async def signed(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
         """A signature checked with the run's own source (``spec.webhook``) if it names one, else with the entry
-        of the namespace's sources Secret that ``?source=`` names: the run's own wins."""
+        of the namespace's sources Secret that ``?source=`` names: the run's own wins.
+
+        A ``?source=`` signature is checked first (its Secret is cached). Only the run can say whether it has a
+        source of its own, so a request not authentic by then reads the run first, and that read is held to the
+        caller's address's failure allowance and to the namespace's share."""
         namespace, run, event = (request.match_info[k] for k in ("namespace", "run", "event"))
         source = request.query.get("source", "")
         if source:
@@ -153,30 +207,43 @@ class Ingress:
                 auth.check_source_name(source)
             except ValueError as error:
                 raise _Answer(400, "bad_request", str(error)) from None
-        self._limit(f"{namespace}/{source or run}")
+        client = self._client(request)
         if namespace not in self.settings.namespaces:
-            raise _UNAUTHORIZED
-        if not self.namespace_limits.allow(namespace):
-            raise _Answer(429, "rate_limited", "too many requests to this namespace; retry later")
+            raise self._failed(client)
         body = await self._body(request)
+        now = self.clock()
+        refusal = "no ?source= and the run names no source of its own"
+        by_namespace = False
+        if source:
+            secret = (await self._secret(namespace, api.WEBHOOK_SOURCES_SECRET) or {}).get(source)
+            try:
+                if not secret:
+                    raise auth.Refused(f"no entry {source} in {api.WEBHOOK_SOURCES_SECRET} the ingress may read")
+                auth.VERIFIERS[source.split(".", 1)[0]](secret, body, request.headers, now)
+                by_namespace = True
+            except auth.Refused as error:
+                refusal = str(error)
+        if not by_namespace:
+            if not self.failures.available(client):
+                raise _TOO_MANY_FAILURES
+            if not self.namespace_failures.available(namespace):
+                raise _Answer(429, "rate_limited", "too many failed requests to this namespace; retry later")
         body_run = await asyncio.to_thread(self.kube.get_run, namespace, run)
         own = ((body_run or {}).get("spec") or {}).get("webhook")
         if own:
-            scheme, label = own["scheme"], f"the run's webhook source ({own['scheme']}, Secret {own['secret']})"
+            label = f"the run's webhook source ({own['scheme']}, Secret {own['secret']})"
             secret = (await self._secret(namespace, own["secret"]) or {}).get(own.get("key") or "secret")
-        elif source:
-            scheme, label = source.split(".", 1)[0], f"webhook source {source}"
-            secret = (await self._secret(namespace, api.WEBHOOK_SOURCES_SECRET) or {}).get(source)
-        else:  # neither: the same answer as a wrong signature (a caller learns nothing of the run)
-            raise _UNAUTHORIZED
-        if not secret:
-            log.info("%s of %s/%s: no such Secret entry, or one the ingress may not read", label, namespace, run)
-            raise _UNAUTHORIZED
-        try:
-            auth.VERIFIERS[scheme](secret, body, request.headers, self.clock())
-        except auth.Refused as error:
-            log.info("request with %s for %s/%s refused: %s", label, namespace, run, error)
-            raise _UNAUTHORIZED from None
+            try:
+                if not secret:
+                    raise auth.Refused("no such Secret entry, or one the ingress may not read")
+                auth.VERIFIERS[own["scheme"]](secret, body, request.headers, now)
+            except auth.Refused as error:
+                raise self._refused(client, namespace, run, label, str(error)) from None
+        elif by_namespace:
+            label = f"webhook source {source}"
+        else:  # the same answer as a wrong signature (a caller learns nothing of the run)
+            raise self._refused(client, namespace, run, f"webhook source {source or '(none)'}", refusal)
+        self._limit(f"{namespace}/{run}/{label}", "this source to this run")
         try:
             api.check_event_name(event)
         except Exception as error:
@@ -185,9 +252,23 @@ class Ingress:
 
     # --- shared -----------------------------------------------------------------------------------
 
-    def _limit(self, source: str) -> None:
-        if not self.limits.allow(source):
-            raise _Answer(429, "rate_limited", "too many requests from this source; retry later")
+    def _client(self, request: web.Request) -> str:
+        return limits.client_key(request.remote, request.headers, self.settings.trusted_proxies)
+
+    def _failed(self, client: str) -> _Answer:
+        """A failed authentication, counted against the client's address: 401, or 429 past its allowance."""
+        return _UNAUTHORIZED if self.failures.allow(client) else _TOO_MANY_FAILURES
+
+    def _refused(self, client: str, namespace: str, run: str, label: str, why: str) -> _Answer:
+        """A signed request refused after its run was read: counted against the address and the namespace."""
+        log.info("request with %s for %s/%s from %s refused: %s", label, namespace, run, client, why)
+        self.failures.allow(client)
+        self.namespace_failures.allow(namespace)
+        return _UNAUTHORIZED
+
+    def _limit(self, key: str, what: str) -> None:
+        if not self.limits.allow(key):
+            raise _Answer(429, "rate_limited", f"too many requests from {what}; retry later")
 
     async def _body(self, request: web.Request) -> bytes:
         if (request.content_length or 0) > self.settings.max_body:

@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from optest_flows import _record
 
-from durablerun import DurableContext
+from durablerun import DurableContext, api, errors, webhooks
 
 
 async def hooked(ctx: DurableContext, input: dict[str, Any]) -> Any:
     url = ctx.webhook_url("done", ttl=600)
     _record("url " + url)  # what a workflow would post to the outside system, in a step
+    return await ctx.wait_for_event("done")
+
+
+def _probe(victim: str, uid: str) -> None:
+    base, namespace, name = (os.environ[k] for k in (api.Env.WEBHOOK_URL, api.Env.NAMESPACE, api.Env.NAME))
+    token = Path(api.WEBHOOK_TOKEN_PATH).read_text().strip()
+    key_id, key = webhooks.fetch_run_key(base, token, name)
+    claims = webhooks.Claims(namespace=namespace, run=victim, uid=uid, event="done", expires=int(time.time()) + 600,
+                             key_id=key_id)
+    _record("forged " + webhooks.url(base, webhooks.sign(claims, key)))
+    try:
+        webhooks.fetch_run_key(base, token, victim)
+        _record("victim key given")
+    except errors.WorkflowError as error:
+        _record(f"victim key refused: {error}")
+    _record("namespace keys " + ("mounted" if Path(api.WEBHOOK_KEYS_PATH).exists() else "absent"))
+
+
+async def forger(ctx: DurableContext, input: dict[str, Any]) -> Any:
+    """A hostile workflow: it takes its own run's key and signs a URL for another run with it, asks the ingress
+    for the other run's key, and looks for the namespace's keys where older operators mounted them."""
+    _record("url " + ctx.webhook_url("done", ttl=600))
+    await ctx.step("probe", _probe, input["victim"], input["uid"])
     return await ctx.wait_for_event("done")
