@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from durablerun import webhooks
+from durablerun._private.engine import webhook_urls
 from durablerun_operator.ingress import auth
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -80,7 +81,7 @@ def test_a_broken_keys_secret_says_what_to_fix(entries: dict[str, bytes], messag
 def test_webhook_url_outside_a_pod_says_what_to_configure() -> None:
     from durablerun import errors
     with pytest.raises(errors.WorkflowError, match=r"webhooks\.enabled"):
-        webhooks.capability_url("done", timedelta(hours=1), {}, NOW)
+        webhook_urls.capability_url("done", timedelta(hours=1), {}, NOW)
 
 
 SECRET = b"whsec_test"

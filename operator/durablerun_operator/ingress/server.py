@@ -12,7 +12,6 @@ whatever failed: a missing run, a wrong signature and an expired token look the 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
@@ -191,7 +190,7 @@ class Ingress:
                                         "says why") from None
         key = webhooks.derive_run_key(keys[current], namespace, run, found["metadata"]["uid"])
         return 200, "key_issued", {"run": run, "uid": found["metadata"]["uid"], "kid": current,
-                                   "key": base64.urlsafe_b64encode(key).rstrip(b"=").decode()}
+                                   "key": webhooks.encode_key(key)}
 
     async def signed(self, request: web.Request) -> tuple[int, str, dict[str, Any]]:
         """A signature checked with the run's own source (``spec.webhook``) if it names one, else with the entry

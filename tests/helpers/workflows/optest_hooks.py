@@ -10,6 +10,7 @@ from typing import Any
 from optest_flows import _record
 
 from durablerun import DurableContext, api, errors, webhooks
+from durablerun._private.engine import webhook_urls
 
 
 async def hooked(ctx: DurableContext, input: dict[str, Any]) -> Any:
@@ -21,12 +22,12 @@ async def hooked(ctx: DurableContext, input: dict[str, Any]) -> Any:
 def _probe(victim: str, uid: str) -> None:
     base, namespace, name = (os.environ[k] for k in (api.Env.WEBHOOK_URL, api.Env.NAMESPACE, api.Env.NAME))
     token = Path(api.WEBHOOK_TOKEN_PATH).read_text().strip()
-    key_id, key = webhooks.fetch_run_key(base, token, name)
+    key_id, key = webhook_urls.fetch_run_key(base, token, name)
     claims = webhooks.Claims(namespace=namespace, run=victim, uid=uid, event="done", expires=int(time.time()) + 600,
                              key_id=key_id)
     _record("forged " + webhooks.url(base, webhooks.sign(claims, key)))
     try:
-        webhooks.fetch_run_key(base, token, victim)
+        webhook_urls.fetch_run_key(base, token, victim)
         _record("victim key given")
     except errors.WorkflowError as error:
         _record(f"victim key refused: {error}")

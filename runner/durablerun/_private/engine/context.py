@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, NoReturn, TypeVar, overload
 
-from durablerun import api, errors, webhooks
-from durablerun._private.engine import children, core, replay
+from durablerun import api, errors
+from durablerun._private.engine import children, core, replay, webhook_urls
 from durablerun._private.engine.seams import ContextFace
 from durablerun.api import format_time, parse_time
 
@@ -196,7 +196,7 @@ class DurableContext:
         if lifetime <= timedelta(0):
             raise errors.WorkflowError(f"ctx.webhook_url: ttl must be positive, got {ttl!r}")
         return self._core.value(
-            "webhook_url", lambda: webhooks.capability_url(event, lifetime, os.environ, datetime.now(UTC)))
+            "webhook_url", lambda: webhook_urls.capability_url(event, lifetime, os.environ, datetime.now(UTC)))
 
     # --- deterministic values ---------------------------------------------------------------
     def now(self) -> datetime:
