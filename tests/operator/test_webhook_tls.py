@@ -12,7 +12,7 @@ from pathlib import Path
 
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.helpers import SESSION_ID
+from tests.helpers.session import SESSION_ID
 
 
 def _pair(directory: Path, name: str) -> tuple[bytes, bytes]:
