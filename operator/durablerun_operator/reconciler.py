@@ -1,8 +1,9 @@
 """Reconcile runs: read facts, decide (pure), apply the plan, repeat until settled.
 
 It is one module of over 400 lines because it is one loop, :class:`Reconciler`;
-the read-decide-apply pass reads best in one place. Its work queue and rate
-limiter are in :mod:`durablerun_operator.workqueue`.
+the read-decide-apply pass reads best in one place. Its work queue, rate
+limiter and API threads are in :mod:`durablerun_operator.workqueue`; the lease-only
+restarts held during a mass lease expiry in :mod:`durablerun_operator.holds`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from durablerun import api
-from durablerun_operator import builders, decide, kueue, overload, shards, wakeups
+from durablerun_operator import builders, decide, kueue, shards, wakeups
 from durablerun_operator.config import Settings
+from durablerun_operator.holds import LeaseHolds
 from durablerun_operator.kube import Conflict, Kube
-from durablerun_operator.workqueue import Key, RateLimiter, WorkQueue
+from durablerun_operator.workqueue import Calls, Key, WorkQueue
 
 if TYPE_CHECKING:
     from durablerun_operator.metrics import RunMetrics
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durablerun.operator")
 
-T = TypeVar("T")
 MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
 # Runs reconciled at once. Each reconcile mostly waits on the API server, and a burst of expiring leases (a
 # lost node) must not queue one run's detection behind another's restart (kube.load_config keeps enough
@@ -36,8 +35,6 @@ MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
 WORKERS = 8
 # A reconcile that failed (an API error, say) is tried again after this, doubling up to RETRY_MAX.
 RETRY_FIRST, RETRY_MAX = 0.5, 60.0
-# While leases lapse en masse, the judgement is made again this often, to see renewals recover.
-OVERLOAD_CHECK_SECONDS = 1.0
 MIN_WAKE = timedelta(seconds=1)
 # A Queued run whose WorkloadPriorityClass does not exist is looked at again this often: the operator does not
 # watch the classes (Kueue's jobframework retries a Job's the same way).
@@ -75,32 +72,14 @@ class Reconciler:
         # decided at once, although a Queued run is otherwise woken only by its Workload.
         self._class_missing: set[Key] = set()
         self._failures: dict[Key, int] = {}  # reconciles in a row that raised: the retry's backoff
-        self._limiter = RateLimiter(settings.kube_qps, settings.kube_burst)
-        # Mass lease expiry (overload.py): every active run's lease as last seen, the runs whose lease-only
-        # restart is held, and when the last mass expiry ended.
-        self._overload = overload.Policy(settings.mass_expiry_fraction, settings.mass_expiry_min_runs)
-        self._leases: dict[Key, overload.Lease] = {}
-        self._held: set[Key] = set()
-        self._held_told: set[tuple[Key, str]] = set()  # (run, its uid) told by an Event in this mass expiry
-        self._mass_expiry: overload.Judgement | None = None  # set while one lasts
-        self._judged_at: float | None = None  # time.monotonic() of the last judgement
-        self._recovered_at: datetime | None = None
-        self._tasks: set[asyncio.Task[None]] = set()  # strong references to background tasks
+        self._io = Calls(settings.kube_qps, settings.kube_burst, WORKERS)
+        self.holds = LeaseHolds(kube, settings, self._io, self._wake_now, metrics)  # mass lease expiry
         self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
         self._children_seen: dict[Key, Any] = {}
         # The last failure to create a run's pod, for decide (the run's status cannot hold it: it is written
         # before the pod is created). One per run; decide ignores it once the epoch has moved on.
         self._create_failures: dict[Key, decide.CreateFailure] = {}
-        # API calls block: they run on threads of our own, as many as the workers (the default pool has
-        # cpu+4 threads, shared with everything else in the process).
-        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
-
-    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
-        delay = self._limiter.reserve()
-        if delay:
-            await asyncio.sleep(delay)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # --- workers ---------------------------------------------------------------------
 
@@ -169,7 +148,7 @@ class Reconciler:
             return  # a re-list (kopf's, or the resync) of a version this run settled at: nothing is new
         if deleted:
             self._children_seen.pop(key, None)
-            self._leases.pop(key, None)
+            self.holds.deleted(key)
             parent = (body["metadata"].get("labels") or {}).get(api.LABEL_PARENT)
             if parent:
                 self.queue.add((key[0], parent))
@@ -218,7 +197,7 @@ class Reconciler:
         if not plan.empty:
             return False
         self._failures.pop(key, None)
-        self._set_held(key, None)
+        self.holds.set_held(key, None)
         until = wakeups.next_wakeup(run, [], now, self.settings.stuck_terminating_seconds)
         self._settle(key, run, [], until, now)
         return True
@@ -257,6 +236,10 @@ class Reconciler:
             self._first_look.pop(key, None)  # a look taken before this pod was seen
         if not self._mine(key):
             return
+        self._unsettle(key)
+        self.queue.add(key)
+
+    def _wake_now(self, key: Key) -> None:
         self._unsettle(key)
         self.queue.add(key)
 
@@ -315,8 +298,7 @@ class Reconciler:
     def _forget(self, key: Key) -> None:
         self._unsettle(key)
         self._failures.pop(key, None)
-        self._leases.pop(key, None)
-        self._held.discard(key)
+        self.holds.forget(key)
         self._rbac_ready.pop(key, None)
         self._create_failures.pop(key, None)
         self._class_missing.discard(key)
@@ -380,7 +362,7 @@ class Reconciler:
                     workload_read = False
                     continue
                 first_look = None
-                held = await self._hold(run, plan, now)
+                held = await self.holds.hold(run, plan, now)
                 if plan.empty or held is not None:
                     until = held or wakeups.next_wakeup(run, views, now, self.settings.stuck_terminating_seconds)
                     if queueing is not None and queueing.missing_priority_class:
@@ -537,15 +519,8 @@ class Reconciler:
     def _observe(self, run: decide.RunView, now: Any, pods: list[decide.PodView] | None = None) -> None:
         """Keep the run's lease for the mass-expiry judgement, and its metrics. ``pods``: read with it (the
         watch has none), for the start of an attempt that has not acquired its lease yet."""
-        run_key, status = (run.namespace, run.name), run.status
-        running_since = next((p.running_since for p in pods or [] if p.epoch == status.epoch), None)
-        active = overload.active_lease(run, running_since)
-        kept = self._leases.get(run_key)
-        if active is not None:
-            self._leases[run_key] = active
-        elif not (pods is None and kept is not None and kept.epoch == status.epoch
-                  and status.phase == api.Phase.RUNNING):  # the watch has no pods: the start read with them stands
-            self._leases.pop(run_key, None)
+        self.holds.observe(run, pods)
+        status = run.status
         if not self.metrics or run.raw_status is None:
             return
         self.metrics.observe_run(run.namespace, run.name, run.status, run.spec.policy, now)
@@ -558,71 +533,3 @@ class Reconciler:
                 acquired, ended = api.parse_time(lease.acquireTime), api.parse_time(status.lastPodEndTime)
                 if acquired and ended and acquired >= ended:
                     self.metrics.observe_resume_latency((acquired - ended).total_seconds())
-
-    # --- mass lease expiry (overload.py) ----------------------------------------------
-
-    async def _hold(self, run: decide.RunView, plan: decide.Plan, now: datetime) -> datetime | None:
-        """Until when ``plan`` must wait because it restarts on the lease alone during (or just after) a mass
-        expiry; None: carry it out."""
-        key = (run.namespace, run.name)
-        until = None
-        if plan.restart_reason == api.RestartReason.LEASE_EXPIRED.value:
-            judgement = self._judge(now)
-            until = overload.hold_until(plan.restart_reason, self._leases.get(key), now,
-                                        mass_expiry=judgement is not None, recovered_at=self._recovered_at)
-            if until is not None and judgement is not None and (key, run.uid) not in self._held_told:
-                self._held_told.add((key, run.uid))
-                message = (f"the lease of pod {run.status.pod} lapsed, but {judgement.late} of {judgement.active} "
-                           "active runs' leases are late at once: the API server or the operator is slow, not "
-                           "the runners. Its restart is held until renewals recover; a pod seen dead is still "
-                           "restarted at once")
-                log.warning("%s/%s LeaseExpiryHeld: %s", *key, message)
-                await self._io(self.kube.post_event, run.body, "Warning", "LeaseExpiryHeld", message)
-        self._set_held(key, until)
-        return until
-
-    def _set_held(self, key: Key, until: datetime | None) -> None:
-        if until is None:
-            self._held.discard(key)
-        else:
-            self._held.add(key)
-        if self.metrics:
-            self.metrics.set_lease_restarts_held(len(self._held))
-
-    def _judge(self, now: datetime, *, fresh: bool = False) -> overload.Judgement | None:
-        """The mass expiry under way (None: none), judged over every active lease at most once per
-        OVERLOAD_CHECK_SECONDS: entering one starts a task that judges every second until it ends."""
-        mono = time.monotonic()
-        if not fresh and self._judged_at is not None and mono - self._judged_at < OVERLOAD_CHECK_SECONDS:
-            return self._mass_expiry
-        self._judged_at = mono
-        judgement = overload.judge(self._leases.values(), now, self._overload, holding=self._mass_expiry is not None)
-        if judgement.mass_expiry:
-            if self._mass_expiry is None:
-                log.warning("mass lease expiry: %d of %d active runs' leases are late at once; restarts that "
-                            "rest only on the lease are held until renewals recover", judgement.late,
-                            judgement.active)
-                if self.metrics:
-                    self.metrics.set_mass_lease_expiry(True)
-                task = asyncio.get_running_loop().create_task(self._until_recovered(), name="mass-expiry")
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            self._mass_expiry = judgement
-        elif self._mass_expiry is not None:
-            # Renewals recovered: every held run is decided again, and each lease renewed before now gets
-            # a full validity from now (overload.hold_until) before it counts as expired.
-            log.warning("mass lease expiry over: %d of %d active leases late; %d held runs are decided again",
-                        judgement.late, judgement.active, len(self._held))
-            self._mass_expiry, self._recovered_at = None, now
-            self._held_told.clear()
-            if self.metrics:
-                self.metrics.set_mass_lease_expiry(False)
-            for key in sorted(self._held):
-                self._unsettle(key)
-                self.queue.add(key)
-        return self._mass_expiry
-
-    async def _until_recovered(self) -> None:
-        while self._mass_expiry is not None:
-            await asyncio.sleep(OVERLOAD_CHECK_SECONDS)
-            self._judge(api.now(), fresh=True)

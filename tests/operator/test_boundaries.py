@@ -94,7 +94,9 @@ LAYERS: list[set[str]] = [
     {f"{OP}.decide"},
     {f"{OP}.wakeups", f"{OP}.overload"},
     {f"{OP}.kube", f"{OP}.metrics", f"{OP}.tracing"},
-    {f"{OP}.workqueue", f"{OP}.reconciler", f"{OP}.shards"},
+    {f"{OP}.workqueue", f"{OP}.shards"},
+    {f"{OP}.holds"},
+    {f"{OP}.reconciler"},
     {f"{OP}.handlers", f"{OP}.__main__"},
 ]
 

@@ -134,9 +134,9 @@ def late_leases(rec: Reconciler, late: int, fresh: int) -> None:
     """Other active runs, as the watch showed them: ``late`` leases renewed 100 s ago, ``fresh`` ones just now."""
     now = datetime.now(UTC)
     for i in range(late):
-        rec._leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32), 1)
+        rec.holds.leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32), 1)
     for i in range(fresh):
-        rec._leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32), 1)
+        rec.holds.leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32), 1)
 
 
 def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
@@ -194,11 +194,11 @@ def test_a_late_lease_is_held_when_many_are_late_and_restarted_at_once_when_alon
 
 def test_a_start_not_acquired_counts_from_its_container_and_a_watch_event_keeps_that() -> None:
     kube, rec = reconciled(not_acquired(), late=50, fresh=10)
-    started = rec._leases[("ns", "run")]
+    started = rec.holds.leases[("ns", "run")]
     assert (started.epoch, started.validity) == (2, timedelta(seconds=30) + decide.CLOCK_SKEW_MARGIN)
     # A watch event of the same attempt, which carries no pods, keeps the start read with them.
     rec._observe(decide.RunView.from_body(kube.run), datetime.now(UTC))
-    assert rec._leases[("ns", "run")] == started
+    assert rec.holds.leases[("ns", "run")] == started
 
 
 def test_the_hold_is_off_when_the_fraction_is_zero() -> None:
