@@ -3,7 +3,8 @@
 It is one module of over 400 lines because it is one loop, :class:`Reconciler`;
 the read-decide-apply pass reads best in one place. Its work queue, rate
 limiter and API threads are in :mod:`durablerun_operator.workqueue`; the lease-only
-restarts held during a mass lease expiry in :mod:`durablerun_operator.holds`.
+restarts held during a mass lease expiry in :mod:`durablerun_operator.holds`; each
+integration (Kueue) behind the one protocol of :mod:`durablerun_operator.integrations`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durablerun import api
-from durablerun_operator import builders, decide, kueue, shards, wakeups
+from durablerun_operator import builders, decide, shards, wakeups
 from durablerun_operator.config import Settings
 from durablerun_operator.holds import LeaseHolds
+from durablerun_operator.integrations import Contribution, Integration
+from durablerun_operator.integrations.kueue import KueueIntegration
 from durablerun_operator.kube import Conflict, Kube
 from durablerun_operator.workqueue import Calls, Key, WorkQueue
 
@@ -36,9 +40,9 @@ WORKERS = 8
 # A reconcile that failed (an API error, say) is tried again after this, doubling up to RETRY_MAX.
 RETRY_FIRST, RETRY_MAX = 0.5, 60.0
 MIN_WAKE = timedelta(seconds=1)
-# A Queued run whose WorkloadPriorityClass does not exist is looked at again this often: the operator does not
-# watch the classes (Kueue's jobframework retries a Job's the same way).
-PRIORITY_CLASS_RECHECK = timedelta(seconds=30)
+
+# One integration and its state for the pass under way.
+_Engaged = tuple[Integration[Any], Any]
 
 
 class Reconciler:
@@ -62,18 +66,22 @@ class Reconciler:
         self._settled_version: dict[Key, str] = {}
         self._pods_until: dict[Key, Any] = {}
         # The first look: the names of every run's pods as the pod watch reports them, and the watched body of
-        # a queued run whose decision also reads its relations or Workload. A run with no pod is first decided
-        # on the watched body alone, with no read (at sight in run_changed, or in reconcile when it has
-        # relations); only a plan that would act is decided again on fresh reads. So an operator (re)starting
-        # with 100,000 waiting runs reads none of them again, rather than two calls each at its client's rate.
+        # a queued run whose decision also reads its relations or an integration's objects. A run with no pod
+        # is first decided on the watched body alone, with no read (at sight in run_changed, or in reconcile
+        # when it has relations); only a plan that would act is decided again on fresh reads. So an operator
+        # (re)starting with 100,000 waiting runs reads none of them again, rather than two calls each at its
+        # client's rate.
         self._first_look: dict[Key, dict[str, Any]] = {}
         self._pods_of: dict[Key, set[str]] = {}
-        # Queued runs whose WorkloadPriorityClass does not exist: a new version of one (its label fixed) is
-        # decided at once, although a Queued run is otherwise woken only by its Workload.
-        self._class_missing: set[Key] = set()
+        # Runs an integration asked to look at again although nothing watched changes (a Kueue run whose
+        # WorkloadPriorityClass does not exist): a new version of one is decided at once, although such a
+        # run is otherwise woken only by what the integration watches.
+        self._rechecked: set[Key] = set()
         self._failures: dict[Key, int] = {}  # reconciles in a row that raised: the retry's backoff
         self._io = Calls(settings.kube_qps, settings.kube_burst, WORKERS)
         self.holds = LeaseHolds(kube, settings, self._io, self._wake_now, metrics)  # mass lease expiry
+        # Every integration, driven alike; each is inert for a run that does not involve it.
+        self.integrations: tuple[Integration[Any], ...] = (KueueIntegration(kube, settings, self._io),)
         self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
         self._children_seen: dict[Key, Any] = {}
@@ -168,13 +176,13 @@ class Reconciler:
         now = api.now()
         self._observe(run, now)
         quiet = wakeups.combine(decide.quiet_until(run), self._pods_until.get(key))
-        if key in self._settled and key not in self._class_missing and self._wake_at(key, quiet, now):
+        if key in self._settled and key not in self._rechecked and self._wake_at(key, quiet, now):
             if version is not None:
                 self._settled_version[key] = version
             return
         if key not in self._pods_of and not self.queue.busy(key):
-            if decide.related_names(run) or self._queue_of(body):
-                self._first_look[key] = body  # its decision reads its relations or Workload: reconcile takes it
+            if decide.related_names(run) or any(i.involves(body) for i in self.integrations):
+                self._first_look[key] = body  # it reads its relations or an integration: reconcile takes it
             else:
                 try:
                     if self._settle_unread(key, run, now):
@@ -183,13 +191,9 @@ class Reconciler:
                     log.debug("%s/%s: the first look failed; reconciling", *key, exc_info=True)
         self.queue.add(key)
 
-    def _queue_of(self, body: dict[str, Any]) -> str | None:
-        """The Kueue queue the run is admitted through: none with the integration off."""
-        return kueue.queue_name(body) if self.settings.kueue else None
-
     def _settle_unread(self, key: Key, run: decide.RunView, now: datetime) -> bool:
-        """The first look at a run with no pod, no relations and no Workload: decided on the watched body alone,
-        here, so that nothing is held or read for it. True if it settled; False if it would act: it is then
+        """The first look at a run with no pod, no relations and no integration's objects: decided on the watched
+        body alone, here, so that nothing is held or read for it. True if it settled; False if it would act: it is then
         decided again on fresh reads. An operator (re)starting with 100,000 waiting runs so neither reads them
         again (two calls each at its client's rate) nor holds their bodies until its workers reach them."""
         plan = decide.decide(run, [], now, stuck_seconds=self.settings.stuck_terminating_seconds, related={},
@@ -301,7 +305,7 @@ class Reconciler:
         self.holds.forget(key)
         self._rbac_ready.pop(key, None)
         self._create_failures.pop(key, None)
-        self._class_missing.discard(key)
+        self._rechecked.discard(key)
         self._first_look.pop(key, None)
         self._cancel_timer(key)
 
@@ -321,9 +325,7 @@ class Reconciler:
             if first_look is not None:
                 body, pods = first_look, []
             related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
-            workload: dict[str, Any] | None = None  # the run's Kueue Workload, when it is admitted through Kueue
-            workload_read = False
-            priority: tuple[str, int] | None = None  # its WorkloadPriorityClass and value, looked up for a new one
+            engaged: list[_Engaged] = [(integration, integration.begin()) for integration in self.integrations]
             for _ in range(MAX_TRANSITIONS):
                 if body is None:
                     body = await self._io(self.kube.get_run, namespace, name)
@@ -342,34 +344,24 @@ class Reconciler:
                 self._observe(run, now, views)
                 if related is None:
                     related = await self._related(run)
-                queue = self._queue_of(body)
-                if queue and not workload_read:
-                    workload = await self._io(self.kube.get_workload, namespace,
-                                              kueue.workload_name(name, run.uid))
-                    workload_read = True
-                queueing = None
-                if queue:
-                    missing = None
-                    if workload is None and run.status.phase in (api.Phase.PENDING, api.Phase.QUEUED):
-                        priority, missing = await self._priority(body)  # only a run about to queue needs it
-                    queueing = kueue.Queueing(queue, kueue.WorkloadView.from_workload(workload) if workload else None,
-                                              missing)
+                facts = Contribution.combine([await i.observe(state, run, body) for i, state in engaged])
                 plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
                                      related=related, create_failure=self._create_failures.get(key),
-                                     queueing=queueing)
+                                     queueing=facts.queueing)
                 if first_look is not None and not plan.empty:
                     first_look = body = pods = related = None  # it would act: on fresh reads only
-                    workload_read = False
+                    for i, state in engaged:
+                        i.stale(state)
                     continue
                 first_look = None
                 held = await self.holds.hold(run, plan, now)
                 if plan.empty or held is not None:
                     until = held or wakeups.next_wakeup(run, views, now, self.settings.stuck_terminating_seconds)
-                    if queueing is not None and queueing.missing_priority_class:
-                        self._class_missing.add(key)
-                        until = min(until, now + PRIORITY_CLASS_RECHECK)
+                    if facts.recheck is not None:
+                        self._rechecked.add(key)
+                        until = min(until, now + facts.recheck)
                     else:
-                        self._class_missing.discard(key)
+                        self._rechecked.discard(key)
                     self._settle(key, run, views, until, now)
                     return True
                 if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
@@ -378,14 +370,15 @@ class Reconciler:
                     pods = None
                 if plan.touches_runs or plan.add_events:
                     related = None
-                if plan.touches_workload:
-                    workload_read = False
+                for i, state in engaged:
+                    i.stale(state, plan)
                 try:
-                    body = await self._apply(run, plan, priority)
+                    body = await self._apply(run, plan, engaged)
                 except Conflict as conflict:
                     log.info("%s/%s: %s; deciding again", namespace, name, conflict)
                     body = pods = related = None
-                    workload_read = False
+                    for i, state in engaged:
+                        i.stale(state)
             log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
             return False
         finally:
@@ -400,9 +393,9 @@ class Reconciler:
         return True
 
     async def _apply(self, run: decide.RunView, plan: decide.Plan,
-                     priority: tuple[str, int] | None = None) -> dict[str, Any] | None:
-        """Carry out ``plan``; the run as written by it, or None if it must be read again. ``priority``: the
-        run's WorkloadPriorityClass and its value, for a Workload the plan creates."""
+                     engaged: Sequence[_Engaged] = ()) -> dict[str, Any] | None:
+        """Carry out ``plan``; the run as written by it, or None if it must be read again. ``engaged``: the
+        integrations and their state in this pass, which create or delete their objects as the plan says."""
         ns, name = run.namespace, run.name
         if plan.add_run_finalizer:
             return await self._io(self.kube.set_run_finalizer, run.body, True)
@@ -414,10 +407,8 @@ class Reconciler:
             # The transition is written: count it now. A pod or Event call below may fail, and the next
             # reconcile sees the new phase, not the transition, so it would never be counted.
             self._count(ns, name, plan)
-        if plan.delete_workload:
-            await self._io(self.kube.delete_workload, ns, plan.delete_workload)
-        if plan.create_workload:
-            await self._io(self.kube.create_workload, kueue.workload(updated, self.settings, priority))
+        for integration, state in engaged:
+            await integration.apply(state, updated, plan)
         if self.tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
             self.tracer.record(run, plan)
         for pod in plan.delete_pods:
@@ -426,7 +417,7 @@ class Reconciler:
             with contextlib.suppress(Conflict):
                 await self._io(self.kube.release_pod, ns, pod)
         if plan.create_pod_epoch is not None:
-            await self._start_pod(updated, plan.create_pod_epoch, plan.flavors)
+            await self._start_pod(updated, plan.create_pod_epoch, plan)
         if plan.create_purge_pod:
             await self._io(self.kube.create_pod, builders.purge_pod(updated, self.settings))
         if plan.add_events:
@@ -475,22 +466,7 @@ class Reconciler:
             found[name] = decide.RunView.from_body(body) if body is not None else None
         return found
 
-    async def _priority(self, body: dict[str, Any]) -> tuple[tuple[str, int] | None, str | None]:
-        """The run's WorkloadPriorityClass and its value, as Kueue's jobframework resolves them for a Job; or
-        (None, its name) when the class its label names does not exist."""
-        name = kueue.priority_class(body)
-        if not name:
-            return None, None
-        found = await self._io(self.kube.get_cluster_object, kueue.WORKLOAD_PRIORITY_CLASSES, name)
-        if found is None:
-            return None, name
-        return (name, int(found.get("value", 0))), None
-
-    async def _placement(self, flavors: tuple[str, ...]) -> kueue.Placement:
-        found = [await self._io(self.kube.get_cluster_object, kueue.RESOURCE_FLAVORS, name) for name in flavors]
-        return kueue.placement([f for f in found if f is not None])
-
-    async def _start_pod(self, run: dict[str, Any], epoch: int, flavors: tuple[str, ...] = ()) -> None:
+    async def _start_pod(self, run: dict[str, Any], epoch: int, plan: decide.Plan) -> None:
         """Create attempt ``epoch``'s pod (and the run's RBAC); a failure of any kind goes to decide, which fails
         or restarts the run (docs/operator.md): never a Running run whose pod does not exist."""
         meta = run["metadata"]
@@ -502,8 +478,8 @@ class Reconciler:
                     await self._io(self.kube.ensure, obj)
                 self._rbac_ready[key] = meta["uid"]
             pod = builders.runner_pod(run, epoch, self.settings)
-            if flavors:  # admitted by Kueue: to the nodes of the flavors it assigned
-                pod = kueue.place(pod, await self._placement(flavors))
+            for integration in self.integrations:
+                pod = await integration.place(pod, plan)
             created = await self._io(self.kube.create_pod, pod)
         except Exception as error:
             self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time

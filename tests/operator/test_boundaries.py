@@ -95,6 +95,8 @@ LAYERS: list[set[str]] = [
     {f"{OP}.wakeups", f"{OP}.overload"},
     {f"{OP}.kube", f"{OP}.metrics", f"{OP}.tracing"},
     {f"{OP}.workqueue", f"{OP}.shards"},
+    {f"{OP}.integrations"},
+    {f"{OP}.integrations.kueue"},
     {f"{OP}.holds"},
     {f"{OP}.reconciler"},
     {f"{OP}.handlers", f"{OP}.__main__"},
