@@ -97,7 +97,8 @@ LAYERS: list[set[str]] = [
     {f"{OP}.workqueue", f"{OP}.shards"},
     {f"{OP}.integrations"},
     {f"{OP}.integrations.kueue"},
-    {f"{OP}.holds"},
+    {f"{OP}.holds", f"{OP}.schedule"},
+    {f"{OP}.executor"},
     {f"{OP}.reconciler"},
     {f"{OP}.handlers", f"{OP}.__main__"},
 ]

@@ -99,7 +99,7 @@ def test_a_failed_reconcile_is_retried_after_a_backoff_without_any_resync() -> N
         workers = asyncio.create_task(rec.run_workers())
         rec.queue.add(("ns", "run"))
         deadline = asyncio.get_running_loop().time() + 10
-        while ("ns", "run") not in rec._settled:
+        while ("ns", "run") not in rec.schedule.settled:
             assert asyncio.get_running_loop().time() < deadline, "the failed reconcile was not retried"
             await asyncio.sleep(0.02)
         workers.cancel()
@@ -197,7 +197,7 @@ def test_a_start_not_acquired_counts_from_its_container_and_a_watch_event_keeps_
     started = rec.holds.leases[("ns", "run")]
     assert (started.epoch, started.validity) == (2, timedelta(seconds=30) + decide.CLOCK_SKEW_MARGIN)
     # A watch event of the same attempt, which carries no pods, keeps the start read with them.
-    rec._observe(decide.RunView.from_body(kube.run), datetime.now(UTC))
+    rec.executor.observe(decide.RunView.from_body(kube.run), datetime.now(UTC))
     assert rec.holds.leases[("ns", "run")] == started
 
 
@@ -242,7 +242,7 @@ def test_a_queued_run_whose_priority_class_is_missing_is_looked_at_again_and_dec
         assert await rec.reconcile("ns", "run")
         assert [reason for reason, _ in kube.events] == ["PriorityClassNotFound"]
         # Nothing watches the classes: a class created later is seen within PRIORITY_CLASS_RECHECK (30 s).
-        assert 25 < rec._timers[("ns", "run")].when() - loop.time() <= 31
+        assert 25 < rec.schedule.timers[("ns", "run")].when() - loop.time() <= 31
         # A new version of the run (its label fixed) is decided at once, though a Queued run's own versions
         # otherwise wait for its Workload.
         fixed = copy.deepcopy(QUEUED)
