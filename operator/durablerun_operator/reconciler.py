@@ -1,26 +1,33 @@
 """Reconcile runs: read facts, decide (pure), apply the plan, repeat until settled.
 
-It is one module of over 400 lines because it is one loop, :class:`Reconciler`;
-the read-decide-apply pass reads best in one place. Its work queue and rate
-limiter are in :mod:`durablerun_operator.workqueue`.
+:class:`Reconciler` is what the kopf wiring (``handlers``) holds: it takes the watches' news (a run, a pod, a
+Workload changed; shards moved) and the resync's, and decides with whom it lies. Its parts, each a module:
+
+- :mod:`~durablerun_operator.schedule`: when a run is reconciled (the work queue and its workers, backoff,
+  timers, settled runs, the first look, which runs are this replica's);
+- :mod:`~durablerun_operator.executor`: one pass over a run (read, decide, guard, apply the plan), driving
+  each integration (:mod:`~durablerun_operator.integrations`: Kueue) through one protocol;
+- :mod:`~durablerun_operator.holds`: lease-only restarts held during a mass lease expiry.
+
+The work queue and the API rate limiter are in :mod:`durablerun_operator.workqueue`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from durablerun import api
-from durablerun_operator import builders, decide, kueue, overload, shards, wakeups
+from durablerun_operator import decide, shards
 from durablerun_operator.config import Settings
-from durablerun_operator.kube import Conflict, Kube
-from durablerun_operator.workqueue import Key, RateLimiter, WorkQueue
+from durablerun_operator.executor import Dropped, Executor
+from durablerun_operator.holds import LeaseHolds
+from durablerun_operator.kube import Kube
+from durablerun_operator.schedule import WORKERS, Schedule
+from durablerun_operator.workqueue import Calls, Key, WorkQueue
 
 if TYPE_CHECKING:
     from durablerun_operator.metrics import RunMetrics
@@ -28,109 +35,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durablerun.operator")
 
-T = TypeVar("T")
-MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
-# Runs reconciled at once. Each reconcile mostly waits on the API server, and a burst of expiring leases (a
-# lost node) must not queue one run's detection behind another's restart (kube.load_config keeps enough
-# connections).
-WORKERS = 8
-# A reconcile that failed (an API error, say) is tried again after this, doubling up to RETRY_MAX.
-RETRY_FIRST, RETRY_MAX = 0.5, 60.0
-# While leases lapse en masse, the judgement is made again this often, to see renewals recover.
-OVERLOAD_CHECK_SECONDS = 1.0
-MIN_WAKE = timedelta(seconds=1)
-# A Queued run whose WorkloadPriorityClass does not exist is looked at again this often: the operator does not
-# watch the classes (Kueue's jobframework retries a Job's the same way).
-PRIORITY_CLASS_RECHECK = timedelta(seconds=30)
-
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: Settings, metrics: RunMetrics | None = None,
                  tracer: DecisionTracer | None = None, keeper: shards.Keeper | None = None) -> None:
         self.kube, self.settings, self.metrics, self.tracer = kube, settings, metrics, tracer
-        # With more than one replica, the shards this one holds (shards.py); None: every run is ours.
-        self.keeper = keeper
-        self._uids: dict[Key, str] = {}  # every run seen, ours or not: which to decide when a shard comes
-        # Runs of other replicas' shards: when each must be decided (decide.quiet_until as last seen; None:
-        # now), so that a shard taken over has its overdue runs (a lapsed lease) decided first.
-        self._due: dict[Key, datetime | None] = {}
-        self.queue = WorkQueue()
-        self._resumes_seen: set[tuple[str, int]] = set()
-        # Runs whose last reconcile found nothing to do and whose pods have not changed since; for them a new
-        # version of the run (a lease renewal, say) needs no reconcile unless decide.quiet_until says so.
-        self._settled: set[Key] = set()
-        self._timers: dict[Key, asyncio.TimerHandle] = {}
-        # Per settled run: the resourceVersion it settled at (the same version again, from a re-list, is no
-        # news), and the moment its pods' clock runs out (a new version of the run does not change that).
-        self._settled_version: dict[Key, str] = {}
-        self._pods_until: dict[Key, Any] = {}
-        # The first look: the names of every run's pods as the pod watch reports them, and the watched body of
-        # a queued run whose decision also reads its relations or Workload. A run with no pod is first decided
-        # on the watched body alone, with no read (at sight in run_changed, or in reconcile when it has
-        # relations); only a plan that would act is decided again on fresh reads. So an operator (re)starting
-        # with 100,000 waiting runs reads none of them again, rather than two calls each at its client's rate.
-        self._first_look: dict[Key, dict[str, Any]] = {}
-        self._pods_of: dict[Key, set[str]] = {}
-        # Queued runs whose WorkloadPriorityClass does not exist: a new version of one (its label fixed) is
-        # decided at once, although a Queued run is otherwise woken only by its Workload.
-        self._class_missing: set[Key] = set()
-        self._failures: dict[Key, int] = {}  # reconciles in a row that raised: the retry's backoff
-        self._limiter = RateLimiter(settings.kube_qps, settings.kube_burst)
-        # Mass lease expiry (overload.py): every active run's lease as last seen, the runs whose lease-only
-        # restart is held, and when the last mass expiry ended.
-        self._overload = overload.Policy(settings.mass_expiry_fraction, settings.mass_expiry_min_runs)
-        self._leases: dict[Key, overload.Lease] = {}
-        self._held: set[Key] = set()
-        self._held_told: set[tuple[Key, str]] = set()  # (run, its uid) told by an Event in this mass expiry
-        self._mass_expiry: overload.Judgement | None = None  # set while one lasts
-        self._judged_at: float | None = None  # time.monotonic() of the last judgement
-        self._recovered_at: datetime | None = None
-        self._tasks: set[asyncio.Task[None]] = set()  # strong references to background tasks
-        self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
+        self._call = Calls(settings.kube_qps, settings.kube_burst, WORKERS)
+        self.schedule = Schedule(settings.stuck_terminating_seconds, metrics, keeper)
+        self.holds = LeaseHolds(kube, settings, self._call, self.schedule.wake_now, metrics)
+        self.executor = Executor(kube, settings, self._call, self.holds, self.schedule.mine, metrics, tracer)
         # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
         self._children_seen: dict[Key, Any] = {}
-        # The last failure to create a run's pod, for decide (the run's status cannot hold it: it is written
-        # before the pod is created). One per run; decide ignores it once the epoch has moved on.
-        self._create_failures: dict[Key, decide.CreateFailure] = {}
-        # API calls block: they run on threads of our own, as many as the workers (the default pool has
-        # cpu+4 threads, shared with everything else in the process).
-        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="durablerun-kube")
 
-    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
-        delay = self._limiter.reserve()
-        if delay:
-            await asyncio.sleep(delay)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    @property
+    def queue(self) -> WorkQueue:
+        return self.schedule.queue
 
-    # --- workers ---------------------------------------------------------------------
+    @property
+    def keeper(self) -> shards.Keeper | None:
+        return self.schedule.keeper
 
     async def run_workers(self) -> None:
-        await asyncio.gather(*(self._worker() for _ in range(WORKERS)))
-
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                settled = await self.reconcile(*key)
-            except Exception:
-                if self.metrics:
-                    self.metrics.record_reconcile_error()
-                log.exception("reconcile of %s/%s failed; it is retried in %.1fs", *key, self._retry(key))
-            else:
-                if settled:
-                    self._failures.pop(key, None)
-                else:
-                    self._retry(key)
-            finally:
-                self.queue.done(key)
-
-    def _retry(self, key: Key) -> float:
-        """Decide ``key`` again after a backoff that doubles with each failure in a row (the watch may come first)."""
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = min(RETRY_FIRST * 2.0 ** (failures - 1), RETRY_MAX)
-        self._cancel_timer(key)
-        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._wake, key)
-        return delay
+        await self.schedule.run_workers(self.reconcile)
 
     async def resync_forever(self) -> None:
         """The safety net behind the watch: every interval, one LIST; a version the watch missed is news.
@@ -144,7 +70,7 @@ class Reconciler:
                 for namespace in self.settings.namespaces or (None,):
                     token: str | None = None
                     while True:  # a page is decided before the next is read: one page held at a time
-                        runs, token = await self._io(self.kube.list_runs_page, namespace, token)
+                        runs, token = await self._call(self.kube.list_runs_page, namespace, token)
                         for run in runs:
                             self.run_changed(run)
                         del runs
@@ -157,80 +83,59 @@ class Reconciler:
 
     def run_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
         """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
+        schedule = self.schedule
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         version = body["metadata"].get("resourceVersion")
-        if self.keeper is not None:
-            if deleted:
-                self._uids.pop(key, None)
-                self._due.pop(key, None)
-            elif uid := body["metadata"].get("uid"):
-                self._uids[key] = uid
-        if not deleted and key in self._settled and version is not None and self._settled_version.get(key) == version:
+        schedule.seen(key, body, deleted)
+        if not deleted and schedule.settled_at(key, version):
             return  # a re-list (kopf's, or the resync) of a version this run settled at: nothing is new
         if deleted:
             self._children_seen.pop(key, None)
-            self._leases.pop(key, None)
+            self.holds.deleted(key)
             parent = (body["metadata"].get("labels") or {}).get(api.LABEL_PARENT)
             if parent:
-                self.queue.add((key[0], parent))
-            self.queue.add(key)
+                schedule.queue.add((key[0], parent))
+            schedule.queue.add(key)
             return
         try:
             run = decide.RunView.from_body(body)
         except Exception:  # the API server validated it; a reconcile reports whatever is wrong
-            self.queue.add(key)
+            schedule.queue.add(key)
             return
         self._tell_parent(run)  # the parent may be ours when the child is not
-        if not self._mine(key):
-            if self.keeper is not None:
-                self._due[key] = decide.quiet_until(run)
+        if not schedule.mine(key):
+            schedule.due(key, run)
             return
-        self._due.pop(key, None)
+        schedule.due(key, None)
         now = api.now()
-        self._observe(run, now)
-        quiet = wakeups.combine(decide.quiet_until(run), self._pods_until.get(key))
-        if key in self._settled and key not in self._class_missing and self._wake_at(key, quiet, now):
-            if version is not None:
-                self._settled_version[key] = version
+        self.executor.observe(run, now)
+        if schedule.still_quiet(key, run, version, now):
             return
-        if key not in self._pods_of and not self.queue.busy(key):
-            if decide.related_names(run) or self._queue_of(body):
-                self._first_look[key] = body  # its decision reads its relations or Workload: reconcile takes it
+        if schedule.first_look_possible(key):
+            if decide.related_names(run) or self.executor.involves_integration(body):
+                schedule.first_look[key] = body  # it reads its relations or an integration: reconcile takes it
             else:
                 try:
                     if self._settle_unread(key, run, now):
                         return
                 except Exception:  # the reconcile, on fresh reads, says what is wrong and retries
                     log.debug("%s/%s: the first look failed; reconciling", *key, exc_info=True)
-        self.queue.add(key)
-
-    def _queue_of(self, body: dict[str, Any]) -> str | None:
-        """The Kueue queue the run is admitted through: none with the integration off."""
-        return kueue.queue_name(body) if self.settings.kueue else None
+        schedule.queue.add(key)
 
     def _settle_unread(self, key: Key, run: decide.RunView, now: datetime) -> bool:
-        """The first look at a run with no pod, no relations and no Workload: decided on the watched body alone,
-        here, so that nothing is held or read for it. True if it settled; False if it would act: it is then
-        decided again on fresh reads. An operator (re)starting with 100,000 waiting runs so neither reads them
-        again (two calls each at its client's rate) nor holds their bodies until its workers reach them."""
-        plan = decide.decide(run, [], now, stuck_seconds=self.settings.stuck_terminating_seconds, related={},
-                             create_failure=self._create_failures.get(key))
+        """The first look at a run with no pod, no relations and no integration's objects: decided on the watched
+        body alone, here, so that nothing is held or read for it. True if it settled; False if it would act: it
+        is then decided again on fresh reads. An operator (re)starting with 100,000 waiting runs so neither
+        reads them again (two calls each at its client's rate) nor holds their bodies until its workers reach
+        them."""
+        plan = self.executor.plan_for(key, run, [], now, related={})
         if not plan.empty:
             return False
-        self._failures.pop(key, None)
-        self._set_held(key, None)
-        until = wakeups.next_wakeup(run, [], now, self.settings.stuck_terminating_seconds)
-        self._settle(key, run, [], until, now)
+        self.schedule.succeeded(key)
+        self.holds.set_held(key, None)
+        until = self.executor.next_wakeup(run, [], now)
+        self.schedule.settle(key, run, [], until, now)
         return True
-
-    def _settle(self, key: Key, run: decide.RunView, views: list[decide.PodView], until: datetime,
-                now: datetime) -> None:
-        """Nothing happens to the run before ``until`` or a watch event."""
-        self._settled.add(key)
-        self._settled_version[key] = run.body["metadata"].get("resourceVersion", "")
-        self._pods_until[key] = wakeups.pods_until(views, self.settings.stuck_terminating_seconds)
-        # A moment already past means decide and the wake-up disagree: look again soon, not in a loop.
-        self._wake_at(key, max(until, now + MIN_WAKE), now)
 
     def _tell_parent(self, child: decide.RunView) -> None:
         """A child's phase, cost or propagated state changed: its parent reports, rolls up or wakes."""
@@ -240,88 +145,34 @@ class Reconciler:
         key = (child.namespace, child.name)
         total = child.status.childrenTotal
         seen = (child.status.phase, child.status.cost.usd, total.usd if total else None,
-                                     child.spec.suspend, tuple(sorted(child.annotations)))
+                child.spec.suspend, tuple(sorted(child.annotations)))
         if self._children_seen.get(key) != seen:
             self._children_seen[key] = seen
-            self._unsettle((child.namespace, parent))
-            self.queue.add((child.namespace, parent))
+            self.schedule.wake_now((child.namespace, parent))
 
     def pod_changed(self, namespace: str, run_name: str, pod: str | None = None, deleted: bool = False) -> None:
         """A run's pod (``pod``, from the pod watch) or its Workload changed: decide the run again."""
         key = (namespace, run_name)
         if pod is not None:
-            names = self._pods_of.setdefault(key, set())
-            (names.discard if deleted else names.add)(pod)
-            if not names:
-                del self._pods_of[key]
-            self._first_look.pop(key, None)  # a look taken before this pod was seen
-        if not self._mine(key):
+            self.schedule.pod_seen(key, pod, deleted)
+        if not self.schedule.mine(key):
             return
-        self._unsettle(key)
-        self.queue.add(key)
-
-    def _unsettle(self, key: Key) -> None:
-        self._settled.discard(key)
-        self._settled_version.pop(key, None)
-        self._pods_until.pop(key, None)
-
-    def _wake_at(self, key: Key, until: Any, now: Any) -> bool:
-        """Reconcile ``key`` once ``until`` has passed; False if it has (or is None): reconcile it now."""
-        if until is None or until <= now:
-            return False
-        self._cancel_timer(key)
-        if until != decide.NEVER:
-            delay = (until - now).total_seconds() + 0.05  # decide's deadlines are strict: be just past them
-            self._timers[key] = asyncio.get_running_loop().call_later(delay, self._wake, key)
-        return True
-
-    def _wake(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        self.queue.add(key)
-
-    def _cancel_timer(self, key: Key) -> None:
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-
-    # --- more than one replica (shards.py) ---------------------------------------------
-
-    def _mine(self, key: Key, uid: str | None = None) -> bool:
-        """Whether this replica decides ``key`` now (a run not seen yet is read first, then judged)."""
-        if self.keeper is None:
-            return True
-        uid = uid or self._uids.get(key)
-        return uid is None or self.keeper.owns(uid)
+        self.schedule.wake_now(key)
 
     def shards_changed(self, gained: set[int], lost: set[int]) -> None:
         """The keeper took or gave up shards: decide every run of those taken, forget those given up."""
-        assert self.keeper is not None
-        now = api.now()
-        taken = []
-        for key, uid in list(self._uids.items()):
-            shard = self.keeper.shard_of(uid)
-            if shard in gained:
-                taken.append(key)
-            elif shard in lost:
-                self._forget(key)
-                if self.metrics:
-                    self.metrics.forget_run(*key)
-        # Every run of a shard taken is decided (its pods may have changed unseen), the overdue ones first.
-        dues = {key: self._due.pop(key, None) for key in taken}
-        for key in sorted(taken, key=lambda k: (due := dues[k]) is not None and due > now):
-            self._unsettle(key)
-            self.queue.add(key)
+        self.schedule.shards_moved(gained, lost, self._drop)
 
     def _forget(self, key: Key) -> None:
-        self._unsettle(key)
-        self._failures.pop(key, None)
-        self._leases.pop(key, None)
-        self._held.discard(key)
-        self._rbac_ready.pop(key, None)
-        self._create_failures.pop(key, None)
-        self._class_missing.discard(key)
-        self._first_look.pop(key, None)
-        self._cancel_timer(key)
+        self.schedule.forget(key)
+        self.holds.forget(key)
+        self.executor.forget(key)
+
+    def _drop(self, key: Key) -> None:
+        """Another replica decides ``key``, or it is gone: drop what this one knew of it."""
+        self._forget(key)
+        if self.metrics:
+            self.metrics.forget_run(*key)
 
     # --- one run ---------------------------------------------------------------------
 
@@ -329,300 +180,21 @@ class Reconciler:
         """Decide and act until the run settles: False if it did not (it is then tried again later)."""
         started = time.perf_counter()
         key = (namespace, name)
-        self._unsettle(key)
+        self.schedule.unsettle(key)
         try:
-            body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
-            pods: list[dict[str, Any]] | None = None  # None: read them (again)
-            # Deciding on the watch's body and no pods, unread (the first look): settle, or read and decide again.
-            # A look is only taken with no pod known, and a pod seen since drops it (pod_changed).
-            first_look = self._first_look.pop(key, None)
-            if first_look is not None:
-                body, pods = first_look, []
-            related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
-            workload: dict[str, Any] | None = None  # the run's Kueue Workload, when it is admitted through Kueue
-            workload_read = False
-            priority: tuple[str, int] | None = None  # its WorkloadPriorityClass and value, looked up for a new one
-            for _ in range(MAX_TRANSITIONS):
-                if body is None:
-                    body = await self._io(self.kube.get_run, namespace, name)
-                if body is None:
-                    self._forget(key)
-                    if self.metrics:
-                        self.metrics.forget_run(namespace, name)
-                    return True
-                if not self._mine(key, body["metadata"].get("uid")):
-                    return self._not_mine(key)
-                if pods is None:
-                    pods = await self._io(self.kube.list_pods, namespace, name)
-                now = api.now()
-                views = [decide.PodView.from_pod(p, now, self.settings.stuck_terminating_seconds) for p in pods]
-                run = decide.RunView.from_body(body)
-                self._observe(run, now, views)
-                if related is None:
-                    related = await self._related(run)
-                queue = self._queue_of(body)
-                if queue and not workload_read:
-                    workload = await self._io(self.kube.get_workload, namespace,
-                                              kueue.workload_name(name, run.uid))
-                    workload_read = True
-                queueing = None
-                if queue:
-                    missing = None
-                    if workload is None and run.status.phase in (api.Phase.PENDING, api.Phase.QUEUED):
-                        priority, missing = await self._priority(body)  # only a run about to queue needs it
-                    queueing = kueue.Queueing(queue, kueue.WorkloadView.from_workload(workload) if workload else None,
-                                              missing)
-                plan = decide.decide(run, views, now, stuck_seconds=self.settings.stuck_terminating_seconds,
-                                     related=related, create_failure=self._create_failures.get(key),
-                                     queueing=queueing)
-                if first_look is not None and not plan.empty:
-                    first_look = body = pods = related = None  # it would act: on fresh reads only
-                    workload_read = False
-                    continue
-                first_look = None
-                held = await self._hold(run, plan, now)
-                if plan.empty or held is not None:
-                    until = held or wakeups.next_wakeup(run, views, now, self.settings.stuck_terminating_seconds)
-                    if queueing is not None and queueing.missing_priority_class:
-                        self._class_missing.add(key)
-                        until = min(until, now + PRIORITY_CLASS_RECHECK)
-                    else:
-                        self._class_missing.discard(key)
-                    self._settle(key, run, views, until, now)
-                    return True
-                if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
-                    return self._not_mine(key)
-                if plan.touches_pods:
-                    pods = None
-                if plan.touches_runs or plan.add_events:
-                    related = None
-                if plan.touches_workload:
-                    workload_read = False
-                try:
-                    body = await self._apply(run, plan, priority)
-                except Conflict as conflict:
-                    log.info("%s/%s: %s; deciding again", namespace, name, conflict)
-                    body = pods = related = None
-                    workload_read = False
-            log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
-            return False
+            # A look is only taken with no pod known, and a pod seen since drops it (Schedule.pod_seen).
+            outcome = await self.executor.converge(key, self.schedule.first_look.pop(key, None))
+            if outcome is None:
+                return False
+            if isinstance(outcome, Dropped):
+                self._drop(key)
+                return True
+            if outcome.recheck:
+                self.schedule.rechecked.add(key)
+            else:
+                self.schedule.rechecked.discard(key)
+            self.schedule.settle(key, outcome.run, outcome.views, outcome.until, outcome.now)
+            return True
         finally:
             if self.metrics:
                 self.metrics.observe_reconcile(time.perf_counter() - started)
-
-    def _not_mine(self, key: Key) -> bool:
-        """Another replica decides ``key``: drop what this one knew of it (settled, as far as we are concerned)."""
-        self._forget(key)
-        if self.metrics:
-            self.metrics.forget_run(*key)
-        return True
-
-    async def _apply(self, run: decide.RunView, plan: decide.Plan,
-                     priority: tuple[str, int] | None = None) -> dict[str, Any] | None:
-        """Carry out ``plan``; the run as written by it, or None if it must be read again. ``priority``: the
-        run's WorkloadPriorityClass and its value, for a Workload the plan creates."""
-        ns, name = run.namespace, run.name
-        if plan.add_run_finalizer:
-            return await self._io(self.kube.set_run_finalizer, run.body, True)
-        updated = run.body
-        if plan.patch:
-            # First the guarded status write: the epoch is bumped before any pod is
-            # deleted or created, so a fenced pod can no longer renew or report.
-            updated = await self._io(self.kube.patch_status, ns, name, plan.patch)
-            # The transition is written: count it now. A pod or Event call below may fail, and the next
-            # reconcile sees the new phase, not the transition, so it would never be counted.
-            self._count(ns, name, plan)
-        if plan.delete_workload:
-            await self._io(self.kube.delete_workload, ns, plan.delete_workload)
-        if plan.create_workload:
-            await self._io(self.kube.create_workload, kueue.workload(updated, self.settings, priority))
-        if self.tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
-            self.tracer.record(run, plan)
-        for pod in plan.delete_pods:
-            await self._io(self.kube.delete_pod, ns, pod, plan.pod_grace.get(pod))
-        for pod in plan.release_pods:
-            with contextlib.suppress(Conflict):
-                await self._io(self.kube.release_pod, ns, pod)
-        if plan.create_pod_epoch is not None:
-            await self._start_pod(updated, plan.create_pod_epoch, plan.flavors)
-        if plan.create_purge_pod:
-            await self._io(self.kube.create_pod, builders.purge_pod(updated, self.settings))
-        if plan.add_events:
-            # A child's outcome, as an event of this run: first value wins, and a Waiting run wakes for it.
-            written = await self._io(self.kube.merge_patch_run, ns, name, {"spec": {"events": plan.add_events}})
-            if written is None:
-                return None
-            updated = written
-        for child in plan.create_runs:
-            await self._io(self.kube.create_run, child)
-        for other, patch in plan.patch_runs:
-            await self._io(self.kube.merge_patch_run, ns, other, patch)
-        for kind, reason, message in plan.events:
-            log.info("%s/%s %s: %s", ns, name, reason, message)
-            await self._io(self.kube.post_event, updated, kind, reason, message)
-        if plan.remove_run_finalizer:
-            await self._io(self.kube.set_run_finalizer, updated, False)
-            return None
-        if plan.delete_run:
-            await self._io(self.kube.delete_run, ns, name, run.uid)
-            return None
-        return updated
-
-    def _count(self, ns: str, name: str, plan: decide.Plan) -> None:
-        if not self.metrics:
-            return
-        if plan.restart_reason:
-            self.metrics.record_restart(ns, name, plan.restart_reason)
-        if plan.abort_reason:
-            self.metrics.record_abort(ns, name, plan.abort_reason)
-        if plan.completion:
-            self.metrics.record_completion(ns, name, plan.completion)
-        if plan.upgraded:
-            self.metrics.record_upgrade()
-
-    async def _related(self, run: decide.RunView) -> dict[str, decide.RunView | None]:
-        """The runs decide needs besides this one: its children (one LIST by label), its signals' targets."""
-        names = decide.related_names(run)
-        if not names:  # no child requests (children are only ever made from one) and no signals
-            return {}
-        found: dict[str, decide.RunView | None] = {
-            child["metadata"]["name"]: decide.RunView.from_body(child)
-            for child in await self._io(self.kube.list_children, run.namespace, run.name)}
-        for name in names - set(found):
-            body = await self._io(self.kube.get_run, run.namespace, name)
-            found[name] = decide.RunView.from_body(body) if body is not None else None
-        return found
-
-    async def _priority(self, body: dict[str, Any]) -> tuple[tuple[str, int] | None, str | None]:
-        """The run's WorkloadPriorityClass and its value, as Kueue's jobframework resolves them for a Job; or
-        (None, its name) when the class its label names does not exist."""
-        name = kueue.priority_class(body)
-        if not name:
-            return None, None
-        found = await self._io(self.kube.get_cluster_object, kueue.WORKLOAD_PRIORITY_CLASSES, name)
-        if found is None:
-            return None, name
-        return (name, int(found.get("value", 0))), None
-
-    async def _placement(self, flavors: tuple[str, ...]) -> kueue.Placement:
-        found = [await self._io(self.kube.get_cluster_object, kueue.RESOURCE_FLAVORS, name) for name in flavors]
-        return kueue.placement([f for f in found if f is not None])
-
-    async def _start_pod(self, run: dict[str, Any], epoch: int, flavors: tuple[str, ...] = ()) -> None:
-        """Create attempt ``epoch``'s pod (and the run's RBAC); a failure of any kind goes to decide, which fails
-        or restarts the run (docs/operator.md): never a Running run whose pod does not exist."""
-        meta = run["metadata"]
-        key = (meta["namespace"], meta["name"])
-        name = builders.pod_name(meta["name"], epoch)
-        try:
-            if self._rbac_ready.get(key) != meta["uid"]:  # made with the first attempt: later ones need no API calls
-                for obj in builders.runner_rbac(run):
-                    await self._io(self.kube.ensure, obj)
-                self._rbac_ready[key] = meta["uid"]
-            pod = builders.runner_pod(run, epoch, self.settings)
-            if flavors:  # admitted by Kueue: to the nodes of the flavors it assigned
-                pod = kueue.place(pod, await self._placement(flavors))
-            created = await self._io(self.kube.create_pod, pod)
-        except Exception as error:
-            self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time
-            message, permanent = self.kube.create_error(error)
-            log.warning("%s/%s: pod %s could not be created (%s): %s", *key, name,
-                        "permanent" if permanent else "may pass", message)
-            self._create_failures[key] = decide.CreateFailure(epoch, message, permanent)
-            return
-        self._create_failures.pop(key, None)
-        if not created:
-            log.info("pod %s already exists: attempt %d was started before", name, epoch)
-
-    def _observe(self, run: decide.RunView, now: Any, pods: list[decide.PodView] | None = None) -> None:
-        """Keep the run's lease for the mass-expiry judgement, and its metrics. ``pods``: read with it (the
-        watch has none), for the start of an attempt that has not acquired its lease yet."""
-        run_key, status = (run.namespace, run.name), run.status
-        running_since = next((p.running_since for p in pods or [] if p.epoch == status.epoch), None)
-        active = overload.active_lease(run, running_since)
-        kept = self._leases.get(run_key)
-        if active is not None:
-            self._leases[run_key] = active
-        elif not (pods is None and kept is not None and kept.epoch == status.epoch
-                  and status.phase == api.Phase.RUNNING):  # the watch has no pods: the start read with them stands
-            self._leases.pop(run_key, None)
-        if not self.metrics or run.raw_status is None:
-            return
-        self.metrics.observe_run(run.namespace, run.name, run.status, run.spec.policy, now)
-        lease = status.lease
-        # Resume latency: previous pod's end -> the new attempt holding the lease.
-        if lease.epoch == status.epoch and lease.acquireTime and status.lastPodEndTime:
-            key = (run.uid, status.epoch)
-            if key not in self._resumes_seen:
-                self._resumes_seen.add(key)
-                acquired, ended = api.parse_time(lease.acquireTime), api.parse_time(status.lastPodEndTime)
-                if acquired and ended and acquired >= ended:
-                    self.metrics.observe_resume_latency((acquired - ended).total_seconds())
-
-    # --- mass lease expiry (overload.py) ----------------------------------------------
-
-    async def _hold(self, run: decide.RunView, plan: decide.Plan, now: datetime) -> datetime | None:
-        """Until when ``plan`` must wait because it restarts on the lease alone during (or just after) a mass
-        expiry; None: carry it out."""
-        key = (run.namespace, run.name)
-        until = None
-        if plan.restart_reason == api.RestartReason.LEASE_EXPIRED.value:
-            judgement = self._judge(now)
-            until = overload.hold_until(plan.restart_reason, self._leases.get(key), now,
-                                        mass_expiry=judgement is not None, recovered_at=self._recovered_at)
-            if until is not None and judgement is not None and (key, run.uid) not in self._held_told:
-                self._held_told.add((key, run.uid))
-                message = (f"the lease of pod {run.status.pod} lapsed, but {judgement.late} of {judgement.active} "
-                           "active runs' leases are late at once: the API server or the operator is slow, not "
-                           "the runners. Its restart is held until renewals recover; a pod seen dead is still "
-                           "restarted at once")
-                log.warning("%s/%s LeaseExpiryHeld: %s", *key, message)
-                await self._io(self.kube.post_event, run.body, "Warning", "LeaseExpiryHeld", message)
-        self._set_held(key, until)
-        return until
-
-    def _set_held(self, key: Key, until: datetime | None) -> None:
-        if until is None:
-            self._held.discard(key)
-        else:
-            self._held.add(key)
-        if self.metrics:
-            self.metrics.set_lease_restarts_held(len(self._held))
-
-    def _judge(self, now: datetime, *, fresh: bool = False) -> overload.Judgement | None:
-        """The mass expiry under way (None: none), judged over every active lease at most once per
-        OVERLOAD_CHECK_SECONDS: entering one starts a task that judges every second until it ends."""
-        mono = time.monotonic()
-        if not fresh and self._judged_at is not None and mono - self._judged_at < OVERLOAD_CHECK_SECONDS:
-            return self._mass_expiry
-        self._judged_at = mono
-        judgement = overload.judge(self._leases.values(), now, self._overload, holding=self._mass_expiry is not None)
-        if judgement.mass_expiry:
-            if self._mass_expiry is None:
-                log.warning("mass lease expiry: %d of %d active runs' leases are late at once; restarts that "
-                            "rest only on the lease are held until renewals recover", judgement.late,
-                            judgement.active)
-                if self.metrics:
-                    self.metrics.set_mass_lease_expiry(True)
-                task = asyncio.get_running_loop().create_task(self._until_recovered(), name="mass-expiry")
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            self._mass_expiry = judgement
-        elif self._mass_expiry is not None:
-            # Renewals recovered: every held run is decided again, and each lease renewed before now gets
-            # a full validity from now (overload.hold_until) before it counts as expired.
-            log.warning("mass lease expiry over: %d of %d active leases late; %d held runs are decided again",
-                        judgement.late, judgement.active, len(self._held))
-            self._mass_expiry, self._recovered_at = None, now
-            self._held_told.clear()
-            if self.metrics:
-                self.metrics.set_mass_lease_expiry(False)
-            for key in sorted(self._held):
-                self._unsettle(key)
-                self.queue.add(key)
-        return self._mass_expiry
-
-    async def _until_recovered(self) -> None:
-        while self._mass_expiry is not None:
-            await asyncio.sleep(OVERLOAD_CHECK_SECONDS)
-            self._judge(api.now(), fresh=True)

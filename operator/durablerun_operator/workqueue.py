@@ -1,4 +1,5 @@
-"""The reconciler's work queue and its API rate limiter (the controller-runtime and client-go patterns).
+"""The reconciler's work queue, its API rate limiter and the threads its API calls run on (the
+controller-runtime and client-go patterns).
 
 The queue gives each run at most one reconcile at a time in this process and
 folds bursts of events into one pass. Correctness never depends on that: every
@@ -11,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 Key = tuple[str, str]  # (namespace, name)
+T = TypeVar("T")
 
 
 class RateLimiter:
@@ -28,6 +32,22 @@ class RateLimiter:
         self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps) - 1.0
         self._last = now
         return max(0.0, -self._tokens / self.qps)
+
+
+class Calls:
+    """The reconciler's API calls, paced by one :class:`RateLimiter`. They block: they run on ``threads`` threads
+    of our own, as many as the workers (the default pool has cpu+4 threads, shared with everything else in the
+    process)."""
+
+    def __init__(self, qps: float, burst: int, threads: int) -> None:
+        self._limiter = RateLimiter(qps, burst)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="durablerun-kube")
+
+    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        delay = self._limiter.reserve()
+        if delay:
+            await asyncio.sleep(delay)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 
 class WorkQueue:

@@ -94,7 +94,12 @@ LAYERS: list[set[str]] = [
     {f"{OP}.decide"},
     {f"{OP}.wakeups", f"{OP}.overload"},
     {f"{OP}.kube", f"{OP}.metrics", f"{OP}.tracing"},
-    {f"{OP}.workqueue", f"{OP}.reconciler", f"{OP}.shards"},
+    {f"{OP}.workqueue", f"{OP}.shards"},
+    {f"{OP}.integrations"},
+    {f"{OP}.integrations.kueue"},
+    {f"{OP}.holds", f"{OP}.schedule"},
+    {f"{OP}.executor"},
+    {f"{OP}.reconciler"},
     {f"{OP}.handlers", f"{OP}.__main__"},
 ]
 
@@ -128,3 +133,22 @@ def test_the_operators_imports_have_no_circle() -> None:
 
     for module in sorted(graph):
         visit(module, ())
+
+
+# A class a reader must hold in their head at once: over this many lines, the class says why (a comment just
+# above it or in its first lines, starting with CLASS_REASON), or it is split along its jobs (docs/architecture.md).
+MAX_CLASS_LINES = 300
+CLASS_REASON = "# Over 300 lines:"
+
+
+def test_no_class_is_over_300_lines_without_a_written_reason() -> None:
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                head = lines[max(0, node.lineno - 4): node.lineno + 10]  # just above it, or in its first lines
+                if size > MAX_CLASS_LINES and not any(line.strip().startswith(CLASS_REASON) for line in head):
+                    long.append(f"{path.relative_to(PKG.parent)}: {node.name} ({size} lines)")
+    assert not long, f"classes over {MAX_CLASS_LINES} lines with no written reason: {long}"

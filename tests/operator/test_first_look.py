@@ -79,7 +79,7 @@ class Stop(Exception):
 def decide_once(reconciler: Reconciler) -> None:
     async def once() -> None:
         assert await reconciler.reconcile("ns", "run")
-        for timer in reconciler._timers.values():
+        for timer in reconciler.schedule.timers.values():
             timer.cancel()
 
     asyncio.run(once())
@@ -89,7 +89,7 @@ def watched(reconciler: Reconciler, body: dict[str, Any]) -> None:
     """The watch delivers ``body`` (in the event loop, as kopf calls the handler)."""
     async def deliver() -> None:
         reconciler.run_changed(body)
-        for timer in reconciler._timers.values():
+        for timer in reconciler.schedule.timers.values():
             timer.cancel()
 
     asyncio.run(deliver())
@@ -100,9 +100,9 @@ def test_a_waiting_run_seen_by_the_watch_settles_at_sight_with_no_read_and_nothi
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     watched(reconciler, copy.deepcopy(WAITING))
     assert kube.calls == []
-    assert ("ns", "run") in reconciler._settled
+    assert ("ns", "run") in reconciler.schedule.settled
     assert not reconciler.queue.busy(("ns", "run"))  # no reconcile to come
-    assert reconciler._first_look == {}  # no body kept: 100,000 of them were gigabytes
+    assert reconciler.schedule.first_look == {}  # no body kept: 100,000 of them were gigabytes
 
 
 def test_a_run_with_a_pod_is_read_before_it_is_decided() -> None:
@@ -110,7 +110,7 @@ def test_a_run_with_a_pod_is_read_before_it_is_decided() -> None:
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     reconciler.pod_changed("ns", "run", "run-a1")  # the pod watch saw one: the look cannot say "no pod"
     watched(reconciler, copy.deepcopy(WAITING))
-    assert ("ns", "run") not in reconciler._settled
+    assert ("ns", "run") not in reconciler.schedule.settled
     decide_once(reconciler)
     assert kube.calls[:2] == ["get_run", "list_pods"]
 
@@ -131,7 +131,7 @@ def test_a_run_being_reconciled_is_not_decided_at_sight() -> None:
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     reconciler.queue.add(("ns", "run"))  # queued (a resync, a timer): its reconcile reads it
     watched(reconciler, copy.deepcopy(WAITING))
-    assert ("ns", "run") not in reconciler._settled
+    assert ("ns", "run") not in reconciler.schedule.settled
     decide_once(reconciler)
     assert kube.calls[:2] == ["get_run", "list_pods"]
 
@@ -158,7 +158,7 @@ def test_the_resync_lists_in_pages_and_decides_each_page_before_reading_the_next
 
     class Pages(Recorder):
         def list_runs_page(self, namespace: str | None, token: str | None) -> tuple[list[dict[str, Any]], str | None]:
-            reads.append((token, len(reconciler._settled)))
+            reads.append((token, len(reconciler.schedule.settled)))
             if len(reads) == 4:  # the next resync began: the first one is over
                 done.set()
             following, count = pages[token]
@@ -178,7 +178,7 @@ def test_the_resync_lists_in_pages_and_decides_each_page_before_reading_the_next
         task = asyncio.create_task(reconciler.resync_forever())
         await done.wait()
         task.cancel()
-        for timer in reconciler._timers.values():
+        for timer in reconciler.schedule.timers.values():
             timer.cancel()
 
     asyncio.run(asyncio.wait_for(one_resync(), 10))

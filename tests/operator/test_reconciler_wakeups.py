@@ -99,7 +99,7 @@ def test_a_failed_reconcile_is_retried_after_a_backoff_without_any_resync() -> N
         workers = asyncio.create_task(rec.run_workers())
         rec.queue.add(("ns", "run"))
         deadline = asyncio.get_running_loop().time() + 10
-        while ("ns", "run") not in rec._settled:
+        while ("ns", "run") not in rec.schedule.settled:
             assert asyncio.get_running_loop().time() < deadline, "the failed reconcile was not retried"
             await asyncio.sleep(0.02)
         workers.cancel()
@@ -134,9 +134,9 @@ def late_leases(rec: Reconciler, late: int, fresh: int) -> None:
     """Other active runs, as the watch showed them: ``late`` leases renewed 100 s ago, ``fresh`` ones just now."""
     now = datetime.now(UTC)
     for i in range(late):
-        rec._leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32), 1)
+        rec.holds.leases[("ns", f"late-{i}")] = overload.Lease(now - timedelta(seconds=100), timedelta(seconds=32), 1)
     for i in range(fresh):
-        rec._leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32), 1)
+        rec.holds.leases[("ns", f"fresh-{i}")] = overload.Lease(now, timedelta(seconds=32), 1)
 
 
 def test_a_lease_restart_is_held_during_a_mass_expiry_and_reported() -> None:
@@ -194,11 +194,11 @@ def test_a_late_lease_is_held_when_many_are_late_and_restarted_at_once_when_alon
 
 def test_a_start_not_acquired_counts_from_its_container_and_a_watch_event_keeps_that() -> None:
     kube, rec = reconciled(not_acquired(), late=50, fresh=10)
-    started = rec._leases[("ns", "run")]
+    started = rec.holds.leases[("ns", "run")]
     assert (started.epoch, started.validity) == (2, timedelta(seconds=30) + decide.CLOCK_SKEW_MARGIN)
     # A watch event of the same attempt, which carries no pods, keeps the start read with them.
-    rec._observe(decide.RunView.from_body(kube.run), datetime.now(UTC))
-    assert rec._leases[("ns", "run")] == started
+    rec.executor.observe(decide.RunView.from_body(kube.run), datetime.now(UTC))
+    assert rec.holds.leases[("ns", "run")] == started
 
 
 def test_the_hold_is_off_when_the_fraction_is_zero() -> None:
@@ -242,7 +242,7 @@ def test_a_queued_run_whose_priority_class_is_missing_is_looked_at_again_and_dec
         assert await rec.reconcile("ns", "run")
         assert [reason for reason, _ in kube.events] == ["PriorityClassNotFound"]
         # Nothing watches the classes: a class created later is seen within PRIORITY_CLASS_RECHECK (30 s).
-        assert 25 < rec._timers[("ns", "run")].when() - loop.time() <= 31
+        assert 25 < rec.schedule.timers[("ns", "run")].when() - loop.time() <= 31
         # A new version of the run (its label fixed) is decided at once, though a Queued run's own versions
         # otherwise wait for its Workload.
         fixed = copy.deepcopy(QUEUED)

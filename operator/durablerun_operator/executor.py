@@ -1,0 +1,275 @@
+"""One pass over one run: read its facts, decide (pure), guard, apply the plan, and again until it settles.
+
+:class:`Executor` reads what ``decide`` needs (the run, its pods, the runs it names, and what each
+integration contributes, :mod:`durablerun_operator.integrations`), holds a lease-only restart during a mass
+expiry (:mod:`durablerun_operator.holds`), checks the run is still this replica's before it acts, and carries
+out a ``Plan``: the guarded status write first, then the integrations' objects, pods, child runs and Events.
+When the run is looked at again is not its business: it says how the pass ended, and
+:mod:`durablerun_operator.reconciler` tells :mod:`durablerun_operator.schedule`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from durablerun import api
+from durablerun_operator import builders, decide, wakeups
+from durablerun_operator.config import Settings
+from durablerun_operator.holds import LeaseHolds
+from durablerun_operator.integrations import Contribution, Integration
+from durablerun_operator.integrations.kueue import KueueIntegration
+from durablerun_operator.kube import Conflict, Kube
+from durablerun_operator.workqueue import Calls, Key
+
+if TYPE_CHECKING:
+    from durablerun_operator.metrics import RunMetrics
+    from durablerun_operator.tracing import DecisionTracer
+
+log = logging.getLogger("durablerun.operator")
+
+MAX_TRANSITIONS = 12  # per pass; a run needs at most a handful to settle
+
+# One integration and its state for the pass under way.
+_Engaged = tuple[Integration[Any], Any]
+
+
+class Dropped(enum.Enum):
+    """A pass that ended with the run no longer this replica's to decide."""
+
+    GONE = "gone"  # the run does not exist any more
+    NOT_MINE = "not mine"  # its shard is another replica's
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A pass that ended with nothing to do before ``until`` (or a watch event)."""
+
+    run: decide.RunView
+    views: list[decide.PodView]
+    until: datetime
+    now: datetime
+    #: An integration asked to look again although nothing watched changes (Contribution.recheck).
+    recheck: bool
+
+
+class Executor:
+    def __init__(self, kube: Kube, settings: Settings, call: Calls, holds: LeaseHolds,
+                 mine: Callable[[Key, str | None], bool], metrics: RunMetrics | None = None,
+                 tracer: DecisionTracer | None = None) -> None:
+        """``mine``: whether this replica decides the run (its key, its uid), asked again just before acting."""
+        self._kube, self._settings, self._call, self._holds = kube, settings, call, holds
+        self._mine, self._metrics, self._tracer = mine, metrics, tracer
+        # Every integration, driven alike; each is inert for a run that does not involve it.
+        self.integrations: Sequence[Integration[Any]] = (KueueIntegration(kube, settings, call),)
+        self._resumes_seen: set[tuple[str, int]] = set()
+        self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
+        # The last failure to create a run's pod, for decide (the run's status cannot hold it: it is written
+        # before the pod is created). One per run; decide ignores it once the epoch has moved on.
+        self._create_failures: dict[Key, decide.CreateFailure] = {}
+
+    def involves_integration(self, body: dict[str, Any]) -> bool:
+        """Whether deciding the run reads an integration's objects."""
+        return any(integration.involves(body) for integration in self.integrations)
+
+    def forget(self, key: Key) -> None:
+        self._rbac_ready.pop(key, None)
+        self._create_failures.pop(key, None)
+
+    # --- reading and deciding ------------------------------------------------------------
+
+    def plan_for(self, key: Key, run: decide.RunView, views: list[decide.PodView], now: datetime,
+               related: dict[str, decide.RunView | None], facts: Contribution | None = None) -> decide.Plan:
+        return decide.decide(run, views, now, stuck_seconds=self._settings.stuck_terminating_seconds,
+                             related=related, create_failure=self._create_failures.get(key),
+                             queueing=facts.queueing if facts else None)
+
+    def next_wakeup(self, run: decide.RunView, views: list[decide.PodView], now: datetime) -> datetime:
+        return wakeups.next_wakeup(run, views, now, self._settings.stuck_terminating_seconds)
+
+    def observe(self, run: decide.RunView, now: Any, pods: list[decide.PodView] | None = None) -> None:
+        """Keep the run's lease for the mass-expiry judgement, and its metrics. ``pods``: read with it (the
+        watch has none), for the start of an attempt that has not acquired its lease yet."""
+        self._holds.observe(run, pods)
+        status = run.status
+        if not self._metrics or run.raw_status is None:
+            return
+        self._metrics.observe_run(run.namespace, run.name, run.status, run.spec.policy, now)
+        lease = status.lease
+        # Resume latency: previous pod's end -> the new attempt holding the lease.
+        if lease.epoch == status.epoch and lease.acquireTime and status.lastPodEndTime:
+            key = (run.uid, status.epoch)
+            if key not in self._resumes_seen:
+                self._resumes_seen.add(key)
+                acquired, ended = api.parse_time(lease.acquireTime), api.parse_time(status.lastPodEndTime)
+                if acquired and ended and acquired >= ended:
+                    self._metrics.observe_resume_latency((acquired - ended).total_seconds())
+
+    async def _related(self, run: decide.RunView) -> dict[str, decide.RunView | None]:
+        """The runs decide needs besides this one: its children (one LIST by label), its signals' targets."""
+        names = decide.related_names(run)
+        if not names:  # no child requests (children are only ever made from one) and no signals
+            return {}
+        found: dict[str, decide.RunView | None] = {
+            child["metadata"]["name"]: decide.RunView.from_body(child)
+            for child in await self._call(self._kube.list_children, run.namespace, run.name)}
+        for name in names - set(found):
+            body = await self._call(self._kube.get_run, run.namespace, name)
+            found[name] = decide.RunView.from_body(body) if body is not None else None
+        return found
+
+    # --- one pass ----------------------------------------------------------------------
+
+    async def converge(self, key: Key, first_look: dict[str, Any] | None = None) -> Settled | Dropped | None:
+        """Decide and act until the run settles; None if it did not within MAX_TRANSITIONS. ``first_look``: the
+        watched body of a run with no pod known, decided alone first (read afresh only if it would act)."""
+        namespace, name = key
+        body: dict[str, Any] | None = None  # the run as the last write left it: no need to read it again
+        pods: list[dict[str, Any]] | None = None  # None: read them (again)
+        # Deciding on the watch's body and no pods, unread (the first look): settle, or read and decide again.
+        # A look is only taken with no pod known, and a pod seen since drops it (Schedule.pod_seen).
+        if first_look is not None:
+            body, pods = first_look, []
+        related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
+        engaged: list[_Engaged] = [(integration, integration.begin()) for integration in self.integrations]
+        for _ in range(MAX_TRANSITIONS):
+            if body is None:
+                body = await self._call(self._kube.get_run, namespace, name)
+            if body is None:
+                return Dropped.GONE
+            if not self._mine(key, body["metadata"].get("uid")):
+                return Dropped.NOT_MINE
+            if pods is None:
+                pods = await self._call(self._kube.list_pods, namespace, name)
+            now = api.now()
+            views = [decide.PodView.from_pod(p, now, self._settings.stuck_terminating_seconds) for p in pods]
+            run = decide.RunView.from_body(body)
+            self.observe(run, now, views)
+            if related is None:
+                related = await self._related(run)
+            facts = Contribution.combine([await i.observe(state, run, body) for i, state in engaged])
+            plan = self.plan_for(key, run, views, now, related, facts)
+            if first_look is not None and not plan.empty:
+                first_look = body = pods = related = None  # it would act: on fresh reads only
+                for i, state in engaged:
+                    i.stale(state)
+                continue
+            first_look = None
+            held = await self._holds.hold(run, plan, now)
+            if plan.empty or held is not None:
+                until = held or self.next_wakeup(run, views, now)
+                if facts.recheck is not None:
+                    until = min(until, now + facts.recheck)
+                return Settled(run, views, until, now, facts.recheck is not None)
+            if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
+                return Dropped.NOT_MINE
+            if plan.touches_pods:
+                pods = None
+            if plan.touches_runs or plan.add_events:
+                related = None
+            for i, state in engaged:
+                i.stale(state, plan)
+            try:
+                body = await self.apply(run, plan, engaged)
+            except Conflict as conflict:
+                log.info("%s/%s: %s; deciding again", namespace, name, conflict)
+                body = pods = related = None
+                for i, state in engaged:
+                    i.stale(state)
+        log.warning("%s/%s did not settle within %d transitions", namespace, name, MAX_TRANSITIONS)
+        return None
+
+    # --- applying a plan -----------------------------------------------------------------
+
+    async def apply(self, run: decide.RunView, plan: decide.Plan,
+                    engaged: Sequence[_Engaged] = ()) -> dict[str, Any] | None:
+        """Carry out ``plan``; the run as written by it, or None if it must be read again. ``engaged``: the
+        integrations and their state in this pass, which create or delete their objects as the plan says."""
+        ns, name = run.namespace, run.name
+        if plan.add_run_finalizer:
+            return await self._call(self._kube.set_run_finalizer, run.body, True)
+        updated = run.body
+        if plan.patch:
+            # First the guarded status write: the epoch is bumped before any pod is
+            # deleted or created, so a fenced pod can no longer renew or report.
+            updated = await self._call(self._kube.patch_status, ns, name, plan.patch)
+            # The transition is written: count it now. A pod or Event call below may fail, and the next
+            # reconcile sees the new phase, not the transition, so it would never be counted.
+            self._count(ns, name, plan)
+        for integration, state in engaged:
+            await integration.apply(state, updated, plan)
+        if self._tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
+            self._tracer.record(run, plan)
+        for pod in plan.delete_pods:
+            await self._call(self._kube.delete_pod, ns, pod, plan.pod_grace.get(pod))
+        for pod in plan.release_pods:
+            with contextlib.suppress(Conflict):
+                await self._call(self._kube.release_pod, ns, pod)
+        if plan.create_pod_epoch is not None:
+            await self._start_pod(updated, plan.create_pod_epoch, plan)
+        if plan.create_purge_pod:
+            await self._call(self._kube.create_pod, builders.purge_pod(updated, self._settings))
+        if plan.add_events:
+            # A child's outcome, as an event of this run: first value wins, and a Waiting run wakes for it.
+            written = await self._call(self._kube.merge_patch_run, ns, name, {"spec": {"events": plan.add_events}})
+            if written is None:
+                return None
+            updated = written
+        for child in plan.create_runs:
+            await self._call(self._kube.create_run, child)
+        for other, patch in plan.patch_runs:
+            await self._call(self._kube.merge_patch_run, ns, other, patch)
+        for kind, reason, message in plan.events:
+            log.info("%s/%s %s: %s", ns, name, reason, message)
+            await self._call(self._kube.post_event, updated, kind, reason, message)
+        if plan.remove_run_finalizer:
+            await self._call(self._kube.set_run_finalizer, updated, False)
+            return None
+        if plan.delete_run:
+            await self._call(self._kube.delete_run, ns, name, run.uid)
+            return None
+        return updated
+
+    def _count(self, ns: str, name: str, plan: decide.Plan) -> None:
+        if not self._metrics:
+            return
+        if plan.restart_reason:
+            self._metrics.record_restart(ns, name, plan.restart_reason)
+        if plan.abort_reason:
+            self._metrics.record_abort(ns, name, plan.abort_reason)
+        if plan.completion:
+            self._metrics.record_completion(ns, name, plan.completion)
+        if plan.upgraded:
+            self._metrics.record_upgrade()
+
+    async def _start_pod(self, run: dict[str, Any], epoch: int, plan: decide.Plan) -> None:
+        """Create attempt ``epoch``'s pod (and the run's RBAC); a failure of any kind goes to decide, which fails
+        or restarts the run (docs/operator.md): never a Running run whose pod does not exist."""
+        meta = run["metadata"]
+        key = (meta["namespace"], meta["name"])
+        name = builders.pod_name(meta["name"], epoch)
+        try:
+            if self._rbac_ready.get(key) != meta["uid"]:  # made with the first attempt: later ones need no API calls
+                for obj in builders.runner_rbac(run):
+                    await self._call(self._kube.ensure, obj)
+                self._rbac_ready[key] = meta["uid"]
+            pod = builders.runner_pod(run, epoch, self._settings)
+            for integration in self.integrations:
+                pod = await integration.place(pod, plan)
+            created = await self._call(self._kube.create_pod, pod)
+        except Exception as error:
+            self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time
+            message, permanent = self._kube.create_error(error)
+            log.warning("%s/%s: pod %s could not be created (%s): %s", *key, name,
+                        "permanent" if permanent else "may pass", message)
+            self._create_failures[key] = decide.CreateFailure(epoch, message, permanent)
+            return
+        self._create_failures.pop(key, None)
+        if not created:
+            log.info("pod %s already exists: attempt %d was started before", name, epoch)
+
