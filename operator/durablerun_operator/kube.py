@@ -42,6 +42,8 @@ def load_config(connections: int = 16) -> None:
     client.Configuration.set_default(settings)
 
 
+# Over 300 lines: one short method per API call the operator and the ingress make, in the one module that
+# talks to the API server; split, the guarded-write and retry conventions would be spelled in two places.
 class Kube:
     def __init__(self, api_client: Any | None = None) -> None:
         self.client = api_client or client.ApiClient()

@@ -34,6 +34,11 @@ PLANTED: dict[str, tuple[str, str]] = {
     "only-s3-imports-boto": (f"{RUNNER}/storage/stores.py", "import boto3"),
     "test-folders-independent": ("tests/faults/helpers.py", "from tests.operator import run_bodies"),
     "tests-layers": ("tests/helpers/runs.py", "from tests.faults import helpers"),
+    "operator-layers": (f"{OPERATOR}/kube.py", "from durablerun_operator import executor"),
+    "decide-layers": (f"{OPERATOR}/decide/facts.py", "from durablerun_operator.decide import lifecycle"),
+    "decisions-pure": (f"{OPERATOR}/decide/clocks.py", "import time"),
+    "only-kube-talks-to-the-api-server": (f"{OPERATOR}/executor.py", "import kubernetes"),
+    "only-the-wiring-imports-kopf": (f"{OPERATOR}/reconciler.py", "import kopf"),
 }
 
 
