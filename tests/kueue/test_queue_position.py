@@ -100,7 +100,9 @@ def test_three_runs_queued_behind_a_full_quota_show_their_positions(
     runs.apply(queued_run(runs, "first", "lq", steps=1, hold="s0"))
     procs.wait_for(lambda: runs.executions("first-s0") == 1, timeout=90, what="the first run to hold the quota")
     # A run in a queue that is not Queued shows its queue, no position.
-    assert status(testbed.kubeconfig, runs.namespace, "first").splitlines()[1:] == ["queue: lq"]
+    lines = status(testbed.kubeconfig, runs.namespace, "first").splitlines()
+    assert lines[-1] == "queue: lq", lines  # after its progress and its attempt's lease
+    assert not [line for line in lines if "position" in line], lines
 
     queued = ["q0", "q1", "q2"]
     for name in queued:
