@@ -128,13 +128,31 @@ def _chunk_lines(body: bytes, where: str) -> list[bytes]:
 _CHUNK_KEY = re.compile(re.escape(layout.CHUNKS_DIR) + r"[0-9a-f]{64}\.json")
 
 
-def _read_pointer(sealed: bytes, where: str) -> tuple[list[Chunk], int, int]:
-    """A snapshot pointer's chunks, the last seq it covers and its base (the continuation it starts at)."""
+@dataclass(frozen=True)
+class Pointer:
+    """A snapshot pointer (``snapshot.json``): its chunks, the last seq they cover, the continuation they start
+    at (``base``), and the run's totals, whether it had completed and when, as of that seq."""
+
+    chunks: list[Chunk]
+    seq: int
+    base: int
+    totals: Totals
+    complete: bool
+    time: str | None
+
+
+def read_pointer(sealed: bytes, where: str) -> Pointer:
+    """The snapshot pointer stored as ``sealed``; CorruptionError naming ``where`` for one the writer never
+    writes."""
     meta = codec.loads(codec.unseal(sealed, what=where), what=where)
     try:
         chunks = [Chunk(_key(c["key"]), count(c["first"]), count(c["last"])) for c in meta["chunks"]]
-        return chunks, count(meta["seq"]), count(meta.get("base", 0))
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        time_ = meta.get("time")
+        if time_ is not None and not isinstance(time_, str):
+            raise ValueError(f"time must be a string, not {time_!r}")
+        return Pointer(chunks, count(meta["seq"]), count(meta.get("base", 0)), Totals.from_json(meta.get("totals")),
+                       bool(meta.get("complete")), time_)
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
         raise errors.CorruptionError(f"snapshot pointer is malformed: {e!s}", key=where) from e
 
 
@@ -275,8 +293,8 @@ class RunStore:
             chunks: list[Chunk] = []
             snap_seq, snap_etag, base = -1, None, 0
             if pointer is not None:
-                chunks, snap_seq, base = _read_pointer(pointer[0], where)
-                snap_etag = pointer[1]
+                meta = read_pointer(pointer[0], where)
+                chunks, snap_seq, base, snap_etag = meta.chunks, meta.seq, meta.base, pointer[1]
             tail, read = self._read_tail(snap_seq + 1, for_writing)
             objects += read
             last_cont = _last_continuation(tail)
@@ -315,7 +333,7 @@ class RunStore:
         snap_etag = None if current is None else current[1]
         base = 0
         if current is not None:
-            _, _, base = _read_pointer(current[0], where)
+            base = read_pointer(current[0], where).base
         # The journal from the pointer's base on (the last continuation it knows of).
         records, read = self._read_tail(base, for_writing)
         objects += read

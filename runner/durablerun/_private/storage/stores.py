@@ -17,7 +17,7 @@ from durablerun._private.storage.backends import base
 from durablerun._private.storage.backends.fs import FsBackend
 from durablerun._private.storage.backends.memory import MemoryBackend
 from durablerun._private.storage.backends.options import S3Options
-from durablerun._private.storage.journal import RunStore
+from durablerun._private.storage.journal import RunStore, read_pointer
 from durablerun.api import parse_time
 from durablerun.resource import Checkpoint
 
@@ -119,14 +119,9 @@ class Store:
             snap_time = None
             snap_complete = False
             if snapshot is not None:
-                from durablerun._private.records import codec
-
-                where = rs.key(layout.SNAPSHOT)
-                meta = codec.loads(codec.unseal(snapshot[0], what=where), what=where)
-                snap_seq = int(meta["seq"])
-                snap_totals = Totals.from_json(meta.get("totals"))
-                snap_time = parse_time(meta["time"]) if meta.get("time") else None
-                snap_complete = bool(meta.get("complete"))
+                pointer = read_pointer(snapshot[0], rs.key(layout.SNAPSHOT))
+                snap_seq, snap_totals, snap_complete = pointer.seq, pointer.totals, pointer.complete
+                snap_time = parse_time(pointer.time) if pointer.time else None
             tail = rs.journal().read(snap_seq + 1)
         finally:
             rs.close()
