@@ -305,3 +305,9 @@ def test_a_step_the_attempt_ended_in_the_middle_of_is_a_span_marked_interrupted(
     assert step.status.status_code is StatusCode.ERROR
     assert step.status.description == ("the attempt ended (Fenced) before this step was journaled; it runs again "
                                        "in the next attempt")
+
+
+def test_the_flush_at_an_attempts_end_is_otel_bsp_export_timeout_when_set() -> None:
+    assert spanexport.flush_seconds({}) == spanexport.FLUSH_SECONDS
+    assert spanexport.flush_seconds({"OTEL_BSP_EXPORT_TIMEOUT": "30000"}) == 30.0
+    assert spanexport.flush_seconds({"OTEL_BSP_EXPORT_TIMEOUT": "soon"}) == spanexport.FLUSH_SECONDS

@@ -48,7 +48,8 @@ def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server,
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint,
                 "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer%20{token}",
-                "OTEL_BSP_SCHEDULE_DELAY": "100", "LLM_API_KEY": api_key, "PYTHONPATH": str(tmp_path),
+                "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_BSP_EXPORT_TIMEOUT": "30000",
+                "LLM_API_KEY": api_key, "PYTHONPATH": str(tmp_path),
                 "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key})
     store = ["--store", f"s3://{s3_bucket}/runs", "--endpoint-url", s3_server.endpoint_url, "--run-id", "secret-run"]
     cli = [sys.executable, "-m", "durablerun"]
@@ -63,6 +64,8 @@ def test_no_secret_becomes_a_span_attribute(jaeger: Jaeger, s3_server: S3Server,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
+    for attempt in (waiting, done):  # dropped spans would fail the wait below without saying why
+        assert "not delivered" not in attempt.stderr, attempt.stderr
     trace_id = api.trace_id("_local/secret-run")
 
     def stored() -> bytes | None:

@@ -18,7 +18,7 @@ as fast as it comes; the pipe fills only when the child is starved or stopped). 
 would need a thread to drain it, which is the cost this module removes.
 
 At the attempt's end the runner closes the pipe; the child exports what it holds for
-:data:`FLUSH_SECONDS` at most, prints how many spans were delivered and exits. It also exits if the
+:func:`flush_seconds` at most, prints how many spans were delivered and exits. It also exits if the
 runner dies: the pipe's end (EOF) or, should a process forked from the runner still hold the pipe, the
 parent-death signal.
 
@@ -62,11 +62,15 @@ STEP_ATTRIBUTES = ("durablerun.step.name", "durablerun.step.position", "durabler
                    "durablerun.cost.usd", "durablerun.cost.tokens", "error.type", "durablerun.step.reexecuted")
 #: The instrumentation scope of every span.
 SCOPE = "durablerun"
-#: After the pipe's end, the child exports what it holds for this long at most.
+#: After the pipe's end, the child exports what it holds for this long at most, unless
+#: OTEL_BSP_EXPORT_TIMEOUT says otherwise (:func:`flush_seconds`). Not that setting's default of 30 s:
+#: every attempt's end waits for it, and a pod being deleted has its grace period to spend.
 FLUSH_SECONDS = 2.0
-#: The runner waits this long at most for the child to finish: its start (importing OpenTelemetry, under
-#: a second on a busy machine) plus its flush. Then it kills it.
-EXIT_SECONDS = FLUSH_SECONDS + 4.0
+#: The runner waits for the child's start (importing OpenTelemetry, under a second on a busy machine, but
+#: the child runs niced) this long at most besides its flush. Then it kills it.
+START_SECONDS = 4.0
+#: The runner's wait for the child, by default.
+EXIT_SECONDS = FLUSH_SECONDS + START_SECONDS
 #: The child reads the pipe this often at most: 50 ms of spans at thousands a second fit it many times over.
 READ_EVERY = 0.05
 #: The pipe's capacity asked for: Linux's limit for an unprivileged process by default (pipe-max-size);
@@ -88,9 +92,11 @@ class SpanPipe:
     """The runner's end: spans to the child's pipe, without ever blocking. Thread-safe (model calls end
     spans from steps' threads)."""
 
-    def __init__(self, fd: int, process: subprocess.Popen[bytes] | None = None) -> None:
+    def __init__(self, fd: int, process: subprocess.Popen[bytes] | None = None, *,
+                 exit_seconds: float = EXIT_SECONDS) -> None:
         self.fd = fd
         self.process = process
+        self.exit_seconds = exit_seconds
         self.sent = 0  # spans handed to send, dropped or not
         self.dropped = 0
         self._rest = b""  # the unwritten end of a line longer than the pipe took (lines over PIPE_BUF)
@@ -124,10 +130,10 @@ class SpanPipe:
             self._rest = b""
             return 0
 
-    def close(self, seconds: float = EXIT_SECONDS) -> int:
-        """End the stream and wait ``seconds`` at most for the child to deliver what it holds; the spans
-        it delivered (0 if it did not say in time: it is killed)."""
-        deadline = time.monotonic() + seconds
+    def close(self, seconds: float | None = None) -> int:
+        """End the stream and wait ``seconds`` (by default its start and flush) at most for the child to
+        deliver what it holds; the spans it delivered (0 if it did not say in time: it is killed)."""
+        deadline = time.monotonic() + (self.exit_seconds if seconds is None else seconds)
         with self._lock:
             if self.fd < 0:
                 return 0
@@ -169,7 +175,16 @@ def start(trace_id: int, env: Mapping[str, str]) -> SpanPipe:
     finally:
         os.close(read)
     os.set_blocking(write, False)
-    return SpanPipe(write, process)
+    return SpanPipe(write, process, exit_seconds=flush_seconds(env) + START_SECONDS)
+
+
+def flush_seconds(env: Mapping[str, str]) -> float:
+    """The child's flush at the end: OTEL_BSP_EXPORT_TIMEOUT (milliseconds) if set to a number, else
+    :data:`FLUSH_SECONDS`."""
+    try:
+        return max(0.0, float(env["OTEL_BSP_EXPORT_TIMEOUT"]) / 1000)
+    except (KeyError, ValueError):
+        return FLUSH_SECONDS
 
 
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -283,6 +298,7 @@ class InProcess:
 
     def __init__(self, trace_id: int, env: Mapping[str, str], exporter: SpanExporter) -> None:
         self.processor, self.counting = pipeline(env, exporter)
+        self.flush = flush_seconds(env)
         self.rebuild = Rebuild(trace_id, resource(env))
         self.sent = 0
         self.dropped = 0
@@ -291,8 +307,8 @@ class InProcess:
         self.sent += 1
         self.processor.on_end(self.rebuild(span))
 
-    def close(self, seconds: float = FLUSH_SECONDS) -> int:
-        _bounded(self.processor.shutdown, seconds)
+    def close(self, seconds: float | None = None) -> int:
+        _bounded(self.processor.shutdown, self.flush if seconds is None else seconds)
         return self.counting.delivered
 
 
@@ -363,10 +379,10 @@ def main(argv: Sequence[str]) -> int:
             while take():
                 pass
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the flush below is bounded
-    _bounded(processor.shutdown, FLUSH_SECONDS)
+    _bounded(processor.shutdown, flush_seconds(os.environ))
     with contextlib.suppress(BrokenPipeError):  # the runner is gone
         print(json.dumps({"received": received, "delivered": counting.delivered}), flush=True)
-    os._exit(0)  # not waiting for an export still retrying: FLUSH_SECONDS was its time
+    os._exit(0)  # not waiting for an export still retrying: its flush was its time
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ it: the next attempt finds that attempt's records last in the journal with no ou
 span for it.
 
 Exporting never slows or fails the run: a span the pipe cannot take at once is dropped and counted; at the
-end of an attempt the child gets ``spanexport.FLUSH_SECONDS`` to deliver what it holds, and the runner says
+end of an attempt the child gets ``spanexport.flush_seconds`` to deliver what it holds, and the runner says
 how many spans were not delivered. Spans carry names, positions, counts, sizes, times and cost, never a
 payload, a result, an error message or a credential (docs/metrics.md, "Traces").
 """
@@ -135,7 +135,7 @@ class Export(Protocol):
 
     def send(self, span: spanexport.Span | spanexport.Step) -> None: ...
 
-    def close(self, seconds: float = ...) -> int: ...
+    def close(self, seconds: float | None = None) -> int: ...
 
 
 def _ns(seconds: float) -> int:
@@ -345,7 +345,7 @@ class TracingSink(ProgressSink):
         self.flush()
 
     def flush(self) -> None:
-        """End the export: the child delivers what it holds (spanexport.FLUSH_SECONDS at most); say how many
+        """End the export: the child delivers what it holds (spanexport.flush_seconds at most); say how many
         spans were not delivered."""
         self.delivered = self.export.close()
         missing = self.undelivered
