@@ -160,7 +160,10 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
     pod_spec["restartPolicy"] = "Never"
     pod_spec["serviceAccountName"] = service_account_name(run)
     pod_spec["automountServiceAccountToken"] = True
-    pod_spec.setdefault("terminationGracePeriodSeconds", 30)
+    policy = resource.Policy.model_validate(spec.get("policy") or {})
+    grace = policy.pod_grace_seconds(pod_spec.get("terminationGracePeriodSeconds"))
+    pod_spec["terminationGracePeriodSeconds"] = grace
+    runner["env"].append({"name": api.Env.STOP_GRACE_SECONDS, "value": f"{policy.stop_grace(grace).total_seconds():g}"})
 
     return {
         "apiVersion": "v1",

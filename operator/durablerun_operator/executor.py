@@ -206,7 +206,7 @@ class Executor:
         if self._tracer:  # the decision, in the run's trace (its Events, restart and abort reasons)
             self._tracer.record(run, plan)
         for pod in plan.delete_pods:
-            await self._call(self._kube.delete_pod, ns, pod, plan.pod_grace.get(pod))
+            await self._call(self._kube.delete_pod, ns, pod)
         for pod in plan.release_pods:
             with contextlib.suppress(Conflict):
                 await self._call(self._kube.release_pod, ns, pod)

@@ -175,13 +175,13 @@ class Kube:
             return f"{type(error).__name__}: {error}", False
         return f"{type(error).__name__}: {error}", True
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        """Mark the pod as deleted by the operator (so it is not read as a disruption), then delete it (with
-        ``grace_seconds`` instead of its own grace period, if given)."""
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Mark the pod as deleted by the operator (so it is not read as a disruption), then delete it, with its
+        own grace period (which holds policy.stopGracePeriod: builders.runner_pod)."""
         patch = {"metadata": {"annotations": {api.ANNOTATION_DELETED_BY_OPERATOR: _now()}}}
         try:
             self.core.patch_namespaced_pod(name, namespace, patch)
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
+            self.core.delete_namespaced_pod(name, namespace)
         except ApiException as error:
             if error.status != 404:
                 raise

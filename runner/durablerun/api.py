@@ -223,6 +223,9 @@ class Env:
     # ctx.webhook_url builds capability URLs under it, signed with the run's own key, which the runner gets
     # from the ingress by presenting the ServiceAccount token mounted at WEBHOOK_TOKEN_PATH.
     WEBHOOK_URL = "DURABLERUN_WEBHOOK_URL"
+    # Seconds the steps in flight get to finish when the runner is stopped (SIGTERM, a suspension):
+    # policy.stopGracePeriod, or the pod's grace less resource.STOP_MARGIN.
+    STOP_GRACE_SECONDS = "DURABLERUN_STOP_GRACE_SECONDS"
 
     # Logging level of the runner (and of the operator: OperatorEnv.LOG_LEVEL), e.g. DEBUG.
     LOG_LEVEL = "DURABLERUN_LOG_LEVEL"

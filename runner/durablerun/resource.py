@@ -15,12 +15,14 @@ imports both, never the reverse.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
 from durablerun.api import (
+    DURATION_PATTERN,
     LABEL_QUEUE_NAME,
     USD_PATTERN,
     WORKFLOW_PATTERN,
@@ -54,6 +56,14 @@ class Backoff(_Model):
         """The delay before restart number ``restarts`` (1 = first restart)."""
         doubled = self.initial_delay * float(2 ** max(restarts - 1, 0))
         return min(doubled, self.max_delay)
+
+
+#: A runner pod's terminationGracePeriodSeconds when its template sets none (Kubernetes' default).
+DEFAULT_POD_GRACE_SECONDS = 30
+#: Of a stopped runner's grace, what it keeps for itself after its steps: journal them, end the attempt.
+STOP_MARGIN = timedelta(seconds=10)
+#: The steps in flight's time to finish when the policy says none and the pod's grace gives no more.
+DEFAULT_STOP_GRACE = timedelta(seconds=20)
 
 
 class Policy(_Model):
@@ -109,6 +119,19 @@ class Policy(_Model):
         "the default costs one status write a minute per running run.",
         positive=True,
     )
+    stopGracePeriod: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description=(
+            "How long the steps in flight get to finish when the runner is stopped from outside: the run "
+            "suspended, preempted by Kueue, its pod evicted, its node drained or the pod deleted. The runner "
+            "starts no new step, lets those running finish and journals them, then exits; a step still running "
+            "after this is cancelled and runs again in the next attempt. Unset: 20s, or the pod's "
+            "terminationGracePeriodSeconds less 10s where that is longer. Set: the pod's "
+            "terminationGracePeriodSeconds is raised to this plus 10s where it is lower (the 10s journal the "
+            "steps and end the attempt)."
+        ),
+    )
     abortGracePeriod: str = _duration_field(
         "30s",
         "How long a running attempt gets to end by itself when the run is aborted from outside (the "
@@ -133,6 +156,20 @@ class Policy(_Model):
     @property
     def abort_grace_period(self) -> timedelta:
         return parse_duration(self.abortGracePeriod)
+
+    def pod_grace_seconds(self, template_grace: int | None) -> int:
+        """The runner pod's terminationGracePeriodSeconds: the template's (30 s if it sets none), raised to
+        stopGracePeriod + STOP_MARGIN if that is longer."""
+        own = DEFAULT_POD_GRACE_SECONDS if template_grace is None else template_grace
+        if self.stopGracePeriod is None:
+            return own
+        return max(own, math.ceil((parse_duration(self.stopGracePeriod) + STOP_MARGIN).total_seconds()))
+
+    def stop_grace(self, pod_grace_seconds: int) -> timedelta:
+        """The steps in flight's time to finish when the runner is stopped, in a pod of that grace period."""
+        if self.stopGracePeriod is not None:
+            return parse_duration(self.stopGracePeriod)
+        return max(DEFAULT_STOP_GRACE, timedelta(seconds=pod_grace_seconds) - STOP_MARGIN)
 
 
 #: A run id: names a journal in a store (``durablerun run --run-id`` and ``spec.checkpoint.runId``).

@@ -1,5 +1,5 @@
 """A higher-priority run preempts a lower one through Kueue: the lower one is stopped as a disruption, goes back
-to Queued, and resumes from its journal. It stops as a suspended run does: within policy.abortGracePeriod its step
+to Queued, and resumes from its journal. It stops as a suspended run does: within policy.stopGracePeriod its step
 in flight finishes and is journaled, so nothing runs twice."""
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ def test_a_high_priority_run_preempts_a_low_one_mid_step_and_both_succeed(
 
     low = queued_run(runs, "low", "lq", steps=3, sleep=0.1, hold="s1")
     low["metadata"]["labels"][api.LABEL_PRIORITY_CLASS] = f"low-{suffix}"
-    low["spec"]["policy"]["abortGracePeriod"] = "45s"  # longer than the pod's own 30 s
+    low["spec"]["policy"]["stopGracePeriod"] = "35s"  # the pod's grace raised to 45 s to hold it
     runs.apply(low)
     procs.wait_for(lambda: runs.executions("low-s1") == 1, timeout=90, what="the low run to be in its step s1")
 
     high = queued_run(runs, "high", "lq", steps=1, sleep=0.1)
     high["metadata"]["labels"][api.LABEL_PRIORITY_CLASS] = f"high-{suffix}"
     runs.apply(high)
-    # Preempted as a suspended run stops: its pod is deleted with policy.abortGracePeriod, and the runner is
+    # Preempted as a suspended run stops: its pod is deleted with its own grace, and the runner is
     # still there, not fenced, to finish the step in flight and stop at the next step boundary.
     pod = procs.wait_for(lambda: next((p for p in runs.pods("low") if p["metadata"].get("deletionTimestamp")), None),
                          timeout=90, what="the low run's pod to be stopping")

@@ -112,47 +112,47 @@ def lease_not_held() -> dict[str, Any]:
 
 
 SUSPENDED = {"outcome": "Suspended", "message": "stopped at a step boundary"}
-GRACE = {"policy": {**POLICY, "abortGracePeriod": "2m"}}
-NO_GRACE = {"policy": {**POLICY, "abortGracePeriod": "0s"}}
+NO_GRACE = {"policy": {**POLICY, "stopGracePeriod": "0s"}}
 # What the run's status and plan must be after an eviction (or its Workload's deletion) under a Running attempt.
-#: (case, run status, run spec, pods, Workload) -> (phase, epoch, disruptions, pods deleted, their grace,
-#: Workload deleted, Events)
+#: (case, run status, run spec, pods, Workload) -> (phase, epoch, disruptions, pods deleted, Workload deleted,
+#: Events, the stop grace the message names)
 EVICTIONS = {
-    # The runner holds its lease: asked to stop at its next step boundary within policy.abortGracePeriod, as a
-    # suspended run stops; not fenced yet (the step in flight may still be journaled), its quota still held.
-    "evicted: the runner gets the abort grace": (
+    # The runner holds its lease: asked to stop at its next step boundary (its pod deleted with its own grace,
+    # which holds policy.stopGracePeriod), as a suspended run stops; not fenced yet (the step in flight may still
+    # be journaled), its quota still held.
+    "evicted: the steps in flight get the pod's grace less its margin": (
         running(), {}, [runner_pod()], EVICTED,
-        ("Running", 2, 0, ["run-a2"], {"run-a2": 30}, None, ["Preempted"])),
-    "a longer abortGracePeriod is the pod's grace": (
-        running(), GRACE, [runner_pod()], EVICTED,
-        ("Running", 2, 0, ["run-a2"], {"run-a2": 120}, None, ["Preempted"])),
-    "a longer grace of the pod's own is kept": (
+        ("Running", 2, 0, ["run-a2"], None, ["Preempted"], "20s")),
+    "a longer grace of the pod's own gives them longer": (
         running(), {}, [{**runner_pod(), "spec": {"containers": [{"name": "runner"}],
                                                   "terminationGracePeriodSeconds": 90}}], EVICTED,
-        ("Running", 2, 0, ["run-a2"], {"run-a2": 90}, None, ["Preempted"])),
+        ("Running", 2, 0, ["run-a2"], None, ["Preempted"], "80s")),
+    "policy.stopGracePeriod says how long": (
+        running(), {"policy": {**POLICY, "stopGracePeriod": "2m"}}, [runner_pod()], EVICTED,
+        ("Running", 2, 0, ["run-a2"], None, ["Preempted"], "2m")),
     "its Workload deleted: the same": (
         running(), {}, [runner_pod()], None,
-        ("Running", 2, 0, ["run-a2"], {"run-a2": 30}, None, ["Preempted"])),
+        ("Running", 2, 0, ["run-a2"], None, ["Preempted"], "20s")),
     "stopping within its grace: nothing to do": (
         running(), {}, [stopping(runner_pod())], EVICTED,
-        ("Running", 2, 0, [], {}, None, [])),
+        ("Running", 2, 0, [], None, [], None)),
     # It ended: fenced, the quota given back, the run queued again; a disruption, never a restart.
     "stopped at a step boundary: a preemption": (
         running(), {}, [stopping(ended(4, report=SUSPENDED))], EVICTED,
-        ("Pending", 3, 1, [], {}, EVICTED.name, ["Restarting"])),
+        ("Pending", 3, 1, [], EVICTED.name, ["Restarting"], None)),
     "killed at the end of its grace: a preemption too": (
         running(), {}, [stopping(ended(137))], EVICTED,
-        ("Pending", 3, 1, [], {}, EVICTED.name, ["Restarting"])),
+        ("Pending", 3, 1, [], EVICTED.name, ["Restarting"], None)),
     "completed first: it ended by itself": (
         running(), {}, [stopping(ended(0, report={"outcome": "Completed", "message": "done"}))], EVICTED,
-        ("Succeeded", 3, 0, [], {}, EVICTED.name, ["Succeeded"])),
+        ("Succeeded", 3, 0, [], EVICTED.name, ["Succeeded"], None)),
     # It cannot stop by itself: fenced and stopped at once.
-    "abortGracePeriod 0s: at once": (
+    "stopGracePeriod 0s: at once": (
         running(), NO_GRACE, [runner_pod()], EVICTED,
-        ("Pending", 3, 1, ["run-a2"], {}, EVICTED.name, ["Preempted", "Restarting"])),
+        ("Pending", 3, 1, ["run-a2"], EVICTED.name, ["Preempted", "Restarting"], None)),
     "the lease not held yet: at once": (
         lease_not_held(), {}, [runner_pod()], EVICTED,
-        ("Pending", 3, 1, ["run-a2"], {}, EVICTED.name, ["Preempted", "Restarting"])),
+        ("Pending", 3, 1, ["run-a2"], EVICTED.name, ["Preempted", "Restarting"], None)),
 }
 
 
@@ -160,16 +160,16 @@ EVICTIONS = {
 def test_an_eviction_stops_the_attempt_as_a_suspended_run_stops_then_as_a_disruption(case: str) -> None:
     status, spec, pods, wl, expected = EVICTIONS[case]
     plan, after = decided(body(status, spec=spec), pods, wl=wl)
-    phase, epoch, disruptions, deleted, grace, released, events = expected
+    phase, epoch, disruptions, deleted, released, events, stop_grace = expected
     assert (after["phase"], after["epoch"], after.get("disruptions", 0)) == (phase, epoch, disruptions)
     assert after.get("restarts", 0) == 0
-    assert (plan.delete_pods, plan.pod_grace) == (deleted, grace)
+    assert plan.delete_pods == deleted
     assert plan.delete_workload == released
     assert reasons(plan) == events
     if disruptions:
         assert plan.restart_reason == "Preempted"
-    if grace:
-        assert "policy.abortGracePeriod" in after["message"]
+    if stop_grace:
+        assert f"finish within {stop_grace} (policy.stopGracePeriod)" in after["message"]
 
 
 def test_an_admitted_running_attempt_is_left_alone() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -141,6 +142,33 @@ def test_suspend_and_resume(operator: Operator, runs: RunEnv) -> None:
     runs.wait_phase("pausable", "Succeeded", timeout=60)
     # Suspension waits for the running step: nothing runs twice.
     assert [runs.executions(f"s{i}") for i in range(6)] == [1] * 6
+
+
+@pytest.mark.parametrize(("stop_grace", "s1_runs"), [(None, 1), ("0s", 2)], ids=["default grace", "stopGracePeriod 0s"])
+def test_a_pod_deleted_mid_step_lets_its_step_finish_within_the_stop_grace(
+        operator: Operator, runs: RunEnv, testbed_root: Path, stop_grace: str | None, s1_runs: int) -> None:
+    """A pod deleted under its runner (a drain, an eviction, someone's kubectl delete) gets SIGTERM: the step in
+    flight finishes within policy.stopGracePeriod and is journaled, and the run resumes after it (a disruption);
+    with 0s it is cancelled and runs again."""
+    policy = {} if stop_grace is None else {"stopGracePeriod": stop_grace}
+    manifest = runs.manifest("drained", "optest_flows:steps", {"steps": 3, "sleep": 0.2, "hold": "s1"}, policy=policy)
+    del manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]  # the default's 30 s
+    runs.apply(manifest)
+    procs.wait_for(lambda: "start s1" in runs.ledger(), timeout=60, what="step s1")
+    pod = runs.get("drained")["status"]["pod"]
+    runs.testbed.kubectl("delete", "pod", pod, "-n", runs.namespace, "--wait=false")
+
+    def told() -> str | None:  # the runner's own log: it took the SIGTERM while s1 was held
+        logs = testbed_root.rglob(f"{runs.namespace}_{pod}_*/runner.log")
+        text = "".join(log.read_text(errors="replace") for log in logs)
+        return text if "stop requested" in text else None
+
+    said = procs.wait_for(told, timeout=60, what="the runner to log the stop request")
+    assert f"the steps in flight get {stop_grace or '20s'} to finish" in said
+    (runs.ledger_dir / "release-s1").touch()
+    done = runs.wait_phase("drained", "Succeeded", timeout=90)["status"]
+    assert (done["disruptions"], done.get("restarts", 0)) == (1, 0)
+    assert [runs.executions(f"s{i}") for i in range(3)] == [1, s1_runs, 1]
 
 
 def test_unknown_workflow_fails_once_with_a_clear_message(operator: Operator, runs: RunEnv) -> None:

@@ -67,7 +67,7 @@ class Stub:
     def post_event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def delete_pod(self, namespace: str, name: str) -> None:
         pass
 
     release_pod = delete_pod

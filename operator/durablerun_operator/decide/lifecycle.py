@@ -156,22 +156,21 @@ def _evicted(t: transition.Transition, pod: facts.PodView) -> bool:
     """Kueue took the attempt's quota back: stop it as a disruption, and queue the run again.
 
     As a suspended run stops: a runner holding its lease is asked to stop at its next step boundary (its pod
-    deleted with policy.abortGracePeriod, if longer than the pod's own grace), so the step in flight can finish
+    deleted with its own grace period, which holds policy.stopGracePeriod), so the steps in flight can finish
     and be journaled; it is fenced once it has ended (``running`` counts that ending as the preemption). One
-    that cannot (not started, or a grace of 0s) is fenced and stopped at once.
+    that cannot (not started, or a stop grace of 0s) is fenced and stopped at once.
     """
     why = _eviction(t)
     if why is None:
         return False
     if pod.deleting and pod.deleted_by_operator:
         return True  # stopping within its grace: its ending decides
-    grace = t.run.spec.policy.abort_grace_period
+    grace = t.run.spec.policy.stop_grace(pod.grace_seconds)
     if aborts.holds_its_lease(t, pod) and grace > timedelta(0):
         t.plan.delete_pods.append(pod.name)
-        t.plan.pod_grace[pod.name] = max(int(grace.total_seconds()), pod.grace_seconds)
-        t.new.message = (f"stopping attempt {t.run.status.attempt}: {why}; the runner stops at its next step "
-                         f"boundary within policy.abortGracePeriod={t.run.spec.policy.abortGracePeriod}, then the "
-                         "run is queued again")
+        t.new.message = (f"stopping attempt {t.run.status.attempt}: {why}; the runner lets its steps in flight "
+                         f"finish within {api.format_duration(grace)} (policy.stopGracePeriod) and stops at its "
+                         "next step boundary, then the run is queued again")
         t.event(api.RestartReason.PREEMPTED.value, t.new.message, warning=True)
         return True
     t.event(api.RestartReason.PREEMPTED.value, f"attempt {t.run.status.attempt} in pod {pod.name} stopped: {why}",

@@ -31,9 +31,6 @@ class Plan:
     flavors: tuple[str, ...] = ()
     create_purge_pod: bool = False
     delete_pods: list[str] = field(default_factory=list)
-    # Deletion grace periods (seconds) for some of delete_pods, longer than their own: a preempted runner's
-    # time to stop at its next step boundary (lifecycle.running).
-    pod_grace: dict[str, int] = field(default_factory=dict)
     release_pods: list[str] = field(default_factory=list)
     add_run_finalizer: bool = False
     remove_run_finalizer: bool = False

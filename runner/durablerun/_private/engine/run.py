@@ -48,6 +48,7 @@ from durablerun.api import (
     Env,
     Outcome,
     active_time,
+    format_duration,
     format_time,
     input_hash,
     parse_duration,
@@ -109,6 +110,7 @@ class Run:
         self._wake: asyncio.Event | None = None
         self._stop: timedelta | None = None
         self._stop_at: float | None = None
+        self._stop_told = False
         self._abort: tuple[AbortReason, str] | None = None
         self._fence: str | None = None
         self._next_hb = 0.0
@@ -155,6 +157,11 @@ class Run:
                 loop.call_soon_threadsafe(self._on_loop_poke)
 
     def _on_loop_poke(self) -> None:
+        stop = self._stop
+        if stop is not None and not self._stop_told:  # said here, on the loop: never from a signal handler
+            self._stop_told = True
+            log.info("stop requested: no new step starts; the steps in flight get %s to finish and be journaled",
+                     format_duration(stop))
         if self._wake is not None:
             self._wake.set()
 

@@ -64,8 +64,16 @@ def _store(spec: resource.DurableRunSpec) -> Store:
 
 
 def _engine_config(spec: resource.DurableRunSpec) -> EngineConfig:
-    """Engine tuning from the spec, plus DURABLERUN_INLINE_SLEEP_MAX_SECONDS from the pod template's env."""
-    return tuned_from_env(EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery))
+    """Engine tuning from the spec, plus DURABLERUN_INLINE_SLEEP_MAX_SECONDS from the pod template's env and the
+    stop grace the operator computed for this pod (an older operator's pod has none: the policy's own)."""
+    raw = os.environ.get(api.Env.STOP_GRACE_SECONDS)
+    try:
+        stop_grace = timedelta(seconds=float(raw)) if raw else None
+    except ValueError:
+        raise errors.ConfigError(f"{api.Env.STOP_GRACE_SECONDS}={raw!r} is not a number of seconds") from None
+    if stop_grace is None:
+        stop_grace = spec.policy.stop_grace(resource.DEFAULT_POD_GRACE_SECONDS)
+    return tuned_from_env(EngineConfig(snapshot_every=spec.checkpoint.snapshotEvery, stop_grace=stop_grace))
 
 
 _POLICY_EXAMPLES = {"costCeilingUSD": '"<higher>"', "maxTokens": "<higher>", "maxSteps": "<higher>",
