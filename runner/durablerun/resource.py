@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -58,6 +59,23 @@ class Backoff(_Model):
         return min(doubled, self.max_delay)
 
 
+class AskAt(_Model):
+    """Soft budgets: where the run stops and asks a person before it spends more."""
+
+    costUSD: str | None = Field(
+        default=None, pattern=USD_PATTERN,
+        description="Stop before the next step once the run's cost reaches this many US dollars (a decimal string "
+                    'such as "4.00") and wait, with no pod, until it is raised or removed (kubectl durablerun '
+                    "budget) or the run is aborted.")
+    tokens: int | None = Field(
+        default=None, ge=0,
+        description="The same for the tokens the run has used.")
+
+
+#: The reasons a run waits on its budget (status.waitingFor.budget): the policy.askAt field it reached.
+ASK_COST, ASK_TOKENS = "costUSD", "tokens"
+
+
 #: A runner pod's terminationGracePeriodSeconds when its template sets none (Kubernetes' default).
 DEFAULT_POD_GRACE_SECONDS = 30
 #: Of a stopped runner's grace, what it keeps for itself after its steps: journal them, end the attempt.
@@ -90,6 +108,10 @@ class Policy(_Model):
     maxSteps: int | None = Field(
         default=None, ge=1, description="Abort (BudgetExhausted) before executing more than this many steps."
     )
+    askAt: AskAt | None = Field(
+        default=None,
+        description="Soft budgets: where the run stops before its next step and waits, with no pod, for a person "
+                    "to raise them (or end the run). costCeilingUSD and maxTokens still abort.")
     maxRetries: int = Field(
         default=3, ge=0, le=100,
         description="Default retries of a failing step (per step; a step may override it).",
@@ -156,6 +178,18 @@ class Policy(_Model):
     @property
     def abort_grace_period(self) -> timedelta:
         return parse_duration(self.abortGracePeriod)
+
+    def asks(self, usd: Decimal, tokens: int) -> str | None:
+        """The policy.askAt field (ASK_COST, ASK_TOKENS) that a run at this cost and these tokens has reached, or
+        None: it may start its next step without asking."""
+        ask = self.askAt
+        if ask is None:
+            return None
+        if ask.costUSD is not None and usd >= Decimal(ask.costUSD):
+            return ASK_COST
+        if ask.tokens is not None and tokens >= ask.tokens:
+            return ASK_TOKENS
+        return None
 
     def pod_grace_seconds(self, template_grace: int | None) -> int:
         """The runner pod's terminationGracePeriodSeconds: the template's (30 s if it sets none), raised to
@@ -434,6 +468,10 @@ class WaitingFor(_Model):
         description="Who holds the run's journal (spec.checkpoint.runId) in the store: the run waits until that "
                     "holder releases it or its store lease expires, then takes it over.",
     )
+    budget: str | None = Field(
+        default=None,
+        description="The policy.askAt limit the run reached (costUSD or tokens): it waits for a person to raise "
+                    "or remove it (kubectl durablerun budget), or to abort the run.")
     compensations: int | None = Field(
         default=None, ge=1,
         description="Saga compensations registered and not run when the wait began: an abort while the run waits "

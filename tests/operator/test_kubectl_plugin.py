@@ -246,3 +246,35 @@ def test_the_plugin_passes_kubectls_context_flags(plugin: Plugin, tmp_path: Path
     assert result.returncode == 1
     assert str(missing) in result.stderr
     assert os.environ.get("KUBECONFIG") != str(missing)
+
+
+def test_a_run_at_its_soft_budget_waits_with_no_pod_until_budget_raises_it(
+        operator: Operator, runs: RunEnv, plugin: Plugin) -> None:
+    runs.apply(runs.manifest("asks", "optest_flows:steps", {"steps": 5, "sleep": 0.05, "usd": "0.10"},
+                             policy={"costCeilingUSD": "10", "askAt": {"costUSD": "0.25"}}))
+    run = runs.wait_phase("asks", "Waiting", timeout=60)
+    status = run["status"]
+    assert (status["waitingFor"]["budget"], status["cost"]["usd"]) == ("costUSD", "0.30")
+    assert "policy.askAt.costUSD reached" in status["message"]
+    assert f"kubectl durablerun budget asks -n {runs.namespace} --ask-at-usd <higher>" in status["message"]
+    assert "$0.30 and 0 tokens spent" in status["message"]
+    assert "BudgetReached" in [e["reason"] for e in runs.events("asks")]
+    procs.wait_for(lambda: all(p["status"].get("phase") in ("Succeeded", "Failed") for p in runs.pods("asks")),
+                   timeout=30, what="no runner pod while the run waits on its budget")
+    said = plugin.dr("status", "asks")
+    assert "waiting for a person to raise policy.askAt.costUSD" in said.stdout, said.stdout + said.stderr
+    assert [runs.executions(f"s{i}") for i in range(5)] == [1, 1, 1, 0, 0]
+
+    wrong = plugin.dr("budget", "asks", "--ask-at-usd", "lots")
+    assert wrong.returncode == 1
+    assert "--ask-at-usd 'lots': give an amount in USD such as 5.00, or none to remove it" in wrong.stderr
+    raised = plugin.dr("budget", "asks", "--ask-at-usd", "0.35")  # one step more, then it asks again
+    assert raised.returncode == 0, raised.stderr
+    procs.wait_for(lambda: runs.executions("s3") == 1, timeout=60, what="step s3 after the budget was raised")
+    again = runs.wait_phase("asks", "Waiting", timeout=60)["status"]
+    assert (again["waitingFor"]["budget"], again["cost"]["usd"]) == ("costUSD", "0.40")
+    removed = plugin.dr("budget", "asks", "--ask-at-usd", "none")
+    assert removed.returncode == 0, removed.stderr
+    done = runs.wait_phase("asks", "Succeeded", timeout=60)["status"]
+    assert [runs.executions(f"s{i}") for i in range(5)] == [1] * 5
+    assert (done["cost"]["usd"], done.get("restarts", 0)) == ("0.50", 0)

@@ -66,6 +66,27 @@ def test_budget_abort_then_raise_the_limit(tmp_path: Path) -> None:
     assert info["totals"] == {"usd": "2.00", "tokens": 250, "steps": 5}
 
 
+def test_a_soft_budget_exits_waiting_and_a_resume_that_lifts_it_goes_on(tmp_path: Path) -> None:
+    store = f"file://{tmp_path}/s"
+    base = ["--run-id", "b", "--store", store]
+
+    def steps() -> int:
+        return int(json.loads(cli(["inspect", *base, "--json"]).stdout)["totals"]["steps"])
+
+    asked = cli(["run", "racing:approval", *base, "--input", '{"work": 5}', "--ask-at-cost", "1.00"])
+    assert asked.returncode == Outcome.WAITING.exit_code, asked.stderr
+    assert "policy.askAt.costUSD reached: raise it and resume: durablerun resume" in asked.stderr
+    assert "--ask-at-cost <higher>" in asked.stderr
+    assert steps() == 3
+    assert cli(["resume", *base]).returncode == Outcome.WAITING.exit_code  # the limit is kept
+    assert steps() == 3
+    lifted = cli(["resume", *base, "--ask-at-cost", "none"])
+    assert lifted.returncode == Outcome.WAITING.exit_code, lifted.stderr  # now on the workflow's own wait
+    assert "--ask-at-cost 1.00 -> none" in lifted.stderr
+    assert "waiting for event 'decision'" in lifted.stderr
+    assert steps() == 5
+
+
 def test_a_runs_budgets_are_recorded_and_kept_on_every_resume(tmp_path: Path) -> None:
     store = f"file://{tmp_path}/s"
     base = ["--run-id", "b", "--store", store, "--quiet"]

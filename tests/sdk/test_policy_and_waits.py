@@ -21,7 +21,7 @@ from durablerun._private.storage.backends.memory import MemoryBackend
 from durablerun._private.storage.stores import Store
 from durablerun.api import AbortReason, Outcome
 from durablerun.engine import AttemptResult, EngineConfig, Run
-from durablerun.resource import Policy
+from durablerun.resource import AskAt, Policy
 from durablerun.sinks import EventKind, JsonLinesSink, ProgressEvent, ProgressSink
 from durablerun.stores import RunRef
 from tests.helpers.local_runs import StoreSpec, wait_until
@@ -65,6 +65,44 @@ def test_cost_ceiling_aborts_and_raising_it_resumes(store_spec: StoreSpec) -> No
     assert r2.totals.usd == Decimal("2.00")
     assert r2.totals.tokens == 800
     assert r2.totals.steps == 8
+
+
+@pytest.mark.parametrize(("ask", "raised", "reached"), [
+    (AskAt(costUSD="1.00"), AskAt(costUSD="1.50"), "costUSD"),
+    (AskAt(tokens=300), AskAt(tokens=500), "tokens"),
+], ids=["cost", "tokens"])
+def test_a_soft_budget_waits_for_a_person_and_a_raised_one_goes_on(
+        mem: Store, ask: AskAt, raised: AskAt, reached: str) -> None:
+    ledger = Ledger()
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        out = []
+        for i in range(8):
+            def call(i: int = i) -> int:
+                ledger.hit(f"llm-{i}")
+                ctx.add_cost(usd=Decimal("0.25"), tokens=100)
+                return i
+            out.append(await ctx.step(f"llm-{i}", call))
+        return out
+
+    asked = attempt(mem, wf, policy=Policy(costCeilingUSD="10", askAt=ask))
+    assert asked.outcome == Outcome.WAITING
+    assert asked.waiting is not None
+    assert asked.waiting.budget == reached
+    assert f"policy.askAt.{reached} reached" in asked.message
+    steps_at_ask = asked.totals.steps
+    # The same limit: it asks again, and runs nothing.
+    again = attempt(mem, wf, policy=Policy(costCeilingUSD="10", askAt=ask))
+    assert (again.outcome, again.totals.steps) == (Outcome.WAITING, steps_at_ask)
+    more = attempt(mem, wf, policy=Policy(costCeilingUSD="10", askAt=raised))
+    assert more.outcome == Outcome.WAITING
+    assert more.totals.steps > steps_at_ask
+    done = attempt(mem, wf, policy=Policy(costCeilingUSD="10"))  # removed: no more asking
+    assert done.outcome == Outcome.COMPLETED
+    assert ledger.calls == {f"llm-{i}": 1 for i in range(8)}  # nothing ran twice
+    # The ceiling still aborts, before the soft limit asks.
+    hard = attempt(mem, wf, ref=RunRef.local("hard"), policy=Policy(costCeilingUSD="0.50", askAt=ask))
+    assert (hard.outcome, hard.abort_reason) == (Outcome.ABORTED, AbortReason.BUDGET_EXHAUSTED)
 
 
 def test_token_and_step_budgets(mem: Store) -> None:

@@ -96,7 +96,7 @@ def quiet_until(run: facts.RunView) -> datetime | None:
         return api.parse_time(status.nextAttemptTime)
     if phase == api.Phase.WAITING:
         waiting = status.waitingFor or resource.WaitingFor()
-        if waiting.event and waiting.event in spec.events:
+        if (waiting.event and waiting.event in spec.events) or facts.budget_lifted(run):
             return None
         moments = [m for m in (api.parse_time(waiting.wakeTime), api.parse_time(waiting.deadline)) if m]
         return min(moments, default=NEVER)

@@ -14,6 +14,7 @@ import json
 import signal
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from durablerun import api, relations, resource
@@ -236,6 +237,16 @@ class RunView:
 
 
 # --- requests not acted on yet ------------------------------------------------------------
+
+
+def budget_lifted(run: RunView) -> bool:
+    """A run waiting on its budget (policy.askAt) whose policy now lets it go on: the limit it reached was raised
+    past its cost, or removed."""
+    waiting = run.status.waitingFor
+    if run.status.phase != api.Phase.WAITING or waiting is None or not waiting.budget:
+        return False
+    cost = run.status.cost
+    return run.spec.policy.asks(Decimal(cost.usd), cost.tokens) is None
 
 
 def retry_requested(run: RunView) -> bool:

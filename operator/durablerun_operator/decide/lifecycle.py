@@ -288,12 +288,16 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
             since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
             holder=waiting.get("holder"), compensations=waiting.get("compensations") or None,
+            budget=waiting.get("budget"),
         )
         event = str(waiting.get("event") or "")
         prefix = relations.CHILD_EVENT_PREFIX
         t.new.message = (f"waiting for child run {t.run.name}-{event[len(prefix):]} to finish (no pod)"
                          if event.startswith(prefix) else ending.message)
-        t.event(api.Phase.WAITING.value, t.new.message)
+        if waiting.get("budget"):  # someone must act: the runner's message says what was spent and how to go on
+            t.event("BudgetReached", t.new.message, warning=True)
+        else:
+            t.event(api.Phase.WAITING.value, t.new.message)
     elif outcome == api.Outcome.SUSPENDED:
         if t.run.spec.suspend:
             t.new.phase = api.Phase.SUSPENDED
@@ -336,6 +340,11 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
 
 def waiting(t: transition.Transition) -> None:
     waiting = t.run.status.waitingFor or resource.WaitingFor()
+    if facts.budget_lifted(t.run):
+        t.new.phase = api.Phase.PENDING
+        t.new.message = f"policy.askAt.{waiting.budget} raised or removed: resuming"
+        t.event("BudgetRaised", t.new.message)
+        return
     if waiting.event and waiting.event in t.run.spec.events:
         t.new.phase = api.Phase.PENDING
         t.new.message = f"event {waiting.event!r} arrived: resuming"

@@ -28,6 +28,8 @@ class Waiting:
     event: str | None = None
     deadline: datetime | None = None
     wake_time: datetime | None = None
+    #: The policy.askAt field reached (resource.ASK_COST, ASK_TOKENS): a wait for a person to raise it.
+    budget: str | None = None
 
 
 class Halt(BaseException):

@@ -36,11 +36,11 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from durablerun import errors
-from durablerun._private.engine.halts import Halt, HaltKind, strongest
+from durablerun._private.engine.halts import Halt, HaltKind, Waiting, strongest
 from durablerun._private.records.model import CompleteRecord, Divergence, Record, ReplayProbe, StepRecord, Totals
 from durablerun._private.storage.journal import Loaded
 from durablerun.api import AbortReason
-from durablerun.resource import Policy
+from durablerun.resource import ASK_COST, Policy
 
 T = TypeVar("T")
 
@@ -276,7 +276,7 @@ class Live:
 
 def budget_halt(live: Live, policy: Policy, max_cost: Decimal | None,
                 advice: Callable[[str], str]) -> Halt | None:
-    """Why a new step may not start (a budget is used up), or None.
+    """Why a new step may not start (a budget is used up: an abort; a soft one, policy.askAt: a wait), or None.
 
     Budgets are checked before a new step starts: a step already running
     finishes and is journaled, so its cost can end past the ceiling (an overshoot).
@@ -301,6 +301,12 @@ def budget_halt(live: Live, policy: Policy, max_cost: Decimal | None,
                     f"{_count(live.totals.steps, 'step')} journaled{running}, limit {p.maxSteps} "
                     f"(policy.maxSteps, checked before each step starts): {advice('maxSteps')}",
                     reason=AbortReason.BUDGET_EXHAUSTED)
+    asked = p.asks(usd, tokens)
+    if asked is not None and p.askAt is not None:
+        spent, limit = ((f"cost ${usd}", f"${p.askAt.costUSD}") if asked == ASK_COST
+                        else (f"{tokens} tokens", str(p.askAt.tokens)))
+        return Halt(HaltKind.WAIT, f"{spent} reached policy.askAt.{asked} {limit}: waiting for a person to raise "
+                    "it or abort the run", waiting=Waiting(budget=asked))
     return None
 
 

@@ -332,7 +332,13 @@ class Run:
             # Waiting: publish it, then look again (an event sent meanwhile is never lost:
             # a sender writes the event first and reads our status second).
             waiting = outcome
-            result = self._result(c, Outcome.WAITING, _waiting_message(waiting), waiting=waiting)
+            # What it spent, as its budgets counted it: a budget wait journals nothing, so a cost charged since the
+            # last record is not in the journal's totals yet (the next attempt's replay charges it again).
+            spent = c.spent()
+            message = (_waiting_message(waiting) if not waiting.budget else
+                       f"waiting on its budget: ${spent.usd} and {spent.tokens} tokens spent, policy.askAt."
+                       f"{waiting.budget} reached: {c.advice('askAt.' + waiting.budget)}, or abort the run")
+            result = self._result(c, Outcome.WAITING, message, waiting=waiting, totals=spent)
             await c.final_snapshot()
             doc = self._status_doc(result, code_version, c.total_steps)
             polling_until = self._polls_until(waiting)
@@ -456,7 +462,7 @@ class Run:
             if exc.kind == HaltKind.WAIT and exc.waiting is not None:
                 w = exc.waiting
                 return WaitingFor(w.event, w.deadline, w.wake_time, datetime.now(UTC),
-                                  compensations=c.open_compensations)
+                                  compensations=c.open_compensations, budget=w.budget)
             return self._halt_result(exc, c)
         if isinstance(exc, asyncio.CancelledError):
             return self._result(c, Outcome.SUSPENDED, "the workflow was cancelled")

@@ -78,11 +78,15 @@ def _engine_config(spec: resource.DurableRunSpec) -> EngineConfig:
 
 _POLICY_EXAMPLES = {"costCeilingUSD": '"<higher>"', "maxTokens": "<higher>", "maxSteps": "<higher>",
                     "maxDuration": '"<longer>"', "progressTimeout": '"<longer>"'}
+_BUDGET_FLAGS = {"askAt.costUSD": "--ask-at-usd", "askAt.tokens": "--ask-at-tokens"}
 
 
 def kubectl_advice(namespace: str, name: str) -> Callable[[str], str]:
     """Abort messages on Kubernetes: the kubectl patch that raises the limit (an Aborted run then resumes)."""
     def advice(field: str) -> str:
+        if field in _BUDGET_FLAGS:  # a soft budget: the plugin's command, the run goes on at once
+            return f"raise it and the run goes on: kubectl durablerun budget {name} -n {namespace} " \
+                   f"{_BUDGET_FLAGS[field]} <higher>"
         value = _POLICY_EXAMPLES.get(field, "<value>")
         patch = f'{{"spec":{{"policy":{{"{field}":{value}}}}}}}'
         return f"raise it and the run resumes: kubectl patch dr {name} -n {namespace} --type merge -p '{patch}'"

@@ -468,6 +468,8 @@ class WaitingFor:
     since: datetime | None = None
     #: Saga compensations registered and not run when the wait began (what an abort meanwhile undoes).
     compensations: int = 0
+    #: The policy.askAt field the run reached: it waits for a person to raise it.
+    budget: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -478,6 +480,8 @@ class WaitingFor:
         }
         if self.compensations:
             doc["compensations"] = self.compensations
+        if self.budget:
+            doc["budget"] = self.budget
         return doc
 
     @classmethod
@@ -489,7 +493,7 @@ class WaitingFor:
             v = data.get(key)
             return parse_time(v) if v else None
 
-        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"))
+        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"), budget=data.get("budget"))
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,10 @@ def run_args(p: argparse.ArgumentParser) -> None:
                    help="cost ceiling in US dollars, e.g. 5.00 ('none': no ceiling)")
     p.add_argument("--max-tokens", metavar="N", help="token budget ('none': no limit)")
     p.add_argument("--max-steps", metavar="N", help="step budget ('none': no limit)")
+    p.add_argument("--ask-at-cost", metavar="USD",
+                   help="stop before the next step at this cost and exit Waiting until resumed with a higher one "
+                        "('none': never ask)")
+    p.add_argument("--ask-at-tokens", metavar="N", help="the same for tokens ('none': never ask)")
     p.add_argument("--max-duration", metavar="DURATION",
                    help="wall time since the first start, e.g. 8h (default 8h)")
     p.add_argument("--max-retries", metavar="N",
@@ -184,6 +188,7 @@ def duration_arg(flag: str, text: str | None) -> str | None:
 
 #: The flag that sets each policy field.
 POLICY_FLAGS = {"costCeilingUSD": "--max-cost", "maxTokens": "--max-tokens",
+                "askAt.costUSD": "--ask-at-cost", "askAt.tokens": "--ask-at-tokens",
                 "maxSteps": "--max-steps", "maxDuration": "--max-duration",
                 "progressTimeout": "--progress-timeout", "maxRetries": "--max-retries"}
 NO_LIMIT = "none"
@@ -192,18 +197,22 @@ NO_LIMIT = "none"
 def policy_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The policy fields the command line sets (``none`` lifts a budget)."""
     fields: dict[str, Any] = {}
-    if args.max_cost is not None:
-        if args.max_cost == NO_LIMIT:
-            fields["costCeilingUSD"] = None
-        else:
-            try:
-                if Decimal(args.max_cost) < 0:
-                    raise InvalidOperation
-            except InvalidOperation:
-                raise UsageError(f"--max-cost: {args.max_cost!r} is not an amount in USD, "
-                                 "e.g. --max-cost 5.00 (or 'none': no ceiling)") from None
-            fields["costCeilingUSD"] = str(Decimal(args.max_cost))
+    for flag, name, value in (("--max-cost", "costCeilingUSD", args.max_cost),
+                              ("--ask-at-cost", "askAt.costUSD", args.ask_at_cost)):
+        if value is None:
+            continue
+        if value == NO_LIMIT:
+            fields[name] = None
+            continue
+        try:
+            if not Decimal(value).is_finite() or Decimal(value) < 0:
+                raise InvalidOperation
+        except InvalidOperation:
+            raise UsageError(f"{flag}: {value!r} is not an amount in USD, "
+                             f"e.g. {flag} 5.00 (or 'none': no limit)") from None
+        fields[name] = str(Decimal(value))
     for flag, name, value, low in (("--max-tokens", "maxTokens", args.max_tokens, 0),
+                                   ("--ask-at-tokens", "askAt.tokens", args.ask_at_tokens, 0),
                                    ("--max-steps", "maxSteps", args.max_steps, 1),
                                    ("--max-retries", "maxRetries", args.max_retries, 0)):
         if value is None:

@@ -70,22 +70,44 @@ def _run_policy(args: argparse.Namespace, rs: RunStore) -> Policy:
     flags = arguments.policy_flags(args)
     stored = rs.read_policy()
     if stored is None:
-        policy = Policy(**flags)
+        policy = _with(Policy(), flags)
     else:
         policy = Policy.model_validate(stored)
-        changes = {k: v for k, v in flags.items() if getattr(policy, k) != v}
+        changes = {k: v for k, v in flags.items() if _field(policy, k) != v}
         if changes:
             def shown(value: Any) -> str:
                 return arguments.NO_LIMIT if value is None else str(value)
 
-            said = ", ".join(f"{arguments.POLICY_FLAGS[k]} {shown(getattr(policy, k))} -> {shown(v)}"
+            said = ", ".join(f"{arguments.POLICY_FLAGS[k]} {shown(_field(policy, k))} -> {shown(v)}"
                              for k, v in changes.items())
             print(f"durablerun: changing the policy of run {rs.ref}: {said} (recorded: later "
                   "resumes keep it)", file=sys.stderr)
-            policy = policy.model_copy(update=changes)
+            policy = _with(policy, changes)
     if stored != policy.model_dump(mode="json"):
         rs.write_policy(policy.model_dump(mode="json"))
     return policy
+
+
+def _field(policy: Policy, key: str) -> Any:
+    """A policy field by its dotted name (``askAt.costUSD``); None when a part is unset."""
+    value: Any = policy
+    for part in key.split("."):
+        value = getattr(value, part) if value is not None else None
+    return value
+
+
+def _with(policy: Policy, fields: dict[str, Any]) -> Policy:
+    """``policy`` with ``fields`` (dotted names) set."""
+    doc = policy.model_dump(mode="json")
+    for key, value in fields.items():
+        *parents, last = key.split(".")
+        node = doc
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    return Policy.model_validate(doc)
 
 
 def _cli_advice(args: argparse.Namespace) -> Callable[[str], str]:

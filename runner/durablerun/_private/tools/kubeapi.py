@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from durablerun import api, resource
@@ -144,6 +145,40 @@ def send_event(kube: Kubectl, run: str, event: str, payload: Any) -> str:
 def suspend(kube: Kubectl, run: str, on: bool) -> str:
     kube.merge_patch(run, {"spec": {"suspend": on}})
     return f"{KIND_REF}/{run} {'suspended' if on else 'resumed'}"
+
+
+#: The budgets `kubectl durablerun budget` (and the run browser) set: flag -> (its policy field's path, kind).
+BUDGET_FLAGS = {"ask_at_usd": (("askAt", "costUSD"), "usd"), "ask_at_tokens": (("askAt", "tokens"), "count"),
+                "max_cost": (("costCeilingUSD",), "usd"), "max_tokens": (("maxTokens",), "count")}
+
+
+def budget(kube: Kubectl, run: str, values: dict[str, str]) -> str:
+    """Set the run's budgets (values by BUDGET_FLAGS key; "none" removes one) with one merge patch of
+    spec.policy; a run waiting on its budget goes on once the limit it reached is past its cost."""
+    policy: dict[str, Any] = {}
+    said = []
+    for key, text in values.items():
+        path, kind = BUDGET_FLAGS[key]
+        flag = "--" + key.replace("_", "-")
+        value: Any = None
+        if text != "none":
+            try:
+                number = Decimal(text) if kind == "usd" else int(text)
+            except (ValueError, ArithmeticError):
+                number = -1
+            if not (number >= 0 and Decimal(number).is_finite()):
+                example = "an amount in USD such as 5.00" if kind == "usd" else "a whole number such as 200000"
+                raise PluginError(f"{flag} {text!r}: give {example}, or none to remove it")
+            value = str(number) if kind == "usd" else number
+        node = policy
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+        said.append(f"policy.{'.'.join(path)}={'none' if value is None else value}")
+    if not policy:
+        raise PluginError("give at least one of --ask-at-usd, --ask-at-tokens, --max-cost, --max-tokens")
+    kube.merge_patch(run, {"spec": {"policy": policy}})
+    return f"{KIND_REF}/{run} budget set: {', '.join(said)}"
 
 
 def abort(kube: Kubectl, run: str, reason: str) -> str:

@@ -77,6 +77,12 @@ def cmd_suspend(kube: Kubectl, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_budget(kube: Kubectl, args: argparse.Namespace) -> int:
+    values = {key: getattr(args, key) for key in kubeapi.BUDGET_FLAGS if getattr(args, key) is not None}
+    print(kubeapi.budget(kube, args.run, values))
+    return 0
+
+
 def cmd_abort(kube: Kubectl, args: argparse.Namespace) -> int:
     print(kubeapi.abort(kube, args.run, args.reason))
     return 0
@@ -152,6 +158,7 @@ def describe_status(run: dict[str, Any], now: Any) -> list[str]:
     waiting = status.waitingFor
     if status.phase == api.Phase.WAITING and waiting is not None:
         what = (f"event {waiting.event!r}" if waiting.event else
+                f"a person to raise policy.askAt.{waiting.budget} (kubectl durablerun budget)" if waiting.budget else
                 f"a durable sleep until {waiting.wakeTime}" if waiting.wakeTime else "its turn")
         since = f" since {waiting.since}" if waiting.since else ""
         lines.append(f"waiting for {what}{since} (no pod)")
@@ -314,7 +321,7 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "status", "logs", "journal",
-            "tree", "completion", "timeline", "rerun", "fork", "ui", "upgrade"]
+            "tree", "completion", "timeline", "rerun", "fork", "ui", "upgrade", "budget"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
 TAKES_RUN = set(COMMANDS) - {"completion", "ui", "upgrade"}
 
@@ -403,6 +410,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("abort", f"abort the run (annotation {api.ANNOTATION_ABORT}=REASON); a running attempt gets "
                          "spec.policy.abortGracePeriod to stop and let its Sagas undo their work")
     p.add_argument("--reason", default="requested with kubectl durablerun", help="why (shown in the status)")
+    p = command("budget", "set the run's budgets (spec.policy; none removes one): a run Waiting on its budget "
+                          "goes on once the soft limit it reached is past its cost")
+    p.add_argument("--ask-at-usd", metavar="USD", help="policy.askAt.costUSD: stop and ask at this cost")
+    p.add_argument("--ask-at-tokens", metavar="N", help="policy.askAt.tokens: stop and ask at this many tokens")
+    p.add_argument("--max-cost", metavar="USD", help="policy.costCeilingUSD: abort at this cost")
+    p.add_argument("--max-tokens", metavar="N", help="policy.maxTokens: abort at this many tokens")
     command("retry", f"retry a Failed or Aborted run from its journal (annotation {api.ANNOTATION_RETRY} set "
                      f"to a new value; lifts {api.ANNOTATION_ABORT})")
     p = command("wait", "wait until the run is finished (exit 0 Succeeded, 1 Failed, 3 Aborted, 124 timeout)")
@@ -455,7 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
 HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "suspend": cmd_suspend,
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "status": cmd_status,
             "logs": cmd_logs, "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion,
-            "timeline": cmd_journal, "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve, "upgrade": cmd_upgrade}
+            "timeline": cmd_journal, "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve, "upgrade": cmd_upgrade,
+            "budget": cmd_budget}
 
 
 def main(argv: list[str] | None = None) -> int:
