@@ -183,6 +183,20 @@ BUDGET_NEAR_CEILING = Alert(
     """,
 )
 
+WAITING_ON_BUDGET = Alert(
+    name="DurableRunWaitingOnBudget",
+    expr=f"""
+        max by ({RUN}, budget) (durablerun_run_waiting_on_budget) == 1
+    """,
+    for_="0m",
+    severity="warning",
+    summary="A durable run waits for a person to raise its budget.",
+    description=f"""
+        DurableRun {RUN_LABELS} stopped at its policy.askAt.{{{{ $labels.budget }}}} limit and waits, with no
+        pod, until someone raises it (kubectl durablerun budget) or aborts the run.
+    """,
+)
+
 LEASE_STALE = Alert(
     name="DurableRunLeaseStale",
     # Exported only while the run is Running, i.e. while a pod must renew it.
@@ -235,7 +249,8 @@ MASS_LEASE_EXPIRY = Alert(
     """,
 )
 
-RUN_ALERTS = (ABORTED, ABORTED_BY_USER, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, LEASE_STALE)
+RUN_ALERTS = (ABORTED, ABORTED_BY_USER, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, WAITING_ON_BUDGET,
+              LEASE_STALE)
 OPERATOR_ALERTS = (OPERATOR_DOWN, MASS_LEASE_EXPIRY)
 ALL = RUN_ALERTS + OPERATOR_ALERTS
 

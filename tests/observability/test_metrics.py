@@ -152,6 +152,19 @@ def test_runs_queued_counts_the_queued_runs_of_each_namespace(
     assert value(registry, "durablerun_runs_queued", namespace="a") == 1
 
 
+def test_a_run_waiting_on_its_budget_says_which_limit_while_it_waits(
+    run_metrics: metrics.RunMetrics, registry: CollectorRegistry
+) -> None:
+    waiting = resource.WaitingFor(budget=resource.ASK_TOKENS)
+    run_metrics.observe_run("ml", "asks", status(phase=api.Phase.WAITING, waitingFor=waiting), resource.Policy(), NOW)
+    run_metrics.observe_run("ml", "sleeps", status(phase=api.Phase.WAITING, waitingFor=resource.WaitingFor(
+        wakeTime=ts(-60))), resource.Policy(), NOW)
+    assert value(registry, "durablerun_run_waiting_on_budget", namespace="ml", name="asks", budget="tokens") == 1
+    assert [s for s in series_of(registry, "ml", "sleeps") if "budget" in s] == []
+    run_metrics.observe_run("ml", "asks", status(phase=api.Phase.RUNNING), resource.Policy(), NOW)
+    assert value(registry, "durablerun_run_waiting_on_budget", namespace="ml", name="asks", budget="tokens") is None
+
+
 def test_seconds_since_advance_at_scrape_time_without_new_observations(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry, clock: FakeMonotonic
 ) -> None:

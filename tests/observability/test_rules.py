@@ -21,7 +21,8 @@ RUNBOOKS = REPO / "docs" / "runbooks.md"
 RUNBOOK_BASE = "https://github.com/durable-run/durable-run/blob/main/docs/runbooks.md"
 EXPECTED_ALERTS = {
     "DurableRunAborted", "DurableRunAbortedByUser", "DurableRunFailed", "DurableRunRestartLoop", "DurableRunStuck",
-    "DurableRunBudgetNearCeiling", "DurableRunLeaseStale", "DurableRunOperatorDown", "DurableRunMassLeaseExpiry",
+    "DurableRunBudgetNearCeiling", "DurableRunWaitingOnBudget", "DurableRunLeaseStale", "DurableRunOperatorDown",
+    "DurableRunMassLeaseExpiry",
 }
 
 
