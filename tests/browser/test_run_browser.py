@@ -161,3 +161,24 @@ def test_only_this_servers_pages_may_act(runs: RunEnv, testbed: TestBed, start_u
     bad = request(f"{url}api/runs?phase=Sleeping")
     assert bad[0] == 400
     assert "phase: Sleeping is not a phase" in bad[1]
+
+
+def test_a_run_waiting_on_its_budget_goes_on_with_one_click(operator: Operator, runs: RunEnv, testbed: TestBed,
+                                                             start_ui: StartUI, chrome: webdriver.Remote) -> None:
+    runs.apply(runs.manifest("asks", "optest_flows:steps", {"steps": 5, "sleep": 0.05, "usd": "0.10"},
+                             policy={"askAt": {"costUSD": "0.25"}}))
+    runs.wait_phase("asks", "Waiting", timeout=60)
+    chrome.get(f"{start_ui(testbed.kubeconfig, '-n', runs.namespace)}runs/{runs.namespace}/asks")
+    until(chrome, lambda: "raise policy.askAt.costUSD" in text(chrome, "#waiting"), "what the run waits for")
+    assert "spent $0.30" in text(chrome, "#waiting")
+    form = chrome.find_element(By.ID, "budget-form")
+    form.find_element(By.NAME, "value").send_keys("0.35")
+    chrome.find_element(By.ID, "raise-budget").click()
+    assert "until policy.askAt.costUSD 0.35" in confirm(chrome)
+    until(chrome, lambda: "budget set: policy.askAt.costUSD=0.35" in text(chrome, "#result"), "the plugin's answer")
+    until(chrome, lambda: runs.executions("s3") == 1 and "spent $0.40" in text(chrome, "#waiting"),
+          "one more step, then it asks again", timeout=90)
+    chrome.find_element(By.ID, "lift-budget").click()
+    assert "without asking again" in confirm(chrome)
+    until(chrome, lambda: text(chrome, "#phase") == "Succeeded", "the run Succeeded", timeout=90)
+    assert [runs.executions(f"s{i}") for i in range(5)] == [1] * 5

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from durablerun import api, errors
+from durablerun import api, errors, resource
 from durablerun._private.records.layout import RunRef
 from durablerun._private.storage.stores import Store
 from durablerun._private.tools import kubeapi, timeline
@@ -299,6 +299,11 @@ class Browser:
             return kubeapi.abort(kube, name, str(form.get("reason") or "requested in the run browser"))
         if action == "retry":
             return kubeapi.retry(kube, name)
+        if action == "budget":  # the policy.askAt limit a waiting run reached, raised (or "none": lifted)
+            flag = {resource.ASK_COST: "ask_at_usd", resource.ASK_TOKENS: "ask_at_tokens"}.get(str(form.get("budget")))
+            if flag is None:
+                raise ValueError(f"budget: {form.get('budget')!r} is not costUSD or tokens")
+            return kubeapi.budget(kube, name, {flag: str(form.get("value") or "")})
         raise LookupError(action)
 
 
@@ -398,7 +403,7 @@ class Handler(BaseHTTPRequestHandler):
             message = self.browser.act(ns, name, action, form if isinstance(form, dict) else {})
         except LookupError:
             return self._send(HTTPStatus.NOT_FOUND, {"error": f"no action {action!r}: event, suspend, resume, "
-                                                              "abort or retry"})
+                                                              "abort, retry or budget"})
         self._send(HTTPStatus.OK, {"message": message})
 
 

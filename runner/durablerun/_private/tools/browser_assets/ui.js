@@ -110,7 +110,7 @@ function listPage() {
 function runPage() {
   const [, , ns, name] = location.pathname.split("/").map(decodeURIComponent);
   const base = `/api/runs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
-  let tlOffset = 0, timer = null, eventPrefilled = false;
+  let tlOffset = 0, timer = null, eventPrefilled = false, budgetWait = null;
   document.title = `${name} · DurableRun`;
   document.getElementById("title").textContent = `${ns} / ${name}`;
   document.getElementById("name").textContent = name;
@@ -135,6 +135,8 @@ function runPage() {
     if (waiting) {
       waitingLine.textContent = waiting.event ? `Waiting for event "${waiting.event}" since ${waiting.since || "?"}` +
         (waiting.deadline ? ` (deadline ${waiting.deadline})` : "")
+        : waiting.budget ? `Waiting for a person to raise policy.askAt.${waiting.budget} since ${waiting.since || "?"}` +
+          ` (spent $${(status.cost || {}).usd || "0"}, ${(status.cost || {}).tokens || 0} tokens)`
         : waiting.wakeTime ? `Sleeping until ${waiting.wakeTime}` : waiting.holder ? `Waiting for ${waiting.holder}` : "";
       if (waiting.event && !eventPrefilled) {
         document.querySelector("#event-form [name=event]").value = waiting.event;
@@ -155,6 +157,11 @@ function runPage() {
       retry: status.phase === "Failed" || status.phase === "Aborted"};
     for (const button of document.querySelectorAll("[data-action]")) button.hidden = !offered[button.dataset.action];
     document.getElementById("event-form").hidden = finished;
+    // A run waiting on its soft budget: one click raises (or lifts) the limit it reached, and it goes on.
+    budgetWait = status.phase === "Waiting" && waiting && waiting.budget || null;
+    document.getElementById("budget-form").hidden = !budgetWait;
+    if (budgetWait) document.getElementById("budget-label").textContent =
+      budgetWait === "costUSD" ? "ask again at (USD)" : "ask again at (tokens)";
     document.querySelector("#conditions tbody").replaceChildren(...(status.conditions || []).map(c =>
       el("tr", {}, el("td", {}, c.type), el("td", {}, c.status), el("td", {}, c.reason || ""),
         el("td", {class: "message"}, c.message || ""))));
@@ -233,6 +240,13 @@ function runPage() {
   for (const button of document.querySelectorAll("[data-action]")) {
     button.onclick = () => act(button.dataset.action, {}, questions[button.dataset.action]);
   }
+  document.getElementById("budget-form").addEventListener("submit", e => {
+    e.preventDefault();
+    const value = e.target.value.value;
+    act("budget", {budget: budgetWait, value}, `Let ${name} go on until policy.askAt.${budgetWait} ${value}?`);
+  });
+  document.getElementById("lift-budget").onclick = () => act("budget", {budget: budgetWait, value: "none"},
+    `Let ${name} go on without asking again (its ceilings still hold)?`);
   document.getElementById("event-form").addEventListener("submit", e => {
     e.preventDefault();
     const form = e.target;
