@@ -15,6 +15,11 @@ Every request is logged (``requests``: api, turn, model, tool results seen);
 tests wait on the log (``wait_for``) and may hold one turn's answer
 (``hold_turn``) to kill a run while that request is in flight.
 
+Like a provider, it may limit each model's tokens per minute (``tokens_per_minute``): a bucket per model
+that refills continuously, a minute's worth at most, charged each answer's usage. A request whose usage
+does not fit is refused with 429, ``Retry-After`` (whole seconds) and the ``x-ratelimit-*`` headers, and
+logged with ``"status": 429``. (Its own arithmetic, not durable-run's: it is the evidence.)
+
     python -m durablerun_testbed llm-server --script script.json [--port 8931] [--host ADDRESS]
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -59,7 +65,7 @@ class LLMServer:
     port (or ``port``)."""
 
     def __init__(self, script: list[Turn], *, repeat_last: bool = False, port: int = 0,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", tokens_per_minute: int | None = None) -> None:
         if not script:
             raise ValueError("the script needs at least one turn")
         self.script = script
@@ -67,6 +73,8 @@ class LLMServer:
         self.repeat_last = repeat_last
         self.requests: list[dict[str, Any]] = []
         self.hold_turn: int | None = None
+        self.tokens_per_minute = tokens_per_minute
+        self._buckets: dict[str, tuple[float, float]] = {}  # model -> (tokens left, when)
         self._released = threading.Event()
         self._cond = threading.Condition()
         self.host = host
@@ -142,9 +150,10 @@ class LLMServer:
             self.requests.append(entry)
             self._cond.notify_all()
 
-    def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """The status, body and extra headers of the answer to ``body``."""
         if body.get("stream") and api == "openai":
-            return 400, _error(api, "this test server streams Anthropic messages only: call OpenAI without stream")
+            return 400, _error(api, "this test server streams Anthropic messages only: call OpenAI without stream"), {}
         messages = body.get("messages") or []
         n = sum(1 for m in messages if m.get("role") == "assistant")
         self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
@@ -154,11 +163,34 @@ class LLMServer:
         try:
             turn = self._turn(n)
         except LookupError as e:
-            return 400, _error(api, str(e))
+            return 400, _error(api, str(e)), {}
         usage_in = turn.input_tokens if turn.input_tokens is not None else DEFAULT_INPUT_TOKENS + 100 * n
+        refused = self._over_limit(str(body.get("model")), usage_in + turn.output_tokens)
+        if refused is not None:
+            return refused
         if api == "openai":
-            return 200, _openai_response(body, n, turn, usage_in)
-        return 200, _anthropic_response(body, n, turn, usage_in)
+            return 200, _openai_response(body, n, turn, usage_in), {}
+        return 200, _anthropic_response(body, n, turn, usage_in), {}
+
+    def _over_limit(self, model: str, tokens: int) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """The 429 a provider would answer when ``model``'s bucket cannot take ``tokens`` now; else charge it."""
+        limit = self.tokens_per_minute
+        if limit is None:
+            return None
+        with self._cond:
+            now = time.monotonic()
+            left, then = self._buckets.get(model, (float(limit), now))
+            left = min(float(limit), left + (now - then) * limit / 60)
+            if left < tokens:
+                self._buckets[model] = (left, now)
+                wait = math.ceil((tokens - left) / (limit / 60))
+                self.requests[-1]["status"] = 429
+                headers = {"retry-after": str(wait), "x-ratelimit-limit-tokens": str(limit),
+                           "x-ratelimit-remaining-tokens": str(int(left)), "x-ratelimit-reset-tokens": f"{wait}s"}
+                return 429, {"error": {"message": f"Rate limit reached for {model}: limit {limit} tokens per min",
+                                       "type": "tokens", "code": "rate_limit_exceeded"}}, headers
+            self._buckets[model] = (left - tokens, now)
+        return None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -175,18 +207,20 @@ class LLMServer:
                 if path.endswith("/chat/completions"):
                     self._send(*server.answer("openai", body))
                 elif path.endswith("/messages"):
-                    status, payload = server.answer("anthropic", body)
+                    status, payload, headers = server.answer("anthropic", body)
                     if body.get("stream") and status == 200:
                         self._stream(_anthropic_events(payload))
                     else:
-                        self._send(status, payload)
+                        self._send(status, payload, headers)
                 else:
                     self._send(404, {"error": {"message": f"no such endpoint {path}"}})
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(data)))
                     self.end_headers()

@@ -26,8 +26,10 @@ def llm_server() -> Iterator[Callable[..., LLMServer]]:
     """``llm_server([{"tool_calls": [...]}, {"text": "..."}], repeat_last=False)``: a started server."""
     servers: list[LLMServer] = []
 
-    def start(turns: list[dict[str, Any]], *, repeat_last: bool = False) -> LLMServer:
-        server = LLMServer([Turn.parse(t) for t in turns], repeat_last=repeat_last).start()
+    def start(turns: list[dict[str, Any]], *, repeat_last: bool = False,
+              tokens_per_minute: int | None = None) -> LLMServer:
+        server = LLMServer([Turn.parse(t) for t in turns], repeat_last=repeat_last,
+                           tokens_per_minute=tokens_per_minute).start()
         servers.append(server)
         return server
 

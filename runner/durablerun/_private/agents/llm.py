@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -11,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import api, errors
+from durablerun._private.agents import quota
 from durablerun._private.engine import replay
 from durablerun._private.engine.context import DurableContext
 from durablerun._private.telemetry import tracing
@@ -233,21 +235,22 @@ _METERED_CALLS = {("chat", "completions", "create"), ("chat", "completions", "pa
 
 
 class _Metered:
-    def __init__(self, target: Any, path: tuple[str, ...]) -> None:
+    def __init__(self, target: Any, path: tuple[str, ...], is_async: bool) -> None:
         self._target = target
         self._path = path
+        self._async = is_async
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         path = (*self._path, name)
         if path in _METERED_CALLS:
-            return _metered_call(attr)
+            return _metered_call(attr, self._async)
         if any(call[:len(path)] == path for call in _METERED_CALLS):
-            return _Metered(attr, path)
+            return _Metered(attr, path, self._async)
         return attr
 
 
-def _metered_call(fn: Any) -> Any:
+def _metered_call(fn: Any, is_async: bool) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("stream"):
             raise errors.WorkflowError(
@@ -258,8 +261,16 @@ def _metered_call(fn: Any) -> Any:
             raise errors.WorkflowError(
                 "a metered client's calls must run inside a step (ctx.step): outside one the call is "
                 "not journaled and runs again on every resume")
-        if isinstance(kwargs.get("model"), str):
-            price_for(kwargs["model"])  # an unpriced model fails before the call is paid for
+        model = kwargs.get("model")
+        if isinstance(model, str):
+            price_for(model)  # an unpriced model fails before the call is paid for
+            limits = quota.limiter()
+            if limits is not None and limits.quota_for(model) is not None:
+                estimate = quota.estimate_tokens(kwargs)
+                if is_async:
+                    return _async_within_quota(limits, model, estimate, fn, args, kwargs)
+                grant = limits.take(model, estimate)
+                return _settled(limits, model, grant, lambda: fn(*args, **kwargs))
         result = fn(*args, **kwargs)
         if hasattr(result, "__await__"):
             async def charged() -> Any:
@@ -272,11 +283,53 @@ def _metered_call(fn: Any) -> Any:
     return call
 
 
+def _settled(limits: quota.Limiter, model: str, grant: quota.Grant, send: Any) -> Any:
+    """Send the call its grant allows, charge its response, and settle the grant with its usage."""
+    try:
+        response = send()
+    except BaseException as error:
+        _refused(limits, model, grant, error)
+        raise
+    usage = read_usage(response)
+    grant.settle(usage.tokens if usage is not None else None)
+    charge_response(response)
+    return response
+
+
+async def _async_within_quota(limits: quota.Limiter, model: str, estimate: int, fn: Any, args: Any,
+                              kwargs: Any) -> Any:
+    grant = await limits.take_async(model, estimate)
+    try:
+        response = await fn(*args, **kwargs)
+    except BaseException as error:
+        _refused(limits, model, grant, error)
+        raise
+    usage = read_usage(response)
+    grant.settle(usage.tokens if usage is not None else None)
+    charge_response(response)
+    return response
+
+
+def _refused(limits: quota.Limiter, model: str, grant: quota.Grant, error: BaseException) -> None:
+    """A call that failed: a provider's 429 used nothing and cools the model down for the fleet of this
+    process; any other failure keeps its reservation (what it used is unknown)."""
+    wait = quota.retry_after(error)
+    if getattr(error, "status_code", None) == 429:
+        grant.settle(0)
+        if wait is not None:
+            limits.cool_down(model, wait)
+    else:
+        grant.settle(None)
+
+
 def metered(client: Any) -> Any:
     """An OpenAI or Anthropic client (sync or async) whose calls charge the step they run in.
 
     ``client.chat.completions.create``, ``client.responses.create`` and
     ``client.messages.create`` read the response's usage and charge it with
-    ``ctx.add_cost``; everything else passes through. Call them inside steps.
+    ``ctx.add_cost``; everything else passes through. Call them inside steps. Under a model quota
+    (``DURABLERUN_LLM_QUOTAS``: docs/agents.md, "Model quotas") each call first waits for its share.
     """
-    return _Metered(client, ())
+    # The SDKs' async clients close with a coroutine (AsyncOpenAI, AsyncAnthropic): their calls are awaited.
+    is_async = inspect.iscoroutinefunction(getattr(client, "close", None))
+    return _Metered(client, (), is_async)

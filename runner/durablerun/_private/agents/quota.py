@@ -1,0 +1,307 @@
+"""Model quotas: every metered call takes its share of its model's quota before it is sent.
+
+A provider limits an organisation's tokens per minute, requests per minute and, in effect, concurrent calls,
+per model. A quota says the same thing for a set of models (a pattern): a metered call reserves its estimated
+tokens (the prompt's size plus the most it may answer) and one request before it is sent, waits if the
+quota has no room, and settles the usage its response reports, so the window is charged what was really
+used. A provider's 429 with ``Retry-After`` cools the model down: the next calls wait it out instead of
+being rejected again.
+
+Each limit is a bucket refilled continuously at its per-minute rate, holding at most a minute's worth: a
+burst takes what a minute allows, then calls go at the rate. A call bigger than a whole minute's quota
+waits for a full bucket and then goes, alone (it could never fit otherwise).
+
+This limiter lives in one process: ``durablerun run`` on a laptop, where an agent author tests throttling
+(docs/agents.md, "Model quotas"). The quotas come from ``DURABLERUN_LLM_QUOTAS``: a JSON object, or the
+path of a file holding one::
+
+    {"quotas": [{"name": "gpt-4o", "models": "gpt-4o*", "tokensPerMinute": 60000,
+                 "requestsPerMinute": 500, "concurrent": 8}]}
+
+A model no quota names is not limited. Pure logic with an injected clock: the tests drive it without
+waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from durablerun import errors
+
+log = logging.getLogger("durablerun.quota")
+
+#: The environment variable holding the quotas (JSON, or a file's path).
+QUOTAS_ENV = "DURABLERUN_LLM_QUOTAS"
+#: Output tokens reserved for a call that names no maximum (settled to what it used).
+DEFAULT_OUTPUT_TOKENS = 1024
+#: Characters per token when estimating a prompt's size: English text's usual ratio, rounded down so the
+#: estimate errs high (a settle gives back what was not used).
+CHARS_PER_TOKEN = 4
+
+
+#: A wait shorter than this is no wait: a float's rounding never leaves a call waiting for nothing.
+_CLOSE_ENOUGH = 0.001
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Limits shared by every call to the models ``models`` (an fnmatch pattern) names."""
+
+    name: str
+    models: str
+    tokens_per_minute: int | None = None
+    requests_per_minute: int | None = None
+    concurrent: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Quota:
+        if not isinstance(doc, dict):
+            raise errors.ConfigError(f"{where}: a quota is an object with name, models and limits")
+        unknown = set(doc) - {"name", "models", "tokensPerMinute", "requestsPerMinute", "concurrent"}
+        if unknown:
+            raise errors.ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}: a quota has name, "
+                                     "models, tokensPerMinute, requestsPerMinute and concurrent")
+        for key in ("name", "models"):
+            if not isinstance(doc.get(key), str) or not doc[key]:
+                raise errors.ConfigError(f"{where}.{key}: required, a string (models: a pattern such as gpt-4o*)")
+        limits = {}
+        for key in ("tokensPerMinute", "requestsPerMinute", "concurrent"):
+            value = doc.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise errors.ConfigError(f"{where}.{key}: {value!r} is not a whole number of at least 1 (leave it "
+                                         "out for no limit)")
+            limits[key] = value
+        if not any(limits.values()):
+            raise errors.ConfigError(f"{where}: no limit: give tokensPerMinute, requestsPerMinute or concurrent")
+        return cls(doc["name"], doc["models"], limits["tokensPerMinute"], limits["requestsPerMinute"],
+                   limits["concurrent"])
+
+
+def parse_quotas(text: str) -> list[Quota]:
+    """Quotas from ``DURABLERUN_LLM_QUOTAS``'s JSON."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise errors.ConfigError(f"{QUOTAS_ENV}: not JSON ({e}); give {{\"quotas\": [...]}} or a file's path") \
+            from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("quotas"), list):
+        raise errors.ConfigError(f'{QUOTAS_ENV}: expected {{"quotas": [{{"name": ..., "models": ..., '
+                                 '"tokensPerMinute": ...}}]}}')
+    quotas = [Quota.from_json(q, f"{QUOTAS_ENV}: quotas[{i}]") for i, q in enumerate(doc["quotas"])]
+    names = [q.name for q in quotas]
+    if len(set(names)) != len(names):
+        raise errors.ConfigError(f"{QUOTAS_ENV}: two quotas share a name: names must be unique")
+    return quotas
+
+
+class Bucket:
+    """``per_minute`` units refilled continuously, at most a minute's worth held; it may go below zero when a
+    call used more than it reserved (the debt delays the next calls)."""
+
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.level = float(per_minute)
+        self.at = now
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.at) * self.rate)
+        self.at = max(self.at, now)
+
+    def wait_for(self, amount: float, now: float) -> float:
+        """Seconds until ``amount`` fits (a call bigger than the bucket waits for a full one)."""
+        self._refill(now)
+        short = min(amount, self.capacity) - self.level
+        return 0.0 if short <= 0 else short / self.rate
+
+    def take(self, amount: float, now: float) -> None:
+        self._refill(now)
+        self.level -= amount
+
+    def give(self, amount: float, now: float) -> None:
+        self._refill(now)
+        self.level = min(self.capacity, self.level + amount)
+
+
+@dataclass
+class _State:
+    quota: Quota
+    tokens: Bucket | None
+    requests: Bucket | None
+    in_flight: int = 0
+    cooldown_until: float = 0.0
+    waiters: int = 0
+
+
+@dataclass
+class Grant:
+    """A call's share, taken before it is sent: settle it with the usage its response reports (or with 0
+    if it failed before using any), exactly once."""
+
+    limiter: Limiter
+    state: _State | None
+    reserved: int
+    settled: bool = field(default=False)
+
+    def settle(self, used_tokens: int | None) -> None:
+        """Charge the window what the call used (its reservation if its usage is unknown) and free its slot."""
+        if self.settled:
+            return
+        self.settled = True
+        if self.state is not None:
+            self.limiter._settle(self.state, self.reserved, self.reserved if used_tokens is None else used_tokens)
+
+
+class Limiter:
+    """The quotas of one process. Thread-safe: steps call models from worker threads and from the loop."""
+
+    def __init__(self, quotas: list[Quota], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quotas = quotas
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._states: dict[str, _State] = {}
+
+    def quota_for(self, model: str) -> Quota | None:
+        """The quota of ``model``: the most specific pattern that matches it (the longest), or None."""
+        matching = [q for q in self.quotas if fnmatch.fnmatchcase(model, q.models)]
+        return max(matching, key=lambda q: len(q.models), default=None)
+
+    def _state(self, quota: Quota) -> _State:
+        state = self._states.get(quota.name)
+        if state is None:
+            now = self.clock()
+            state = self._states[quota.name] = _State(
+                quota, Bucket(quota.tokens_per_minute, now) if quota.tokens_per_minute else None,
+                Bucket(quota.requests_per_minute, now) if quota.requests_per_minute else None)
+        return state
+
+    def try_take(self, model: str, tokens: int) -> Grant | float:
+        """The grant of a call of ``tokens`` estimated tokens to ``model`` if it may go now, else the seconds to
+        wait before asking again (0 for a model no quota names: always a grant)."""
+        quota = self.quota_for(model)
+        if quota is None:
+            return Grant(self, None, tokens)
+        with self._lock:
+            state, now = self._state(quota), self.clock()
+            waits = [state.cooldown_until - now]
+            if state.tokens is not None:
+                waits.append(state.tokens.wait_for(tokens, now))
+            if state.requests is not None:
+                waits.append(state.requests.wait_for(1, now))
+            wait = max(waits)
+            if wait > _CLOSE_ENOUGH:
+                return wait
+            if quota.concurrent is not None and state.in_flight >= quota.concurrent:
+                return 0.05  # a slot frees when a call settles: look again soon
+            if state.tokens is not None:
+                state.tokens.take(tokens, now)
+            if state.requests is not None:
+                state.requests.take(1, now)
+            state.in_flight += 1
+            return Grant(self, state, tokens)
+
+    def take(self, model: str, tokens: int, *, sleep: Callable[[float], None] = time.sleep) -> Grant:
+        """Wait (blocking this thread) until the call may go, and take its share."""
+        said = False
+        while True:
+            granted = self.try_take(model, tokens)
+            if isinstance(granted, Grant):
+                return granted
+            said = said or self._say_waiting(model, tokens, granted)
+            sleep(min(granted, 1.0))
+
+    async def take_async(self, model: str, tokens: int) -> Grant:
+        """:meth:`take` for a coroutine: waits without blocking the event loop."""
+        said = False
+        while True:
+            granted = self.try_take(model, tokens)
+            if isinstance(granted, Grant):
+                return granted
+            said = said or self._say_waiting(model, tokens, granted)
+            await asyncio.sleep(min(granted, 1.0))
+
+    def _say_waiting(self, model: str, tokens: int, seconds: float) -> bool:
+        quota = self.quota_for(model)
+        log.info("quota %s: a call to %s (about %d tokens) waits %.1fs for room", quota.name if quota else "?",
+                 model, tokens, seconds)
+        return True
+
+    def _settle(self, state: _State, reserved: int, used: int) -> None:
+        with self._lock:
+            now = self.clock()
+            state.in_flight -= 1
+            if state.tokens is not None:
+                if used < reserved:
+                    state.tokens.give(reserved - used, now)
+                else:
+                    state.tokens.take(used - reserved, now)
+
+    def cool_down(self, model: str, seconds: float) -> None:
+        """The provider refused a call to ``model`` for ``seconds`` (a 429's Retry-After): every call to the
+        models of its quota waits until then."""
+        quota = self.quota_for(model)
+        if quota is None or seconds <= 0:
+            return
+        with self._lock:
+            state = self._state(quota)
+            state.cooldown_until = max(state.cooldown_until, self.clock() + seconds)
+        log.warning("quota %s: the provider refused a call to %s; its calls wait %.1fs (Retry-After)",
+                    quota.name, model, seconds)
+
+
+def estimate_tokens(kwargs: Mapping[str, Any]) -> int:
+    """A call's tokens before it is sent: its prompt's characters over CHARS_PER_TOKEN, plus the most it may
+    answer (max_tokens and its aliases; DEFAULT_OUTPUT_TOKENS if it names none)."""
+    prompt = sum(len(json.dumps(kwargs.get(key), default=str)) for key in ("messages", "input", "system",
+                                                                               "instructions", "tools")
+                 if kwargs.get(key) is not None)
+    answer = next((kwargs[k] for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")
+                   if isinstance(kwargs.get(k), int)), DEFAULT_OUTPUT_TOKENS)
+    return math.ceil(prompt / CHARS_PER_TOKEN) + int(answer)
+
+
+def retry_after(error: BaseException) -> float | None:
+    """The seconds a provider's 429 says to wait (``Retry-After`` or ``retry-after-ms``), or None: not a 429,
+    or one that says nothing."""
+    if getattr(error, "status_code", None) != 429:
+        return None
+    headers = getattr(getattr(error, "response", None), "headers", None) or {}
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return float(headers["retry-after-ms"]) / 1000
+        if headers.get("retry-after") is not None:
+            return float(headers["retry-after"])
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+_LIMITER: Limiter | None = None
+_LOADED_FROM: str | None = None
+
+
+def limiter() -> Limiter | None:
+    """This process's limiter, from DURABLERUN_LLM_QUOTAS (read again when it changes), or None if unset."""
+    global _LIMITER, _LOADED_FROM
+    raw = os.environ.get(QUOTAS_ENV) or None
+    if raw != _LOADED_FROM:
+        text = raw
+        if raw is not None and not raw.lstrip().startswith("{"):
+            try:
+                text = Path(raw).read_text()
+            except OSError as e:
+                raise errors.ConfigError(f"{QUOTAS_ENV}: cannot read {raw}: {e.strerror}") from None
+        _LIMITER = Limiter(parse_quotas(text)) if text is not None else None
+        _LOADED_FROM = raw
+    return _LIMITER
