@@ -21,7 +21,8 @@ class Clock:
         return self.now
 
 
-def take_all(limiter: Limiter, clock: Clock, model: str, calls: list[int], used: list[int] | None = None) -> list[float]:
+def take_all(limiter: Limiter, clock: Clock, model: str, calls: list[int],
+             used: list[int] | None = None) -> list[float]:
     """When each call (its estimate) is granted, taking them in order and settling each at once with its usage
     (its estimate if ``used`` is None); the fake clock jumps to each grant."""
     times = []
