@@ -290,10 +290,7 @@ def _settled(limits: quota.Limiter, model: str, grant: quota.Grant, send: Any) -
     except BaseException as error:
         _refused(limits, model, grant, error)
         raise
-    usage = read_usage(response)
-    grant.settle(usage.tokens if usage is not None else None)
-    charge_response(response)
-    return response
+    return _answered(grant, response)
 
 
 async def _async_within_quota(limits: quota.Limiter, model: str, estimate: int, fn: Any, args: Any,
@@ -304,6 +301,11 @@ async def _async_within_quota(limits: quota.Limiter, model: str, estimate: int, 
     except BaseException as error:
         _refused(limits, model, grant, error)
         raise
+    return _answered(grant, response)
+
+
+def _answered(grant: quota.Grant, response: Any) -> Any:
+    """Settle the call's grant with the usage its response reports, and charge the step."""
     usage = read_usage(response)
     grant.settle(usage.tokens if usage is not None else None)
     charge_response(response)
