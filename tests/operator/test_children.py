@@ -149,7 +149,9 @@ def test_kill_parent_and_child_restart_operator_every_child_once_deletion_cascad
 
 
 def test_suspend_and_abort_of_the_parent_reach_its_running_children(operator: Operator, runs: RunEnv) -> None:
-    runs.apply(runs.manifest("pa", "optest_children:supervisor", {"children": 2, "sleep": 3, "between": 0.05}))
+    # The workers' steps outlast the suspension's way to them: a worker never finishes before it can stop.
+    runs.apply(runs.manifest("pa", "optest_children:supervisor", {"children": 2, "sleep": 1, "more": 20,
+                                                                  "between": 0.05}))
     procs.wait_for(lambda: "start w1-a" in runs.ledger(), timeout=90, what="both children to run")
     runs.testbed.kubectl("patch", "dr", "pa", "-n", runs.namespace, "--type=merge", "-p",
                          '{"spec": {"suspend": true}}')

@@ -23,7 +23,7 @@ async def supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, An
 
     ``hold``: the index of a worker whose second step runs until the test releases it (``hold``);
     ``hold_between``: the same for the supervisor's ``between`` step.
-    ``fail``: the index of a worker that fails; the supervisor catches it and carries on without it.
+    ``more``: steps each worker takes after its two. ``fail``: the index of a worker that fails; the supervisor catches it and carries on without it.
     ``signal``: a run to send event ``review`` to at the end. ``big``: the index of a worker whose result is
     too big for its status (the parent reads it from the worker's journal).
     """
@@ -33,7 +33,7 @@ async def supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, An
         handles.append(await ctx.start_child(
             f"w{i}", "optest_children:worker",
             {"i": i, "sleep": input.get("sleep", 0.2), "fail": input.get("fail") == i, "big": input.get("big") == i,
-             "hold": input.get("hold") == i}))
+             "hold": input.get("hold") == i, "more": input.get("more", 0)}))
     if input.get("hold_between"):
         await ctx.step("between", hold, "between")
     else:
@@ -62,6 +62,8 @@ async def worker(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
         await ctx.step(f"w{i}-b", hold, f"w{i}-b")
     else:
         await ctx.step(f"w{i}-b", work, f"w{i}-b", float(input.get("sleep", 0.2)))
+    for k in range(int(input.get("more", 0))):  # steps left to stop before, however late a suspension comes
+        await ctx.step(f"w{i}-m{k}", work, f"w{i}-m{k}", float(input.get("sleep", 0.2)))
     ctx.add_cost(usd="0.25", tokens=10)
     return {"i": i, "square": i * i, **({"pad": "x" * 5000} if input.get("big") else {})}
 
