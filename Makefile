@@ -15,13 +15,14 @@ demo: setup
 	$(PY) -m durablerun_testbed sandbox demo $(NODE_FLAG)
 
 ## The whole test suite against the real test bed (what CI runs), on TEST_WORKERS pytest workers (2: the suite
-## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker).
+## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker, and
+## so do all the real node's and all of Kueue's, which share a costly bed: tests/conftest.py's xdist groups).
 TEST_WORKERS ?= 2
 test: setup lint
 	hack/build-binaries.sh jaeger kueue  # the tracing tests' collector and the Kueue manager, outside any timeout
 	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/realnode/test_chart_upgrade.py \
-		--ignore=tests/realnode/test_interrupted_session.py  # both in faults
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not long" --ignore=tests/realnode/test_chart_upgrade.py \
+		--ignore=tests/realnode/test_interrupted_session.py  # both in faults, as the tests marked long
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
 ## apply: the chart rendered with its defaults and with every feature on, deploy/ and its samples.
@@ -75,11 +76,13 @@ bench:
 ## and a chart upgrade under waiting runs (tests/realnode/test_chart_upgrade.py: three operator rollouts, too
 ## long for `make test`, which has the pinning it relies on in tests/realnode/test_pinning.py), and a session
 ## holding a real node ended by SIGTERM and by SIGKILL (tests/realnode/test_interrupted_session.py).
-## The journal reader fuzzed with 5,000 examples per kind of damage (tests/sdk/test_fuzz_journal.py, 150 in `make test`).
+## The journal reader fuzzed with 5,000 examples per kind of damage (tests/sdk/test_fuzz_journal.py, 150 in `make test`),
+## and a local run SIGKILLed at 60 random points per store (tests/sdk/test_kill_resume.py, 8 in `make test`).
 ## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.
 .PHONY: faults
 faults: setup
-	FAULT_TRIALS=$${FAULT_TRIALS:-120} FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(PY) -m pytest tests/faults \
+	FAULT_TRIALS=$${FAULT_TRIALS:-120} FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} \
+	DURABLERUN_KILL_EXAMPLES=$${DURABLERUN_KILL_EXAMPLES:-60} $(PY) -m pytest tests/faults \
 		tests/realnode/test_faults.py tests/realnode/test_chart_upgrade.py tests/realnode/test_interrupted_session.py \
-		tests/sdk/test_fuzz_journal.py \
+		tests/sdk/test_fuzz_journal.py tests/sdk/test_kill_resume.py \
 		-p no:cacheprovider -rA --timeout=5400

@@ -140,6 +140,9 @@ CONTROL_PLANE = "real node: etcd and kube-apiserver restarted under running runs
 NODE_LOST = "real node: node lost until its pods are deleted, then back"
 
 
+# Long (three minutes): `make faults`. In `make test`: the process node's paused runner (tests/operator/test_lease.py,
+# tests/faults/test_pause_fencing.py) and this file's runner cut off the network.
+@pytest.mark.long
 def test_frozen_runner_is_fenced_replaced_and_writes_nothing_once_thawed(real_bed: TestBed, real_runs: RealRuns,
                                                                          pods: PodRecorder, tally: Tally) -> None:
     def freeze(container: str) -> Callable[[], None]:
@@ -285,6 +288,9 @@ QUICK_EVICTION = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "
                    "tolerationSeconds": 2} for taint in ("unreachable", "not-ready")]
 
 
+# Long (the node controller's grace, then the pods' deletion): `make faults`. In `make test`: the process node's
+# lost node (tests/operator/test_crash_resume.py).
+@pytest.mark.long
 def test_node_lost_until_its_pods_are_deleted_then_back_resumes_the_runs_as_disruptions(
         real_bed: TestBed, real_runs: RealRuns, tally: Tally) -> None:
     count = max(1, TRIALS // 60)  # 1 run in CI, 2 in `make faults`

@@ -39,7 +39,8 @@ from tests.helpers.local_runs import StoreSpec, wait_until
 from .helpers import sub_env
 from .workflows import chaos
 
-EXAMPLES = int(os.environ.get("DURABLERUN_KILL_EXAMPLES", "20"))
+#: Random kill plans per test: 8 in `make test`, 60 in `make faults`.
+EXAMPLES = int(os.environ.get("DURABLERUN_KILL_EXAMPLES", "8"))
 
 segment = st.one_of(
     st.builds(lambda n: {"kind": "steps", "n": n}, st.integers(1, 6)),

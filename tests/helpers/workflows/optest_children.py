@@ -23,7 +23,8 @@ async def supervisor(ctx: DurableContext, input: dict[str, Any]) -> dict[str, An
 
     ``hold``: the index of a worker whose second step runs until the test releases it (``hold``);
     ``hold_between``: the same for the supervisor's ``between`` step.
-    ``more``: steps each worker takes after its two. ``fail``: the index of a worker that fails; the supervisor catches it and carries on without it.
+    ``more``: steps each worker takes after its two.
+    ``fail``: the index of a worker that fails; the supervisor catches it and carries on without it.
     ``signal``: a run to send event ``review`` to at the end. ``big``: the index of a worker whose result is
     too big for its status (the parent reads it from the worker's journal).
     """
