@@ -51,6 +51,9 @@ def exposed_names() -> set[str]:
                             datetime.now(UTC))
     run_metrics.observe_run("ns", "queued", status.model_copy(update={"phase": api.Phase.QUEUED}), policy,
                             datetime.now(UTC))
+    run_metrics.observe_run("ns", "asks", status.model_copy(update={
+        "phase": api.Phase.WAITING, "waitingFor": resource.WaitingFor(budget=resource.ASK_COST)}), policy,
+        datetime.now(UTC))
     names = {sample.name for family in registry.collect() for sample in family.samples}
     # The webhook ingress's series (its own process and registry).
     return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)
