@@ -15,13 +15,12 @@ demo: setup
 	$(PY) -m durablerun_testbed sandbox demo $(NODE_FLAG)
 
 ## The whole test suite against the real test bed (what CI runs), on TEST_WORKERS pytest workers (2: the suite
-## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker, and
-## so do all the real node's and all of Kueue's, which share a costly bed: tests/conftest.py's xdist groups).
+## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker).
 TEST_WORKERS ?= 2
 test: setup lint
 	hack/build-binaries.sh jaeger kueue  # the tracing tests' collector and the Kueue manager, outside any timeout
 	$(PY) -c 'from durablerun_testbed import chromium; chromium.ensure_installed()'  # the browser tests' Chromium
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not long" --ignore=tests/realnode/test_chart_upgrade.py \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not long" --ignore=tests/realnode/test_chart_upgrade.py \
 		--ignore=tests/realnode/test_interrupted_session.py  # both in faults, as the tests marked long
 
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users

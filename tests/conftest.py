@@ -40,19 +40,6 @@ pytest_plugins = ["tests.helpers.bed"]
 _REAPED = pytest.StashKey[dict[str, list[str]]]()
 
 
-#: Folders whose tests share a costly session part (a real node and its images; a Kueue manager): their files stay on
-#: one xdist worker (`--dist loadgroup`), which starts that part once. Every other file is a group of its own.
-SHARED_BEDS = {"realnode": "the real node", "kueue": "Kueue"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
-    for item in items:
-        relative = item.path.relative_to(tests)
-        group = relative.parts[0] if relative.parts[0] in SHARED_BEDS else str(relative)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_configure(config: pytest.Config) -> None:
     # Every session process (the xdist controller and each worker) ends by an orderly teardown when signalled.
     if threading.current_thread() is threading.main_thread():
