@@ -39,6 +39,8 @@ from durablerun_bench.util import percentile
 JSON_PATCH = "application/json-patch+json"
 #: A label splitting the runs between several stand-ins (one per value).
 SHARD_LABEL = "durablerun-bench/shard"
+#: How long a call is tried again while the API server is unreachable or overloaded.
+TRANSIENT_SECONDS = 60.0
 
 
 def _now() -> str:
@@ -63,7 +65,7 @@ class Renewer:
         self.heap: list[tuple[float, str]] = []
         self.last_ok: dict[str, float] = {}  # name -> when its last successful renewal (or acquire) was sent
         self.counts = {"acquired": 0, "renewed": 0, "fenced": 0, "errors": 0, "lists": 0, "waits": 0,
-                       "completed": 0}
+                       "completed": 0, "retries": 0}
         self.lags: list[float] = []  # seconds each renewal was sent after it was due
         self.local = threading.local()
         self.done = threading.Event()
@@ -82,21 +84,45 @@ class Renewer:
         with self.lock:
             self.log.write(json.dumps(fields) + "\n")
 
+    def retrying(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call``, tried again for up to TRANSIENT_SECONDS while the API server is unreachable or overloaded
+        (5xx, 429, a dropped connection), as a runner's own client does: a stand-in that gave up there would
+        leave its run as no runner would."""
+        from kubernetes.client.rest import ApiException
+        from urllib3.exceptions import HTTPError
+
+        deadline = time.time() + TRANSIENT_SECONDS
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except ApiException as error:
+                if not (error.status == 429 or error.status >= 500) or time.time() > deadline:
+                    raise
+            except (HTTPError, OSError):  # the connection refused or dropped
+                if time.time() > deadline:
+                    raise
+            with self.lock:
+                self.counts["retries"] += 1
+            self.done.wait(1.0)
+
     def patch(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any] | None:
         from kubernetes.client.rest import ApiException
 
         try:
-            return dict(self.api().patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, ops, _content_type=JSON_PATCH))
+            return dict(self.retrying(self.api().patch_namespaced_custom_object_status,
+                                      api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, ops,
+                                      _content_type=JSON_PATCH))
         except ApiException as error:
             with self.lock:
                 self.counts["fenced" if error.status in (409, 422) else "errors"] += 1
             return None
 
-    def pod_exists(self, pod: str, timeout: float = 60.0) -> bool:
+    def pod_exists(self, pod: str) -> bool:
+        """Whether ``pod`` appears within a lease's duration: the operator names the pod in status first, and
+        creates it after (later on a busy machine)."""
         from kubernetes.client.rest import ApiException
 
-        deadline = time.time() + timeout
+        deadline = time.time() + self.lease
         while not self.done.is_set():
             try:
                 self.core().read_namespaced_pod(pod, self.namespace)
@@ -143,7 +169,7 @@ class Renewer:
         terminated = {"exitCode": outcome.exit_code, "reason": reason,
                       "message": json.dumps(report, separators=(",", ":")), "startedAt": since,
                       "finishedAt": since}
-        self.core().patch_namespaced_pod_status(pod, self.namespace, {"status": {
+        self.retrying(self.core().patch_namespaced_pod_status, pod, self.namespace, {"status": {
             "phase": "Succeeded" if completed else "Failed",  # literal-ok: the pod's phase, not the run's
             "containerStatuses": [{"name": api.RUNNER_CONTAINER, "state": {"terminated": terminated},
                                    "ready": False, "restartCount": 0, "image": "", "imageID": ""}]}})

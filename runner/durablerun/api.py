@@ -233,6 +233,9 @@ class Env:
     INLINE_SLEEP_MAX_SECONDS = "DURABLERUN_INLINE_SLEEP_MAX_SECONDS"
     # Prices of LLM models, a JSON object or the path of a JSON file (docs/agents.md).
     LLM_PRICES = "DURABLERUN_LLM_PRICES"
+    # Quotas of LLM models shared by this process's calls, a JSON object or the path of a JSON file
+    # (docs/agents.md, "Model quotas").
+    LLM_QUOTAS = "DURABLERUN_LLM_QUOTAS"
     # The CLI's default --store.
     STORE = "DURABLERUN_STORE"
     # OpenTelemetry's standard variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER...): the operator

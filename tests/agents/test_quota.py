@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import ConfigError
+from durablerun import ConfigError, api
 from durablerun._private.agents import quota
 from durablerun._private.agents.quota import Grant, Limiter, Quota
 
@@ -133,18 +133,18 @@ def test_bad_quotas_name_the_field_and_the_fix(doc: str, says: str) -> None:
     with pytest.raises(ConfigError, match=None) as raised:
         quota.parse_quotas(doc)
     assert says in str(raised.value)
-    assert quota.QUOTAS_ENV in str(raised.value)
+    assert api.Env.LLM_QUOTAS in str(raised.value)
 
 
 def test_the_quotas_come_from_the_environment_as_json_or_a_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     doc: dict[str, Any] = {"quotas": [{"name": "gpt", "models": "gpt-*", "requestsPerMinute": 5}]}
-    monkeypatch.setenv(quota.QUOTAS_ENV, json.dumps(doc))
+    monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps(doc))
     assert quota.limiter().quotas == [Quota("gpt", "gpt-*", requests_per_minute=5)]  # type: ignore[union-attr]
     (tmp_path / "quotas.json").write_text(json.dumps({"quotas": [{"name": "c", "models": "c*", "concurrent": 2}]}))
-    monkeypatch.setenv(quota.QUOTAS_ENV, str(tmp_path / "quotas.json"))
+    monkeypatch.setenv(api.Env.LLM_QUOTAS, str(tmp_path / "quotas.json"))
     assert quota.limiter().quotas == [Quota("c", "c*", concurrent=2)]  # type: ignore[union-attr]
-    monkeypatch.delenv(quota.QUOTAS_ENV)
+    monkeypatch.delenv(api.Env.LLM_QUOTAS)
     assert quota.limiter() is None
 
 
@@ -162,10 +162,10 @@ def test_metered_calls_under_a_quota_are_never_refused_by_the_provider(
     server = llm_server([{"text": "ok", "input_tokens": 19_900, "output_tokens": 100}], repeat_last=True,
                         tokens_per_minute=60_000)
     if with_quota:
-        monkeypatch.setenv(quota.QUOTAS_ENV, json.dumps(
+        monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps(
             {"quotas": [{"name": "gpt-4o", "models": "gpt-4o*", "tokensPerMinute": 57_000}]}))
     else:
-        monkeypatch.delenv(quota.QUOTAS_ENV, raising=False)
+        monkeypatch.delenv(api.Env.LLM_QUOTAS, raising=False)
     client = llm.metered(openai.OpenAI(base_url=server.openai_base_url, api_key="k", max_retries=0))
     prompt = [{"role": "user", "content": "x" * 79_550}]  # some 19,900 tokens, as the provider counts them
 

@@ -76,8 +76,8 @@ def test_each_waiting_run_wakes_exactly_once_through_a_replica_death_a_handover_
         names = [f"wait-{i:04d}" for i in range(BURST)]
         standins.start({"namespace": namespace, "lease_seconds": LEASE, "stop": {}, "wait_event": "go"})
         scale.create_runs(own_bed, namespace, names, LEASE, standins.shards)
-        procs.wait_for(lambda: Counter(r["phase"] for r in _runs(own_bed, namespace).values())[api.Phase.WAITING]
-                       == BURST, timeout=max(180, BURST), interval=2.0, what=f"all {BURST} runs Waiting")
+        procs.wait_for(lambda: _all_waiting(own_bed, namespace), timeout=max(300, BURST), interval=2.0,
+                       what=f"all {BURST} runs Waiting")
         standins.stop()  # from here on, only the operators act
         before = _runs(own_bed, namespace)
         step(f"{BURST} runs Waiting")
@@ -153,6 +153,16 @@ def _runs(bed: TestBed, namespace: str) -> dict[str, dict[str, Any]]:
                                     "epoch": (r.get("status") or {}).get("epoch", 0),
                                     "attempt": (r.get("status") or {}).get("attempt", 0)}
             for r in json.loads(out)["items"]}
+
+
+def _all_waiting(bed: TestBed, namespace: str) -> bool:
+    """True once every run is Waiting; until then it fails saying where the others are (shown on a timeout)."""
+    runs = _runs(bed, namespace)
+    phases = Counter(r["phase"] for r in runs.values())
+    if phases[api.Phase.WAITING] == BURST:
+        return True
+    others = sorted(n for n, r in runs.items() if r["phase"] != api.Phase.WAITING)
+    raise AssertionError(f"phases {dict(phases)}; not Waiting: {others[:5]}")
 
 
 def _pods(bed: TestBed, namespace: str) -> list[tuple[str, int]]:

@@ -33,8 +33,9 @@ from tests.security.secret_scan import leaks
 pytestmark = pytest.mark.testbed
 
 
-def scan_files(root: Path, values: dict[str, str]) -> dict[str, list[str]]:
-    found = {}
+def scan_files(root: Path, values: dict[str, str]) -> tuple[dict[str, list[str]], list[Path]]:
+    """The values found in the files under ``root``, by file, and the files scanned."""
+    found, scanned = {}, []
     # os.walk, not rglob: the real node's containerd removes snapshots of other tests' pods meanwhile, and a
     # directory gone while it is walked holds nothing to find.
     for directory, _, names in os.walk(root):
@@ -48,9 +49,10 @@ def scan_files(root: Path, values: dict[str, str]) -> dict[str, list[str]]:
                 hit = leaks(path.read_bytes(), values)
             except OSError:
                 continue
+            scanned.append(path)
             if hit:
                 found[str(path)] = hit
-    return found
+    return found, scanned
 
 
 def test_secret_values_never_leak(start_operator: StartOperator, runs: RunEnv, dedicated_store: StartStore,
@@ -112,10 +114,11 @@ def test_secret_values_never_leak(start_operator: StartOperator, runs: RunEnv, d
     for obj in s3.list_objects_v2(Bucket=store.bucket).get("Contents", []):
         if hit := leaks(s3.get_object(Bucket=store.bucket, Key=obj["Key"])["Body"].read(), values):
             found[f"s3://{store.bucket}/{obj['Key']}"] = hit
-    found.update(scan_files(testbed_root, values))
+    in_files, scanned = scan_files(testbed_root, values)
+    found.update(in_files)
     assert not found, f"secret values leaked: {found}"
     # The logs that were scanned are the real ones: the runners' (DEBUG) and the operator's.
-    runner_logs = list(testbed_root.rglob(f"{ns}_resumed-a1_*/runner.log"))
+    runner_logs = [p for p in scanned if p.name == "runner.log" and p.parent.name.startswith(f"{ns}_resumed-a1_")]
     assert runner_logs
     assert "DEBUG" in runner_logs[0].read_text(errors="replace")
-    assert operator.process.log_path.stat().st_size > 0
+    assert operator.process.log_path in scanned and operator.process.log_path.stat().st_size > 0

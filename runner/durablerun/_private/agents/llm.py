@@ -330,7 +330,7 @@ def metered(client: Any) -> Any:
     ``client.chat.completions.create``, ``client.responses.create`` and
     ``client.messages.create`` read the response's usage and charge it with
     ``ctx.add_cost``; everything else passes through. Call them inside steps. Under a model quota
-    (``DURABLERUN_LLM_QUOTAS``: docs/agents.md, "Model quotas") each call first waits for its share.
+    (``DURABLERUN_LLM_QUOTAS``, api.Env.LLM_QUOTAS: docs/agents.md, "Model quotas") each call first waits for its share.
     """
     # The SDKs' async clients close with a coroutine (AsyncOpenAI, AsyncAnthropic): their calls are awaited.
     is_async = inspect.iscoroutinefunction(getattr(client, "close", None))

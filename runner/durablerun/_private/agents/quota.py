@@ -37,12 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durablerun import errors
+from durablerun import api, errors
 
 log = logging.getLogger("durablerun.quota")
 
-#: The environment variable holding the quotas (JSON, or a file's path).
-QUOTAS_ENV = "DURABLERUN_LLM_QUOTAS"
 #: Output tokens reserved for a call that names no maximum (settled to what it used).
 DEFAULT_OUTPUT_TOKENS = 1024
 #: Characters per token when estimating a prompt's size: English text's usual ratio, rounded down so the
@@ -93,15 +91,15 @@ def parse_quotas(text: str) -> list[Quota]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise errors.ConfigError(f"{QUOTAS_ENV}: not JSON ({e}); give {{\"quotas\": [...]}} or a file's path") \
+        raise errors.ConfigError(f"{api.Env.LLM_QUOTAS}: not JSON ({e}); give {{\"quotas\": [...]}} or a file's path") \
             from None
     if not isinstance(doc, dict) or not isinstance(doc.get("quotas"), list):
-        raise errors.ConfigError(f'{QUOTAS_ENV}: expected {{"quotas": [{{"name": ..., "models": ..., '
+        raise errors.ConfigError(f'{api.Env.LLM_QUOTAS}: expected {{"quotas": [{{"name": ..., "models": ..., '
                                  '"tokensPerMinute": ...}}]}}')
-    quotas = [Quota.from_json(q, f"{QUOTAS_ENV}: quotas[{i}]") for i, q in enumerate(doc["quotas"])]
+    quotas = [Quota.from_json(q, f"{api.Env.LLM_QUOTAS}: quotas[{i}]") for i, q in enumerate(doc["quotas"])]
     names = [q.name for q in quotas]
     if len(set(names)) != len(names):
-        raise errors.ConfigError(f"{QUOTAS_ENV}: two quotas share a name: names must be unique")
+        raise errors.ConfigError(f"{api.Env.LLM_QUOTAS}: two quotas share a name: names must be unique")
     return quotas
 
 
@@ -294,14 +292,14 @@ _LOADED_FROM: str | None = None
 def limiter() -> Limiter | None:
     """This process's limiter, from DURABLERUN_LLM_QUOTAS (read again when it changes), or None if unset."""
     global _LIMITER, _LOADED_FROM
-    raw = os.environ.get(QUOTAS_ENV) or None
+    raw = os.environ.get(api.Env.LLM_QUOTAS) or None
     if raw != _LOADED_FROM:
         text = raw
         if raw is not None and not raw.lstrip().startswith("{"):
             try:
                 text = Path(raw).read_text()
             except OSError as e:
-                raise errors.ConfigError(f"{QUOTAS_ENV}: cannot read {raw}: {e.strerror}") from None
+                raise errors.ConfigError(f"{api.Env.LLM_QUOTAS}: cannot read {raw}: {e.strerror}") from None
         _LIMITER = Limiter(parse_quotas(text)) if text is not None else None
         _LOADED_FROM = raw
     return _LIMITER
