@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,30 @@ def pytest_configure(config: pytest.Config) -> None:
         # An interrupted controller gives its workers EXIT_TIMEOUT seconds (10) to end, then kills them: too
         # short for a real node's teardown (draining its pods alone may take a minute).
         NodeManager.EXIT_TIMEOUT = 180
+
+
+# The tests that share the real node (tests/realnode/conftest.py's session fixtures): under xdist they are one
+# work unit, run first on one worker, so that only one worker starts a real node, builds the workflow image and
+# installs the chart (about 100 s each), and the longest unit does not start last.
+REAL_NODE_TESTS = "tests/realnode/"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(REAL_NODE_TESTS))  # stable: the rest keep their order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, but the real node's files are one unit, and the units go out in collection order."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class RealNodeTogether(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return REAL_NODE_TESTS if nodeid.startswith(REAL_NODE_TESTS) else str(super()._split_scope(nodeid))
+
+    config.option.loadscopereorder = False  # xdist's default orders the files by their number of tests
+    return RealNodeTogether(config, log)
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:

@@ -1,6 +1,7 @@
-"""Resume anywhere: two clusters (two test-bed control planes, each with its own process node and operator)
-share one MinIO. A run with spec.checkpoint.runId continues in whichever cluster holds the store's owner
-record, and only there: the other waits and says for whom; a holder that comes back late is fenced.
+"""Resume anywhere: two clusters (two test-bed control planes, each with its own process node and operator:
+the test's own bed and the session's) share one MinIO. A run with spec.checkpoint.runId continues in whichever
+cluster holds the store's owner record, and only there: the other waits and says for whom; a holder that comes
+back late is fenced.
 """
 
 from __future__ import annotations
@@ -60,42 +61,42 @@ class Cluster:
         return next(c for c in run["status"]["conditions"] if c["type"] == kind)
 
 
-def start_cluster(name: str, root: Path, s3: S3Server, namespace: str, bucket: str, ledger: Path) -> Cluster:
-    bed = TestBed(root / name, id=SESSION_ID).start(s3=s3)
-    try:
-        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.wait_established()
-        bed.kubectl("create", "namespace", namespace)
-        procs.wait_for(
-            lambda: bed.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
-            timeout=30, what=f"the default ServiceAccount in {namespace} of cluster {name}")
-        bed.kubectl("create", "secret", "generic", "s3-credentials", "-n", namespace,
-                    f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
-                    f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}")
-    except BaseException:
-        bed.stop()
-        raise
-    cluster = Cluster(name, bed, RunEnv(bed, namespace, bucket, ledger), root / "logs")
-    cluster.start_operator()
-    return cluster
+def prepare_namespace(bed: TestBed, name: str, s3: S3Server, namespace: str) -> None:
+    bed.kubectl("create", "namespace", namespace)
+    procs.wait_for(
+        lambda: bed.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
+        timeout=30, what=f"the default ServiceAccount in {namespace} of cluster {name}")
+    bed.kubectl("create", "secret", "generic", "s3-credentials", "-n", namespace,
+                f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
+                f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}")
 
 
 @pytest.fixture
-def clusters(tmp_path: Path, s3_server: S3Server, s3_bucket: str) -> Iterator[tuple[Cluster, Cluster]]:
-    """Clusters A and B: the same namespace in each, one bucket, one ledger of step executions."""
+def clusters(tmp_path: Path, testbed: TestBed, s3_server: S3Server,
+             s3_bucket: str) -> Iterator[tuple[Cluster, Cluster]]:
+    """Clusters A and B: the same namespace in each, one bucket, one ledger of step executions.
+
+    A is a bed of the test's own (the tests lose it); B is the session's bed, which stays up throughout."""
     ledger = tmp_path / "ledger"
     ledger.mkdir()
     ledger.chmod(0o777)
     namespace = "t-" + uuid.uuid4().hex[:10]
+    own = TestBed(tmp_path / "beds" / "cluster-a", id=SESSION_ID).start(s3=s3_server)
     started: list[Cluster] = []
     try:
-        for name in ("cluster-a", "cluster-b"):
-            started.append(start_cluster(name, tmp_path / "beds", s3_server, namespace, s3_bucket, ledger))
+        own.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+        own.wait_established()
+        for name, bed in (("cluster-a", own), ("cluster-b", testbed)):
+            prepare_namespace(bed, name, s3_server, namespace)
+            cluster = Cluster(name, bed, RunEnv(bed, namespace, s3_bucket, ledger), tmp_path / "logs")
+            cluster.start_operator()
+            started.append(cluster)
         yield started[0], started[1]
     finally:
         for cluster in started:
             cluster.stop_operator()
-            cluster.bed.stop()
+        own.stop()
+        testbed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def manifest(runs: RunEnv, run_id: str, steps: int = STEPS) -> dict[str, Any]:
