@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything this repo needs on a machine, idempotently:
 #   - Debian packages: prometheus (brings promtool), util-linux (unshare), and
-#     for the real node containerd, runc, the CNI plugins, buildah, mmdebstrap
+#     for the real node containerd, runc, the CNI plugins, buildah, mmdebstrap,
+#     and redis-server (the shared quota windows)
 #   - Go-built binaries: kube-apiserver, kube-controller-manager,
 #     kube-scheduler, kubelet, etcd, MinIO, helm, kubeconform, and the
 #     Prometheus Operator's CRDs for kubeconform (hack/build-binaries.sh)
@@ -20,7 +21,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 started=$SECONDS
 
 # --- Debian packages -----------------------------------------------------------
-apt_packages=(prometheus util-linux containerd runc containernetworking-plugins buildah mmdebstrap)
+apt_packages=(prometheus util-linux containerd runc containernetworking-plugins buildah mmdebstrap redis-server)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -51,7 +52,7 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   "$VENV/bin/pip" install -q --upgrade "pip==25.3"
   # Every extra of the package, and the repository's tools (the `dev` dependency group,
   # which is not part of the package's metadata).
-  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[s3,pod,operator,otel]" \
+  "$VENV/bin/pip" install -q -c "$ROOT/hack/constraints.txt" -e "$ROOT[s3,pod,operator,otel,quotas]" \
     --group "$ROOT/pyproject.toml:dev"
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The test bed (process node, control plane, MinIO) is a dev tool, not part

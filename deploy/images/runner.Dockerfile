@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# The durable-run runner: the SDK with its `s3`, `pod` and `otel` extras (pydantic,
-# boto3, the kubernetes client; no kopf), as uid 65532. It is the base for
+# The durable-run runner: the SDK with its `s3`, `pod`, `otel` and `quotas` extras (pydantic,
+# boto3, the kubernetes client, redis; no kopf), as uid 65532. It is the base for
 # your workflow images:
 #
 #   FROM ghcr.io/durable-run/runner:0.1.0
@@ -28,7 +28,7 @@ COPY runner/ runner/
 # directory too; without kopf (the `operator` extra is not installed) it is inert.
 COPY operator/ operator/
 # The S3 store, the in-pod runner (`durablerun pod`) and tracing (OpenTelemetry); not the operator.
-RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[s3,pod,otel]"
+RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[s3,pod,otel,quotas]"
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/durable-run /opt/durable-run

@@ -236,6 +236,12 @@ class Env:
     # Quotas of LLM models shared by this process's calls, a JSON object or the path of a JSON file
     # (docs/agents.md, "Model quotas").
     LLM_QUOTAS = "DURABLERUN_LLM_QUOTAS"
+    # The Redis (redis://, rediss://, unix://) whose quota windows every runner shares, its password (from a
+    # Secret; never in the URL a log could show), and what a call does while it cannot be reached: "wait"
+    # (the default) or "proceed".
+    LLM_QUOTA_REDIS = "DURABLERUN_LLM_QUOTA_REDIS"
+    LLM_QUOTA_REDIS_PASSWORD = "DURABLERUN_LLM_QUOTA_REDIS_PASSWORD"
+    LLM_QUOTA_UNAVAILABLE = "DURABLERUN_LLM_QUOTA_UNAVAILABLE"
     # The CLI's default --store.
     STORE = "DURABLERUN_STORE"
     # OpenTelemetry's standard variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER...): the operator

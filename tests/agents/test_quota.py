@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from durablerun import ConfigError, api
-from durablerun._private.agents import quota
+from durablerun._private.agents import quota, quota_setup
 from durablerun._private.agents.quota import Grant, Limiter, Quota
 
 
@@ -140,12 +140,12 @@ def test_the_quotas_come_from_the_environment_as_json_or_a_file(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     doc: dict[str, Any] = {"quotas": [{"name": "gpt", "models": "gpt-*", "requestsPerMinute": 5}]}
     monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps(doc))
-    assert quota.limiter().quotas == [Quota("gpt", "gpt-*", requests_per_minute=5)]  # type: ignore[union-attr]
+    assert quota_setup.limiter().quotas == [Quota("gpt", "gpt-*", requests_per_minute=5)]  # type: ignore[union-attr]
     (tmp_path / "quotas.json").write_text(json.dumps({"quotas": [{"name": "c", "models": "c*", "concurrent": 2}]}))
     monkeypatch.setenv(api.Env.LLM_QUOTAS, str(tmp_path / "quotas.json"))
-    assert quota.limiter().quotas == [Quota("c", "c*", concurrent=2)]  # type: ignore[union-attr]
+    assert quota_setup.limiter().quotas == [Quota("c", "c*", concurrent=2)]  # type: ignore[union-attr]
     monkeypatch.delenv(api.Env.LLM_QUOTAS)
-    assert quota.limiter() is None
+    assert quota_setup.limiter() is None
 
 
 @pytest.mark.parametrize("with_quota", [False, True], ids=["no quota", "a quota"])

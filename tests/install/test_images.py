@@ -68,11 +68,12 @@ def test_operator_image_installs_the_operator_and_runs_what_the_chart_runs() -> 
     assert yaml.safe_load(entrypoint) == yaml.safe_load(command.group(1)) == ["python", "-m", "durablerun_operator"]
 
 
-def test_runner_image_installs_the_sdk_with_s3_the_pod_runner_and_tracing() -> None:
+def test_runner_image_installs_the_sdk_with_s3_the_pod_runner_tracing_and_shared_quotas() -> None:
     runs = [rest for k, rest in instructions("runner.Dockerfile") if k == "RUN"]
     install = next(rest for rest in runs if "pip install" in rest)
-    assert install.endswith(' ".[s3,pod,otel]"'), (
-        f"the runner installs the S3 store, `durablerun pod` and OpenTelemetry (off until configured): {install}")
+    assert install.endswith(' ".[s3,pod,otel,quotas]"'), (
+        "the runner installs the S3 store, `durablerun pod`, OpenTelemetry and the Redis client of shared quotas "
+        f"(both off until configured): {install}")
     assert "operator" not in install
 
 

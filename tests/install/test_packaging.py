@@ -83,7 +83,8 @@ def test_the_wheel_and_sdist_carry_the_metadata_users_rely_on(dist: Path) -> Non
     assert by_extra == {"s3": {"boto3"}, "pod": {"kubernetes"},
                         "operator": {"aiohttp", "kopf", "kubernetes", "prometheus-client"},
                         "otel": {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"},
-                        "pydantic-ai": {"pydantic-ai-slim"}, "langgraph": {"langgraph"}}, by_extra
+                        "pydantic-ai": {"pydantic-ai-slim"}, "langgraph": {"langgraph"}, "quotas": {"redis"}},\
+        by_extra
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()

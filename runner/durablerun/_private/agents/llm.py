@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from durablerun import api, errors
-from durablerun._private.agents import quota
+from durablerun._private.agents import quota, quota_setup
 from durablerun._private.engine import replay
 from durablerun._private.engine.context import DurableContext
 from durablerun._private.telemetry import tracing
@@ -264,7 +264,7 @@ def _metered_call(fn: Any, is_async: bool) -> Any:
         model = kwargs.get("model")
         if isinstance(model, str):
             price_for(model)  # an unpriced model fails before the call is paid for
-            limits = quota.limiter()
+            limits = quota_setup.limiter()
             if limits is not None and limits.quota_for(model) is not None:
                 estimate = quota.estimate_tokens(kwargs)
                 if is_async:

@@ -11,15 +11,15 @@ Each limit is a bucket refilled continuously at its per-minute rate, holding at 
 burst takes what a minute allows, then calls go at the rate. A call bigger than a whole minute's quota
 waits for a full bucket and then goes, alone (it could never fit otherwise).
 
-This limiter lives in one process: ``durablerun run`` on a laptop, where an agent author tests throttling
-(docs/agents.md, "Model quotas"). The quotas come from ``DURABLERUN_LLM_QUOTAS``: a JSON object, or the
-path of a file holding one::
+The windows the shares are taken from live in this process (LocalWindows: ``durablerun run`` on a laptop,
+where an agent author tests throttling) or in a Redis every runner of a fleet shares (redis_windows). The
+quotas come from ``DURABLERUN_LLM_QUOTAS`` (quota_setup): a JSON object, or the path of a file holding one::
 
     {"quotas": [{"name": "gpt-4o", "models": "gpt-4o*", "tokensPerMinute": 60000,
                  "requestsPerMinute": 500, "concurrent": 8}]}
 
-A model no quota names is not limited. Pure logic with an injected clock: the tests drive it without
-waiting.
+A model no quota names is not limited. LocalWindows is pure logic with an injected clock: the tests drive
+it without waiting.
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ import fnmatch
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from durablerun import api, errors
 
@@ -50,6 +48,8 @@ CHARS_PER_TOKEN = 4
 
 #: A wait shorter than this is no wait: a float's rounding never leaves a call waiting for nothing.
 _CLOSE_ENOUGH = 0.001
+#: How soon a call refused for want of a free slot (``concurrent``) asks again: a slot frees when a call settles.
+SLOT_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -132,64 +132,46 @@ class Bucket:
         self.level = min(self.capacity, self.level + amount)
 
 
+class Windows(Protocol):
+    """Where the quotas' windows live: this process (LocalWindows) or a Redis every runner shares
+    (redis_windows.RedisWindows). A grant is named by an id its settle gives back."""
+
+    def try_take(self, quota: Quota, tokens: int) -> str | float:
+        """A grant's id if a call of ``tokens`` may go now (its share taken), else the seconds to wait."""
+
+    def settle(self, quota: Quota, grant: str, reserved: int, used: int) -> None:
+        """Free the grant's slot and charge the window ``used`` tokens in place of the ``reserved`` ones."""
+
+    def cool_down(self, quota: Quota, seconds: float) -> None:
+        """No call of the quota goes for ``seconds``."""
+
+
 @dataclass
 class _State:
-    quota: Quota
     tokens: Bucket | None
     requests: Bucket | None
     in_flight: int = 0
     cooldown_until: float = 0.0
-    waiters: int = 0
 
 
-@dataclass
-class Grant:
-    """A call's share, taken before it is sent: settle it with the usage its response reports (or with 0
-    if it failed before using any), exactly once."""
+class LocalWindows:
+    """The windows of one process. Thread-safe: steps call models from worker threads and from the loop."""
 
-    limiter: Limiter
-    state: _State | None
-    reserved: int
-    settled: bool = field(default=False)
-
-    def settle(self, used_tokens: int | None) -> None:
-        """Charge the window what the call used (its reservation if its usage is unknown) and free its slot."""
-        if self.settled:
-            return
-        self.settled = True
-        if self.state is not None:
-            self.limiter._settle(self.state, self.reserved, self.reserved if used_tokens is None else used_tokens)
-
-
-class Limiter:
-    """The quotas of one process. Thread-safe: steps call models from worker threads and from the loop."""
-
-    def __init__(self, quotas: list[Quota], *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.quotas = quotas
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
         self._states: dict[str, _State] = {}
-
-    def quota_for(self, model: str) -> Quota | None:
-        """The quota of ``model``: the most specific pattern that matches it (the longest), or None."""
-        matching = [q for q in self.quotas if fnmatch.fnmatchcase(model, q.models)]
-        return max(matching, key=lambda q: len(q.models), default=None)
 
     def _state(self, quota: Quota) -> _State:
         state = self._states.get(quota.name)
         if state is None:
             now = self.clock()
             state = self._states[quota.name] = _State(
-                quota, Bucket(quota.tokens_per_minute, now) if quota.tokens_per_minute else None,
+                Bucket(quota.tokens_per_minute, now) if quota.tokens_per_minute else None,
                 Bucket(quota.requests_per_minute, now) if quota.requests_per_minute else None)
         return state
 
-    def try_take(self, model: str, tokens: int) -> Grant | float:
-        """The grant of a call of ``tokens`` estimated tokens to ``model`` if it may go now, else the seconds to
-        wait before asking again (0 for a model no quota names: always a grant)."""
-        quota = self.quota_for(model)
-        if quota is None:
-            return Grant(self, None, tokens)
+    def try_take(self, quota: Quota, tokens: int) -> str | float:
         with self._lock:
             state, now = self._state(quota), self.clock()
             waits = [state.cooldown_until - now]
@@ -201,43 +183,17 @@ class Limiter:
             if wait > _CLOSE_ENOUGH:
                 return wait
             if quota.concurrent is not None and state.in_flight >= quota.concurrent:
-                return 0.05  # a slot frees when a call settles: look again soon
+                return SLOT_POLL_SECONDS
             if state.tokens is not None:
                 state.tokens.take(tokens, now)
             if state.requests is not None:
                 state.requests.take(1, now)
             state.in_flight += 1
-            return Grant(self, state, tokens)
+            return quota.name
 
-    def take(self, model: str, tokens: int, *, sleep: Callable[[float], None] = time.sleep) -> Grant:
-        """Wait (blocking this thread) until the call may go, and take its share."""
-        said = False
-        while True:
-            granted = self.try_take(model, tokens)
-            if isinstance(granted, Grant):
-                return granted
-            said = said or self._say_waiting(model, tokens, granted)
-            sleep(min(granted, 1.0))
-
-    async def take_async(self, model: str, tokens: int) -> Grant:
-        """:meth:`take` for a coroutine: waits without blocking the event loop."""
-        said = False
-        while True:
-            granted = self.try_take(model, tokens)
-            if isinstance(granted, Grant):
-                return granted
-            said = said or self._say_waiting(model, tokens, granted)
-            await asyncio.sleep(min(granted, 1.0))
-
-    def _say_waiting(self, model: str, tokens: int, seconds: float) -> bool:
-        quota = self.quota_for(model)
-        log.info("quota %s: a call to %s (about %d tokens) waits %.1fs for room", quota.name if quota else "?",
-                 model, tokens, seconds)
-        return True
-
-    def _settle(self, state: _State, reserved: int, used: int) -> None:
+    def settle(self, quota: Quota, grant: str, reserved: int, used: int) -> None:
         with self._lock:
-            now = self.clock()
+            state, now = self._state(quota), self.clock()
             state.in_flight -= 1
             if state.tokens is not None:
                 if used < reserved:
@@ -245,17 +201,99 @@ class Limiter:
                 else:
                     state.tokens.take(used - reserved, now)
 
+    def cool_down(self, quota: Quota, seconds: float) -> None:
+        with self._lock:
+            state = self._state(quota)
+            state.cooldown_until = max(state.cooldown_until, self.clock() + seconds)
+
+
+@dataclass
+class Grant:
+    """A call's share, taken before it is sent: settle it with the usage its response reports (or with 0
+    if it failed before using any), exactly once."""
+
+    windows: Windows | None  # None: a model no quota names
+    quota: Quota | None
+    id: str
+    reserved: int
+    settled: bool = field(default=False)
+
+    def settle(self, used_tokens: int | None) -> None:
+        """Charge the window what the call used (its reservation if its usage is unknown) and free its slot."""
+        if self.settled:
+            return
+        self.settled = True
+        if self.windows is not None and self.quota is not None:
+            self.windows.settle(self.quota, self.id, self.reserved,
+                                self.reserved if used_tokens is None else used_tokens)
+
+
+class Limiter:
+    """The quotas, and the windows that hold their shares."""
+
+    def __init__(self, quotas: list[Quota], *, clock: Callable[[], float] = time.monotonic,
+                 windows: Windows | None = None) -> None:
+        self.quotas = quotas
+        self.windows: Windows = windows if windows is not None else LocalWindows(clock)
+
+    def quota_for(self, model: str) -> Quota | None:
+        """The quota of ``model``: the most specific pattern that matches it (the longest), or None."""
+        matching = [q for q in self.quotas if fnmatch.fnmatchcase(model, q.models)]
+        return max(matching, key=lambda q: len(q.models), default=None)
+
+    def try_take(self, model: str, tokens: int) -> Grant | float:
+        """The grant of a call of ``tokens`` estimated tokens to ``model`` if it may go now, else the seconds to
+        wait before asking again (a model no quota names always gets a grant)."""
+        quota = self.quota_for(model)
+        if quota is None:
+            return Grant(None, None, "", tokens)
+        taken = self.windows.try_take(quota, tokens)
+        return Grant(self.windows, quota, taken, tokens) if isinstance(taken, str) else taken
+
+    def take(self, model: str, tokens: int, *, sleep: Callable[[float], None] = time.sleep) -> Grant:
+        """Wait (blocking this thread) until the call may go, and take its share."""
+        waiting = _Waiting(self, model, tokens)
+        while not isinstance(granted := self.try_take(model, tokens), Grant):
+            sleep(waiting.pause(granted))
+        return granted
+
+    async def take_async(self, model: str, tokens: int) -> Grant:
+        """:meth:`take` for a coroutine: waits without blocking the event loop (nor does asking: a shared
+        window is a network call)."""
+        waiting = _Waiting(self, model, tokens)
+        while True:
+            granted = await asyncio.to_thread(self.try_take, model, tokens)
+            if isinstance(granted, Grant):
+                return granted
+            await asyncio.sleep(waiting.pause(granted))
+
     def cool_down(self, model: str, seconds: float) -> None:
         """The provider refused a call to ``model`` for ``seconds`` (a 429's Retry-After): every call to the
         models of its quota waits until then."""
         quota = self.quota_for(model)
         if quota is None or seconds <= 0:
             return
-        with self._lock:
-            state = self._state(quota)
-            state.cooldown_until = max(state.cooldown_until, self.clock() + seconds)
+        self.windows.cool_down(quota, seconds)
         log.warning("quota %s: the provider refused a call to %s; its calls wait %.1fs (Retry-After)",
                     quota.name, model, seconds)
+
+
+@dataclass
+class _Waiting:
+    """A call waiting for room: says so once, and asks again at least every second."""
+
+    limiter: Limiter
+    model: str
+    tokens: int
+    said: bool = False
+
+    def pause(self, wait: float) -> float:
+        if not self.said:
+            quota = self.limiter.quota_for(self.model)
+            log.info("quota %s: a call to %s (about %d tokens) waits %.1fs for room", quota.name if quota else "?",
+                     self.model, self.tokens, wait)
+            self.said = True
+        return min(wait, 1.0)
 
 
 def estimate_tokens(kwargs: Mapping[str, Any]) -> int:
@@ -283,23 +321,3 @@ def retry_after(error: BaseException) -> float | None:
     except (TypeError, ValueError):
         return None
     return None
-
-
-_LIMITER: Limiter | None = None
-_LOADED_FROM: str | None = None
-
-
-def limiter() -> Limiter | None:
-    """This process's limiter, from DURABLERUN_LLM_QUOTAS (read again when it changes), or None if unset."""
-    global _LIMITER, _LOADED_FROM
-    raw = os.environ.get(api.Env.LLM_QUOTAS) or None
-    if raw != _LOADED_FROM:
-        text = raw
-        if raw is not None and not raw.lstrip().startswith("{"):
-            try:
-                text = Path(raw).read_text()
-            except OSError as e:
-                raise errors.ConfigError(f"{api.Env.LLM_QUOTAS}: cannot read {raw}: {e.strerror}") from None
-        _LIMITER = Limiter(parse_quotas(text)) if text is not None else None
-        _LOADED_FROM = raw
-    return _LIMITER

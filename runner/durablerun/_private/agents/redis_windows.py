@@ -1,0 +1,180 @@
+"""Quota windows every runner shares, in Redis (or Valkey): the fleet's calls take their shares from one place.
+
+Each quota is a hash (its token and request buckets and its cooldown) and a sorted set (the grants in flight,
+scored by when each expires), both under the quota's name in a hash tag, so that a Redis Cluster keeps them on
+one node. Every change is one server-side script, atomic in Redis, and the scripts read Redis's own clock
+(``TIME``), never the pods': runners whose clocks disagree still share one window. The buckets are the ones
+``quota.Bucket`` keeps in a process: refilled continuously at the per-minute rate, holding at most a minute's
+worth.
+
+A grant in flight expires after ``SLOT_SECONDS``: the slot of a runner killed before it settled (SIGKILL, a
+node lost) comes back by itself; its reservation stays charged, which is what such a call most likely used.
+
+When Redis cannot be reached, ``DURABLERUN_LLM_QUOTA_UNAVAILABLE`` decides: ``wait`` (the default: the call
+waits and asks again, so that no quota is overrun; the step in flight is not lost, it only waits) or
+``proceed`` (the call goes unlimited). Either says so in the runner's log, once per outage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+from durablerun import api, errors
+from durablerun._private.agents.quota import SLOT_POLL_SECONDS, Quota
+
+log = logging.getLogger("durablerun.quota")
+
+#: Seconds a grant holds its slot of ``concurrent`` unless settled first: longer than any model call.
+SLOT_SECONDS = 600
+#: Seconds a call waits before asking again while Redis cannot be reached (``wait``).
+UNAVAILABLE_RETRY_SECONDS = 1.0
+#: A quota's keys outlive their last use by this long, then Redis drops them (a full window again).
+IDLE_SECONDS = 3600
+WAIT, PROCEED = "wait", "proceed"
+
+# The buckets' level after refilling to ``now``: a missing field is a full bucket.
+_LEVEL = """
+local function level(value, at, per_minute, now)
+  if not value then return per_minute end
+  return math.min(per_minute, tonumber(value) + math.max(0, now - tonumber(at)) * per_minute / 60)
+end
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+
+# KEYS: state hash, in-flight set. ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit),
+# tokens, grant id. Returns {1, ""} granted, or {0, seconds to wait}; numbers as strings (Redis truncates a
+# script's numbers to integers).
+_TAKE = _LEVEL + """
+local t = now()
+local tpm, rpm, concurrent, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t)
+local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt', 'requests', 'requestsAt', 'cooldownUntil')
+local wait = (tonumber(s[5]) or 0) - t
+local tl, rl
+if tpm > 0 then
+  tl = level(s[1], s[2], tpm, t)
+  local short = math.min(tokens, tpm) - tl
+  if short > 0 then wait = math.max(wait, short * 60 / tpm) end
+end
+if rpm > 0 then
+  rl = level(s[3], s[4], rpm, t)
+  if rl < 1 then wait = math.max(wait, (1 - rl) * 60 / rpm) end
+end
+if wait > 0.001 then return {0, tostring(wait)} end
+if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return {0, ARGV[7]} end
+if tpm > 0 then redis.call('HSET', KEYS[1], 'tokens', tostring(tl - tokens), 'tokensAt', tostring(t)) end
+if rpm > 0 then redis.call('HSET', KEYS[1], 'requests', tostring(rl - 1), 'requestsAt', tostring(t)) end
+redis.call('ZADD', KEYS[2], t + tonumber(ARGV[6]), ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[8])
+redis.call('EXPIRE', KEYS[2], ARGV[8])
+return {1, ""}
+"""
+
+# KEYS: state hash, in-flight set. ARGV: tokensPerMinute, grant id, reserved, used.
+_SETTLE = _LEVEL + """
+redis.call('ZREM', KEYS[2], ARGV[2])
+local tpm, reserved, used = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if tpm > 0 and used ~= reserved then
+  local t = now()
+  local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt')
+  local tl = math.min(tpm, level(s[1], s[2], tpm, t) + reserved - used)
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tl), 'tokensAt', tostring(t))
+end
+return 1
+"""
+
+# KEYS: state hash. ARGV: seconds, idle seconds.
+_COOL_DOWN = _LEVEL + """
+local ends = now() + tonumber(ARGV[1])
+local current = tonumber(redis.call('HGET', KEYS[1], 'cooldownUntil')) or 0
+if ends > current then redis.call('HSET', KEYS[1], 'cooldownUntil', tostring(ends)) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def _keys(quota: Quota) -> list[str]:
+    tag = "{durablerun:quota:" + quota.name + "}"
+    return [tag + ":window", tag + ":in-flight"]
+
+
+class RedisWindows:
+    """quota.Windows in a Redis every runner shares."""
+
+    def __init__(self, url: str, *, password: str | None = None, unavailable: str = WAIT,
+                 slot_seconds: float = SLOT_SECONDS) -> None:
+        try:
+            import redis
+        except ImportError:
+            raise errors.ConfigError(f"{api.Env.LLM_QUOTA_REDIS} is set, but the redis package is not installed: "
+                                     "pip install 'durable-run[quotas]'") from None
+        if unavailable not in (WAIT, PROCEED):
+            raise errors.ConfigError(f"{api.Env.LLM_QUOTA_UNAVAILABLE}: {unavailable!r} is neither {WAIT!r} nor "
+                                     f"{PROCEED!r}")
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise errors.ConfigError(f"{api.Env.LLM_QUOTA_REDIS}: give a redis://host:port (rediss:// for TLS, "
+                                     "unix:///path) URL, not " + (parts.scheme or "a bare host"))
+        # Where, for the log: never the URL itself, which may carry a password.
+        self.where = parts.hostname or parts.path
+        self.unavailable = unavailable
+        self.slot_seconds = slot_seconds
+        self._errors = (redis.ConnectionError, redis.TimeoutError)
+        self._client = redis.Redis.from_url(url, password=password or None, socket_timeout=2.0,
+                                            socket_connect_timeout=2.0)
+        self._take = self._client.register_script(_TAKE)
+        self._settle = self._client.register_script(_SETTLE)
+        self._cool_down = self._client.register_script(_COOL_DOWN)
+        self._down = threading.Event()  # said once per outage
+
+    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            result = script(keys=keys, args=args)
+        except self._errors as error:
+            if not self._down.is_set():
+                self._down.set()
+                log.warning("quota windows at %s cannot be reached (%s): calls %s until it is back", self.where,
+                            type(error).__name__, "wait" if self.unavailable == WAIT else "go unlimited")
+            raise
+        if self._down.is_set():
+            self._down.clear()
+            log.warning("quota windows at %s reached again", self.where)
+        return result
+
+    def try_take(self, quota: Quota, tokens: int) -> str | float:
+        grant = uuid.uuid4().hex
+        try:
+            granted, wait = self._call(self._take, _keys(quota), [
+                quota.tokens_per_minute or 0, quota.requests_per_minute or 0, quota.concurrent or 0, tokens, grant,
+                self.slot_seconds, SLOT_POLL_SECONDS, IDLE_SECONDS])
+        except self._errors:
+            return "" if self.unavailable == PROCEED else UNAVAILABLE_RETRY_SECONDS
+        return grant if granted == 1 else float(wait)
+
+    def settle(self, quota: Quota, grant: str, reserved: int, used: int) -> None:
+        if not grant:
+            return  # granted while Redis was down (proceed): nothing was taken
+        with contextlib.suppress(*self._errors):  # the slot expires by itself; the reservation stays charged
+            self._call(self._settle, _keys(quota), [quota.tokens_per_minute or 0, grant, reserved, used])
+
+    def cool_down(self, quota: Quota, seconds: float) -> None:
+        with contextlib.suppress(*self._errors):  # each runner that is refused again waits again
+            self._call(self._cool_down, _keys(quota)[:1], [seconds, IDLE_SECONDS])
+
+
+def from_environment() -> RedisWindows | None:
+    """The shared windows ``DURABLERUN_LLM_QUOTA_REDIS`` names, or None (each process keeps its own)."""
+    url = os.environ.get(api.Env.LLM_QUOTA_REDIS)
+    if not url:
+        return None
+    return RedisWindows(url, password=os.environ.get(api.Env.LLM_QUOTA_REDIS_PASSWORD),
+                        unavailable=os.environ.get(api.Env.LLM_QUOTA_UNAVAILABLE) or WAIT)

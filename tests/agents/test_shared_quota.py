@@ -1,0 +1,130 @@
+"""Model quotas shared by a fleet: the windows in a real redis-server, taken from by many processes at once.
+
+Each RedisWindows below is its own connection, as each runner pod's is: what one takes, the others see.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durablerun import api
+from durablerun._private.agents import redis_windows
+from durablerun._private.agents.quota import Limiter, Quota
+from durablerun._private.agents.redis_windows import RedisWindows
+from durablerun_testbed import procs
+from durablerun_testbed.redis import RedisServer
+from tests.agents.helpers import launch
+from tests.helpers.session import SESSION_ID
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), SESSION_ID).start()
+    yield server
+    server.stop()
+
+
+def windows(server: RedisServer, **kwargs: Any) -> RedisWindows:
+    return RedisWindows(server.url, password=server.password, **kwargs)
+
+
+def quota(**limits: int) -> Quota:
+    return Quota("q-" + uuid.uuid4().hex[:8], "gpt-4o*", **limits)  # a fresh window for each test
+
+
+def test_what_one_runner_takes_the_others_see(redis_server: RedisServer) -> None:
+    q = quota(tokens_per_minute=60_000, requests_per_minute=600)
+    a, b = Limiter([q], windows=windows(redis_server)), Limiter([q], windows=windows(redis_server))
+    first = a.try_take("gpt-4o", 40_000)
+    assert not isinstance(first, float)
+    wait = b.try_take("gpt-4o", 40_000)  # 20,000 left: 20,000 short, refilled at 1,000 a second
+    assert isinstance(wait, float)
+    assert 19 < wait <= 20
+    first.settle(10_000)  # it used 10,000 of the 40,000 it reserved: 30,000 come back
+    assert not isinstance(b.try_take("gpt-4o", 40_000), float)
+
+
+def test_concurrent_calls_are_counted_across_runners_and_a_killed_runners_slot_expires(
+        redis_server: RedisServer) -> None:
+    q = quota(concurrent=1)
+    # A runner SIGKILLed mid-call never settles: to Redis that is a grant that is never settled.
+    killed = Limiter([q], windows=windows(redis_server, slot_seconds=3))
+    other = Limiter([q], windows=windows(redis_server))
+    assert not isinstance(killed.try_take("gpt-4o", 10), float)
+    assert other.try_take("gpt-4o", 10) == pytest.approx(0.05)  # the only slot is taken
+    granted = procs.wait_for(lambda: not isinstance(g := other.try_take("gpt-4o", 10), float) and g,
+                             timeout=10, what="the killed runner's slot to expire")
+    granted.settle(10)
+    assert not isinstance(other.try_take("gpt-4o", 10), float)
+
+
+def test_a_providers_cooldown_holds_every_runner(redis_server: RedisServer) -> None:
+    q = quota(requests_per_minute=1000)
+    refused, other = Limiter([q], windows=windows(redis_server)), Limiter([q], windows=windows(redis_server))
+    refused.cool_down("gpt-4o-mini", 30)
+    wait = other.try_take("gpt-4o", 1)
+    assert isinstance(wait, float)
+    assert 29 < wait <= 30
+
+
+def test_while_redis_is_down_calls_wait_or_proceed_as_set_and_its_windows_survive_a_restart(
+        redis_server: RedisServer) -> None:
+    q = quota(tokens_per_minute=60_000)
+    waits, proceeds = Limiter([q], windows=windows(redis_server)), \
+        Limiter([q], windows=windows(redis_server, unavailable=redis_windows.PROCEED))
+    assert not isinstance(waits.try_take("gpt-4o", 50_000), float)
+    redis_server.stop()
+    try:
+        assert waits.try_take("gpt-4o", 1) == redis_windows.UNAVAILABLE_RETRY_SECONDS
+        unlimited = proceeds.try_take("gpt-4o", 1_000_000)
+        assert not isinstance(unlimited, float)
+        unlimited.settle(1_000_000)  # nothing was taken, nothing to give back, and no error
+    finally:
+        redis_server.start()
+    # The append-only file kept the window: 10,000 left, so 20,000 waits about 10 s.
+    wait = procs.wait_for(lambda: waits.try_take("gpt-4o", 20_000), timeout=10, what="Redis back")
+    assert isinstance(wait, float)
+    assert 9 < wait <= 10.5
+
+
+def test_bad_settings_name_the_variable(redis_server: RedisServer) -> None:
+    with pytest.raises(Exception, match=api.Env.LLM_QUOTA_UNAVAILABLE):
+        windows(redis_server, unavailable="maybe")
+    with pytest.raises(Exception, match=api.Env.LLM_QUOTA_REDIS):
+        RedisWindows("127.0.0.1:6379")
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["each runner its own window", "one window in Redis"])
+def test_five_runners_under_one_shared_quota_are_never_refused_by_the_provider(
+        llm_server: Any, redis_server: RedisServer, tmp_path: Path, shared: bool) -> None:
+    """Five `durablerun run` processes each make one 14,000-token call to a provider allowing 60,000 tokens a
+    minute, under a quota of 57,000. Each with a window of its own, each sees room, and the provider refuses
+    the fifth (429). Sharing one window in Redis, the fifth waits for room and the provider refuses none."""
+    server = llm_server([{"text": "ok", "input_tokens": 13_900, "output_tokens": 100}], repeat_last=True,
+                        tokens_per_minute=60_000)
+    env = {api.Env.LLM_QUOTAS: json.dumps({"quotas": [{"name": "gpt-4o-" + uuid.uuid4().hex[:6],
+                                                       "models": "gpt-4o*", "tokensPerMinute": 57_000}]})}
+    if shared:
+        env |= {api.Env.LLM_QUOTA_REDIS: redis_server.url, api.Env.LLM_QUOTA_REDIS_PASSWORD: redis_server.password}
+    started = time.monotonic()
+    runners = [launch(["run", "quota_call:ask", "--run-id", f"r{i}", "--store", f"file://{tmp_path / 's'}",
+                       "--max-retries", "0", "--quiet",
+                       "--input", json.dumps({"base_url": server.openai_base_url, "chars": 13_500 * 4})],
+                      env, tmp_path) for i in range(5)]
+    results = [(runner.wait(timeout=120), runner.communicate()) for runner in runners]
+    refused = [r for r in server.requests if r.get("status") == 429]
+    if shared:
+        assert [code for code, _ in results] == [0] * 5, [err for _, (_, err) in results]
+        assert refused == []
+        assert len(server.requests) == 5
+        assert time.monotonic() - started > 5  # the fifth waited for room
+    else:
+        assert sorted(code for code, _ in results) == [0, 0, 0, 0, 1], [err for _, (_, err) in results]
+        assert len(refused) == 1
