@@ -123,6 +123,8 @@ class _Snapshot:
     lease_renewal: datetime | None
     #: The policy.askAt limit a Waiting run reached (status.waitingFor.budget), while it waits on it.
     waiting_on_budget: str | None
+    #: The model quota a Waiting run found no room in (status.waitingFor.quota), while it waits for it.
+    waiting_on_quota: str | None
     # The reconciler's "now" and the monotonic clock at the same instant: at
     # scrape time, age = (observed_at - t) + (monotonic() - observed_mono).
     observed_at: datetime
@@ -170,6 +172,8 @@ def _snapshot(status: resource.DurableRunStatus, policy: resource.Policy, now: d
         lease_renewal=_timestamp(status.lease.renewTime) or _timestamp(status.lease.acquireTime),
         waiting_on_budget=(status.waitingFor.budget if phase == api.Phase.WAITING.value and status.waitingFor
                            else None),
+        waiting_on_quota=(status.waitingFor.quota if phase == api.Phase.WAITING.value and status.waitingFor
+                          else None),
         observed_at=now,
         observed_mono=mono,
     )
@@ -247,6 +251,8 @@ class _RunCollector(Collector):
             _gauge("run_step_limit", "spec.policy.maxSteps, when set."),
             _gauge("run_waiting_on_budget", "1 while the run waits for a person to raise the policy.askAt limit it "
                    "reached (status.waitingFor.budget: costUSD or tokens).", "budget"),
+            _gauge("run_waiting_on_quota", "1 while the run waits, with no pod, for room in the model quota it "
+                   "names (status.waitingFor.quota).", "quota"),
             _gauge("run_status_restarts", "Restarts after crashes, OOM kills and expired leases (status.restarts)."),
             _gauge("run_status_disruptions", "Restarts after evictions, preemptions, lost nodes, deleted pods."),
             _gauge("run_progress_timeout_seconds", "spec.policy.progressTimeout in seconds."),
@@ -292,6 +298,8 @@ class _RunCollector(Collector):
         put("run_step_limit", snap.step_limit)
         if snap.waiting_on_budget:
             put("run_waiting_on_budget", 1.0, snap.waiting_on_budget)
+        if snap.waiting_on_quota:
+            put("run_waiting_on_quota", 1.0, snap.waiting_on_quota)
         put("run_status_restarts", snap.restarts)
         put("run_status_disruptions", snap.disruptions)
         put("run_progress_timeout_seconds", snap.progress_timeout_seconds)

@@ -472,6 +472,10 @@ class WaitingFor(_Model):
         default=None,
         description="The policy.askAt limit the run reached (costUSD or tokens): it waits for a person to raise "
                     "or remove it (kubectl durablerun budget), or to abort the run.")
+    quota: str | None = Field(
+        default=None,
+        description="The model quota a call found no room in: the run waits with no pod until wakeTime, when the "
+                    "room is due, and runs the step that asked again from its start.")
     compensations: int | None = Field(
         default=None, ge=1,
         description="Saga compensations registered and not run when the wait began: an abort while the run waits "

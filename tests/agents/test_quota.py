@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 from durablerun import ConfigError, api
 from durablerun._private.agents import quota, quota_setup
 from durablerun._private.agents.quota import Grant, Limiter, Quota
+from durablerun._private.records.model import StepRecord
 
 
 class Clock:
@@ -185,3 +189,53 @@ def test_metered_calls_under_a_quota_are_never_refused_by_the_provider(
         assert done.outcome == Outcome.FAILED
         assert len(refused) == 1
         assert "RateLimitError" in (done.message or "")
+
+
+def test_a_call_with_no_room_for_longer_than_a_step_waits_in_process_ends_the_attempt_waiting(
+        llm_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second call that would wait about 20 s, in a run whose steps wait out 5 s at most: the attempt ends
+    Waiting on the quota, with the wake time the room is due and no process; nothing of the step is journaled,
+    and a later attempt runs it again from its start (the provider is asked once per call that went)."""
+    import openai
+
+    from durablerun import DurableContext, Outcome, llm
+    from durablerun.engine import EngineConfig
+    from durablerun.testing import WorkflowTest
+
+    server = llm_server([{"text": "ok", "input_tokens": 900, "output_tokens": 100}], repeat_last=True)
+    name = "tiny-" + uuid.uuid4().hex[:6]
+
+    def declare(tokens_per_minute: int) -> None:
+        monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps(
+            {"quotas": [{"name": name, "models": "gpt-4o*", "tokensPerMinute": tokens_per_minute}]}))
+
+    declare(1500)  # 25 tokens a second
+    client = llm.metered(openai.OpenAI(base_url=server.openai_base_url, api_key="k", max_retries=0))
+    prompt = [{"role": "user", "content": "x" * 3560}]  # some 900 tokens by the estimate, 1,000 with the answer
+
+    def ask() -> str:
+        return client.chat.completions.create(model="gpt-4o-mini", messages=prompt, max_tokens=100
+                                              ).choices[0].message.content or ""
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return [await ctx.step("first", ask), await ctx.step("second", ask)]
+
+    run = WorkflowTest(wf, config=EngineConfig(inline_sleep_max=timedelta(seconds=5)))
+    asked = time.time()
+    waiting = run.attempt()
+    assert waiting.outcome == Outcome.WAITING, waiting.message
+    assert waiting.waiting is not None
+    assert waiting.waiting.quota == name
+    assert waiting.waiting.wake_time is not None
+    due = waiting.waiting.wake_time.timestamp() - asked
+    assert 15 < due < 25, due  # the second call's ~510 missing tokens at 25 a second, plus at most a tenth
+    assert f"waiting for room in model quota {name!r}" in (waiting.message or "")
+    assert len(server.requests) == 1  # the second call was never sent
+    journal = run.store.run_store(run.ref)
+    assert [r.name for r in journal.read_all() if isinstance(r, StepRecord)] == ["first"]
+
+    declare(60_000)  # the owner raised the quota: room at once
+    done = run.attempt()
+    assert done.outcome == Outcome.COMPLETED, done.message
+    assert done.result == ["ok", "ok"]
+    assert len(server.requests) == 2  # the first step was not asked again; the second once

@@ -54,6 +54,9 @@ def exposed_names() -> set[str]:
     run_metrics.observe_run("ns", "asks", status.model_copy(update={
         "phase": api.Phase.WAITING, "waitingFor": resource.WaitingFor(budget=resource.ASK_COST)}), policy,
         datetime.now(UTC))
+    throttled = resource.WaitingFor(quota="gpt-4o", wakeTime="2025-01-01T00:01:00Z")
+    run_metrics.observe_run("ns", "throttled", status.model_copy(update={
+        "phase": api.Phase.WAITING, "waitingFor": throttled}), policy, datetime.now(UTC))
     names = {sample.name for family in registry.collect() for sample in family.samples}
     # The webhook ingress's series (its own process and registry).
     return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)

@@ -165,6 +165,16 @@ def test_a_run_waiting_on_its_budget_says_which_limit_while_it_waits(
     assert value(registry, "durablerun_run_waiting_on_budget", namespace="ml", name="asks", budget="tokens") is None
 
 
+def test_a_run_waiting_for_room_in_a_model_quota_names_the_quota_while_it_waits(
+    run_metrics: metrics.RunMetrics, registry: CollectorRegistry
+) -> None:
+    throttled = status(phase=api.Phase.WAITING, waitingFor=resource.WaitingFor(quota="gpt-4o", wakeTime=ts(60)))
+    run_metrics.observe_run("ml", "agent", throttled, resource.Policy(), NOW)
+    assert value(registry, "durablerun_run_waiting_on_quota", namespace="ml", name="agent", quota="gpt-4o") == 1
+    run_metrics.observe_run("ml", "agent", status(phase=api.Phase.RUNNING), resource.Policy(), NOW)
+    assert value(registry, "durablerun_run_waiting_on_quota", namespace="ml", name="agent", quota="gpt-4o") is None
+
+
 def test_seconds_since_advance_at_scrape_time_without_new_observations(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry, clock: FakeMonotonic
 ) -> None:

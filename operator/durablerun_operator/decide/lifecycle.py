@@ -288,7 +288,7 @@ def _ended(t: transition.Transition, ending: facts.Ending, pod: facts.PodView | 
             event=waiting.get("event"), wakeTime=waiting.get("wakeTime"),
             since=waiting.get("since") or api.format_time(t.now), deadline=waiting.get("deadline"),
             holder=waiting.get("holder"), compensations=waiting.get("compensations") or None,
-            budget=waiting.get("budget"),
+            budget=waiting.get("budget"), quota=waiting.get("quota"),
         )
         event = str(waiting.get("event") or "")
         prefix = relations.CHILD_EVENT_PREFIX

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import os
@@ -269,7 +270,8 @@ def _metered_call(fn: Any, is_async: bool) -> Any:
                 estimate = quota.estimate_tokens(kwargs)
                 if is_async:
                     return _async_within_quota(limits, model, estimate, fn, args, kwargs)
-                grant = limits.take(model, estimate)
+                grant = _unless_throttled(limits, model, limits.try_take(model, estimate)) or \
+                    limits.take(model, estimate)
                 return _settled(limits, model, grant, lambda: fn(*args, **kwargs))
         result = fn(*args, **kwargs)
         if hasattr(result, "__await__"):
@@ -295,13 +297,26 @@ def _settled(limits: quota.Limiter, model: str, grant: quota.Grant, send: Any) -
 
 async def _async_within_quota(limits: quota.Limiter, model: str, estimate: int, fn: Any, args: Any,
                               kwargs: Any) -> Any:
-    grant = await limits.take_async(model, estimate)
+    grant = _unless_throttled(limits, model, await asyncio.to_thread(limits.try_take, model, estimate)) or \
+        await limits.take_async(model, estimate)
     try:
         response = await fn(*args, **kwargs)
     except BaseException as error:
         _refused(limits, model, grant, error)
         raise
     return _answered(grant, response)
+
+
+def _unless_throttled(limits: quota.Limiter, model: str, first: quota.Grant | float) -> quota.Grant | None:
+    """The call's grant if it got one at once; None if it waits for room in its step; and if the wait is longer
+    than a step waits out in process, the run waits instead, with no process (engine/replay.throttled)."""
+    if isinstance(first, quota.Grant):
+        return first
+    named = limits.quota_for(model)
+    halt = replay.throttled(named.name, first) if named is not None else None
+    if halt is not None:
+        raise halt
+    return None
 
 
 def _answered(grant: quota.Grant, response: Any) -> Any:

@@ -377,7 +377,7 @@ class AttemptCore:
         max_retries = self.policy.maxRetries if retries is None else retries
         live = self.live
         live.inflight_steps += 1
-        frame = StepFrame(pos, name)
+        frame = StepFrame(pos, name, inline_wait=self.config.inline_sleep_max.total_seconds())
         started = time.monotonic()
         attempt = 0
         failure: BaseException | None = None

@@ -30,6 +30,8 @@ class Waiting:
     wake_time: datetime | None = None
     #: The policy.askAt field reached (resource.ASK_COST, ASK_TOKENS): a wait for a person to raise it.
     budget: str | None = None
+    #: The model quota a call found no room in (with wake_time: when the room is due).
+    quota: str | None = None
 
 
 class Halt(BaseException):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class StepFrame:
     name: str
     usd: Decimal = Decimal(0)
     tokens: int = 0
+    #: The longest wait the step waits out in process (EngineConfig.inline_sleep_max); longer ones end the attempt.
+    inline_wait: float = 60.0
 
 
 #: The error type of an abort marker: a step record journaled where an abort stopped a Saga's block
@@ -354,6 +357,20 @@ def charge_step(usd: Decimal, tokens: int) -> bool:
     frame.usd += usd
     frame.tokens += tokens
     return True
+
+
+def throttled(quota: str, seconds: float) -> Halt | None:
+    """The wait that ends the attempt when a call in this step finds no room in ``quota`` for ``seconds``, or
+    None if the step waits that out in process (or runs outside a step). The run waits with no process and
+    runs the step again from its start when the room is due: nothing of the step is journaled yet."""
+    frame = STEP.get()
+    if frame is None or seconds <= frame.inline_wait:
+        return None
+    # Runs throttled together would all wake when the room is due, and all but the first wait again: each
+    # wakes at a random point of the wait's next tenth instead.
+    wake = datetime.now(UTC) + timedelta(seconds=seconds * (1 + random.uniform(0, 0.1)))
+    return Halt(HaltKind.WAIT, f"no room in model quota {quota!r} for {seconds:.0f}s",
+                waiting=Waiting(wake_time=wake, quota=quota))
 
 
 def misuse(message: str) -> Halt:

@@ -462,7 +462,7 @@ class Run:
             if exc.kind == HaltKind.WAIT and exc.waiting is not None:
                 w = exc.waiting
                 return WaitingFor(w.event, w.deadline, w.wake_time, datetime.now(UTC),
-                                  compensations=c.open_compensations, budget=w.budget)
+                                  compensations=c.open_compensations, budget=w.budget, quota=w.quota)
             return self._halt_result(exc, c)
         if isinstance(exc, asyncio.CancelledError):
             return self._result(c, Outcome.SUSPENDED, "the workflow was cancelled")
@@ -601,6 +601,10 @@ def _waiting_message(w: WaitingFor) -> str:
     if w.event:
         tail = f" (deadline {format_time(w.deadline, precise=True)})" if w.deadline else ""
         return f"waiting for event {w.event!r}{tail}"
+    if w.quota:
+        return (f"waiting for room in model quota {w.quota!r} until "
+                f"{format_time(w.wake_time, precise=True) if w.wake_time else '?'}: the step that asked runs again "
+                "from its start then")
     return f"sleeping until {format_time(w.wake_time, precise=True) if w.wake_time else '?'}"
 
 

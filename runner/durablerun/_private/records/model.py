@@ -470,6 +470,8 @@ class WaitingFor:
     compensations: int = 0
     #: The policy.askAt field the run reached: it waits for a person to raise it.
     budget: str | None = None
+    #: The model quota a call found no room in: the run waits until its wake time, when the room is due.
+    quota: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -482,6 +484,8 @@ class WaitingFor:
             doc["compensations"] = self.compensations
         if self.budget:
             doc["budget"] = self.budget
+        if self.quota:
+            doc["quota"] = self.quota
         return doc
 
     @classmethod
@@ -493,7 +497,8 @@ class WaitingFor:
             v = data.get(key)
             return parse_time(v) if v else None
 
-        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"), budget=data.get("budget"))
+        return cls(data.get("event"), t("deadline"), t("wakeTime"), t("since"), budget=data.get("budget"),
+                   quota=data.get("quota"))
 
 
 @dataclass(frozen=True)
