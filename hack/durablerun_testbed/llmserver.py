@@ -157,7 +157,7 @@ class LLMServer:
         messages = body.get("messages") or []
         n = sum(1 for m in messages if m.get("role") == "assistant")
         self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
-                   "tool_results": _tool_results(api, messages)})
+                   "tool_results": _tool_results(api, messages), "at": time.time()})
         if self.hold_turn == n:
             self._released.wait(timeout=120)
         try:

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from durablerun_testbed.llmserver import LLMServer, Turn
+from durablerun_testbed.redis import RedisServer
 from tests.agents.helpers import WORKFLOWS
+from tests.helpers.session import SESSION_ID
 
 if str(WORKFLOWS) not in sys.path:
     sys.path.insert(0, str(WORKFLOWS))
@@ -36,6 +38,14 @@ def llm_server() -> Iterator[Callable[..., LLMServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on loopback: the quota windows a fleet shares."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), SESSION_ID).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(params=["fs", "s3"])

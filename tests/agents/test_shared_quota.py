@@ -6,9 +6,9 @@ Each RedisWindows below is its own connection, as each runner pod's is: what one
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +20,9 @@ from durablerun._private.agents.quota import Limiter, Quota
 from durablerun._private.agents.redis_windows import RedisWindows
 from durablerun_testbed import procs
 from durablerun_testbed.redis import RedisServer
-from tests.agents.helpers import launch
-from tests.helpers.session import SESSION_ID
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"), SESSION_ID).start()
-    yield server
-    server.stop()
+from tests.agents.helpers import WORKFLOWS, launch
+from tests.helpers.runs import WORKFLOWS as RUN_WORKFLOWS
+from tests.helpers.runs import Operator, RunEnv
 
 
 def windows(server: RedisServer, **kwargs: Any) -> RedisWindows:
@@ -128,3 +122,42 @@ def test_five_runners_under_one_shared_quota_are_never_refused_by_the_provider(
     else:
         assert sorted(code for code, _ in results) == [0, 0, 0, 0, 1], [err for _, (_, err) in results]
         assert len(refused) == 1
+
+
+@pytest.mark.testbed
+def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room_is_due(
+        operator: Operator, runs: RunEnv, llm_server: Any, redis_server: RedisServer) -> None:
+    """A run on the test bed whose second call would wait about 20 s for room, with steps that wait out 2 s:
+    it waits with no pod, saying for which quota and until when, and its next pod makes the call then."""
+    server = llm_server([{"text": "ok", "input_tokens": 900, "output_tokens": 100}], repeat_last=True)
+    name = "tiny-" + uuid.uuid4().hex[:6]
+    manifest = runs.manifest("throttled", "quota_call:ask_twice",
+                             {"base_url": server.openai_base_url, "chars": 3560})  # ~1,000 tokens a call
+    runner = manifest["spec"]["template"]["spec"]["containers"][0]
+    runner["env"] = [e for e in runner["env"] if e["name"] != "PYTHONPATH"] + [
+        {"name": "PYTHONPATH", "value": os.pathsep.join([str(WORKFLOWS), str(RUN_WORKFLOWS)])},
+        {"name": api.Env.LLM_QUOTAS, "value": json.dumps(
+            {"quotas": [{"name": name, "models": "gpt-4o*", "tokensPerMinute": 1500}]})},  # 25 tokens a second
+        {"name": api.Env.LLM_QUOTA_REDIS, "value": redis_server.url},
+        {"name": api.Env.LLM_QUOTA_REDIS_PASSWORD, "value": redis_server.password},
+        {"name": api.Env.INLINE_SLEEP_MAX_SECONDS, "value": "2"}]
+    runs.apply(manifest)
+
+    status = runs.wait_phase("throttled", "Waiting", timeout=90)["status"]
+    waiting = status["waitingFor"]
+    assert waiting["quota"] == name, waiting
+    assert f"waiting for room in model quota {name!r}" in status["message"], status["message"]
+    due = api.parse_time(waiting["wakeTime"]).timestamp()
+    assert len(server.requests) == 1  # the second call was never sent
+    procs.wait_for(lambda: not [p for p in runs.pods("throttled") if p["status"].get("phase") in
+                                ("Pending", "Running") and not p["metadata"].get("deletionTimestamp")],
+                   timeout=30, what="no pod while the run waits for room")
+    assert time.time() < due, "the wait was over before the pod was gone: the test proves nothing"
+
+    done = runs.wait_phase("throttled", "Succeeded", "Failed", "Aborted", timeout=120)["status"]
+    assert done["phase"] == "Succeeded", done.get("message")
+    assert [r["turn"] for r in server.requests] == [0, 0]
+    assert server.requests[1]["at"] >= due  # asked again only once the room was due
+    assert done.get("restarts", 0) == 0  # a wait, not a crash
+    reasons = [e["reason"] for e in runs.events("throttled")]
+    assert "Waiting" in reasons, reasons
