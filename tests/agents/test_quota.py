@@ -239,3 +239,32 @@ def test_a_call_with_no_room_for_longer_than_a_step_waits_in_process_ends_the_at
     assert done.outcome == Outcome.COMPLETED, done.message
     assert done.result == ["ok", "ok"]
     assert len(server.requests) == 2  # the first step was not asked again; the second once
+
+
+@pytest.mark.parametrize("with_quota", [False, True], ids=["no quota", "a quota"])
+def test_a_pydantic_ai_agents_model_requests_take_their_share(
+        llm_server: Any, monkeypatch: pytest.MonkeyPatch, with_quota: bool) -> None:
+    """Three 21,000-token model requests of a pydantic-ai agent to a provider allowing 60,000 tokens a minute:
+    on their own the third is refused (429); under a quota of 57,000 it waits for room and none is."""
+    from durablerun import Outcome, Policy
+    from durablerun.testing import WorkflowTest
+    from pai_quota import ask_three_times
+
+    server = llm_server([{"text": "ok", "input_tokens": 20_900, "output_tokens": 100}], repeat_last=True,
+                        tokens_per_minute=60_000)
+    if with_quota:
+        monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps(
+            {"quotas": [{"name": "gpt-" + uuid.uuid4().hex[:6], "models": "gpt-4o*", "tokensPerMinute": 57_000}]}))
+    else:
+        monkeypatch.delenv(api.Env.LLM_QUOTAS, raising=False)
+    # Some 20,900 tokens by the estimate (its characters over 4), as the provider counts them.
+    run = WorkflowTest(ask_three_times, {"base_url": server.openai_base_url, "chars": 83_500},
+                       policy=Policy(maxRetries=0))
+    done = run.attempt()
+    refused = [r for r in server.requests if r.get("status") == 429]
+    if with_quota:
+        assert done.outcome == Outcome.COMPLETED, done.message
+        assert (refused, done.totals.tokens) == ([], 63_000)
+    else:
+        assert done.outcome == Outcome.FAILED
+        assert len(refused) == 1

@@ -19,7 +19,8 @@ Each model request is a step named ``<agent>__model.request``, each tool call
 agent goes on, replayed from the journal on a resume, so a killed pod resumes
 the conversation without calling (or paying for) a finished turn again. Each
 model request charges its tokens and USD (durablerun.llm's price table), so
-budgets stop a runaway agent. Tool calls run one at a time inside a durable
+budgets stop a runaway agent, and takes its share of its model's quota before
+it is sent (docs/agents.md, "Model quotas"). Tool calls run one at a time inside a durable
 run (their journal positions must not depend on timing).
 
 Outside :func:`run` the capability does nothing: the agent runs as usual.
@@ -28,6 +29,7 @@ Needs ``pip install 'durable-run[pydantic-ai]'``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -47,11 +49,12 @@ from pydantic_ai.durable_exec import (  # noqa: E402
     RoleBasedOperationConfig,
     conversation_id_from_run_id,
 )
+from pydantic_ai.models import ModelRequestParameters  # noqa: E402
 from pydantic_ai.run import AgentRunResult  # noqa: E402
 from pydantic_ai.tools import AgentDepsT  # noqa: E402
 
 from durablerun import errors  # noqa: E402
-from durablerun._private.agents import llm  # noqa: E402
+from durablerun._private.agents import llm, quota  # noqa: E402
 from durablerun._private.engine.context import DurableContext  # noqa: E402
 from durablerun.integrations._bridge import CURRENT, Bridge  # noqa: E402
 
@@ -87,13 +90,31 @@ class _Backend(JournalCallableOperationBackend[int | None]):
         if bridge is None:  # pragma: no cover - in_durable_context is checked first
             raise errors.WorkflowError(f"{name}: a durable pydantic-ai operation outside durablerun's run()")
         if isinstance(operation_id, ModelRequestId):
-            return await bridge.step(name, _charged(body), retries=config)
+            return await bridge.step(name, _charged(body, operation_id.model_name, _estimate(cache_key)),
+                                     retries=config)
         return await bridge.step(name, body, retries=config)
 
 
-def _charged(body: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[object]]:
+def _estimate(cache_key: tuple[object, ...]) -> int:
+    """A model request's tokens before it is sent, for its quota: what it sends (in pydantic-ai's cache identity
+    of the request, the messages and the tools' definitions; not the run context, which holds far more than is
+    sent) over quota.CHARS_PER_TOKEN, plus its max_tokens (or the default)."""
+    sent = sum(len(repr(k)) for k in cache_key if isinstance(k, list | ModelRequestParameters))
+    settings = next((k for k in cache_key if isinstance(k, dict) and isinstance(k.get("max_tokens"), int)), {})
+    return math.ceil(sent / quota.CHARS_PER_TOKEN) + int(settings.get("max_tokens") or quota.DEFAULT_OUTPUT_TOKENS)
+
+
+def _tokens(response: object) -> int | None:
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not usage:
+        return None
+    return int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+
+
+def _charged(body: Callable[[], Awaitable[object]], model_name: str, estimate: int) -> Callable[[], Awaitable[object]]:
     async def request() -> object:
-        response = await body()  # a ModelResponse as JSON (the engine's codec)
+        # A ModelResponse as JSON (the engine's codec), once the request has its share of the model's quota.
+        response = await llm.within_quota_async(model_name, estimate, body, _tokens)
         if isinstance(response, dict):
             usage, model = response.get("usage") or {}, response.get("model_name")
             if model and usage:

@@ -7,16 +7,18 @@ import inspect
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from durablerun import api, errors
 from durablerun._private.agents import quota, quota_setup
 from durablerun._private.engine import replay
 from durablerun._private.engine.context import DurableContext
 from durablerun._private.telemetry import tracing
+
+T = TypeVar("T")
 
 __all__ = ["PRICES", "PRICES_AS_OF", "Price", "UnpricedModelError", "Usage", "charge", "charge_response", "cost",
            "metered", "price_for", "read_usage", "set_price"]
@@ -265,14 +267,16 @@ def _metered_call(fn: Any, is_async: bool) -> Any:
         model = kwargs.get("model")
         if isinstance(model, str):
             price_for(model)  # an unpriced model fails before the call is paid for
-            limits = quota_setup.limiter()
-            if limits is not None and limits.quota_for(model) is not None:
-                estimate = quota.estimate_tokens(kwargs)
-                if is_async:
-                    return _async_within_quota(limits, model, estimate, fn, args, kwargs)
-                grant = _unless_throttled(limits, model, limits.try_take(model, estimate)) or \
-                    limits.take(model, estimate)
-                return _settled(limits, model, grant, lambda: fn(*args, **kwargs))
+            estimate = quota.estimate_tokens(kwargs)
+            if is_async:
+                async def charged_async() -> Any:
+                    response = await within_quota_async(model, estimate, lambda: fn(*args, **kwargs), _tokens_of)
+                    charge_response(response)
+                    return response
+                return charged_async()
+            response = within_quota(model, estimate, lambda: fn(*args, **kwargs), _tokens_of)
+            charge_response(response)
+            return response
         result = fn(*args, **kwargs)
         if hasattr(result, "__await__"):
             async def charged() -> Any:
@@ -285,26 +289,43 @@ def _metered_call(fn: Any, is_async: bool) -> Any:
     return call
 
 
-def _settled(limits: quota.Limiter, model: str, grant: quota.Grant, send: Any) -> Any:
-    """Send the call its grant allows, charge its response, and settle the grant with its usage."""
+def _tokens_of(response: Any) -> int | None:
+    usage = read_usage(response)
+    return usage.tokens if usage is not None else None
+
+
+def within_quota(model: str, estimate: int, send: Callable[[], T], tokens_of: Callable[[T], int | None]) -> T:
+    """``send()`` once its call to ``model`` (``estimate`` tokens) has its share of the model's quota (at once if
+    no quota names it), the share settled with what ``tokens_of`` reads from the response (docs/agents.md,
+    "Model quotas"). Called in a step; a wait longer than a step waits in process ends the attempt instead."""
+    limits = quota_setup.limiter()
+    if limits is None or limits.quota_for(model) is None:
+        return send()
+    grant = _unless_throttled(limits, model, limits.try_take(model, estimate)) or limits.take(model, estimate)
     try:
         response = send()
     except BaseException as error:
         _refused(limits, model, grant, error)
         raise
-    return _answered(grant, response)
+    grant.settle(tokens_of(response))
+    return response
 
 
-async def _async_within_quota(limits: quota.Limiter, model: str, estimate: int, fn: Any, args: Any,
-                              kwargs: Any) -> Any:
+async def within_quota_async(model: str, estimate: int, send: Callable[[], Awaitable[T]],
+                             tokens_of: Callable[[T], int | None]) -> T:
+    """:func:`within_quota` for a coroutine: waits without blocking the event loop."""
+    limits = quota_setup.limiter()
+    if limits is None or limits.quota_for(model) is None:
+        return await send()
     grant = _unless_throttled(limits, model, await asyncio.to_thread(limits.try_take, model, estimate)) or \
         await limits.take_async(model, estimate)
     try:
-        response = await fn(*args, **kwargs)
+        response = await send()
     except BaseException as error:
         _refused(limits, model, grant, error)
         raise
-    return _answered(grant, response)
+    grant.settle(tokens_of(response))
+    return response
 
 
 def _unless_throttled(limits: quota.Limiter, model: str, first: quota.Grant | float) -> quota.Grant | None:
@@ -317,14 +338,6 @@ def _unless_throttled(limits: quota.Limiter, model: str, first: quota.Grant | fl
     if halt is not None:
         raise halt
     return None
-
-
-def _answered(grant: quota.Grant, response: Any) -> Any:
-    """Settle the call's grant with the usage its response reports, and charge the step."""
-    usage = read_usage(response)
-    grant.settle(usage.tokens if usage is not None else None)
-    charge_response(response)
-    return response
 
 
 def _refused(limits: quota.Limiter, model: str, grant: quota.Grant, error: BaseException) -> None:
