@@ -7,9 +7,10 @@ and Anthropic messages (``POST /v1/messages``) from one script: turn *n* of a
 conversation (the number of assistant messages the request already holds) gets
 ``script[n]``, either tool calls or a final text, with the token usage the
 script gives. So a replayed or resumed agent gets the same answer for the same
-turn, as from a deterministic model. Anthropic messages can also stream (as
-server-sent events, whole: clients such as pydantic-ai's always stream);
-OpenAI requests cannot.
+turn, as from a deterministic model. Both can also stream, whole, as
+server-sent events: Anthropic's events (clients such as pydantic-ai's always
+stream), and OpenAI's chunks with the usage in a last chunk when the request
+asks for it (``stream_options.include_usage``).
 
 Every request is logged (``requests``: api, turn, model, tool results seen);
 tests wait on the log (``wait_for``) and may hold one turn's answer
@@ -152,8 +153,6 @@ class LLMServer:
 
     def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         """The status, body and extra headers of the answer to ``body``."""
-        if body.get("stream") and api == "openai":
-            return 400, _error(api, "this test server streams Anthropic messages only: call OpenAI without stream"), {}
         messages = body.get("messages") or []
         n = sum(1 for m in messages if m.get("role") == "assistant")
         self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
@@ -205,7 +204,12 @@ class LLMServer:
                     return
                 path = self.path.split("?", 1)[0]
                 if path.endswith("/chat/completions"):
-                    self._send(*server.answer("openai", body))
+                    status, payload, headers = server.answer("openai", body)
+                    if body.get("stream") and status == 200:
+                        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                        self._stream(_openai_chunks(payload, usage), openai=True)
+                    else:
+                        self._send(status, payload, headers)
                 elif path.endswith("/messages"):
                     status, payload, headers = server.answer("anthropic", body)
                     if body.get("stream") and status == 200:
@@ -228,8 +232,11 @@ class LLMServer:
                 except OSError:
                     pass  # the client was killed while its request was held
 
-            def _stream(self, events: list[dict[str, Any]]) -> None:
-                data = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+            def _stream(self, events: list[dict[str, Any]], openai: bool = False) -> None:
+                if openai:  # data lines only, ended by [DONE]
+                    data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+                else:
+                    data = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
                 try:
                     self.send_response(200)
                     self.send_header("content-type", "text/event-stream")
@@ -294,6 +301,21 @@ def _anthropic_response(body: dict[str, Any], n: int, turn: Turn, usage_in: int)
         "usage": {"input_tokens": usage_in - turn.cached_tokens, "output_tokens": turn.output_tokens,
                   "cache_read_input_tokens": turn.cached_tokens, "cache_creation_input_tokens": 0},
     }
+
+
+def _openai_chunks(completion: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A whole chat completion as OpenAI's stream of chunks: its usage only in a last chunk with no choices, and
+    only when the request asked for it (``stream_options.include_usage``), as OpenAI does."""
+    head = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice, message = completion["choices"][0], completion["choices"][0]["message"]
+    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+    chunks = [head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+              head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append(head | {"choices": [], "usage": completion["usage"]})
+    return chunks
 
 
 def _anthropic_events(message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from durablerun import ConfigError, DurableContext, Outcome, Policy, api, llm
 from durablerun._private.agents import llm as llm_impl
+from durablerun._private.agents import quota_setup
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
 
@@ -73,6 +74,48 @@ def test_anthropic_calls_charge_cache_reads_apart(llm_server: Any) -> None:
     assert done.totals.usd == (2000 * 5 + 8000 * Decimal("0.50") + 1000 * 25) / M
     assert done.totals.tokens == 11_000
     assert server.requests[0]["api"] == "anthropic"
+
+
+def test_streamed_calls_charge_their_step_and_settle_their_share_when_the_stream_ends(
+        llm_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OpenAI stream (sync; the usage it sends only when asked, which the metered client asks for) and an
+    Anthropic stream (async; usage in message_start and message_delta): each charges its step the usage the
+    stream reported, and settles its share of the quota with it."""
+    server = llm_server([{"text": "streamed", "input_tokens": 2000, "output_tokens": 300}], repeat_last=True)
+    monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps({"quotas": [  # 20 tokens a second
+        {"name": "gpt", "models": "gpt-4o*", "tokensPerMinute": 1200},
+        {"name": "claude", "models": "claude-*", "tokensPerMinute": 1200}]}))
+    oai = llm.metered(openai.OpenAI(base_url=server.openai_base_url, api_key="k", max_retries=0))
+    claude = llm.metered(anthropic.AsyncAnthropic(base_url=server.anthropic_base_url, api_key="k", max_retries=0))
+
+    def ask_openai() -> str:
+        with oai.chat.completions.create(model="gpt-4o-2024-08-06", stream=True,
+                                         messages=[{"role": "user", "content": "hi"}]) as stream:
+            return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    async def ask_claude() -> str:
+        stream = await claude.messages.create(model="claude-opus-4-5", max_tokens=1024, stream=True,
+                                              messages=[{"role": "user", "content": "hi"}])
+        return "".join([e.delta.text async for e in stream if e.type == "content_block_delta"])
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return [await ctx.step("openai", ask_openai), await ctx.step("claude", ask_claude)]
+
+    done = WorkflowTest(wf).attempt()
+    assert done.outcome == Outcome.COMPLETED, done.message
+    assert done.result == ["streamed", "streamed"]
+    # gpt-4o: $2.50 in, $10 out per 1M; opus 4.5: $5 in, $25 out.
+    assert done.totals.usd == (2000 * Decimal("2.50") + 300 * 10 + 2000 * 5 + 300 * 25) / M
+    assert done.totals.tokens == 2 * 2300
+    limits = quota_setup.limiter()
+    assert limits is not None
+    # Each window was charged the 2,300 tokens its stream used, not the estimate its call reserved (some 1,030:
+    # the prompt, and 1,024 answer tokens): 1,100 in debt, a token is a minute away; with the estimate it would
+    # be there at once.
+    for model in ("gpt-4o", "claude-opus-4-5"):
+        wait = limits.try_take(model, 1)
+        assert isinstance(wait, float)
+        assert wait > 20
 
 
 def test_a_metered_call_outside_a_step_is_refused_before_it_is_made(llm_server: Any) -> None:

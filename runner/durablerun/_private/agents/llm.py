@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -247,46 +248,47 @@ class _Metered:
         attr = getattr(self._target, name)
         path = (*self._path, name)
         if path in _METERED_CALLS:
-            return _metered_call(attr, self._async)
+            return _metered_call(attr, path, self._async)
         if any(call[:len(path)] == path for call in _METERED_CALLS):
             return _Metered(attr, path, self._async)
         return attr
 
 
-def _metered_call(fn: Any, is_async: bool) -> Any:
+def _metered_call(fn: Any, path: tuple[str, ...], is_async: bool) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("stream"):
-            raise errors.WorkflowError(
-                "a metered client does not meter streamed responses: call durablerun.llm.charge_response() "
-                "with the final message (or use the unwrapped client)")
         if not replay.in_step():
             # Refused before the call: outside a step it would be made (and paid for) again on every resume.
             raise errors.WorkflowError(
                 "a metered client's calls must run inside a step (ctx.step): outside one the call is "
                 "not journaled and runs again on every resume")
         model = kwargs.get("model")
-        if isinstance(model, str):
-            price_for(model)  # an unpriced model fails before the call is paid for
-            estimate = quota.estimate_tokens(kwargs)
-            if is_async:
-                async def charged_async() -> Any:
-                    response = await within_quota_async(model, estimate, lambda: fn(*args, **kwargs), _tokens_of)
-                    charge_response(response)
-                    return response
-                return charged_async()
-            response = within_quota(model, estimate, lambda: fn(*args, **kwargs), _tokens_of)
-            charge_response(response)
-            return response
-        result = fn(*args, **kwargs)
-        if hasattr(result, "__await__"):
-            async def charged() -> Any:
-                response = await result
-                charge_response(response)
-                return response
-            return charged()
-        charge_response(result)
-        return result
+        if not isinstance(model, str):
+            send = lambda: fn(*args, **kwargs)  # noqa: E731
+            return _charged_async(send) if is_async else _charged(send)
+        price_for(model)  # an unpriced model fails before the call is paid for
+        estimate = quota.estimate_tokens(kwargs)
+        if kwargs.get("stream"):
+            if path[:2] == ("chat", "completions"):  # OpenAI sends a stream's usage only when asked to
+                kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
+            send = lambda: fn(*args, **kwargs)  # noqa: E731
+            return _stream_async(model, estimate, send) if is_async else _stream(model, estimate, send)
+        send = lambda: fn(*args, **kwargs)  # noqa: E731
+        if is_async:
+            return _charged_async(lambda: within_quota_async(model, estimate, send, _tokens_of))
+        return _charged(lambda: within_quota(model, estimate, send, _tokens_of))
     return call
+
+
+def _charged(send: Callable[[], Any]) -> Any:
+    response = send()
+    charge_response(response)
+    return response
+
+
+async def _charged_async(send: Callable[[], Awaitable[Any]]) -> Any:
+    response = await send()
+    charge_response(response)
+    return response
 
 
 def _tokens_of(response: Any) -> int | None:
@@ -298,34 +300,155 @@ def within_quota(model: str, estimate: int, send: Callable[[], T], tokens_of: Ca
     """``send()`` once its call to ``model`` (``estimate`` tokens) has its share of the model's quota (at once if
     no quota names it), the share settled with what ``tokens_of`` reads from the response (docs/agents.md,
     "Model quotas"). Called in a step; a wait longer than a step waits in process ends the attempt instead."""
-    limits = quota_setup.limiter()
-    if limits is None or limits.quota_for(model) is None:
-        return send()
-    grant = _unless_throttled(limits, model, limits.try_take(model, estimate)) or limits.take(model, estimate)
-    try:
-        response = send()
-    except BaseException as error:
-        _refused(limits, model, grant, error)
-        raise
-    grant.settle(tokens_of(response))
+    held = _hold(model, estimate)
+    response = _sent(held, model, send)
+    if held is not None:
+        held.settle(tokens_of(response))
     return response
 
 
 async def within_quota_async(model: str, estimate: int, send: Callable[[], Awaitable[T]],
                              tokens_of: Callable[[T], int | None]) -> T:
     """:func:`within_quota` for a coroutine: waits without blocking the event loop."""
+    held = await _hold_async(model, estimate)
+    response = await _sent_async(held, model, send)
+    if held is not None:
+        held.settle(tokens_of(response))
+    return response
+
+
+def _hold(model: str, estimate: int) -> quota.Grant | None:
+    """The call's share of its model's quota, once it has room (None: no quota names the model)."""
     limits = quota_setup.limiter()
     if limits is None or limits.quota_for(model) is None:
-        return await send()
-    grant = _unless_throttled(limits, model, await asyncio.to_thread(limits.try_take, model, estimate)) or \
+        return None
+    return _unless_throttled(limits, model, limits.try_take(model, estimate)) or limits.take(model, estimate)
+
+
+async def _hold_async(model: str, estimate: int) -> quota.Grant | None:
+    limits = quota_setup.limiter()
+    if limits is None or limits.quota_for(model) is None:
+        return None
+    return _unless_throttled(limits, model, await asyncio.to_thread(limits.try_take, model, estimate)) or \
         await limits.take_async(model, estimate)
+
+
+def _sent(held: quota.Grant | None, model: str, send: Callable[[], T]) -> T:
     try:
-        response = await send()
+        return send()
     except BaseException as error:
-        _refused(limits, model, grant, error)
+        if held is not None:
+            _refused(model, held, error)
         raise
-    grant.settle(tokens_of(response))
-    return response
+
+
+async def _sent_async(held: quota.Grant | None, model: str, send: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await send()
+    except BaseException as error:
+        if held is not None:
+            _refused(model, held, error)
+        raise
+
+
+class _StreamUsage:
+    """The usage a stream reports as it goes: OpenAI's in its last chunk (chat completions) or its
+    ``response.completed`` event (Responses API); Anthropic's input in ``message_start``, output in
+    ``message_delta``. Settles the call's share and charges the step once, when the stream ends."""
+
+    def __init__(self, held: quota.Grant | None) -> None:
+        self.held = held
+        self.usage: Usage | None = None
+        self.ended = False
+
+    def see(self, event: Any) -> None:
+        kind = _get(event, "type")
+        if kind == "message_start":
+            self.usage = read_usage(_get(event, "message"))
+        elif kind == "message_delta" and self.usage is not None:
+            output = _n(_get(_get(event, "usage"), "output_tokens"))
+            self.usage = dataclasses.replace(self.usage, output_tokens=output)
+        elif kind == "response.completed":
+            self.usage = read_usage(_get(event, "response"))
+        elif _get(event, "usage") is not None:
+            self.usage = read_usage(event) or self.usage
+
+    def end(self) -> None:
+        """The stream ended or was closed: an unread rest is charged its reservation in the window, and its cost
+        (unknown) is not charged."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.held is not None:
+            self.held.settle(self.usage.tokens if self.usage is not None else None)
+        if self.usage is not None:
+            charge(self.usage)
+
+
+class _MeteredStream:
+    """A streamed response whose usage settles its call's share and charges its step when it ends."""
+
+    def __init__(self, stream: Any, usage: _StreamUsage) -> None:
+        self._stream = stream
+        self._usage = usage
+
+    def __iter__(self) -> Any:
+        try:
+            for event in self._stream:
+                self._usage.see(event)
+                yield event
+        finally:
+            self._usage.end()
+
+    def __enter__(self) -> _MeteredStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._usage.end()
+        self._stream.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _AsyncMeteredStream:
+    def __init__(self, stream: Any, usage: _StreamUsage) -> None:
+        self._stream = stream
+        self._usage = usage
+
+    async def __aiter__(self) -> Any:
+        try:
+            async for event in self._stream:
+                self._usage.see(event)
+                yield event
+        finally:
+            self._usage.end()
+
+    async def __aenter__(self) -> _AsyncMeteredStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._usage.end()
+        await self._stream.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stream(model: str, estimate: int, send: Callable[[], Any]) -> _MeteredStream:
+    held = _hold(model, estimate)
+    return _MeteredStream(_sent(held, model, send), _StreamUsage(held))
+
+
+async def _stream_async(model: str, estimate: int, send: Callable[[], Awaitable[Any]]) -> _AsyncMeteredStream:
+    held = await _hold_async(model, estimate)
+    return _AsyncMeteredStream(await _sent_async(held, model, send), _StreamUsage(held))
 
 
 def _unless_throttled(limits: quota.Limiter, model: str, first: quota.Grant | float) -> quota.Grant | None:
@@ -340,13 +463,14 @@ def _unless_throttled(limits: quota.Limiter, model: str, first: quota.Grant | fl
     return None
 
 
-def _refused(limits: quota.Limiter, model: str, grant: quota.Grant, error: BaseException) -> None:
-    """A call that failed: a provider's 429 used nothing and cools the model down for the fleet of this
-    process; any other failure keeps its reservation (what it used is unknown)."""
+def _refused(model: str, grant: quota.Grant, error: BaseException) -> None:
+    """A call that failed: a provider's 429 used nothing and cools the model down for every call that shares
+    its windows; any other failure keeps its reservation (what it used is unknown)."""
     wait = quota.retry_after(error)
+    limits = quota_setup.limiter()
     if getattr(error, "status_code", None) == 429:
         grant.settle(0)
-        if wait is not None:
+        if wait is not None and limits is not None:
             limits.cool_down(model, wait)
     else:
         grant.settle(None)
