@@ -246,9 +246,10 @@ def test_a_pydantic_ai_agents_model_requests_take_their_share(
         llm_server: Any, monkeypatch: pytest.MonkeyPatch, with_quota: bool) -> None:
     """Three 21,000-token model requests of a pydantic-ai agent to a provider allowing 60,000 tokens a minute:
     on their own the third is refused (429); under a quota of 57,000 it waits for room and none is."""
+    from pai_quota import ask_three_times
+
     from durablerun import Outcome, Policy
     from durablerun.testing import WorkflowTest
-    from pai_quota import ask_three_times
 
     server = llm_server([{"text": "ok", "input_tokens": 20_900, "output_tokens": 100}], repeat_last=True,
                         tokens_per_minute=60_000)
