@@ -58,8 +58,11 @@ def test_the_export_child_gets_the_otel_settings_and_none_of_the_runners_secrets
 
 def test_a_full_pipe_drops_and_counts_spans_and_never_holds_the_runner_up(jaeger: Jaeger) -> None:
     key = f"_local/full-{uuid.uuid4().hex[:8]}"
+    # A flush long enough for the child to read the 1 MiB it was behind and export it on a busy machine (the
+    # default 2 s is not: CI once saw none of it delivered).
     pipe = spanexport.start(api.trace_id_of(key), {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint,
-                                       "OTEL_SERVICE_NAME": "durablerun-tests", "PATH": os.environ["PATH"]})
+                                                   "OTEL_SERVICE_NAME": "durablerun-tests", "PATH": os.environ["PATH"],
+                                                   "OTEL_BSP_EXPORT_TIMEOUT": str(int(WAIT * 1000))})
     assert pipe.process is not None
     # A child that reads nothing (stopped: starved of CPU, or stuck behind a slow collector) and spans longer
     # than a pipe writes at once (PIPE_BUF, 4 KiB): the pipe's 1 MiB fills after some 200 of them, and the
