@@ -258,7 +258,9 @@ def test_a_run_at_its_soft_budget_waits_with_no_pod_until_budget_raises_it(
     assert "policy.askAt.costUSD reached" in status["message"]
     assert f"kubectl durablerun budget asks -n {runs.namespace} --ask-at-usd <higher>" in status["message"]
     assert "$0.30 and 0 tokens spent" in status["message"]
-    assert "BudgetReached" in [e["reason"] for e in runs.events("asks")]
+    # The Event is posted after the status that says Waiting: wait for it.
+    procs.wait_for(lambda: "BudgetReached" in [e["reason"] for e in runs.events("asks")], timeout=30,
+                   what="the BudgetReached Event")
     procs.wait_for(lambda: all(p["status"].get("phase") in ("Succeeded", "Failed") for p in runs.pods("asks")),
                    timeout=30, what="no runner pod while the run waits on its budget")
     said = plugin.dr("status", "asks")
