@@ -93,6 +93,10 @@ def test_bad_settings_name_the_variable(redis_server: RedisServer) -> None:
         windows(redis_server, unavailable="maybe")
     with pytest.raises(Exception, match=api.Env.LLM_QUOTA_REDIS):
         RedisWindows("127.0.0.1:6379")
+    # A wrong password is a setting to fix, not an outage to wait out: the call fails at once, naming it.
+    wrong = Limiter([quota(concurrent=1)], windows=RedisWindows(redis_server.url, password="wrong"))
+    with pytest.raises(redis_windows.RedisRefusedError, match=api.Env.LLM_QUOTA_REDIS_PASSWORD):
+        wrong.try_take("gpt-4o", 1)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["each runner its own window", "one window in Redis"])

@@ -102,6 +102,10 @@ return 1
 """
 
 
+class RedisRefusedError(errors.ConfigError, errors.NonRetryableError):
+    """Redis refused the password: a setting to fix, not an outage to wait out (the step fails at once)."""
+
+
 def _keys(quota: Quota) -> list[str]:
     tag = "{durablerun:quota:" + quota.name + "}"
     return [tag + ":window", tag + ":in-flight"]
@@ -129,6 +133,7 @@ class RedisWindows:
         self.unavailable = unavailable
         self.slot_seconds = slot_seconds
         self._errors = (redis.ConnectionError, redis.TimeoutError)
+        self._refused = redis.AuthenticationError  # a ConnectionError too: told apart first
         self._client = redis.Redis.from_url(url, password=password or None, socket_timeout=2.0,
                                             socket_connect_timeout=2.0)
         self._take = self._client.register_script(_TAKE)
@@ -139,6 +144,9 @@ class RedisWindows:
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
             result = script(keys=keys, args=args)
+        except self._refused as error:
+            raise RedisRefusedError(f"the Redis of {api.Env.LLM_QUOTA_REDIS} at {self.where} refused its "
+                                    f"credentials ({error}): check {api.Env.LLM_QUOTA_REDIS_PASSWORD}") from None
         except self._errors as error:
             if not self._down.is_set():
                 self._down.set()
