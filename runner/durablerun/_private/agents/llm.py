@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import json
@@ -262,17 +261,15 @@ def _metered_call(fn: Any, path: tuple[str, ...], is_async: bool) -> Any:
                 "a metered client's calls must run inside a step (ctx.step): outside one the call is "
                 "not journaled and runs again on every resume")
         model = kwargs.get("model")
+        send = lambda: fn(*args, **kwargs)  # noqa: E731 - reads kwargs when called, stream_options included
         if not isinstance(model, str):
-            send = lambda: fn(*args, **kwargs)  # noqa: E731
             return _charged_async(send) if is_async else _charged(send)
         price_for(model)  # an unpriced model fails before the call is paid for
         estimate = quota.estimate_tokens(kwargs)
         if kwargs.get("stream"):
             if path[:2] == ("chat", "completions"):  # OpenAI sends a stream's usage only when asked to
                 kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
-            send = lambda: fn(*args, **kwargs)  # noqa: E731
             return _stream_async(model, estimate, send) if is_async else _stream(model, estimate, send)
-        send = lambda: fn(*args, **kwargs)  # noqa: E731
         if is_async:
             return _charged_async(lambda: within_quota_async(model, estimate, send, _tokens_of))
         return _charged(lambda: within_quota(model, estimate, send, _tokens_of))
@@ -322,15 +319,14 @@ def _hold(model: str, estimate: int) -> quota.Grant | None:
     limits = quota_setup.limiter()
     if limits is None or limits.quota_for(model) is None:
         return None
-    return _unless_throttled(limits, model, limits.try_take(model, estimate)) or limits.take(model, estimate)
+    return limits.take(model, estimate, on_first_wait=lambda wait: _throttle(limits, model, wait))
 
 
 async def _hold_async(model: str, estimate: int) -> quota.Grant | None:
     limits = quota_setup.limiter()
     if limits is None or limits.quota_for(model) is None:
         return None
-    return _unless_throttled(limits, model, await asyncio.to_thread(limits.try_take, model, estimate)) or \
-        await limits.take_async(model, estimate)
+    return await limits.take_async(model, estimate, on_first_wait=lambda wait: _throttle(limits, model, wait))
 
 
 def _sent(held: quota.Grant | None, model: str, send: Callable[[], T]) -> T:
@@ -451,16 +447,13 @@ async def _stream_async(model: str, estimate: int, send: Callable[[], Awaitable[
     return _AsyncMeteredStream(await _sent_async(held, model, send), _StreamUsage(held))
 
 
-def _unless_throttled(limits: quota.Limiter, model: str, first: quota.Grant | float) -> quota.Grant | None:
-    """The call's grant if it got one at once; None if it waits for room in its step; and if the wait is longer
-    than a step waits out in process, the run waits instead, with no process (engine/replay.throttled)."""
-    if isinstance(first, quota.Grant):
-        return first
+def _throttle(limits: quota.Limiter, model: str, wait: float) -> None:
+    """A call that found no room: it waits in its step, unless the wait is longer than a step waits out in
+    process; then the run waits instead, with no process (engine/replay.throttled)."""
     named = limits.quota_for(model)
-    halt = replay.throttled(named.name, first) if named is not None else None
+    halt = replay.throttled(named.name, wait) if named is not None else None
     if halt is not None:
         raise halt
-    return None
 
 
 def _refused(model: str, grant: quota.Grant, error: BaseException) -> None:

@@ -250,17 +250,20 @@ class Limiter:
         taken = self.windows.try_take(quota, tokens)
         return Grant(self.windows, quota, taken, tokens) if isinstance(taken, str) else taken
 
-    def take(self, model: str, tokens: int, *, sleep: Callable[[float], None] = time.sleep) -> Grant:
-        """Wait (blocking this thread) until the call may go, and take its share."""
-        waiting = _Waiting(self, model, tokens)
+    def take(self, model: str, tokens: int, *, sleep: Callable[[float], None] = time.sleep,
+             on_first_wait: Callable[[float], None] | None = None) -> Grant:
+        """Wait (blocking this thread) until the call may go, and take its share. ``on_first_wait`` sees the
+        first wait before it begins (and may raise instead)."""
+        waiting = _Waiting(self, model, tokens, on_first_wait)
         while not isinstance(granted := self.try_take(model, tokens), Grant):
             sleep(waiting.pause(granted))
         return granted
 
-    async def take_async(self, model: str, tokens: int) -> Grant:
+    async def take_async(self, model: str, tokens: int, *,
+                         on_first_wait: Callable[[float], None] | None = None) -> Grant:
         """:meth:`take` for a coroutine: waits without blocking the event loop (nor does asking: a shared
         window is a network call)."""
-        waiting = _Waiting(self, model, tokens)
+        waiting = _Waiting(self, model, tokens, on_first_wait)
         while True:
             granted = await asyncio.to_thread(self.try_take, model, tokens)
             if isinstance(granted, Grant):
@@ -285,10 +288,13 @@ class _Waiting:
     limiter: Limiter
     model: str
     tokens: int
+    on_first_wait: Callable[[float], None] | None = None
     said: bool = False
 
     def pause(self, wait: float) -> float:
         if not self.said:
+            if self.on_first_wait is not None:
+                self.on_first_wait(wait)
             quota = self.limiter.quota_for(self.model)
             log.info("quota %s: a call to %s (about %d tokens) waits %.1fs for room", quota.name if quota else "?",
                      self.model, self.tokens, wait)
