@@ -37,7 +37,7 @@ fi
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   log "installing the benchmark's Python packages (pinned by bench/constraints.txt)"
   "$VENV/bin/pip" install -q --upgrade "pip==25.3"
-  "$VENV/bin/pip" install -q -c "$BENCH/constraints.txt" -e "$ROOT[s3,pod,operator,otel]" -r "$BENCH/requirements.txt"
+  "$VENV/bin/pip" install -q -c "$BENCH/constraints.txt" -e "$ROOT[s3,pod,operator,otel,quotas]" -r "$BENCH/requirements.txt"
   site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The harness (bench/) and the test bed (hack/) are not part of the wheel.
   printf '%s\n%s\n' "$BENCH" "$ROOT/hack" >"$site/durablerun-bench.pth"

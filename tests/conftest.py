@@ -32,7 +32,7 @@ from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.helpers.session import CRD_PATH, SESSION_ID, StartPrometheus
+from tests.helpers.session import SESSION_ID, StartPrometheus
 
 # The fixtures more than one folder uses (an operator per test, a namespace ready for DurableRuns, a pod
 # recorder, a MinIO of the test's own, the fault tally): defined in tests/helpers/bed.py, provided to every folder.
@@ -156,8 +156,7 @@ def testbed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
     """Control plane and process node (sharing the session's MinIO), with the CRD installed."""
     bed = TestBed(testbed_root / "k8s", id=SESSION_ID).start(s3=s3_server)
     try:
-        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.wait_established()
+        bed.install_crds()
         yield bed
     finally:
         bed.stop()

@@ -52,7 +52,6 @@ from durablerun_testbed.testbed import TestBed
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
-CRD = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "kueue")
 
 
@@ -106,8 +105,7 @@ def log(message: str) -> None:
 def testbed(root: Path, run_id: str, s3: S3Server) -> Iterator[TestBed]:
     bed = TestBed(root / "k8s", id=run_id).start(s3=s3)
     try:
-        bed.kubectl("apply", "--server-side", "-f", str(CRD))
-        bed.wait_established(timeout=60)
+        bed.install_crds(timeout=60)
         yield bed
     finally:
         bed.stop()
@@ -130,8 +128,7 @@ def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: 
     try:
         assert bed.real_node
         bed.real_node.import_image(archive)
-        bed.kubectl("apply", "--server-side", "-f", str(CRD))
-        bed.wait_established(timeout=60)
+        bed.install_crds(timeout=60)
         return resume.bench(bed, root, run_id, repeats=repeats, steps=400, kill_after=200, sleep=0.01, log=log,
                             kill=resume.kill_container, image=image)
     finally:

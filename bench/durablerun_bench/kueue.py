@@ -44,7 +44,6 @@ from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 
 GROUP = "kueue.x-k8s.io/v1beta2"
-CRD = resume.BENCH_DIR.parent / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 POLL = 0.25
 #: One line per Workload change: its name, its Admitted condition's status and lastTransitionTime.
 _ADMITTED = '{.metadata.name} {.status.conditions[?(@.type=="Admitted")].status} ' \
@@ -236,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bed = TestBed(root / "k8s", id=run_id).start(s3=s3)
         try:
-            bed.kubectl("apply", "--server-side", "-f", str(CRD))
-            bed.wait_established(timeout=60)
+            bed.install_crds(timeout=60)
             result = bench(bed, root, run_id, runs=args.runs, quota=args.quota, steps=5, sleep=0.5,
                            log=lambda m: print(m, file=sys.stderr))
         finally:

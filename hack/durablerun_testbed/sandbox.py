@@ -42,7 +42,6 @@ from durablerun_testbed import binaries, procs, realnode
 from durablerun_testbed.testbed import NodeClient, TestBed
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".sandbox"
-CRD = binaries.REPO_ROOT / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 EXAMPLE = binaries.REPO_ROOT / "deploy" / "samples" / "review-agent.yaml"
 BUCKET = "durable-runs"
 OPERATOR_NAMESPACE = "durable-run-system"
@@ -127,8 +126,7 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
                                "node_dir": str(bed.real_node.workdir)}
     else:
         assert bed.node
-        bed.kubectl("apply", "--server-side", "-f", str(CRD))
-        bed.wait_established()
+        bed.install_crds()
         operator, metrics_port = _start_operator(bed, directory)
         parts += [bed.node_process, operator]
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -21,6 +21,8 @@ from durablerun_testbed.realnode import NODE_NAME, PodNetwork, RealNode, cgroup_
 from durablerun_testbed.s3 import S3Server
 
 VENV_BIN = Path(sys.executable).parent
+#: What `kubectl apply -k deploy/` installs of the API: the CRDs and the runs' admission policy.
+CRD_DIR = binaries.REPO_ROOT / "deploy" / "crd"
 _KUBECONFIG_LOCK = threading.Lock()
 
 
@@ -160,6 +162,13 @@ class TestBed:
         if check and result.returncode != 0:
             raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
         return result
+
+    def install_crds(self, timeout: float = 120) -> None:
+        """Apply deploy/crd/ (the DurableRun and ModelQuota CRDs, and the runs' admission policy) and wait until
+        the API server serves both kinds."""
+        self.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
+        for crd in (api.CRD_NAME, api.QUOTA_CRD_NAME):
+            self.wait_established(crd, timeout=timeout)
 
     def wait_established(self, crd: str = api.CRD_NAME, timeout: float = 120) -> None:
         """Wait until the API server serves ``crd``. Not `kubectl wait --for=condition=Established`: kubectl

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env(tuple(args.namespace))
     if settings.kueue:
         handlers.watch_workloads()
+    if settings.model_quotas:
+        handlers.watch_quotas()
     level = os.environ.get(api.OperatorEnv.LOG_LEVEL, "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level != "DEBUG":

@@ -82,6 +82,15 @@ class Settings:
     #: kueue.x-k8s.io/queue-name gets a Workload and starts each attempt only once Kueue admits it. Off,
     #: the label means nothing and the operator needs neither Kueue's CRDs nor RBAC for them.
     kueue: bool = False
+    #: ModelQuotas (DURABLERUN_MODEL_QUOTAS=true, the chart's quotas.enabled): watched, handed to the runner pods of
+    #: the namespaces each covers, and read back into their status. Runners share their windows in the Redis
+    #: DURABLERUN_LLM_QUOTA_REDIS names (required with quotas on); the operator reads it with the password
+    #: DURABLERUN_LLM_QUOTA_REDIS_PASSWORD (a Secret), and runners get theirs from their namespace's
+    #: durablerun-quota-redis Secret. DURABLERUN_LLM_QUOTA_UNAVAILABLE, if set, is handed on as it is.
+    model_quotas: bool = False
+    quota_redis: str = ""
+    quota_redis_password: str = field(default="", repr=False)
+    quota_unavailable: str = ""
     #: More than one replica: the shards the runs are split into (DURABLERUN_SHARDS; 0, the default, is one
     #: replica deciding every run, with no shard Lease), each held for this many seconds
     #: (DURABLERUN_SHARD_LEASE_SECONDS): a dead replica's shards are taken over within about that long.
@@ -114,9 +123,23 @@ class Settings:
             otel_env=tuple(sorted((k, v) for k, v in os.environ.items()
                                   if k.startswith(api.Env.OTEL_PREFIX) and k not in api.Env.OTEL_NOT_SHARED)),
             kueue=_flag(api.OperatorEnv.KUEUE),
+            **_quotas(),
             namespaces=namespaces,
             **_sharding(),
         )
+
+
+def _quotas() -> dict[str, Any]:
+    on, url = _flag(api.OperatorEnv.MODEL_QUOTAS), os.environ.get(api.Env.LLM_QUOTA_REDIS, "")
+    if on and not url:
+        raise SystemExit(f"{api.OperatorEnv.MODEL_QUOTAS}=true needs {api.Env.LLM_QUOTA_REDIS}, the Redis whose "
+                         "windows the runners share (the chart deploys one, or give quotas.redis.url)")
+    unavailable = os.environ.get(api.Env.LLM_QUOTA_UNAVAILABLE, "")
+    if unavailable not in ("", "wait", "proceed"):
+        raise SystemExit(f"{api.Env.LLM_QUOTA_UNAVAILABLE}={unavailable!r} must be wait or proceed")
+    return {"model_quotas": on, "quota_redis": url,
+            "quota_redis_password": os.environ.get(api.Env.LLM_QUOTA_REDIS_PASSWORD, ""),
+            "quota_unavailable": unavailable}
 
 
 def _sharding() -> dict[str, Any]:

@@ -11,10 +11,11 @@ writes the result into deploy/ and the chart; a test fails when those are stale.
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from typing import Any
 
-from durablerun import api, resource
+from durablerun import api, quotas, resource
 
 # Keys of pydantic's JSON schema that have no place in a CRD schema.
 _DROPPED_KEYS = ("title",)
@@ -317,5 +318,67 @@ def custom_resource_definition(kubernetes_definitions: dict[str, Any]) -> dict[s
                     "schema": {"openAPIV3Schema": openapi_schema(kubernetes_definitions)},
                 }
             ],
+        },
+    }
+
+
+# --- ModelQuota ------------------------------------------------------------------------------------------------
+
+QUOTA_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Models", "type": "string", "jsonPath": ".spec.models", "description": quotas.ModelQuotaSpec.model_fields[
+        "models"].description},
+    {"name": "Tokens/min", "type": "string", "jsonPath": ".status.tokens",
+     "description": "Tokens taken in the last minute's window, of tokensPerMinute."},
+    {"name": "Requests/min", "type": "string", "jsonPath": ".status.requests",
+     "description": "Requests taken in the last minute's window, of requestsPerMinute."},
+    {"name": "In flight", "type": "integer", "jsonPath": ".status.inFlight",
+     "description": "Calls granted and not yet settled."},
+    {"name": "Waiting", "type": "integer", "jsonPath": ".status.runsWaiting",  # literal-ok: a column's title
+     "description": "Runs Waiting, with no pod, for room in the quota."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+     "description": "Time since the ModelQuota was created."},
+    {"name": "Namespaces", "type": "string", "jsonPath": ".spec.namespaces", "priority": 1,
+     "description": "The namespaces whose runs it covers (none: every namespace)."},
+    {"name": "Cooling down until", "type": "string", "jsonPath": ".status.coolingDownUntil", "priority": 1,
+     "description": "A provider refused a call (429): no call goes until then."},
+]
+
+
+def _schema_of(model: type[Any]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    out = _inline(schema, schema.get("$defs", {}))
+    out.pop("$defs", None)
+    out["description"] = inspect.cleandoc(model.__doc__ or "")
+    return out
+
+
+def quota_custom_resource_definition() -> dict[str, Any]:
+    """The ModelQuota CRD (durablerun.quotas): cluster-scoped, its spec refused at apply unless it limits
+    something."""
+    spec = _schema_of(quotas.ModelQuotaSpec)
+    spec["x-kubernetes-validations"] = [{"rule": quotas.LIMIT_RULE, "message": quotas.LIMIT_MISSING}]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": api.QUOTA_CRD_NAME, "labels": {api.LABEL_NAME: api.APP_NAME}},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Cluster",
+            "names": {"kind": api.QUOTA_KIND, "listKind": f"{api.QUOTA_KIND}List", "plural": api.QUOTA_PLURAL,
+                      "singular": api.QUOTA_SINGULAR, "shortNames": [api.QUOTA_SHORT_NAME]},
+            "versions": [{
+                "name": api.VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": QUOTA_PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "Limits on model calls (tokens and requests per minute, calls at once) that the "
+                                   "runs of the namespaces it covers share (docs/agents.md, \"Model quotas\").",
+                    "required": ["spec"],
+                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                   "metadata": {"type": "object"}, "spec": spec,
+                                   "status": _schema_of(quotas.ModelQuotaStatus)},
+                }},
+            }],
         },
     }

@@ -19,11 +19,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from durablerun import api
-from durablerun_operator import builders, decide, wakeups
+from durablerun_operator import builders, decide, quotas, wakeups
 from durablerun_operator.config import Settings
 from durablerun_operator.holds import LeaseHolds
 from durablerun_operator.integrations import Contribution, Integration
 from durablerun_operator.integrations.kueue import KueueIntegration
+from durablerun_operator.integrations.quotas import QuotaIntegration
 from durablerun_operator.kube import Conflict, Kube
 from durablerun_operator.workqueue import Calls, Key
 
@@ -66,7 +67,10 @@ class Executor:
         self._kube, self._settings, self._call, self._holds = kube, settings, call, holds
         self._mine, self._metrics, self._tracer = mine, metrics, tracer
         # Every integration, driven alike; each is inert for a run that does not involve it.
-        self.integrations: Sequence[Integration[Any]] = (KueueIntegration(kube, settings, call),)
+        #: The ModelQuotas as watched (settings.model_quotas), for the pods QuotaIntegration places.
+        self.quota_index = quotas.Index()
+        self.integrations: Sequence[Integration[Any]] = (KueueIntegration(kube, settings, call),
+                                                         QuotaIntegration(self.quota_index, settings))
         self._resumes_seen: set[tuple[str, int]] = set()
         self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
         # The last failure to create a run's pod, for decide (the run's status cannot hold it: it is written

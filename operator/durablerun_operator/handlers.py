@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from durablerun import api
-from durablerun_operator import kube, kueue, reconciler, shards
+from durablerun_operator import kube, kueue, quotas, reconciler, shards
 from durablerun_operator.config import Settings
 
 log = logging.getLogger("durablerun.operator")
@@ -55,6 +55,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         asyncio.create_task(rec.run_workers(), name="durablerun-workers"),
         asyncio.create_task(rec.resync_forever(), name="durablerun-resync"),
     ]
+    if own.model_quotas:
+        writer = quotas.StatusWriter(rec.executor.quota_index, client, own, run_metrics,
+                                     lambda name: quotas.writes_status(name, own, keeper, rec.executor.quota_index))
+        memo.tasks.append(asyncio.create_task(writer.run_forever(), name="durablerun-quota-status"))
     if keeper is not None:
         keeper.on_change = rec.shards_changed
         memo.tasks.append(asyncio.create_task(keeper.run_forever(), name="durablerun-shards"))
@@ -100,6 +104,18 @@ async def workload_changed(namespace: str | None, labels: Mapping[str, str], mem
     run = labels.get(api.LABEL_RUN)
     if rec is not None and namespace and run:
         rec.pod_changed(namespace, run)
+
+
+async def quota_changed(name: str | None, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    rec: reconciler.Reconciler | None = memo.get("reconciler")
+    if rec is not None and name:
+        rec.executor.quota_index.changed(name, None if type == "DELETED" else dict(body))
+
+
+def watch_quotas() -> None:
+    """Watch the ModelQuotas (settings.model_quotas). Registered only then, so an operator without them needs
+    neither their CRD nor RBAC for them."""
+    kopf.on.event(api.GROUP, api.VERSION, api.QUOTA_PLURAL)(quota_changed)
 
 
 def watch_workloads() -> None:

@@ -245,6 +245,18 @@ class Kube:
                 return None
             raise
 
+    # --- ModelQuotas -----------------------------------------------------------------
+
+    def patch_quota_status(self, name: str, status: dict[str, Any]) -> None:
+        """A merge patch of a ModelQuota's status (nothing if the quota is gone)."""
+        try:
+            self.custom.patch_cluster_custom_object_status(
+                api.GROUP, api.VERSION, api.QUOTA_PLURAL, name, {"status": status},
+                _content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     # --- per-run RBAC --------------------------------------------------------------
 
     def ensure(self, obj: dict[str, Any]) -> None:

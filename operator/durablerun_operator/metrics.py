@@ -27,6 +27,7 @@ Design choices, and why:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -375,6 +376,25 @@ class RunMetrics:
             "Runs whose lease expired and whose restart is held because of a mass lease expiry.",
             registry=self._registry,
         )
+        quota = ("quota",)
+        self._quota_gauges = {
+            "tokens_used": Gauge(PREFIX + "quota_tokens_used", "Tokens taken in the model quota's last-minute "
+                                 "window (ModelQuota status.tokensUsed).", quota, registry=self._registry),
+            "tokens_limit": Gauge(PREFIX + "quota_tokens_limit", "The model quota's tokensPerMinute.", quota,
+                                  registry=self._registry),
+            "requests_used": Gauge(PREFIX + "quota_requests_used", "Requests taken in the model quota's last-minute "
+                                   "window.", quota, registry=self._registry),
+            "requests_limit": Gauge(PREFIX + "quota_requests_limit", "The model quota's requestsPerMinute.", quota,
+                                    registry=self._registry),
+            "in_flight": Gauge(PREFIX + "quota_calls_in_flight", "Calls granted a share of the model quota and not "
+                               "yet settled.", quota, registry=self._registry),
+            "runs_waiting": Gauge(PREFIX + "quota_runs_waiting", "Runs Waiting, with no pod, for room in the model "
+                                  "quota (of the runs this replica decides).", quota, registry=self._registry),
+            "up": Gauge(PREFIX + "quota_windows_up", "1 when the operator last read the model quota's windows from "
+                        "the shared Redis, 0 when it could not (runners then wait or proceed, as "
+                        f"{api.Env.LLM_QUOTA_UNAVAILABLE} says).", quota, registry=self._registry),
+        }
+        self._quotas: set[str] = set()
         # An Info metric: exposed as durablerun_build_info{version="..."} 1.
         Info(PREFIX + "build", "The operator's version.", registry=self._registry).info(
             {"version": version or _version()}
@@ -432,6 +452,42 @@ class RunMetrics:
 
     def set_lease_restarts_held(self, runs: int) -> None:
         self._lease_restarts_held.set(runs)
+
+    # --- model quotas ---------------------------------------------------------
+
+    def runs_waiting_on_quota(self) -> dict[str, int]:
+        """Runs Waiting for room, per model quota (status.waitingFor.quota)."""
+        counts: dict[str, int] = {}
+        with self._lock:
+            for run in self._runs.values():
+                if run.snapshot is not None and run.snapshot.waiting_on_quota:
+                    counts[run.snapshot.waiting_on_quota] = counts.get(run.snapshot.waiting_on_quota, 0) + 1
+        return counts
+
+    def observe_quota(self, name: str, tokens_limit: int | None, requests_limit: int | None,
+                      used: tuple[float, float, int] | None, runs_waiting: int | None) -> None:
+        """A reading of quota ``name``'s windows: (tokens, requests, calls in flight), None if unreadable."""
+        gauges = self._quota_gauges
+        self._quotas.add(name)
+        gauges["up"].labels(name).set(0 if used is None else 1)
+        for key, value in (("tokens_limit", tokens_limit), ("requests_limit", requests_limit),
+                           ("runs_waiting", runs_waiting),
+                           ("tokens_used", None if used is None or not tokens_limit else used[0]),
+                           ("requests_used", None if used is None or not requests_limit else used[1]),
+                           ("in_flight", None if used is None else used[2])):
+            if value is None:
+                with contextlib.suppress(KeyError):
+                    gauges[key].remove(name)
+            else:
+                gauges[key].labels(name).set(value)
+
+    def forget_quotas_but(self, names: set[str]) -> None:
+        """Remove the series of the quotas not in ``names`` (deleted)."""
+        for gone in self._quotas - names:
+            for gauge in self._quota_gauges.values():
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
+        self._quotas &= names
 
     # --- HTTP -----------------------------------------------------------------
 

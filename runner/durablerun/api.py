@@ -41,6 +41,13 @@ SINGULAR = "durablerun"
 SHORT_NAME = "dr"
 #: The CustomResourceDefinition's name.
 CRD_NAME = f"{PLURAL}.{GROUP}"
+# The ModelQuota kind (durablerun.quotas): cluster-scoped limits on model calls that the runs of the namespaces
+# it covers share.
+QUOTA_KIND = "ModelQuota"
+QUOTA_PLURAL = "modelquotas"
+QUOTA_SINGULAR = "modelquota"
+QUOTA_SHORT_NAME = "mq"
+QUOTA_CRD_NAME = f"{QUOTA_PLURAL}.{GROUP}"
 
 # Labels and annotations the operator puts on runner pods.
 LABEL_RUN = f"{GROUP}/run"
@@ -256,6 +263,10 @@ class Env:
 # user's Secret of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing).
 WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
 WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
+# The Secret in a run's namespace whose entry QUOTA_REDIS_SECRET_KEY runner pods get as Env.LLM_QUOTA_REDIS_PASSWORD
+# (optional: a Redis with no password needs none). The chart writes it into the namespaces it serves.
+QUOTA_REDIS_SECRET = "durablerun-quota-redis"
+QUOTA_REDIS_SECRET_KEY = "password"
 # Where runner pods of older operators had the namespace's keys mounted (an SDK still signs with them there).
 WEBHOOK_KEYS_PATH = "/var/run/secrets/durablerun.dev/webhook-keys"
 # A runner pod's ServiceAccount token for the ingress only (its audience), bound to the pod: the runner
@@ -288,6 +299,8 @@ class OperatorEnv:
     MASS_EXPIRY_MIN_RUNS = "DURABLERUN_MASS_EXPIRY_MIN_RUNS"
     # "true": runs labelled with a Kueue queue are admitted through Kueue (the chart's kueue.enabled).
     KUEUE = "DURABLERUN_KUEUE"
+    # ModelQuotas on (the chart's quotas.enabled): watch them and hand runner pods the ones covering their namespace.
+    MODEL_QUOTAS = "DURABLERUN_MODEL_QUOTAS"
     # More than one replica (docs/operator.md, "More than one operator"): the number of shards the runs are
     # split into (0: one replica, no shard Leases), the shard Leases' duration, and the replica's pod name
     # and namespace (the chart sets them from the downward API; the Leases live in that namespace).

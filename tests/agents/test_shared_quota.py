@@ -9,6 +9,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from durablerun_testbed import procs
 from durablerun_testbed.redis import RedisServer
 from tests.agents.helpers import WORKFLOWS, launch
 from tests.helpers.runs import WORKFLOWS as RUN_WORKFLOWS
-from tests.helpers.runs import Operator, RunEnv
+from tests.helpers.runs import Operator, RunEnv, StartOperator
 
 
 def windows(server: RedisServer, **kwargs: Any) -> RedisWindows:
@@ -128,22 +129,53 @@ def test_five_runners_under_one_shared_quota_are_never_refused_by_the_provider(
         assert len(refused) == 1
 
 
+def quota_operator(start_operator: StartOperator, redis_server: RedisServer) -> Operator:
+    """An operator with ModelQuotas on, the runners' windows in ``redis_server``."""
+    return start_operator(**{api.OperatorEnv.MODEL_QUOTAS: "true", api.Env.LLM_QUOTA_REDIS: redis_server.url,
+                             api.Env.LLM_QUOTA_REDIS_PASSWORD: redis_server.password})
+
+
+@pytest.fixture
+def model_quota(runs: RunEnv) -> Iterator[Callable[..., None]]:
+    """``model_quota(name, **spec)``: a ModelQuota covering the test's namespace, deleted after the test (it is
+    cluster-scoped: the namespace's deletion does not take it)."""
+    made: list[str] = []
+
+    def make(name: str, **spec: Any) -> None:
+        runs.testbed.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": api.API_VERSION, "kind": api.QUOTA_KIND, "metadata": {"name": name},
+            "spec": {"namespaces": [runs.namespace], **spec}}))
+        made.append(name)
+
+    yield make
+    for name in made:
+        runs.testbed.kubectl("delete", api.QUOTA_PLURAL, name, "--wait=false")
+
+
+def get_quota(runs: RunEnv, name: str) -> dict[str, Any]:
+    return dict(json.loads(runs.testbed.kubectl("get", api.QUOTA_PLURAL, name, "-o", "json").stdout))
+
+
 @pytest.mark.testbed
 def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room_is_due(
-        operator: Operator, runs: RunEnv, llm_server: Any, redis_server: RedisServer) -> None:
-    """A run on the test bed whose second call would wait about 20 s for room, with steps that wait out 2 s:
-    it waits with no pod, saying for which quota and until when, and its next pod makes the call then."""
+        start_operator: StartOperator, runs: RunEnv, llm_server: Any, redis_server: RedisServer,
+        model_quota: Callable[..., None]) -> None:
+    """A ModelQuota of 1,500 tokens a minute covering the run's namespace; the run's second call would wait
+    about 20 s for room, its steps wait out 2 s. The run waits with no pod, saying for which quota and until
+    when; the quota's status shows the window used and the run waiting; the run's next pod makes the call then.
+    No quota is in the run's manifest: the operator hands it to the pod, and the password comes from the
+    namespace's Secret."""
+    quota_operator(start_operator, redis_server)
     server = llm_server([{"text": "ok", "input_tokens": 900, "output_tokens": 100}], repeat_last=True)
     name = "tiny-" + uuid.uuid4().hex[:6]
+    model_quota(name, models="gpt-4o*", tokensPerMinute=1500)  # 25 tokens a second
+    runs.testbed.kubectl("create", "secret", "generic", api.QUOTA_REDIS_SECRET, "-n", runs.namespace,
+                         f"--from-literal={api.QUOTA_REDIS_SECRET_KEY}={redis_server.password}")
     manifest = runs.manifest("throttled", "quota_call:ask_twice",
                              {"base_url": server.openai_base_url, "chars": 3560})  # ~1,000 tokens a call
     runner = manifest["spec"]["template"]["spec"]["containers"][0]
     runner["env"] = [e for e in runner["env"] if e["name"] != "PYTHONPATH"] + [
         {"name": "PYTHONPATH", "value": os.pathsep.join([str(WORKFLOWS), str(RUN_WORKFLOWS)])},
-        {"name": api.Env.LLM_QUOTAS, "value": json.dumps(
-            {"quotas": [{"name": name, "models": "gpt-4o*", "tokensPerMinute": 1500}]})},  # 25 tokens a second
-        {"name": api.Env.LLM_QUOTA_REDIS, "value": redis_server.url},
-        {"name": api.Env.LLM_QUOTA_REDIS_PASSWORD, "value": redis_server.password},
         {"name": api.Env.INLINE_SLEEP_MAX_SECONDS, "value": "2"}]
     runs.apply(manifest)
 
@@ -156,6 +188,15 @@ def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room
     procs.wait_for(lambda: not [p for p in runs.pods("throttled") if p["status"].get("phase") in
                                 ("Pending", "Running") and not p["metadata"].get("deletionTimestamp")],
                    timeout=30, what="no pod while the run waits for room")
+    # What `kubectl get modelquotas` shows: the first call's 1,000 tokens in the window (less what refilled since),
+    # and the run waiting.
+    seen = procs.wait_for(lambda: (s := get_quota(runs, name).get("status", {})).get("runsWaiting") == 1 and s,
+                          timeout=30, what="the quota's status to count the waiting run")
+    assert 0 < seen["tokensUsed"] <= 1000, seen
+    assert seen["tokens"] == f"{seen['tokensUsed']}/1500", seen
+    table = runs.testbed.kubectl("get", api.QUOTA_PLURAL, name).stdout
+    assert "gpt-4o*" in table, table
+    assert "/1500" in table, table
     assert time.time() < due, "the wait was over before the pod was gone: the test proves nothing"
 
     done = runs.wait_phase("throttled", "Succeeded", "Failed", "Aborted", timeout=120)["status"]
@@ -165,3 +206,5 @@ def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room
     assert done.get("restarts", 0) == 0  # a wait, not a crash
     reasons = [e["reason"] for e in runs.events("throttled")]
     assert "Waiting" in reasons, reasons
+    procs.wait_for(lambda: get_quota(runs, name).get("status", {}).get("runsWaiting") == 0, timeout=30,
+                   what="the quota's status to count no run waiting")

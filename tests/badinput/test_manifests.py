@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from durablerun import api
+from durablerun import api, quotas
 from durablerun_testbed.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -306,3 +306,44 @@ def test_child_requests_past_the_limit_are_refused_by_the_api_server(testbed: Te
     assert f"must have at most {api.CHILDREN_MAX} items" in refused.stderr, refused.stderr
     stored_status = json.loads(testbed.kubectl("get", "dr", "bad", "-n", created, "-o", "json").stdout)["status"]
     assert len(stored_status["childRequests"]) == api.CHILDREN_MAX
+
+
+# --- ModelQuotas ----------------------------------------------------------------------------------------
+
+QUOTA: dict[str, Any] = {"apiVersion": api.API_VERSION, "kind": api.QUOTA_KIND, "metadata": {"name": "bad-quota"},
+                         "spec": {"models": "gpt-4o*", "tokensPerMinute": 60000, "namespaces": ["team-a"],
+                                  "weights": {"team-a": 2}}}
+
+
+def quota_with(**spec: Any) -> dict[str, Any]:
+    body = copy.deepcopy(QUOTA)
+    body["spec"].update(spec)
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not DELETE}
+    return body
+
+
+QUOTA_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "no-limit": (quota_with(tokensPerMinute=DELETE), "spec", quotas.LIMIT_MISSING),
+    "negative-tokens": (quota_with(tokensPerMinute=-1), "spec.tokensPerMinute", "greater than or equal to 1"),
+    "zero-requests": (quota_with(requestsPerMinute=0), "spec.requestsPerMinute", "greater than or equal to 1"),
+    "zero-concurrent": (quota_with(concurrent=0), "spec.concurrent", "greater than or equal to 1"),
+    "zero-weight": (quota_with(weights={"team-a": 0}), "spec.weights.team-a", "greater than or equal to 1"),
+    "no-models": (quota_with(models=DELETE), "spec.models", "Required value"),
+    "bad-namespace": (quota_with(namespaces=["Team A"]), "spec.namespaces[0]", "should match"),
+    "unknown-field": (quota_with(tokensPerMinut=1000), "tokensPerMinut", "unknown field"),
+    "tokens-as-text": (quota_with(tokensPerMinute="60k"), "spec.tokensPerMinute", "must be of type integer"),
+}
+
+
+def test_a_valid_model_quota_is_accepted(testbed: TestBed) -> None:
+    accepted = apply(testbed, QUOTA)
+    assert accepted.returncode == 0, accepted.stderr
+
+
+@pytest.mark.parametrize("case", sorted(QUOTA_CASES))
+def test_an_invalid_model_quota_is_refused_naming_the_field(testbed: TestBed, case: str) -> None:
+    body, field, reason = QUOTA_CASES[case]
+    refused = apply(testbed, body)
+    assert refused.returncode != 0, f"{case} was accepted"
+    assert field in refused.stderr, refused.stderr
+    assert reason in refused.stderr, refused.stderr

@@ -16,7 +16,7 @@ import pytest
 
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
-from tests.helpers.session import CRD_PATH, SESSION_ID
+from tests.helpers.session import SESSION_ID
 
 
 @pytest.fixture
@@ -30,8 +30,7 @@ def own_bed(request: pytest.FixtureRequest, testbed_root: Path, s3_server: S3Ser
     bed = TestBed(testbed_root / f"k8s-{uuid.uuid4().hex[:6]}", id=SESSION_ID).start(
         s3=s3_server, node=options.get("node", True))
     try:
-        bed.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        bed.wait_established(timeout=30)
+        bed.install_crds(timeout=30)
         yield bed
     finally:
         bed.stop()

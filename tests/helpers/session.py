@@ -9,7 +9,6 @@ from pathlib import Path
 from durablerun_testbed.prometheus import Prometheus
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO / "deploy" / "crd" / "durableruns.durablerun.dev.yaml"
 #: Every process the test bed starts in this session carries it; none may outlive the session.
 SESSION_ID = "pytest-" + uuid.uuid4().hex[:10]
 

@@ -175,6 +175,24 @@ def test_a_run_waiting_for_room_in_a_model_quota_names_the_quota_while_it_waits(
     assert value(registry, "durablerun_run_waiting_on_quota", namespace="ml", name="agent", quota="gpt-4o") is None
 
 
+def test_a_model_quotas_reading_sets_its_gauges_and_an_unreadable_one_says_so(
+    run_metrics: metrics.RunMetrics, registry: CollectorRegistry
+) -> None:
+    run_metrics.observe_quota("gpt-4o", 60000, None, (41200.4, 3.0, 2), 5)
+    assert value(registry, "durablerun_quota_tokens_used", quota="gpt-4o") == pytest.approx(41200.4)
+    assert value(registry, "durablerun_quota_tokens_limit", quota="gpt-4o") == 60000
+    assert value(registry, "durablerun_quota_requests_used", quota="gpt-4o") is None  # no request limit
+    assert value(registry, "durablerun_quota_calls_in_flight", quota="gpt-4o") == 2
+    assert value(registry, "durablerun_quota_runs_waiting", quota="gpt-4o") == 5
+    assert value(registry, "durablerun_quota_windows_up", quota="gpt-4o") == 1
+    run_metrics.observe_quota("gpt-4o", 60000, None, None, 5)  # Redis cannot be reached
+    assert value(registry, "durablerun_quota_windows_up", quota="gpt-4o") == 0
+    assert value(registry, "durablerun_quota_tokens_used", quota="gpt-4o") is None  # not a stale reading
+    run_metrics.forget_quotas_but(set())  # deleted
+    assert value(registry, "durablerun_quota_tokens_limit", quota="gpt-4o") is None
+    assert value(registry, "durablerun_quota_windows_up", quota="gpt-4o") is None
+
+
 def test_seconds_since_advance_at_scrape_time_without_new_observations(
     run_metrics: metrics.RunMetrics, registry: CollectorRegistry, clock: FakeMonotonic
 ) -> None:

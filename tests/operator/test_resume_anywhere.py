@@ -25,7 +25,7 @@ from durablerun_testbed import procs
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 from tests.helpers.runs import RunEnv
-from tests.helpers.session import CRD_PATH, SESSION_ID
+from tests.helpers.session import SESSION_ID
 
 pytestmark = pytest.mark.testbed
 
@@ -84,8 +84,7 @@ def clusters(tmp_path: Path, testbed: TestBed, s3_server: S3Server,
     own = TestBed(tmp_path / "beds" / "cluster-a", id=SESSION_ID).start(s3=s3_server)
     started: list[Cluster] = []
     try:
-        own.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        own.wait_established()
+        own.install_crds()
         for name, bed in (("cluster-a", own), ("cluster-b", testbed)):
             prepare_namespace(bed, name, s3_server, namespace)
             cluster = Cluster(name, bed, RunEnv(bed, namespace, s3_bucket, ledger), tmp_path / "logs")

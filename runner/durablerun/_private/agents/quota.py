@@ -61,29 +61,32 @@ class Quota:
     tokens_per_minute: int | None = None
     requests_per_minute: int | None = None
     concurrent: int | None = None
+    #: This runner's namespace's weight when runs of several namespaces wait for room (ModelQuota spec.weights).
+    weight: int = 1
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Quota:
         if not isinstance(doc, dict):
             raise errors.ConfigError(f"{where}: a quota is an object with name, models and limits")
-        unknown = set(doc) - {"name", "models", "tokensPerMinute", "requestsPerMinute", "concurrent"}
+        unknown = set(doc) - {"name", "models", "tokensPerMinute", "requestsPerMinute", "concurrent", "weight"}
         if unknown:
             raise errors.ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}: a quota has name, "
-                                     "models, tokensPerMinute, requestsPerMinute and concurrent")
+                                     "models, tokensPerMinute, requestsPerMinute, concurrent and weight")
         for key in ("name", "models"):
             if not isinstance(doc.get(key), str) or not doc[key]:
                 raise errors.ConfigError(f"{where}.{key}: required, a string (models: a pattern such as gpt-4o*)")
         limits = {}
-        for key in ("tokensPerMinute", "requestsPerMinute", "concurrent"):
+        for key in ("tokensPerMinute", "requestsPerMinute", "concurrent", "weight"):
             value = doc.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise errors.ConfigError(f"{where}.{key}: {value!r} is not a whole number of at least 1 (leave it "
                                          "out for no limit)")
             limits[key] = value
+        weight = limits.pop("weight") or 1
         if not any(limits.values()):
             raise errors.ConfigError(f"{where}: no limit: give tokensPerMinute, requestsPerMinute or concurrent")
         return cls(doc["name"], doc["models"], limits["tokensPerMinute"], limits["requestsPerMinute"],
-                   limits["concurrent"])
+                   limits["concurrent"], weight)
 
 
 def parse_quotas(text: str) -> list[Quota]:

@@ -25,7 +25,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from durablerun import api, errors
+from durablerun import api, errors, quotas
 from durablerun._private.agents.quota import SLOT_POLL_SECONDS, Quota
 
 log = logging.getLogger("durablerun.quota")
@@ -38,22 +38,10 @@ UNAVAILABLE_RETRY_SECONDS = 1.0
 IDLE_SECONDS = 3600
 WAIT, PROCEED = "wait", "proceed"
 
-# The buckets' level after refilling to ``now``: a missing field is a full bucket.
-_LEVEL = """
-local function level(value, at, per_minute, now)
-  if not value then return per_minute end
-  return math.min(per_minute, tonumber(value) + math.max(0, now - tonumber(at)) * per_minute / 60)
-end
-local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-"""
-
 # KEYS: state hash, in-flight set. ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit),
 # tokens, grant id. Returns {1, ""} granted, or {0, seconds to wait}; numbers as strings (Redis truncates a
 # script's numbers to integers).
-_TAKE = _LEVEL + """
+_TAKE = quotas.LUA_LEVEL + """
 local t = now()
 local tpm, rpm, concurrent, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t)
@@ -80,7 +68,7 @@ return {1, ""}
 """
 
 # KEYS: state hash, in-flight set. ARGV: tokensPerMinute, grant id, reserved, used.
-_SETTLE = _LEVEL + """
+_SETTLE = quotas.LUA_LEVEL + """
 redis.call('ZREM', KEYS[2], ARGV[2])
 local tpm, reserved, used = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if tpm > 0 and used ~= reserved then
@@ -93,7 +81,7 @@ return 1
 """
 
 # KEYS: state hash. ARGV: seconds, idle seconds.
-_COOL_DOWN = _LEVEL + """
+_COOL_DOWN = quotas.LUA_LEVEL + """
 local ends = now() + tonumber(ARGV[1])
 local current = tonumber(redis.call('HGET', KEYS[1], 'cooldownUntil')) or 0
 if ends > current then redis.call('HSET', KEYS[1], 'cooldownUntil', tostring(ends)) end
@@ -107,8 +95,7 @@ class RedisRefusedError(errors.ConfigError, errors.NonRetryableError):
 
 
 def _keys(quota: Quota) -> list[str]:
-    tag = "{durablerun:quota:" + quota.name + "}"
-    return [tag + ":window", tag + ":in-flight"]
+    return list(quotas.window_keys(quota.name))
 
 
 class RedisWindows:

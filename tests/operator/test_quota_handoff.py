@@ -1,0 +1,69 @@
+"""What the operator hands a runner pod of the ModelQuotas, and what it writes back into their status (pure: the
+bed test, tests/agents/test_shared_quota.py, runs it all on the test bed with a real Redis)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from durablerun import api, quotas
+from durablerun_operator import quotas as operator_quotas
+from durablerun_operator.config import Settings
+
+ON = Settings(model_quotas=True, quota_redis="redis://redis.durable-run:6379/0", quota_redis_password="s3cret")
+
+
+def index(**specs: dict[str, Any]) -> operator_quotas.Index:
+    made = operator_quotas.Index()
+    for name, spec in specs.items():
+        made.changed(name, {"spec": spec})
+    return made
+
+
+def env_of(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in entries}
+
+
+def test_a_pod_gets_the_quotas_covering_its_namespace_with_its_weight_and_the_password_from_its_secret() -> None:
+    quotas_ = index(**{"gpt-4o": {"models": "gpt-4o*", "tokensPerMinute": 60000, "weights": {"team-b": 2}},
+                       "claude": {"models": "claude-*", "concurrent": 4, "namespaces": ["team-a"]}})
+    env = env_of(operator_quotas.runner_env(quotas_, "team-b", ON, named=set()))
+    assert json.loads(env[api.Env.LLM_QUOTAS]) == {"quotas": [
+        {"name": "gpt-4o", "models": "gpt-4o*", "tokensPerMinute": 60000, "weight": 2}]}  # not claude's: team-a only
+    assert env[api.Env.LLM_QUOTA_REDIS] == ON.quota_redis
+    assert env[api.Env.LLM_QUOTA_REDIS_PASSWORD] == {"secretKeyRef": {
+        "name": api.QUOTA_REDIS_SECRET, "key": api.QUOTA_REDIS_SECRET_KEY, "optional": True}}
+    assert "s3cret" not in json.dumps(env)  # the operator's own password never reaches a pod
+    assert "s3cret" not in repr(ON)
+
+
+def test_no_quota_no_setting_and_a_templates_own_quotas_win() -> None:
+    quotas_ = index(**{"gpt-4o": {"models": "gpt-4o*", "tokensPerMinute": 60000, "namespaces": ["team-a"]}})
+    assert operator_quotas.runner_env(quotas_, "team-z", ON, named=set()) == []  # not covered
+    assert operator_quotas.runner_env(quotas_, "team-a", Settings(), named=set()) == []  # quotas off
+    own = env_of(operator_quotas.runner_env(quotas_, "team-a", ON, named={api.Env.LLM_QUOTAS}))
+    assert api.Env.LLM_QUOTAS not in own  # the run brought its own
+    quotas_.changed("gpt-4o", None)
+    assert operator_quotas.runner_env(quotas_, "team-a", ON, named=set()) == []  # deleted
+
+
+def test_the_status_says_used_of_limit_and_a_failed_reading_clears_the_numbers() -> None:
+    spec = quotas.ModelQuotaSpec(models="gpt-4o*", tokensPerMinute=60000, requestsPerMinute=500)
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    read = operator_quotas.status(spec, operator_quotas.Reading(41200.4, 12.0, 3, 40.0), 7, now)
+    assert (read["tokens"], read["requests"], read["inFlight"], read["runsWaiting"]) == ("41200/60000", "12/500", 3, 7)
+    assert read["coolingDownUntil"] == "2026-11-29T12:00:40Z"
+    failed = operator_quotas.status(spec, None, 7, now, "the shared windows at redis cannot be read: ConnectionError")
+    assert failed["tokens"] is None  # null in the merge patch: the stale numbers go
+    assert failed["tokensUsed"] is None
+    assert "cannot be read" in failed["message"]
+
+
+def test_a_namespaced_operator_writes_the_status_only_of_quotas_it_serves_whole() -> None:
+    quotas_ = index(mine={"models": "a*", "concurrent": 1, "namespaces": ["team-a"]},
+                    everyone={"models": "b*", "concurrent": 1})
+    namespaced = Settings(namespaces=("team-a",))
+    assert operator_quotas.writes_status("mine", namespaced, None, quotas_)
+    assert not operator_quotas.writes_status("everyone", namespaced, None, quotas_)
+    assert operator_quotas.writes_status("everyone", Settings(), None, quotas_)
