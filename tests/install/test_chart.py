@@ -72,7 +72,7 @@ def test_default_render_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl
     objects = helm.template("durable-run", namespace)
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount",
+                     "CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(objects))
     assert result.stdout.count("(server dry run)") == len(objects), result.stdout
@@ -102,6 +102,11 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert one(sharding, "Role")["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                                                "verbs": ["get", "list", "create", "update", "delete"]}]
     assert one(sharding, "RoleBinding")["subjects"][0]["name"] == "durable-run-operator"
+    # Model quotas (quotas.enabled) with your own Redis: the cluster-wide reads of ModelQuotas and their CRD
+    # (test_quotas_deploy_a_redis_... below renders the Redis the chart deploys).
+    quota_objects = [o for o in objects if "quota" in o["metadata"]["name"]]
+    objects = [o for o in objects if o not in quota_objects]
+    assert sorted(o["kind"] for o in quota_objects) == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"]
     ingress = one(webhooks, "Deployment")["spec"]
     assert ingress["replicas"] == 2
     assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
@@ -157,6 +162,11 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["serviceAccountName"] == "durable-run-operator"
+
+    assert env[api.OperatorEnv.MODEL_QUOTAS]["value"] == "true"
+    assert env[api.Env.LLM_QUOTA_REDIS]["value"] == "rediss://redis.example.com:6380/1"
+    assert env[api.Env.LLM_QUOTA_REDIS_PASSWORD]["valueFrom"]["secretKeyRef"]["name"] == "team-redis"
+    assert env[api.Env.LLM_QUOTA_UNAVAILABLE]["value"] == "proceed"
 
     # Kueue on: the operator is told so, may manage Workloads, and reads (only) flavors and priority classes
     # cluster-wide.
@@ -263,6 +273,51 @@ def test_webhook_service_monitor_only_with_the_ingress(helm: Helm) -> None:
 
 
 def test_crds_keep_and_enabled(helm: Helm) -> None:
-    kept = one(helm.template("x", "ns"), "CustomResourceDefinition")
-    assert kept["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    kept = of_kind(helm.template("x", "ns"), "CustomResourceDefinition")
+    assert sorted(c["metadata"]["name"] for c in kept) == [api.CRD_NAME, api.QUOTA_CRD_NAME]
+    for crd in kept:
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert of_kind(helm.template("x", "ns", {"crds": {"enabled": False}}), "CustomResourceDefinition") == []
+
+
+def test_quotas_deploy_a_redis_whose_password_the_operator_and_each_namespaces_runners_get_from_secrets(
+        helm: Helm) -> None:
+    """quotas.enabled: a password-protected Redis with no disk, its password generated into one Secret for the
+    operator and one per namespace for its runners (the same password), never on a command line; the operator's
+    settings point at it; only the operator and those namespaces' runner pods may reach it."""
+    objects = helm.template("x", "ns", {"quotas": {"enabled": True, "namespaces": ["team-a", "team-b"]}})
+    secrets = {(s["metadata"]["namespace"], s["metadata"]["name"]): s["data"]["password"]
+               for s in of_kind(objects, "Secret")}
+    assert set(secrets) == {("ns", "x-durable-run-quota-redis"), ("team-a", api.QUOTA_REDIS_SECRET),
+                            ("team-b", api.QUOTA_REDIS_SECRET)}
+    assert len(set(secrets.values())) == 1  # one password
+    redis = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "x-durable-run-quota-redis")
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "redis:7.4-alpine"
+    assert "--requirepass \"$REDIS_PASSWORD\"" in container["command"][-1]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    operator = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "x-durable-run")
+    env = {e["name"]: e.get("value", e.get("valueFrom"))
+           for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[api.OperatorEnv.MODEL_QUOTAS] == "true"
+    assert env[api.Env.LLM_QUOTA_REDIS] == "redis://x-durable-run-quota-redis.ns.svc:6379/0"
+    assert env[api.Env.LLM_QUOTA_REDIS_PASSWORD] == {"secretKeyRef": {"name": "x-durable-run-quota-redis",
+                                                                        "key": api.QUOTA_REDIS_SECRET_KEY}}
+    policy = next(p for p in of_kind(objects, "NetworkPolicy") if p["metadata"]["name"] == "x-durable-run-quota-redis")
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert [p.get("namespaceSelector", {}).get("matchLabels") for p in peers] == [
+        None, {"kubernetes.io/metadata.name": "team-a"}, {"kubernetes.io/metadata.name": "team-b"}]
+    rules = one([r for r in of_kind(objects, "ClusterRole") if r["metadata"]["name"] == "x-durable-run-quotas"],
+                "ClusterRole")["rules"]
+    assert {"resources": ["modelquotas/status"], "verbs": ["patch"], "apiGroups": [api.GROUP]} in rules
+    # Your own Redis: no Redis, no generated Secret, the operator's settings name yours.
+    own = helm.template("x", "ns", {"quotas": {"enabled": True, "redis": {
+        "deploy": False, "url": "rediss://redis.example.com:6380/0", "existingSecret": "mine"}}})
+    assert [d["metadata"]["name"] for d in of_kind(own, "Deployment")] == ["x-durable-run"]
+    assert of_kind(own, "Secret") == []
+    refused = helm("template", "x", str(CHART), "--set", "quotas.enabled=true", "--set", "quotas.redis.deploy=false",
+                   check=False)
+    assert "quotas.redis.url must name your Redis" in refused.stderr
+    both = helm("template", "x", str(CHART), "--set", "quotas.enabled=true", "--set", "quotas.redis.url=redis://r:6379",
+                check=False)
+    assert "set quotas.redis.deploy=false as well" in both.stderr

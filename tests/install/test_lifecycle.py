@@ -106,9 +106,10 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
     assert env[api.OperatorEnv.LOG_LEVEL] == "DEBUG"
     assert kubectl("get", "clusterrole", "durable-run-viewer", check=False).returncode != 0
 
-    # Uninstall: what docs/install.md says stays is the CRD (crds.keep) and with it every run.
+    # Uninstall: what docs/install.md says stays is the CRDs (crds.keep) and with them every run.
     helm("uninstall", "durable-run", "-n", "dr-system", "--wait")
     kept = {("CustomResourceDefinition", "", api.CRD_NAME), ("DurableRun", "agents", "kept"),
+            ("CustomResourceDefinition", "", api.QUOTA_CRD_NAME),
             ("ValidatingAdmissionPolicy", "", api.CRD_NAME),
             ("ValidatingAdmissionPolicyBinding", "", api.CRD_NAME),
             ("APIService", "", f"{api.VERSION}.{api.GROUP}")}  # the API server's own registration of the CRD
