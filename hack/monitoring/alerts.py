@@ -249,10 +249,44 @@ MASS_LEASE_EXPIRY = Alert(
     """,
 )
 
+QUOTA_SATURATED = Alert(
+    name="DurableRunQuotaSaturated",
+    # max over operators: during a rollout two may read the same windows.
+    expr=f"""
+        max by (quota) (durablerun_quota_tokens_used) / max by (quota) (durablerun_quota_tokens_limit)
+          >= {config.QUOTA_SATURATED_RATIO}
+        and on (quota)
+          max by (quota) (durablerun_quota_runs_waiting) > 0
+    """,
+    for_="15m",  # a burst fills the window for a minute or two by design; a quarter of an hour is a size problem
+    severity="warning",
+    summary="A model quota stays full while runs wait for room.",
+    description="""
+        ModelQuota {{ $labels.quota }} has used {{ $value | humanizePercentage }} of its tokens per minute for
+        15 minutes while runs wait, with no pod, for room in it: the fleet asks for more than the quota allows.
+        Raise the quota (and the provider's limit behind it), or start fewer runs.
+    """,
+)
+
+QUOTA_WINDOWS_DOWN = Alert(
+    name="DurableRunQuotaWindowsDown",
+    expr="""
+        max by (quota) (durablerun_quota_windows_up) == 0
+    """,
+    for_="2m",
+    severity="critical",
+    summary="The Redis of the model quotas cannot be reached.",
+    description="""
+        The operator cannot read ModelQuota {{ $labels.quota }}'s windows from the shared Redis. Runners cannot
+        either: their model calls wait (quotas.whenUnavailable: wait) or go unlimited (proceed) until it is back.
+    """,
+)
+
 RUN_ALERTS = (ABORTED, ABORTED_BY_USER, FAILED, RESTART_LOOP, STUCK, BUDGET_NEAR_CEILING, WAITING_ON_BUDGET,
               LEASE_STALE)
 OPERATOR_ALERTS = (OPERATOR_DOWN, MASS_LEASE_EXPIRY)
-ALL = RUN_ALERTS + OPERATOR_ALERTS
+QUOTA_ALERTS = (QUOTA_SATURATED, QUOTA_WINDOWS_DOWN)
+ALL = RUN_ALERTS + OPERATOR_ALERTS + QUOTA_ALERTS
 
 
 def groups() -> dict[str, Any]:
@@ -261,5 +295,6 @@ def groups() -> dict[str, Any]:
         "groups": [
             {"name": "durablerun.runs", "rules": [alert.rule() for alert in RUN_ALERTS]},
             {"name": "durablerun.operator", "rules": [alert.rule() for alert in OPERATOR_ALERTS]},
+            {"name": "durablerun.quotas", "rules": [alert.rule() for alert in QUOTA_ALERTS]},
         ]
     }

@@ -22,6 +22,8 @@ RESTART_LOOP_RESTARTS = 3
 RESTART_LOOP_WINDOW = "30m"
 #: DurableRunBudgetNearCeiling: share of a ceiling (cost, tokens, steps) used.
 BUDGET_RATIO = 0.9
+#: DurableRunQuotaSaturated: the share of a quota's tokens per minute in use, held for 15 minutes while runs wait.
+QUOTA_SATURATED_RATIO = 0.95
 #: DurableRunLeaseStale: lease age as a multiple of the lease duration. The
 #: operator replaces a runner once its lease is 1x old; at 2x it has not.
 LEASE_STALE_FACTOR = 2

@@ -283,9 +283,33 @@ def rows() -> list[tuple[str, list[PanelBuilder]]]:
             _table("Firing durable-run alerts",
                    "Alerts of durable-run's rules that are firing now (needs the PrometheusRule or "
                    "deploy/monitoring/durablerun-rules.yaml loaded into this Prometheus).",
-                   [query('max by (alertname, severity, namespace, name, reason, budget) '
+                   [query('max by (alertname, severity, namespace, name, reason, budget, quota) '
                           '(ALERTS{alertname=~"DurableRun.*", alertstate="firing"})', instant=True, table=True)],
                    {}, hide=("Time", "Value"), width=24, height=7),
+        ]),
+        ("Model quotas", [
+            _timeseries("Model quota use",
+                        "Tokens taken in each ModelQuota's last-minute window (solid) against its tokensPerMinute "
+                        "(dashed), as the operator reads the runners' shared Redis every 10 s (docs/agents.md, "
+                        "Model quotas). DurableRunQuotaSaturated fires at 95% for 15 minutes while runs wait.",
+                        [query(f"max by (quota) (durablerun_quota_tokens_used{{{OP}}})", "{{quota}}"),
+                         query(f"max by (quota) (durablerun_quota_tokens_limit{{{OP}}})", "limit {{quota}}")],
+                        width=12)
+            .override_by_regexp("limit .*", [models.DynamicConfigValue(
+                id_val="custom.lineStyle", value=common.LineStyle(fill="dash", dash=[10, 10]))]),
+            _timeseries("Runs waiting for a quota",
+                        "Runs Waiting, with no pod, for room in each quota, and calls in flight (granted, not yet "
+                        "settled).",
+                        [query(f"sum by (quota) (durablerun_quota_runs_waiting{{{OP}}})", "waiting {{quota}}"),
+                         query(f"max by (quota) (durablerun_quota_calls_in_flight{{{OP}}})", "in flight {{quota}}")],
+                        width=8),
+            _panel(stat.Panel(), "Quota windows reachable",
+                   "1 when the operator last read the quota's windows from the shared Redis, 0 when it could not "
+                   "(runners then wait or go unlimited). DurableRunQuotaWindowsDown fires after 2 minutes at 0.",
+                   [query(f"min by (quota) (durablerun_quota_windows_up{{{OP}}})", "{{quota}}", instant=True)],
+                   width=4, thresholds=((None, "red"), (1, "green")))
+            .reduce_options(_reduce_last()).color_mode(common.BigValueColorMode.BACKGROUND)
+            .graph_mode(common.BigValueGraphMode.NONE).text_mode(common.BigValueTextMode.VALUE_AND_NAME),
         ]),
         ("Webhook ingress", [
             _timeseries("Webhook requests by outcome",

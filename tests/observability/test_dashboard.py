@@ -57,6 +57,7 @@ def exposed_names() -> set[str]:
     throttled = resource.WaitingFor(quota="gpt-4o", wakeTime="2025-01-01T00:01:00Z")
     run_metrics.observe_run("ns", "throttled", status.model_copy(update={
         "phase": api.Phase.WAITING, "waitingFor": throttled}), policy, datetime.now(UTC))
+    run_metrics.observe_quota("gpt-4o", 60000, 500, (1000.0, 2.0, 1), 1)
     names = {sample.name for family in registry.collect() for sample in family.samples}
     # The webhook ingress's series (its own process and registry).
     return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)
@@ -166,7 +167,7 @@ def test_generated_outputs_say_so() -> None:
     assert "Do not edit" in RULES.read_text().splitlines()[0]
     assert "Do not edit" in json.loads(DASHBOARD.read_text())["__generated"]
     rules = yaml.safe_load(RULES.read_text())
-    assert [g["name"] for g in rules["groups"]] == ["durablerun.runs", "durablerun.operator"]
+    assert [g["name"] for g in rules["groups"]] == ["durablerun.runs", "durablerun.operator", "durablerun.quotas"]
 
 
 def test_a_run_links_to_its_trace_through_the_trace_link_variable(dashboard: dict[str, Any]) -> None:

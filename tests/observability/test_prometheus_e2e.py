@@ -89,6 +89,8 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     # Waiting for Kueue to admit its next attempt (the Queued runs panel).
     operator.observe("ml", "queued", **running(1, 2, None, "0.10", 1_000) | {"phase": "Queued"})
     observed_hung = time.monotonic()
+    # A model quota's windows, as the operator reads them from the runners' Redis (the "Model quotas" row).
+    run_metrics.observe_quota("gpt-4o", 60_000, 500, (41_200.0, 120.0, 3), 2)
 
     prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}", f"127.0.0.1:{ingress_served}"],
                                   rule_files=[rules_for_test(tmp_path)])

@@ -22,7 +22,7 @@ RUNBOOK_BASE = "https://github.com/durable-run/durable-run/blob/main/docs/runboo
 EXPECTED_ALERTS = {
     "DurableRunAborted", "DurableRunAbortedByUser", "DurableRunFailed", "DurableRunRestartLoop", "DurableRunStuck",
     "DurableRunBudgetNearCeiling", "DurableRunWaitingOnBudget", "DurableRunLeaseStale", "DurableRunOperatorDown",
-    "DurableRunMassLeaseExpiry",
+    "DurableRunMassLeaseExpiry", "DurableRunQuotaSaturated", "DurableRunQuotaWindowsDown",
 }
 
 
@@ -84,9 +84,12 @@ def test_every_alert_is_complete_and_links_its_runbook_section() -> None:
         assert len(annotations["description"]) > len(annotations["summary"]), f"{name}: description"
         assert annotations["runbook_url"] == f"{RUNBOOK_BASE}#{name.lower()}"
         assert name.lower() in headings, f"docs/runbooks.md has no '## {name}' section"
-    # Per-run alerts name the run: their expressions keep namespace and name (the operator's alerts are about it).
+    # Per-run alerts name the run: their expressions keep namespace and name (the operator's alerts are about it);
+    # the quotas' alerts name the quota.
     for rule in rules:
-        if rule["alert"] not in ("DurableRunOperatorDown", "DurableRunMassLeaseExpiry"):
+        if rule["alert"].startswith("DurableRunQuota"):
+            assert "by (quota)" in rule["expr"], rule["alert"]
+        elif rule["alert"] not in ("DurableRunOperatorDown", "DurableRunMassLeaseExpiry"):
             assert "by (namespace, name" in rule["expr"], rule["alert"]
 
 
