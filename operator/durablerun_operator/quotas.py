@@ -94,7 +94,7 @@ class Windows:
 
     def read(self, name: str, spec: quotas.ModelQuotaSpec) -> Reading:
         tokens, requests, in_flight, cooldown = self._peek(
-            keys=list(quotas.window_keys(name)), args=[spec.tokensPerMinute or 0, spec.requestsPerMinute or 0])
+            keys=list(quotas.window_keys(name)[:2]), args=[spec.tokensPerMinute or 0, spec.requestsPerMinute or 0])
         return Reading(float(tokens), float(requests), int(in_flight), float(cooldown))
 
 

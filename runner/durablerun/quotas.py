@@ -99,12 +99,12 @@ def runner_quota(name: str, spec: ModelQuotaSpec, namespace: str) -> dict[str, A
 
 # --- the windows in Redis: written by the runners (durablerun._private.agents.redis_windows), read by the operator
 
-def window_keys(name: str) -> tuple[str, str]:
-    """The Redis keys of quota ``name``'s windows: a hash (its buckets and cooldown) and a sorted set (the grants
-    in flight, scored by when each expires). They share a hash tag, so that a Redis Cluster keeps them on one
-    node."""
+def window_keys(name: str) -> tuple[str, str, str, str]:
+    """The Redis keys of quota ``name``'s windows: a hash (its buckets and cooldown), a sorted set (the grants
+    in flight, scored by when each expires), and the tenants' fair shares (a sorted set of the tenants waiting,
+    a hash of their usage and weights). They share a hash tag, so that a Redis Cluster keeps them on one node."""
     tag = "{durablerun:quota:" + name + "}"
-    return tag + ":window", tag + ":in-flight"
+    return tag + ":window", tag + ":in-flight", tag + ":waiting", tag + ":tenants"
 
 
 #: Lua both sides' scripts start with: a bucket's level refilled to ``now`` (the hash's fields ``tokens`` and

@@ -208,3 +208,52 @@ def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room
     assert "Waiting" in reasons, reasons
     procs.wait_for(lambda: get_quota(runs, name).get("status", {}).get("runsWaiting") == 0, timeout=30,
                    what="the quota's status to count no run waiting")
+
+
+def test_tenants_that_contend_share_the_window_by_their_weights_and_one_alone_takes_it_all(
+        redis_server: RedisServer) -> None:
+    """Two namespaces, weights 1 and 2, each with four runners asking without pause for 25-token calls from a
+    window of 6,000 tokens a minute (100 a second), emptied first: over 15 s the heavier namespace gets twice
+    the tokens (within 10%), and together they get what the window gives. Then one namespace alone gets the
+    whole rate."""
+    import threading
+
+    name = "q-" + uuid.uuid4().hex[:8]
+    granted: dict[str, int] = {"light": 0, "heavy": 0}
+    lock = threading.Lock()
+
+    def drain() -> None:
+        assert not isinstance(Limiter([Quota(name, "gpt-4o*", tokens_per_minute=6000)], windows=windows(
+            redis_server, tenant="drain")).try_take("gpt-4o", 6000), float)
+
+    def runner(tenant: str, weight: int, until: float) -> None:
+        limiter = Limiter([Quota(name, "gpt-4o*", tokens_per_minute=6000, weight=weight)],
+                          windows=windows(redis_server, tenant=tenant))
+        while time.monotonic() < until:
+            taken = limiter.try_take("gpt-4o", 25)
+            if isinstance(taken, float):
+                time.sleep(min(taken, 0.05))
+                continue
+            taken.settle(25)
+            with lock:
+                granted[tenant] += 25
+
+    def run(tenants: dict[str, int], seconds: float) -> float:
+        started = time.monotonic()
+        threads = [threading.Thread(target=runner, args=(tenant, weight, started + seconds))
+                   for tenant, weight in tenants.items() for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.monotonic() - started
+
+    drain()
+    elapsed = run({"light": 1, "heavy": 2}, 15)
+    total = granted["light"] + granted["heavy"]
+    assert total <= 100 * elapsed + 25, granted  # the window held: nothing past its rate
+    assert total >= 0.9 * 100 * elapsed, granted  # and fairness left little unused
+    assert granted["heavy"] / granted["light"] == pytest.approx(2, rel=0.1), granted
+    granted.update(light=0, heavy=0)
+    elapsed = run({"light": 1}, 5)  # alone, the window still empty: the whole rate
+    assert granted["light"] >= 0.9 * 100 * elapsed, granted

@@ -38,12 +38,31 @@ UNAVAILABLE_RETRY_SECONDS = 1.0
 IDLE_SECONDS = 3600
 WAIT, PROCEED = "wait", "proceed"
 
-# KEYS: state hash, in-flight set. ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit),
-# tokens, grant id. Returns {1, ""} granted, or {0, seconds to wait}; numbers as strings (Redis truncates a
-# script's numbers to integers).
+# KEYS: state hash, in-flight set, waiting tenants (a sorted set: each tenant scored by when its last refused
+# call will ask again), tenants' usage (a hash: u:<tenant> tokens, decayed; at:<tenant> when; w:<tenant>
+# weight). ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit), tokens, grant id, slot seconds,
+# poll seconds, idle seconds, tenant, weight. Returns {1, ""} granted, or {0, seconds to wait}; numbers as
+# strings (Redis truncates a script's numbers to integers).
+#
+# Weighted fair sharing between tenants (namespaces): with room in the window, a call still waits while
+# another tenant waits whose usage (tokens over the last minute or so, decayed, over its weight) is lower:
+# under contention each tenant's share of the tokens follows its weight, and a tenant alone takes everything.
 _TAKE = quotas.LUA_LEVEL + """
 local t = now()
 local tpm, rpm, concurrent, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local tenant, weight, idle = ARGV[9], tonumber(ARGV[10]), ARGV[8]
+local function usage(name)
+  local u = tonumber(redis.call('HGET', KEYS[4], 'u:' .. name)) or 0
+  local at = tonumber(redis.call('HGET', KEYS[4], 'at:' .. name)) or t
+  return u * math.exp(-math.max(0, t - at) / USAGE_SECONDS)
+end
+local function refuse(seconds)
+  redis.call('ZADD', KEYS[3], 'GT', t + seconds, tenant)
+  redis.call('HSET', KEYS[4], 'w:' .. tenant, weight)
+  redis.call('EXPIRE', KEYS[3], idle)
+  redis.call('EXPIRE', KEYS[4], idle)
+  return {0, tostring(seconds)}
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t)
 local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt', 'requests', 'requestsAt', 'cooldownUntil')
 local wait = (tonumber(s[5]) or 0) - t
@@ -57,15 +76,24 @@ if rpm > 0 then
   rl = level(s[3], s[4], rpm, t)
   if rl < 1 then wait = math.max(wait, (1 - rl) * 60 / rpm) end
 end
-if wait > 0.001 then return {0, tostring(wait)} end
-if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return {0, ARGV[7]} end
+if wait > 0.001 then return refuse(wait) end
+if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return refuse(tonumber(ARGV[7])) end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', t - CONTENDER_SECONDS)
+local mine = usage(tenant)
+for _, other in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  if other ~= tenant then
+    local w = tonumber(redis.call('HGET', KEYS[4], 'w:' .. other)) or 1
+    if usage(other) / w < mine / weight then return refuse(tonumber(ARGV[7])) end
+  end
+end
 if tpm > 0 then redis.call('HSET', KEYS[1], 'tokens', tostring(tl - tokens), 'tokensAt', tostring(t)) end
 if rpm > 0 then redis.call('HSET', KEYS[1], 'requests', tostring(rl - 1), 'requestsAt', tostring(t)) end
 redis.call('ZADD', KEYS[2], t + tonumber(ARGV[6]), ARGV[5])
-redis.call('EXPIRE', KEYS[1], ARGV[8])
-redis.call('EXPIRE', KEYS[2], ARGV[8])
+redis.call('HSET', KEYS[4], 'u:' .. tenant, tostring(mine + tokens), 'at:' .. tenant, tostring(t), 'w:' .. tenant,
+           weight)
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, idle) end
 return {1, ""}
-"""
+""".replace("USAGE_SECONDS", "60").replace("CONTENDER_SECONDS", "2")
 
 # KEYS: state hash, in-flight set. ARGV: tokensPerMinute, grant id, reserved, used.
 _SETTLE = quotas.LUA_LEVEL + """
@@ -102,7 +130,8 @@ class RedisWindows:
     """quota.Windows in a Redis every runner shares."""
 
     def __init__(self, url: str, *, password: str | None = None, unavailable: str = WAIT,
-                 slot_seconds: float = SLOT_SECONDS) -> None:
+                 slot_seconds: float = SLOT_SECONDS, tenant: str = api.LOCAL_NAMESPACE) -> None:
+        """``tenant``: whose share this process's calls take when tenants contend (its run's namespace)."""
         try:
             import redis
         except ImportError:
@@ -119,6 +148,7 @@ class RedisWindows:
         self.where = parts.hostname or parts.path
         self.unavailable = unavailable
         self.slot_seconds = slot_seconds
+        self.tenant = tenant
         self._errors = (redis.ConnectionError, redis.TimeoutError)
         self._refused = redis.AuthenticationError  # a ConnectionError too: told apart first
         self._client = redis.Redis.from_url(url, password=password or None, socket_timeout=2.0,
@@ -150,7 +180,7 @@ class RedisWindows:
         try:
             granted, wait = self._call(self._take, _keys(quota), [
                 quota.tokens_per_minute or 0, quota.requests_per_minute or 0, quota.concurrent or 0, tokens, grant,
-                self.slot_seconds, SLOT_POLL_SECONDS, IDLE_SECONDS])
+                self.slot_seconds, SLOT_POLL_SECONDS, IDLE_SECONDS, self.tenant, quota.weight])
         except self._errors:
             return "" if self.unavailable == PROCEED else UNAVAILABLE_RETRY_SECONDS
         return grant if granted == 1 else float(wait)
@@ -172,4 +202,5 @@ def from_environment() -> RedisWindows | None:
     if not url:
         return None
     return RedisWindows(url, password=os.environ.get(api.Env.LLM_QUOTA_REDIS_PASSWORD),
-                        unavailable=os.environ.get(api.Env.LLM_QUOTA_UNAVAILABLE) or WAIT)
+                        unavailable=os.environ.get(api.Env.LLM_QUOTA_UNAVAILABLE) or WAIT,
+                        tenant=os.environ.get(api.Env.NAMESPACE) or api.LOCAL_NAMESPACE)
