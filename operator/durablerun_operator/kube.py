@@ -366,6 +366,24 @@ class Kube:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], error.reason)
 
 
+    def post_quota_event(self, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+        """An Event on a ModelQuota (cluster-scoped: in the default namespace, where `kubectl describe` looks)."""
+        now = _now()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": "default"},
+            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.QUOTA_KIND, "name": name, "uid": uid},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": api.REPORTING_INSTANCE},
+            "reportingComponent": api.REPORTING_COMPONENT, "reportingInstance": api.REPORTING_INSTANCE,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1, "action": reason,
+        }
+        try:
+            self.core.create_namespaced_event("default", event)
+        except ApiException as error:  # best effort, as for runs
+            log.warning("could not post event %s on ModelQuota %s: %s", reason, name, error.reason)
+
+
 def _message(error: ApiException) -> str:
     """The API server's own words (a Status message: which admission rule refused, say)."""
     try:

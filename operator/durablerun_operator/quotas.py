@@ -33,14 +33,17 @@ class Index:
 
     def __init__(self) -> None:
         self._specs: dict[str, quotas.ModelQuotaSpec] = {}
+        self.uids: dict[str, str] = {}
 
     def changed(self, name: str, body: dict[str, Any] | None) -> None:
         """Quota ``name`` was written (``body``) or deleted (None)."""
         if body is None:
             self._specs.pop(name, None)
+            self.uids.pop(name, None)
             return
         try:
             self._specs[name] = quotas.ModelQuotaSpec.model_validate(body.get("spec") or {})
+            self.uids[name] = str((body.get("metadata") or {}).get("uid", ""))
         except pydantic.ValidationError as error:  # the CRD refuses this; an older CRD might not
             log.warning("ModelQuota %s is ignored, its spec is not valid: %s", name, error)
             self._specs.pop(name, None)
@@ -87,7 +90,7 @@ class Windows:
     def __init__(self, url: str, password: str) -> None:
         import redis
 
-        self._errors = (redis.RedisError, OSError)
+        self.errors: tuple[type[Exception], ...] = (redis.RedisError, OSError)
         self._client = redis.Redis.from_url(url, password=password or None, socket_timeout=2.0,
                                             socket_connect_timeout=2.0)
         self._peek = self._client.register_script(quotas.PEEK_SCRIPT)
@@ -119,11 +122,13 @@ def status(spec: quotas.ModelQuotaSpec, reading: Reading | None, runs_waiting: i
 class StatusWriter:
     """Reads every quota's windows into its status and metrics, every STATUS_SECONDS."""
 
-    def __init__(self, index: Index, kube: Any, settings: Settings, metrics: Any, owns: Any) -> None:
+    def __init__(self, index: Index, kube: Any, settings: Settings, metrics: Any, owns: Any,
+                 windows: Windows | None = None) -> None:
         """``owns(name)``: whether this replica writes quota ``name``'s status (one replica per quota)."""
         self._index, self._kube, self._settings, self._metrics, self._owns = index, kube, settings, metrics, owns
-        self._windows = Windows(settings.quota_redis, settings.quota_redis_password)
+        self._windows = windows or Windows(settings.quota_redis, settings.quota_redis_password)
         self._written: dict[str, tuple[dict[str, Any], float]] = {}
+        self._unreadable: set[str] = set()  # quotas whose windows could not be read last time (one Event each way)
 
     def _runs_waiting(self) -> dict[str, int] | None:
         """Runs waiting per quota, when this replica decides every run (with shards, each sees only its own: the
@@ -138,7 +143,7 @@ class StatusWriter:
             try:
                 reading: Reading | None = await asyncio.to_thread(self._windows.read, name, spec)
                 error = None
-            except self._windows._errors as e:
+            except self._windows.errors as e:
                 reading, error = None, f"the shared windows at {_where(self._settings.quota_redis)} cannot be read: " \
                                        f"{type(e).__name__}"
             self._metrics.observe_quota(name, spec.tokensPerMinute, spec.requestsPerMinute,
@@ -147,6 +152,7 @@ class StatusWriter:
                                         None if waiting is None else waiting.get(name, 0))
             if not self._owns(name):
                 continue
+            await self._tell(name, error)
             body = status(spec, reading, None if waiting is None else waiting.get(name, 0), now, error)
             same = {k: v for k, v in body.items() if k != "observedTime"}
             last = self._written.get(name)
@@ -156,7 +162,25 @@ class StatusWriter:
             self._written[name] = (same, monotonic)
         for gone in set(self._written) - names:
             del self._written[gone]
+        self._unreadable &= names
         self._metrics.forget_quotas_but(names)
+
+    async def _tell(self, name: str, error: str | None) -> None:
+        """A Warning Event when the quota's windows stop being readable, a Normal one when they are again."""
+        if (error is not None) == (name in self._unreadable):
+            return
+        uid = self._index.uids.get(name, "")
+        if error is not None:
+            self._unreadable.add(name)
+            await asyncio.to_thread(self._kube.post_quota_event, name, uid, "Warning", "QuotaWindowsUnreachable",
+                                    f"{error}: runners' calls {self._unavailable()} until it is back")
+        else:
+            self._unreadable.discard(name)
+            await asyncio.to_thread(self._kube.post_quota_event, name, uid, "Normal", "QuotaWindowsReachable",
+                                    "the shared windows can be read again")
+
+    def _unavailable(self) -> str:
+        return "go unlimited" if self._settings.quota_unavailable == "proceed" else "wait"
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()

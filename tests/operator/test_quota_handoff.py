@@ -67,3 +67,63 @@ def test_a_namespaced_operator_writes_the_status_only_of_quotas_it_serves_whole(
     assert operator_quotas.writes_status("mine", namespaced, None, quotas_)
     assert not operator_quotas.writes_status("everyone", namespaced, None, quotas_)
     assert operator_quotas.writes_status("everyone", Settings(), None, quotas_)
+
+
+class FakeWindows:
+    """The Redis read, as a test says: a reading, or an outage."""
+
+    errors = (ConnectionError,)
+
+    def __init__(self) -> None:
+        self.reading: operator_quotas.Reading | None = operator_quotas.Reading(1000.0, 2.0, 1, 0.0)
+
+    def read(self, name: str, spec: quotas.ModelQuotaSpec) -> operator_quotas.Reading:
+        if self.reading is None:
+            raise ConnectionError("refused")
+        return self.reading
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[tuple[str, str, str]] = []
+
+    def patch_quota_status(self, name: str, status: dict[str, Any]) -> None:
+        self.patches.append((name, status))
+
+    def post_quota_event(self, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+        self.events.append((name, kind, reason))
+
+
+def test_the_status_is_written_when_it_changes_and_an_outage_is_one_event_each_way() -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from durablerun_operator import metrics
+
+    quotas_ = index(**{"gpt-4o": {"models": "gpt-4o*", "tokensPerMinute": 60000}})
+    kube, windows = FakeKube(), FakeWindows()
+    writer = operator_quotas.StatusWriter(quotas_, kube, ON, metrics.RunMetrics(CollectorRegistry()),
+                                          lambda name: True, windows)  # type: ignore[arg-type]
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+    def tick(seconds: float) -> None:
+        asyncio.run(writer.write_all(now, seconds))
+
+    tick(0)
+    tick(10)  # nothing changed: no write
+    assert [status["tokens"] for _, status in kube.patches] == ["1000/60000"]
+    windows.reading = None
+    tick(20)
+    tick(30)
+    assert kube.events == [("gpt-4o", "Warning", "QuotaWindowsUnreachable")]
+    assert kube.patches[-1][1]["tokens"] is None
+    assert "cannot be read" in kube.patches[-1][1]["message"]
+    windows.reading = operator_quotas.Reading(500.0, 1.0, 0, 0.0)
+    tick(40)
+    assert kube.events[-1] == ("gpt-4o", "Normal", "QuotaWindowsReachable")
+    assert kube.patches[-1][1]["tokens"] == "500/60000"
+    assert kube.patches[-1][1]["message"] is None
+    tick(40 + operator_quotas.STATUS_REFRESH_SECONDS)  # unchanged, but written again to say it is fresh
+    assert len(kube.patches) == 4
