@@ -77,6 +77,9 @@ bench:
 ## holding a real node ended by SIGTERM and by SIGKILL (tests/realnode/test_interrupted_session.py).
 ## The journal reader fuzzed with 5,000 examples per kind of damage (tests/sdk/test_fuzz_journal.py, 150 in `make test`),
 ## and a local run SIGKILLed at 60 random points per store (tests/sdk/test_kill_resume.py, 8 in `make test`).
+## The long versions of two operator checks: a renewal stall of 40 runs on a 30 s lease (tests/operator/test_overload.py,
+## 20 on a 20 s lease in `make test`), and the ingress's rate-limit table's memory traced over a million keys
+## (tests/operator/test_webhook_limits.py, the first 200,000 in `make test`).
 ## CI runs the bounded version as part of `make test`. FAULT_SEED=<n> replays the random timings of a failure.
 .PHONY: faults
 faults: setup
@@ -84,4 +87,5 @@ faults: setup
 	DURABLERUN_KILL_EXAMPLES=$${DURABLERUN_KILL_EXAMPLES:-60} $(PY) -m pytest tests/faults \
 		tests/realnode/test_faults.py tests/realnode/test_chart_upgrade.py tests/realnode/test_interrupted_session.py \
 		tests/sdk/test_fuzz_journal.py tests/sdk/test_kill_resume.py \
+		tests/operator/test_overload.py tests/operator/test_webhook_limits.py \
 		-p no:cacheprovider -rA --timeout=5400

@@ -27,11 +27,12 @@ from typing import Any
 
 import pytest
 
-from durablerun_testbed import procs, reaper
+from durablerun_testbed import reaper
 from durablerun_testbed.jaeger import Jaeger
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
+from tests.helpers.runs import create_namespaces
 from tests.helpers.session import SESSION_ID, StartPrometheus
 
 # The fixtures more than one folder uses (an operator per test, a namespace ready for DurableRuns, a pod
@@ -165,12 +166,7 @@ def testbed(testbed_root: Path, s3_server: S3Server) -> Iterator[TestBed]:
 @pytest.fixture
 def namespace(testbed: TestBed) -> Iterator[str]:
     """A fresh namespace with its default ServiceAccount in place; deleted after the test."""
-    name = "t-" + uuid.uuid4().hex[:10]
-    testbed.kubectl("create", "namespace", name)
-    procs.wait_for(
-        lambda: testbed.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=30, what=f"the default ServiceAccount in {name}",
-    )
+    (name,) = create_namespaces(testbed, 1)
     yield name
     testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -42,6 +42,29 @@ class Store:
 StartStore = Callable[..., Store]
 
 
+def launch_operator(testbed: TestBed, testbed_root: Path, namespaces: list[str], name: str = "operator",
+                    **env: str) -> Operator:
+    """`python -m durablerun_operator --namespace <each of namespaces>` on the test bed, once its /healthz
+    answers; the test's settings (a resync every half second, stuck Terminating after 10 s) unless ``env``
+    says otherwise."""
+    metrics_port, health_port = procs.free_port(), procs.free_port()
+    process = procs.ManagedProcess(
+        name, [sys.executable, "-m", "durablerun_operator", *(arg for ns in namespaces for arg in ("--namespace", ns))],
+        log_path=testbed_root / "logs" / f"{name}-{uuid.uuid4().hex[:6]}.log",
+        env={**testbed.env(), api.OperatorEnv.RESYNC_SECONDS: "0.5",
+             api.OperatorEnv.METRICS_PORT: str(metrics_port), api.OperatorEnv.HEALTH_PORT: str(health_port),
+             api.OperatorEnv.STUCK_TERMINATING_SECONDS: "10", **env},
+        testbed_id=SESSION_ID,
+    )
+    operator = Operator(process, metrics_port, health_port)
+    try:
+        procs.wait_for(lambda: healthy(operator), timeout=30, what="the operator's /healthz")
+    except BaseException:
+        operator.stop()
+        raise
+    return operator
+
+
 @pytest.fixture
 def start_operator(testbed: TestBed, testbed_root: Path, namespace: str) -> Iterator[StartOperator]:
     """``start_operator()`` runs `python -m durablerun_operator --namespace <the test's>` on the test bed.
@@ -52,18 +75,8 @@ def start_operator(testbed: TestBed, testbed_root: Path, namespace: str) -> Iter
     started: list[Operator] = []
 
     def start(name: str = "operator", **env: str) -> Operator:
-        metrics_port, health_port = procs.free_port(), procs.free_port()
-        process = procs.ManagedProcess(
-            name, [sys.executable, "-m", "durablerun_operator", "--namespace", namespace],
-            log_path=testbed_root / "logs" / f"{name}-{uuid.uuid4().hex[:6]}.log",
-            env={**testbed.env(), api.OperatorEnv.RESYNC_SECONDS: "0.5",
-                 api.OperatorEnv.METRICS_PORT: str(metrics_port), api.OperatorEnv.HEALTH_PORT: str(health_port),
-                 api.OperatorEnv.STUCK_TERMINATING_SECONDS: "10", **env},
-            testbed_id=SESSION_ID,
-        )
-        operator = Operator(process, metrics_port, health_port)
+        operator = launch_operator(testbed, testbed_root, [namespace], name, **env)
         started.append(operator)
-        procs.wait_for(lambda: healthy(operator), timeout=30, what="the operator's /healthz")
         return operator
 
     yield start

@@ -5,6 +5,7 @@ can name are in workflows/ here."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,23 @@ from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
 WORKFLOWS = Path(__file__).resolve().parent / "workflows"
+
+
+def create_namespaces(testbed: TestBed, count: int) -> list[str]:
+    """``count`` fresh namespaces, each with its default ServiceAccount in place."""
+    names = ["t-" + uuid.uuid4().hex[:10] for _ in range(count)]
+    for name in names:
+        testbed.kubectl("create", "namespace", name)
+    for name in names:
+        _wait_for_service_account(testbed, name)
+    return names
+
+
+def _wait_for_service_account(testbed: TestBed, namespace: str) -> None:
+    procs.wait_for(
+        lambda: testbed.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
+        timeout=30, what=f"the default ServiceAccount in {namespace}",
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from durablerun_testbed import procs
 from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
+OPERATOR_PER_MODULE = True  # the tests asking for `operator` share one, each in its own namespace (conftest.py)
 
 
 def abort(runs: RunEnv, name: str, reason: str) -> None:

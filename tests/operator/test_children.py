@@ -17,6 +17,7 @@ from durablerun_testbed import procs
 from tests.helpers.runs import Operator, RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
+OPERATOR_PER_MODULE = True  # the tests asking for `operator` share one, each in its own namespace (conftest.py)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -11,6 +11,7 @@ from durablerun_testbed import procs
 from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
+OPERATOR_PER_MODULE = True  # the tests asking for `operator` share one, each in its own namespace (conftest.py)
 
 STEPS = 6
 REFERENCE = [f"S{i}" for i in range(STEPS)]  # what an uncrashed run returns

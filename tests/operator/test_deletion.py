@@ -8,6 +8,7 @@ from durablerun_testbed import procs
 from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
+OPERATOR_PER_MODULE = True  # the tests asking for `operator` share one, each in its own namespace (conftest.py)
 
 
 def journal_keys(runs: RunEnv, name: str) -> list[str]:

@@ -17,6 +17,7 @@ from tests.helpers.kubectl_plugin import Plugin
 from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
+OPERATOR_PER_MODULE = True  # the tests asking for `operator` share one, each in its own namespace (conftest.py)
 
 
 def test_kubectl_finds_the_plugin(plugin: Plugin) -> None:

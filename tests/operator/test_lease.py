@@ -12,6 +12,7 @@ from tests.helpers.pods import PodRecorder, process_of, wait_pod_exit
 from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
+OPERATOR_PER_MODULE = True  # the tests asking for `operator` share one, each in its own namespace (conftest.py)
 
 
 def test_paused_runner_is_replaced_and_then_fenced(operator: Operator, runs: RunEnv) -> None:

@@ -1,6 +1,6 @@
 """Overload never becomes restarts: a fleet's renewals stall for longer than the lease, and no healthy run restarts.
 
-On the test bed: STAND_INS DurableRuns whose pods stay unscheduled (a
+On the test bed: 20 DurableRuns (40 in ``make faults``) whose pods stay unscheduled (a
 scheduler name nothing serves), with their leases acquired and renewed by a
 stand-in for their runners (``tests.operator.standin.StandIn``), and one run
 with a real runner on the process node. The stand-in's renewals pause for
@@ -27,9 +27,11 @@ from tests.operator.standin import StandIn
 pytestmark = pytest.mark.testbed
 
 # A few hundred on a machine of their own; the suite shares two cores with everything else, and the stand-in
-# must keep up with its renewals for "healthy" to mean anything.
-STAND_INS = 40
-LEASE = 30  # seconds: renewals every 10 s, 4 PATCHes a second for 40 runs
+# must keep up with its renewals for "healthy" to mean anything. (stand-ins, lease seconds): `make test` runs 20
+# runs on a 20 s lease (renewals every 6.7 s, 3 PATCHes a second; a lease counts as late 11 s after its renewal);
+# `make faults` 40 on a 30 s lease (renewals every 10 s, 4 PATCHes a second; late after 16 s). Both are well
+# past the operator's mass expiry threshold (DURABLERUN_MASS_EXPIRY_MIN_RUNS 10, half of the active leases).
+SIZES = [(20, 20), pytest.param(40, 30, marks=pytest.mark.long)]
 
 
 def step(what: str) -> None:
@@ -41,34 +43,35 @@ def mass_expiry(operator: Operator) -> float | None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize(("stand_ins", "lease"), SIZES, ids=["20-runs", "40-runs"])
 def test_a_renewal_stall_restarts_no_healthy_run_and_a_dead_pod_still_restarts(
-        start_operator: StartOperator, runs: RunEnv) -> None:
+        start_operator: StartOperator, runs: RunEnv, stand_ins: int, lease: int) -> None:
     operator = start_operator()
-    names = [f"standin-{i:03d}" for i in range(STAND_INS)]
+    names = [f"standin-{i:03d}" for i in range(stand_ins)]
     items = []
     for name in names:
-        manifest = runs.manifest(name, "optest_flows:steps", policy={"leaseDuration": f"{LEASE}s"})
+        manifest = runs.manifest(name, "optest_flows:steps", policy={"leaseDuration": f"{lease}s"})
         manifest["spec"]["template"]["spec"]["schedulerName"] = "durablerun-test-no-scheduler"  # stays Pending
         items.append(manifest)
     runs.testbed.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     runs.apply(runs.manifest("real", "optest_flows:steps", {"steps": 2000, "sleep": 0.5},
-                             policy={"leaseDuration": f"{LEASE}s", "backoff": {"initial": "0s", "max": "1s"}}))
+                             policy={"leaseDuration": f"{lease}s", "backoff": {"initial": "0s", "max": "1s"}}))
     victim = names[0]
 
-    with StandIn(runs, names, LEASE) as stand_in:
-        procs.wait_for(lambda: len(stand_in.held) == STAND_INS, timeout=240, interval=1.0,
-                       what=f"all {STAND_INS} stand-in leases acquired")
+    with StandIn(runs, names, lease) as stand_in:
+        procs.wait_for(lambda: len(stand_in.held) == stand_ins, timeout=240, interval=1.0,
+                       what=f"all {stand_ins} stand-in leases acquired")
         procs.wait_for(lambda: "done s1" in runs.ledger(), timeout=120, what="the real run's first steps")
         step("all leases held")
         before = {run["metadata"]["name"]: run["status"] for run in _runs(runs)}
         assert all(before[name].get("restarts", 0) == 0 for name in names), "a lease lapsed before the stall"
 
-        # The renewals stall for longer than the lease (validity: LEASE + 2 s).
+        # The renewals stall for longer than the lease (validity: lease + 2 s).
         stand_in.never_again.add(victim)
         stand_in.paused.set()
         stalled = time.time()
         step("renewals paused")
-        procs.wait_for(lambda: mass_expiry(operator) == 1, timeout=LEASE + 30, interval=0.5,
+        procs.wait_for(lambda: mass_expiry(operator) == 1, timeout=lease + 30, interval=0.5,
                        what="the operator to report a mass lease expiry")
 
         # A pod seen dead is restarted at once, mass expiry or not.
@@ -81,23 +84,23 @@ def test_a_renewal_stall_restarts_no_healthy_run_and_a_dead_pod_still_restarts(
                        what="the real run whose pod was killed to be restarted during the mass expiry")
         assert mass_expiry(operator) == 1
         # Every stand-in lease is well past its validity before the renewals come back.
-        procs.wait_for(lambda: time.time() > stalled + 2 * (LEASE + 2), timeout=3 * LEASE + 10,
+        procs.wait_for(lambda: time.time() > stalled + 2 * (lease + 2), timeout=3 * lease + 10,
                        what="the stall to outlast two leases")
         assert all(status.get("restarts", 0) == 0 for status in _statuses(runs, names)), \
             "a healthy run was restarted during the stall"
 
         step("renewals resumed")
         stand_in.paused.clear()
-        procs.wait_for(lambda: mass_expiry(operator) == 0, timeout=2 * LEASE + 30, interval=0.5,
+        procs.wait_for(lambda: mass_expiry(operator) == 0, timeout=2 * lease + 30, interval=0.5,
                        what="the mass lease expiry to end once renewals resume")
         # The one runner that never came back is restarted once its lease has had a full validity since.
         step("mass expiry over")
         restarted = procs.wait_for(lambda: (s := runs.get(victim)["status"]).get("restarts") == 1 and s,
-                                   timeout=3 * LEASE + 60, what=f"{victim} (never renewed again) to be restarted")
+                                   timeout=3 * lease + 60, what=f"{victim} (never renewed again) to be restarted")
         assert restarted["epoch"] == before[victim]["epoch"] + 1
         # Another lease's time for anything that would still go wrong to show.
         step("victim restarted")
-        procs.wait_for(_unchanged_for(runs, LEASE + 5), timeout=2 * LEASE + 30, interval=1.0,
+        procs.wait_for(_unchanged_for(runs, lease + 5), timeout=2 * lease + 30, interval=1.0,
                        what="a lease's time with no new restart")
 
     after = {run["metadata"]["name"]: run["status"] for run in _runs(runs)}
