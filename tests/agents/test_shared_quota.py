@@ -22,6 +22,7 @@ from durablerun._private.agents.redis_windows import RedisWindows
 from durablerun_testbed import procs
 from durablerun_testbed.redis import RedisServer
 from tests.agents.helpers import WORKFLOWS, launch
+from tests.helpers.kubectl_plugin import Plugin
 from tests.helpers.runs import WORKFLOWS as RUN_WORKFLOWS
 from tests.helpers.runs import Operator, RunEnv, StartOperator
 
@@ -159,13 +160,15 @@ def get_quota(runs: RunEnv, name: str) -> dict[str, Any]:
 @pytest.mark.testbed
 def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room_is_due(
         start_operator: StartOperator, runs: RunEnv, llm_server: Any, redis_server: RedisServer,
-        model_quota: Callable[..., None]) -> None:
+        model_quota: Callable[..., None], tmp_path: Path) -> None:
     """A ModelQuota of 1,500 tokens a minute covering the run's namespace; the run's second call would wait
     about 20 s for room, its steps wait out 2 s. The run waits with no pod, saying for which quota and until
     when; the quota's status shows the window used and the run waiting; the run's next pod makes the call then.
     No quota is in the run's manifest: the operator hands it to the pod, and the password comes from the
     namespace's Secret."""
     quota_operator(start_operator, redis_server)
+    home = tmp_path / "home"
+    home.mkdir()
     server = llm_server([{"text": "ok", "input_tokens": 900, "output_tokens": 100}], repeat_last=True)
     name = "tiny-" + uuid.uuid4().hex[:6]
     model_quota(name, models="gpt-4o*", tokensPerMinute=1500)  # 25 tokens a second
@@ -194,6 +197,8 @@ def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room
                           timeout=30, what="the quota's status to count the waiting run")
     assert 0 < seen["tokensUsed"] <= 1000, seen
     assert seen["tokens"] == f"{seen['tokensUsed']}/1500", seen
+    said = Plugin(runs.testbed, runs.namespace, home).dr("status", "throttled").stdout  # as its owner asks
+    assert f"waiting for room in model quota {name!r} until {waiting['wakeTime']}" in said, said
     table = runs.testbed.kubectl("get", api.QUOTA_PLURAL, name).stdout
     assert "gpt-4o*" in table, table
     assert "/1500" in table, table

@@ -159,6 +159,8 @@ def describe_status(run: dict[str, Any], now: Any) -> list[str]:
     if status.phase == api.Phase.WAITING and waiting is not None:
         what = (f"event {waiting.event!r}" if waiting.event else
                 f"a person to raise policy.askAt.{waiting.budget} (kubectl durablerun budget)" if waiting.budget else
+                f"room in model quota {waiting.quota!r} until {waiting.wakeTime} (kubectl get modelquota "
+                f"{waiting.quota})" if waiting.quota else
                 f"a durable sleep until {waiting.wakeTime}" if waiting.wakeTime else "its turn")
         since = f" since {waiting.since}" if waiting.since else ""
         lines.append(f"waiting for {what}{since} (no pod)")
