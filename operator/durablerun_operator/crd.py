@@ -184,20 +184,22 @@ def _bounded(spec: dict[str, Any], status: dict[str, Any]) -> None:
     status["properties"]["childrenCreated"]["maxItems"] = api.CHILDREN_MAX
 
 
+def _schema_of(model: type[Any]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    out = _inline(schema, schema.get("$defs", {}))
+    out.pop("$defs", None)
+    out["description"] = inspect.cleandoc(model.__doc__ or "")
+    return out
+
+
 def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     """The DurableRun's schema; ``kubernetes_definitions``: the Kubernetes OpenAPI's (for spec.template)."""
-    spec_schema = resource.DurableRunSpec.model_json_schema()
-    status_schema = resource.DurableRunStatus.model_json_schema()
-    spec = _inline(spec_schema, spec_schema.get("$defs", {}))
-    spec.pop("$defs", None)
+    spec = _schema_of(resource.DurableRunSpec)
     _default_nested_objects(spec)
     spec["properties"]["template"] = {**pod_template_schema(kubernetes_definitions),
                                       "description": spec["properties"]["template"]["description"]}
-    status = _inline(status_schema, status_schema.get("$defs", {}))
-    status.pop("$defs", None)
+    status = _schema_of(resource.DurableRunStatus)
     _bounded(spec, status)
-    spec["description"] = resource.DurableRunSpec.__doc__
-    status["description"] = resource.DurableRunStatus.__doc__
     return {
         "type": "object",
         "description": (
@@ -342,14 +344,6 @@ QUOTA_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Cooling down until", "type": "string", "jsonPath": ".status.coolingDownUntil", "priority": 1,
      "description": "A provider refused a call (429): no call goes until then."},
 ]
-
-
-def _schema_of(model: type[Any]) -> dict[str, Any]:
-    schema = model.model_json_schema()
-    out = _inline(schema, schema.get("$defs", {}))
-    out.pop("$defs", None)
-    out["description"] = inspect.cleandoc(model.__doc__ or "")
-    return out
 
 
 def quota_custom_resource_definition() -> dict[str, Any]:

@@ -193,13 +193,16 @@ def test_at_least_twenty_cases() -> None:
     assert len(CASES) >= 20
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_invalid_manifest_is_refused_naming_the_field(testbed: TestBed, case: str) -> None:
-    body, field, reason = CASES[case]
+def assert_refused(testbed: TestBed, case: str, body: dict[str, Any], field: str, reason: str) -> None:
     refused = apply(testbed, body)
     assert refused.returncode != 0, f"{case} was accepted"
     assert field in refused.stderr, refused.stderr
     assert reason in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_invalid_manifest_is_refused_naming_the_field(testbed: TestBed, case: str) -> None:
+    assert_refused(testbed, case, *CASES[case])
 
 
 def test_a_refused_manifest_creates_nothing(testbed: TestBed, namespace: str) -> None:
@@ -342,8 +345,4 @@ def test_a_valid_model_quota_is_accepted(testbed: TestBed) -> None:
 
 @pytest.mark.parametrize("case", sorted(QUOTA_CASES))
 def test_an_invalid_model_quota_is_refused_naming_the_field(testbed: TestBed, case: str) -> None:
-    body, field, reason = QUOTA_CASES[case]
-    refused = apply(testbed, body)
-    assert refused.returncode != 0, f"{case} was accepted"
-    assert field in refused.stderr, refused.stderr
-    assert reason in refused.stderr, refused.stderr
+    assert_refused(testbed, case, *QUOTA_CASES[case])
