@@ -130,13 +130,10 @@ class StatusWriter:
         self._written: dict[str, tuple[dict[str, Any], float]] = {}
         self._unreadable: set[str] = set()  # quotas whose windows could not be read last time (one Event each way)
 
-    def _runs_waiting(self) -> dict[str, int] | None:
-        """Runs waiting per quota, when this replica decides every run (with shards, each sees only its own: the
-        metric durablerun_run_waiting_on_quota, summed, says it)."""
-        return None if self._settings.shards else self._metrics.runs_waiting_on_quota()
-
     async def write_all(self, now: Any, monotonic: float) -> None:
-        waiting = self._runs_waiting()
+        # Runs waiting per quota, of the runs this replica decides: its metric (summed over replicas on the
+        # dashboard), and the status only when it decides every run (with shards, each sees only its own).
+        waiting = self._metrics.runs_waiting_on_quota()
         names = set()
         for name, spec in self._index.items():
             names.add(name)
@@ -149,11 +146,11 @@ class StatusWriter:
             self._metrics.observe_quota(name, spec.tokensPerMinute, spec.requestsPerMinute,
                                         None if reading is None else (reading.tokens_used, reading.requests_used,
                                                                       reading.in_flight),
-                                        None if waiting is None else waiting.get(name, 0))
+                                        waiting.get(name, 0))
             if not self._owns(name):
                 continue
             await self._tell(name, error)
-            body = status(spec, reading, None if waiting is None else waiting.get(name, 0), now, error)
+            body = status(spec, reading, None if self._settings.shards else waiting.get(name, 0), now, error)
             same = {k: v for k, v in body.items() if k != "observedTime"}
             last = self._written.get(name)
             if last and last[0] == same and monotonic - last[1] < STATUS_REFRESH_SECONDS:

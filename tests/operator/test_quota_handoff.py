@@ -127,3 +127,27 @@ def test_the_status_is_written_when_it_changes_and_an_outage_is_one_event_each_w
     assert kube.patches[-1][1]["message"] is None
     tick(40 + operator_quotas.STATUS_REFRESH_SECONDS)  # unchanged, but written again to say it is fresh
     assert len(kube.patches) == 4
+
+
+def test_with_shards_the_status_leaves_runs_waiting_to_the_summed_metric() -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from durablerun import resource
+    from durablerun_operator import metrics
+
+    quotas_ = index(**{"gpt-4o": {"models": "gpt-4o*", "tokensPerMinute": 60000}})
+    registry = CollectorRegistry()
+    run_metrics = metrics.RunMetrics(registry)
+    waiting = resource.DurableRunStatus(phase=api.Phase.WAITING, waitingFor=resource.WaitingFor(
+        quota="gpt-4o", wakeTime="2026-11-29T12:01:00Z"))
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    run_metrics.observe_run("team-a", "agent", waiting, resource.Policy(), now)
+    kube = FakeKube()
+    sharded = Settings(model_quotas=True, quota_redis="redis://r:6379", shards=4)
+    writer = operator_quotas.StatusWriter(quotas_, kube, sharded, run_metrics, lambda name: True,
+                                          FakeWindows())  # type: ignore[arg-type]
+    asyncio.run(writer.write_all(now, 0))
+    assert kube.patches[-1][1]["runsWaiting"] is None  # this replica sees only its shards' runs
+    assert registry.get_sample_value("durablerun_quota_runs_waiting", {"quota": "gpt-4o"}) == 1
