@@ -6,7 +6,8 @@ first new step on the test bed), writecost (what one status write costs the
 API server, object sizes), scale (the operator with many DurableRuns, active
 and waiting), tracing (per-step overhead with traces on, beside off),
 timelines (the run browser's timeline page of a 100,000-record journal), kueue
-(N runs through a ClusterQueue with quota for M).
+(N runs through a ClusterQueue with quota for M), quotas (a fleet of agent runs of three namespaces
+sharing one model's limit, without and with a ModelQuota in Redis).
 BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
@@ -34,6 +35,7 @@ from durablerun_bench import (
     machine,
     objsize,
     postgres,
+    quotas,
     replay,
     report,
     resume,
@@ -52,7 +54,7 @@ from durablerun_testbed.testbed import TestBed
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
-SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "kueue")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "kueue", "quotas")
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             log("the run browser's timeline: one page of a long journal, beside the whole journal")
             results["timelines"] = timelines.bench(tmp=str(tmp), s3=s3_params, records=sizes.timeline_records,
                                                    repeats=sizes.replay_repeats, log=log)
+        if "quotas" in sections:
+            log("model quotas: a fleet of runs of three namespaces on one model's limit, without and with a quota")
+            results["quotas"] = quotas.bench(root, run_id)
         if "tracing" in sections:
             log("tracing overhead per step (filesystem store, Jaeger on loopback)")
             jaeger = Jaeger(root / "jaeger", run_id).start()

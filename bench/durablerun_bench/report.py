@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import kueue, timelines, tracing
+from durablerun_bench import kueue, quotas, timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -75,6 +75,8 @@ def render(r: dict[str, Any]) -> str:
         lines += kueue.section(r["kueue"])
         targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",
                         str(r["kueue"]["most_live_pods"]), _yes(r["kueue"]["most_live_pods"] <= r["kueue"]["quota"])])
+    if "quotas" in r:
+        lines += quotas.section(r["quotas"])
     if targets:
         lines += ["## Targets (issue 7)", "", *_table(["target", "measured", ""], targets), ""]
     return "\n".join(lines) + "\n"
