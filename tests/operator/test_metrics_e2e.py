@@ -29,9 +29,9 @@ from tests.helpers.session import StartPrometheus
 
 pytestmark = pytest.mark.testbed
 
-#: Panels of the parts this operator runs without (the webhook ingress, Kueue, tracing): their queries have no
-#: data here; tests/observability/test_prometheus_e2e.py checks each of them with data.
-OPTIONAL_SERIES = ("durablerun_webhook_", "durablerun_runs_queued", "durablerun_run_trace")
+#: Panels of the parts this operator runs without (the webhook ingress, Kueue, tracing, model quotas): their
+#: queries have no data here; tests/observability/test_prometheus_e2e.py checks each of them with data.
+OPTIONAL_SERIES = ("durablerun_webhook_", "durablerun_runs_queued", "durablerun_run_trace", "durablerun_quota_")
 
 
 def test_metrics_alerts_and_dashboard_from_the_real_operator(
