@@ -106,7 +106,10 @@ def _with_quota(url: str, phase: _Phase, until: float, tenant: str, windows: Red
             first = granted if first is None else first
             # As the runner: in its pod it asks again at least every second (quota._Waiting); a first wait past
             # INLINE_SECONDS ends the attempt, and the next pod asks at the due time.
-            time.sleep(min(granted, 1.0) if first <= INLINE_SECONDS else granted)
+            pause = min(granted, 1.0) if first <= INLINE_SECONDS else granted
+            if time.monotonic() + pause > until:
+                return  # still waiting when the phase ends
+            time.sleep(pause)
         waited = time.monotonic() - asked
         status, _ = _call(url)
         granted.settle(CALL_TOKENS)

@@ -101,8 +101,9 @@ def runner_quota(name: str, spec: ModelQuotaSpec, namespace: str) -> dict[str, A
 
 def window_keys(name: str) -> tuple[str, str, str, str]:
     """The Redis keys of quota ``name``'s windows: a hash (its buckets and cooldown), a sorted set (the grants
-    in flight, scored by when each expires), and the tenants' fair shares (a sorted set of the tenants waiting,
-    a hash of their usage and weights). They share a hash tag, so that a Redis Cluster keeps them on one node."""
+    in flight, scored by when each expires), and the line of calls waiting for room (a sorted set of places, each
+    scored by when its turn comes, and a hash of each tenant's line and weight). They share a hash tag, so that a
+    Redis Cluster keeps them on one node."""
     tag = "{durablerun:quota:" + name + "}"
     return tag + ":window", tag + ":in-flight", tag + ":waiting", tag + ":tenants"
 

@@ -37,35 +37,33 @@ UNAVAILABLE_RETRY_SECONDS = 1.0
 #: A quota's keys outlive their last use by this long, then Redis drops them (a full window again).
 IDLE_SECONDS = 3600
 WAIT, PROCEED = "wait", "proceed"
+#: A place in line not claimed this long after its turn is dropped: its run is gone. Longer than a yielded run
+#: takes to start its next pod at its wake time (which is late by up to a tenth of its wait).
+STALE_SECONDS = 300
 
-# KEYS: state hash, in-flight set, waiting tenants (a sorted set: each tenant scored by when its last refused
-# call will ask again), tenants' usage (a hash: u:<tenant> tokens, decayed; at:<tenant> when; w:<tenant>
-# weight). ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit), tokens, grant id, slot seconds,
-# poll seconds, idle seconds, tenant, weight. Returns {1, ""} granted, or {0, seconds to wait}; numbers as
+# KEYS: state hash, in-flight set, places in line (a sorted set: each holder scored by when its turn comes),
+# tenants (a hash: next:<tenant>, when the tenant's last place in line comes; w:<tenant>, its weight).
+# ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit), tokens, grant id, slot seconds, poll
+# seconds, idle seconds, tenant, weight, holder. Returns {1, ""} granted, or {0, seconds to wait}; numbers as
 # strings (Redis truncates a script's numbers to integers).
 #
-# Weighted fair sharing between tenants (namespaces): with room in the window, a call still waits while
-# another tenant waits whose usage (tokens over the last minute or so, decayed, over its weight) is lower:
-# under contention each tenant's share of the tokens follows its weight, and a tenant alone takes everything.
+# A line, not a scramble. A call that cannot go now, or finds others in line, takes a place: the time its
+# turn comes. Each tenant (namespace) has a line of its own that moves at its weight's share of the window
+# (tokensPerMinute x its weight / the weights of the tenants in line), so under contention each tenant gets
+# its weight's share, and a tenant alone gets everything. The place is kept under the holder's name (its run,
+# ns/name), so a run that yields (a wait longer than a step waits in its pod) finds it again when its next pod
+# asks at the due time; a place not claimed STALE_SECONDS after its turn is dropped (its run is gone). The
+# first in line may go before its turn if the window has room (nobody ahead is waiting for it).
 _TAKE = quotas.LUA_LEVEL + """
 local t = now()
 local tpm, rpm, concurrent, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local tenant, weight, idle = ARGV[9], tonumber(ARGV[10]), ARGV[8]
-local function usage(name)
-  local u = tonumber(redis.call('HGET', KEYS[4], 'u:' .. name)) or 0
-  local at = tonumber(redis.call('HGET', KEYS[4], 'at:' .. name)) or t
-  return u * math.exp(-math.max(0, t - at) / USAGE_SECONDS)
-end
-local function refuse(seconds)
-  redis.call('ZADD', KEYS[3], 'GT', t + seconds, tenant)
-  redis.call('HSET', KEYS[4], 'w:' .. tenant, weight)
-  redis.call('EXPIRE', KEYS[3], idle)
-  redis.call('EXPIRE', KEYS[4], idle)
-  return {0, tostring(seconds)}
-end
+local tenant, weight, idle, holder = ARGV[9], tonumber(ARGV[10]), ARGV[8], ARGV[11]
+local function expire() for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, idle) end end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', t - STALE_SECONDS)
 local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt', 'requests', 'requestsAt', 'cooldownUntil')
-local wait = (tonumber(s[5]) or 0) - t
+local cooldown = tonumber(s[5]) or 0
+local wait = cooldown - t
 local tl, rl
 if tpm > 0 then
   tl = level(s[1], s[2], tpm, t)
@@ -76,24 +74,40 @@ if rpm > 0 then
   rl = level(s[3], s[4], rpm, t)
   if rl < 1 then wait = math.max(wait, (1 - rl) * 60 / rpm) end
 end
-if wait > 0.001 then return refuse(wait) end
-if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return refuse(tonumber(ARGV[7])) end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', t - CONTENDER_SECONDS)
-local mine = usage(tenant)
-for _, other in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-  if other ~= tenant then
-    local w = tonumber(redis.call('HGET', KEYS[4], 'w:' .. other)) or 1
-    if usage(other) / w < mine / weight then return refuse(tonumber(ARGV[7])) end
+local place = tonumber(redis.call('ZSCORE', KEYS[3], holder))
+if place then
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == holder
+  if t < place - 0.001 and not first then return {0, tostring(place - t)} end
+  if wait > 0.001 then return {0, tostring(wait)} end
+elseif tpm > 0 and (wait > 0.001 or redis.call('ZCARD', KEYS[3]) > 0) then
+  -- Take a place in the tenant's line, which moves at the tenant's share of the window.
+  local weights, mine = 0, tonumber(redis.call('HGET', KEYS[4], 'next:' .. tenant)) or 0
+  local fields = redis.call('HGETALL', KEYS[4])
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if string.sub(name, 1, 5) == 'next:' and tonumber(fields[i + 1]) > t and name ~= 'next:' .. tenant then
+      weights = weights + (tonumber(redis.call('HGET', KEYS[4], 'w:' .. string.sub(name, 6))) or 1)
+    end
   end
+  local share = tpm / 60 * weight / (weights + weight)
+  local due
+  if redis.call('ZCARD', KEYS[3]) == 0 then due = t + wait else due = math.max(t, mine) + tokens / share end
+  due = math.max(due, cooldown)
+  redis.call('ZADD', KEYS[3], due, holder)
+  redis.call('HSET', KEYS[4], 'next:' .. tenant, tostring(due), 'w:' .. tenant, weight)
+  expire()
+  return {0, tostring(due - t)}
+elseif wait > 0.001 then
+  return {0, tostring(wait)}
 end
+if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return {0, ARGV[7]} end
 if tpm > 0 then redis.call('HSET', KEYS[1], 'tokens', tostring(tl - tokens), 'tokensAt', tostring(t)) end
 if rpm > 0 then redis.call('HSET', KEYS[1], 'requests', tostring(rl - 1), 'requestsAt', tostring(t)) end
 redis.call('ZADD', KEYS[2], t + tonumber(ARGV[6]), ARGV[5])
-redis.call('HSET', KEYS[4], 'u:' .. tenant, tostring(mine + tokens), 'at:' .. tenant, tostring(t), 'w:' .. tenant,
-           weight)
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, idle) end
+redis.call('ZREM', KEYS[3], holder)
+expire()
 return {1, ""}
-""".replace("USAGE_SECONDS", "60").replace("CONTENDER_SECONDS", "2")
+""".replace("STALE_SECONDS", str(STALE_SECONDS))
 
 # KEYS: state hash, in-flight set. ARGV: tokensPerMinute, grant id, reserved, used.
 _SETTLE = quotas.LUA_LEVEL + """
@@ -130,8 +144,10 @@ class RedisWindows:
     """quota.Windows in a Redis every runner shares."""
 
     def __init__(self, url: str, *, password: str | None = None, unavailable: str = WAIT,
-                 slot_seconds: float = SLOT_SECONDS, tenant: str = api.LOCAL_NAMESPACE) -> None:
-        """``tenant``: whose share this process's calls take when tenants contend (its run's namespace)."""
+                 slot_seconds: float = SLOT_SECONDS, tenant: str = api.LOCAL_NAMESPACE,
+                 holder: str | None = None) -> None:
+        """``tenant``: whose share this process's calls take when tenants contend (its run's namespace);
+        ``holder``: whose place in line its calls keep (its run, the same in each of its pods)."""
         try:
             import redis
         except ImportError:
@@ -149,6 +165,7 @@ class RedisWindows:
         self.unavailable = unavailable
         self.slot_seconds = slot_seconds
         self.tenant = tenant
+        self.holder = holder or f"{tenant}/{uuid.uuid4().hex}"
         self._errors = (redis.ConnectionError, redis.TimeoutError)
         self._refused = redis.AuthenticationError  # a ConnectionError too: told apart first
         self._client = redis.Redis.from_url(url, password=password or None, socket_timeout=2.0,
@@ -180,7 +197,7 @@ class RedisWindows:
         try:
             granted, wait = self._call(self._take, _keys(quota), [
                 quota.tokens_per_minute or 0, quota.requests_per_minute or 0, quota.concurrent or 0, tokens, grant,
-                self.slot_seconds, SLOT_POLL_SECONDS, IDLE_SECONDS, self.tenant, quota.weight])
+                self.slot_seconds, SLOT_POLL_SECONDS, IDLE_SECONDS, self.tenant, quota.weight, self.holder])
         except self._errors:
             return "" if self.unavailable == PROCEED else UNAVAILABLE_RETRY_SECONDS
         return grant if granted == 1 else float(wait)
@@ -203,4 +220,11 @@ def from_environment() -> RedisWindows | None:
         return None
     return RedisWindows(url, password=os.environ.get(api.Env.LLM_QUOTA_REDIS_PASSWORD),
                         unavailable=os.environ.get(api.Env.LLM_QUOTA_UNAVAILABLE) or WAIT,
-                        tenant=os.environ.get(api.Env.NAMESPACE) or api.LOCAL_NAMESPACE)
+                        tenant=os.environ.get(api.Env.NAMESPACE) or api.LOCAL_NAMESPACE,
+                        holder=_run() or None)
+
+
+def _run() -> str:
+    """The run this process serves (namespace/name, from the operator's environment), or ""."""
+    namespace, name = os.environ.get(api.Env.NAMESPACE), os.environ.get(api.Env.NAME)
+    return f"{namespace}/{name}" if namespace and name else ""
