@@ -40,6 +40,9 @@ WAIT, PROCEED = "wait", "proceed"
 #: A place in line not claimed this long after its turn is dropped: its run is gone. Longer than a yielded run
 #: takes to start its next pod at its wake time (which is late by up to a tenth of its wait).
 STALE_SECONDS = 300
+#: A place whose turn came this long ago no longer goes before the places behind it: longer than a yielded run's
+#: next pod takes to start and ask.
+GRACE_SECONDS = 10
 
 # KEYS: state hash, in-flight set, places in line (a sorted set: each holder scored by when its turn comes),
 # tenants (a hash: next:<tenant>, when the tenant's last place in line comes; w:<tenant>, its weight).
@@ -52,8 +55,8 @@ STALE_SECONDS = 300
 # (tokensPerMinute x its weight / the weights of the tenants in line), so under contention each tenant gets
 # its weight's share, and a tenant alone gets everything. The place is kept under the holder's name (its run,
 # ns/name), so a run that yields (a wait longer than a step waits in its pod) finds it again when its next pod
-# asks at the due time; a place not claimed STALE_SECONDS after its turn is dropped (its run is gone). The
-# first in line may go before its turn if the window has room (nobody ahead is waiting for it).
+# asks at the due time; a place not claimed STALE_SECONDS after its turn is dropped (its run is gone). Places
+# go in the order of their turns; the first in line may go before its turn if the window has room.
 _TAKE = quotas.LUA_LEVEL + """
 local t = now()
 local tpm, rpm, concurrent, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -79,6 +82,15 @@ if place then
   local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == holder
   if t < place - 0.001 and not first then return {0, tostring(place - t)} end
   if wait > 0.001 then return {0, tostring(wait)} end
+  -- Places whose turn came just before this one's go first; one late by more than GRACE_SECONDS (its run is
+  -- slow to come back, or gone) no longer holds the others up.
+  -- (Scores compared as numbers here: Lua's tostring keeps 14 digits, and a place would find itself ahead.)
+  if not first then
+    local ahead = redis.call('ZRANGEBYSCORE', KEYS[3], t - GRACE_SECONDS, '+inf', 'LIMIT', 0, 1)[1]
+    if ahead and ahead ~= holder and tonumber(redis.call('ZSCORE', KEYS[3], ahead)) < place then
+      return {0, ARGV[7]}
+    end
+  end
 elseif tpm > 0 and (wait > 0.001 or redis.call('ZCARD', KEYS[3]) > 0) then
   -- Take a place in the tenant's line, which moves at the tenant's share of the window.
   local weights, mine = 0, tonumber(redis.call('HGET', KEYS[4], 'next:' .. tenant)) or 0
@@ -107,7 +119,7 @@ redis.call('ZADD', KEYS[2], t + tonumber(ARGV[6]), ARGV[5])
 redis.call('ZREM', KEYS[3], holder)
 expire()
 return {1, ""}
-""".replace("STALE_SECONDS", str(STALE_SECONDS))
+""".replace("STALE_SECONDS", str(STALE_SECONDS)).replace("GRACE_SECONDS", str(GRACE_SECONDS))
 
 # KEYS: state hash, in-flight set. ARGV: tokensPerMinute, grant id, reserved, used.
 _SETTLE = quotas.LUA_LEVEL + """

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -366,9 +365,9 @@ def throttled(quota: str, seconds: float) -> Halt | None:
     frame = STEP.get()
     if frame is None or seconds <= frame.inline_wait:
         return None
-    # Runs throttled together would all wake when the room is due, and all but the first wait again: each
-    # wakes at a random point of the wait's next tenth instead.
-    wake = datetime.now(UTC) + timedelta(seconds=seconds * (1 + random.uniform(0, 0.1)))
+    # The wait is this call's own turn (shared windows keep a place in line for it, under the run's name): runs
+    # throttled together wake one after another, not all at once.
+    wake = datetime.now(UTC) + timedelta(seconds=seconds)
     return Halt(HaltKind.WAIT, f"no room in model quota {quota!r} for {seconds:.0f}s",
                 waiting=Waiting(wake_time=wake, quota=quota))
 
