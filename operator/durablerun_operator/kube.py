@@ -348,40 +348,31 @@ class Kube:
 
     def post_event(self, run: dict[str, Any], kind: str, reason: str, message: str) -> None:
         meta = run["metadata"]
-        now = _now()
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"],
-                               "resourceVersion": meta.get("resourceVersion")},
-            "type": kind, "reason": reason, "message": message[:1024],
-            "source": {"component": api.REPORTING_INSTANCE},
-            "reportingComponent": api.REPORTING_COMPONENT, "reportingInstance": api.REPORTING_INSTANCE,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1, "action": reason,
-        }
-        try:
-            self.core.create_namespaced_event(meta["namespace"], event)
-        except ApiException as error:  # an Event is best effort: never fail a transition for it
-            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], error.reason)
-
+        self._post_event(meta["namespace"], {
+            "apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"], "namespace": meta["namespace"],
+            "uid": meta["uid"], "resourceVersion": meta.get("resourceVersion")}, kind, reason, message)
 
     def post_quota_event(self, name: str, uid: str, kind: str, reason: str, message: str) -> None:
         """An Event on a ModelQuota (cluster-scoped: in the default namespace, where `kubectl describe` looks)."""
+        self._post_event("default", {"apiVersion": api.API_VERSION, "kind": api.QUOTA_KIND, "name": name, "uid": uid},
+                         kind, reason, message)
+
+    def _post_event(self, namespace: str, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
         now = _now()
         event = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": "default"},
-            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.QUOTA_KIND, "name": name, "uid": uid},
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": involved,
             "type": kind, "reason": reason, "message": message[:1024],
             "source": {"component": api.REPORTING_INSTANCE},
             "reportingComponent": api.REPORTING_COMPONENT, "reportingInstance": api.REPORTING_INSTANCE,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1, "action": reason,
         }
         try:
-            self.core.create_namespaced_event("default", event)
-        except ApiException as error:  # best effort, as for runs
-            log.warning("could not post event %s on ModelQuota %s: %s", reason, name, error.reason)
+            self.core.create_namespaced_event(namespace, event)
+        except ApiException as error:  # an Event is best effort: never fail a transition for it
+            log.warning("could not post event %s on %s %s: %s", reason, involved["kind"], involved["name"],
+                        error.reason)
 
 
 def _message(error: ApiException) -> str:
