@@ -48,6 +48,9 @@ class Index:
             log.warning("ModelQuota %s is ignored, its spec is not valid: %s", name, error)
             self._specs.pop(name, None)
 
+    def get(self, name: str) -> quotas.ModelQuotaSpec | None:
+        return self._specs.get(name)
+
     def items(self) -> list[tuple[str, quotas.ModelQuotaSpec]]:
         return sorted(self._specs.items())
 
@@ -141,8 +144,8 @@ class StatusWriter:
                 reading: Reading | None = await asyncio.to_thread(self._windows.read, name, spec)
                 error = None
             except self._windows.errors as e:
-                reading, error = None, f"the shared windows at {_where(self._settings.quota_redis)} cannot be read: " \
-                                       f"{type(e).__name__}"
+                where = quotas.redis_host(self._settings.quota_redis)
+                reading, error = None, f"the shared windows at {where} cannot be read: {type(e).__name__}"
             self._metrics.observe_quota(name, spec.tokensPerMinute, spec.requestsPerMinute,
                                         None if reading is None else (reading.tokens_used, reading.requests_used,
                                                                       reading.in_flight),
@@ -197,13 +200,6 @@ def writes_status(name: str, settings: Settings, keeper: Any, index: Index) -> b
         return False
     if not settings.namespaces:
         return True
-    covered = dict(index.items()).get(name)
+    covered = index.get(name)
     return covered is not None and bool(covered.namespaces) and set(covered.namespaces) <= set(settings.namespaces)
 
-
-def _where(url: str) -> str:
-    """The Redis's host, for a message: never the URL, which may carry a password."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return parts.hostname or parts.path or "?"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
@@ -95,6 +96,13 @@ def runner_quota(name: str, spec: ModelQuotaSpec, namespace: str) -> dict[str, A
             doc[key] = getattr(spec, key)
     doc["weight"] = spec.weight(namespace)
     return doc
+
+
+def redis_host(url: str) -> str:
+    """Where the windows' Redis is, for a message or a log: its host (or socket path), never the URL, which may
+    carry a password."""
+    parts = urlsplit(url)
+    return parts.hostname or parts.path or "?"
 
 
 # --- the windows in Redis: written by the runners (durablerun._private.agents.redis_windows), read by the operator

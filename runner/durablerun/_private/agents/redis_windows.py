@@ -172,8 +172,7 @@ class RedisWindows:
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise errors.ConfigError(f"{api.Env.LLM_QUOTA_REDIS}: give a redis://host:port (rediss:// for TLS, "
                                      "unix:///path) URL, not " + (parts.scheme or "a bare host"))
-        # Where, for the log: never the URL itself, which may carry a password.
-        self.where = parts.hostname or parts.path
+        self.where = quotas.redis_host(url)
         self.unavailable = unavailable
         self.slot_seconds = slot_seconds
         self.tenant = tenant
