@@ -134,9 +134,10 @@ class ProcessNode:
     def _forget(self, uid: str) -> None:
         with self.lock:
             runtime = self.pods.get(uid)
-            if runtime and runtime.partitioned:
+            if runtime and (runtime.partitioned or runtime.gone):
                 # A partitioned kubelet does not hear of the deletion: its container lives on until the node is
                 # back (continued), and the node keeps its exit for /processes, as the pod that held it is gone.
+                # A DELETED event that arrives after the node is back finds the pod already being stopped.
                 runtime.gone = True
                 return
             self.pods.pop(uid, None)
@@ -414,7 +415,7 @@ class ProcessNode:
         elif action == "continue":
             runtime.partitioned = False
             _kill_group(target.popen, signal.SIGCONT)
-            if runtime.gone:
+            if runtime.gone or not self._still_exists(runtime):
                 self._stop_gone(runtime)
         elif action == "term":
             _kill_group(target.popen, signal.SIGTERM)
@@ -424,11 +425,22 @@ class ProcessNode:
             raise ValueError(f"unknown action {action!r}: use kill, oom, pause, continue, term or lose")
         return {"pod": runtime.key, "container": target.name, "pid": pid, "action": action}
 
+    def _still_exists(self, runtime: PodRuntime) -> bool:
+        """Whether the API server still holds this pod: a kubelet back from a partition relists rather than
+        trust that its watch already told it of every deletion."""
+        try:
+            pod = self.core.read_namespaced_pod(runtime.name, runtime.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return bool(pod.metadata.uid == runtime.uid)
+
     def _stop_gone(self, runtime: PodRuntime) -> None:
         """Back from a partition, the node finds the pod deleted: SIGTERM its containers, SIGKILL after the
         pod's grace period, as a kubelet stops a pod removed from the API server while it was cut off."""
         with runtime.lock:
-            runtime.deleting = True
+            runtime.gone = runtime.deleting = True
             running = [c.popen for c in runtime.containers.values() if c.running and c.popen]
         for popen in running:
             _kill_group(popen, signal.SIGTERM)
