@@ -310,6 +310,21 @@ def rows() -> list[tuple[str, list[PanelBuilder]]]:
                    width=4, thresholds=((None, "red"), (1, "green")))
             .reduce_options(_reduce_last()).color_mode(common.BigValueColorMode.BACKGROUND)
             .graph_mode(common.BigValueGraphMode.NONE).text_mode(common.BigValueTextMode.VALUE_AND_NAME),
+            _timeseries("Wait for a quota's grant",
+                        "p50 and p99 of how long calls waited for their share of each quota, from the first ask "
+                        "to the grant, across the run's pods when it yielded (the runners count it in the shared "
+                        "Redis).",
+                        [query(f"histogram_quantile({q}, sum by (quota, le) (rate("
+                               f"durablerun_quota_grant_wait_seconds_bucket{{{OP}}}[$__rate_interval])))",
+                               f"p{round(q * 100)} {{{{quota}}}}") for q in (0.5, 0.99)],
+                        width=12, unit="s"),
+            _timeseries("Calls a provider refused",
+                        "Calls a second that a provider answered with 429, per quota: a quota set above the "
+                        "provider's own limit, or calls to the same organisation from outside durable-run. Each "
+                        "429 with a Retry-After holds every call of the quota until then.",
+                        [query(f"sum by (quota) (rate(durablerun_quota_provider_rejections_total{{{OP}}}"
+                               "[$__rate_interval]))", "{{quota}}")],
+                        width=12, unit="reqps"),
         ]),
         ("Webhook ingress", [
             _timeseries("Webhook requests by outcome",

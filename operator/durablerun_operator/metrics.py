@@ -39,10 +39,10 @@ from importlib import metadata
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from durablerun import api, resource
+from durablerun import api, quotas, resource
 
 logger = logging.getLogger(__name__)
 
@@ -323,6 +323,43 @@ class _RunCollector(Collector):
             put("run_seconds_since_lease_renewal", age(snap.lease_renewal))
 
 
+#: One quota's counts as its runners keep them in the shared windows: calls a provider refused, grants per
+#: wait bucket (quotas.WAIT_BUCKETS and one past the last bound), and the seconds those grants waited.
+QuotaCounts = tuple[int, tuple[int, ...], float]
+
+
+class _QuotaCountsCollector(Collector):
+    """Renders the counts the runners keep in Redis as last read. They are Redis's, not this process's: one
+    replica renders each quota's (the one that writes its status), and they start again from 0, a counter
+    reset to Prometheus, when the quota's keys were idle long enough for Redis to drop them."""
+
+    def __init__(self, metrics: RunMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    @staticmethod
+    def _families() -> list[Metric]:
+        return [
+            CounterMetricFamily(PREFIX + "quota_provider_rejections", "Calls to the model quota's models that a "
+                                "provider refused (429), as the runners counted them.", labels=("quota",)),
+            HistogramMetricFamily(PREFIX + "quota_grant_wait_seconds", "How long calls waited for their share of "
+                                  "the model quota, from the first ask to the grant (across the run's pods when "
+                                  "it yielded).", labels=("quota",)),
+        ]
+
+    def collect(self) -> Iterable[Metric]:
+        rejected, waits = self._families()
+        bounds = [*(str(bound) for bound in quotas.WAIT_BUCKETS), "+Inf"]
+        for name, (refused, counts, seconds) in sorted(self._metrics._quota_counts_copy().items()):
+            rejected.add_metric([name], refused)  # type: ignore[attr-defined]
+            cumulative = [sum(counts[:i + 1]) for i in range(len(bounds))]
+            waits.add_metric([name], buckets=list(zip(bounds, cumulative, strict=True)),  # type: ignore[attr-defined]
+                             sum_value=seconds)
+        return [rejected, waits]
+
+
 class RunMetrics:
     """The operator's metrics. Thread-safe: reconcile handlers write, the HTTP thread scrapes.
 
@@ -346,6 +383,8 @@ class RunMetrics:
         self._thread: threading.Thread | None = None
 
         self._registry.register(_RunCollector(self))
+        self._quota_counts: dict[str, QuotaCounts] = {}
+        self._registry.register(_QuotaCountsCollector(self))
         self._resume_latency = Histogram(
             PREFIX + "resume_latency_seconds",
             "Seconds from the end of a run's previous pod until the next attempt holds the lease.",
@@ -481,8 +520,23 @@ class RunMetrics:
             else:
                 gauges[key].labels(name).set(value)
 
+    def observe_quota_counts(self, name: str, counts: QuotaCounts | None) -> None:
+        """Quota ``name``'s counts as read from its windows; None: this replica does not render them (another
+        writes the quota's status), or they could not be read."""
+        with self._lock:
+            if counts is None:
+                self._quota_counts.pop(name, None)
+            else:
+                self._quota_counts[name] = counts
+
+    def _quota_counts_copy(self) -> dict[str, QuotaCounts]:
+        with self._lock:
+            return dict(self._quota_counts)
+
     def forget_quotas_but(self, names: set[str]) -> None:
         """Remove the series of the quotas not in ``names`` (deleted)."""
+        with self._lock:
+            self._quota_counts = {name: c for name, c in self._quota_counts.items() if name in names}
         for gone in self._quotas - names:
             for gauge in self._quota_gauges.values():
                 with contextlib.suppress(KeyError):

@@ -85,6 +85,11 @@ class Reading:
     requests_used: float
     in_flight: int
     cooldown_seconds: float
+    #: Calls a provider refused (429), and grants by how long they waited (quotas.WAIT_BUCKETS, one count past
+    #: the last bound) with the seconds they waited in all: counts since the windows were last idle.
+    rejected: int = 0
+    waits: tuple[int, ...] = ()
+    wait_seconds: float = 0.0
 
 
 class Windows:
@@ -99,9 +104,10 @@ class Windows:
         self._peek = self._client.register_script(quotas.PEEK_SCRIPT)
 
     def read(self, name: str, spec: quotas.ModelQuotaSpec) -> Reading:
-        tokens, requests, in_flight, cooldown = self._peek(
+        tokens, requests, in_flight, cooldown, rejected, wait_seconds, *waits = self._peek(
             keys=list(quotas.window_keys(name)[:2]), args=[spec.tokensPerMinute or 0, spec.requestsPerMinute or 0])
-        return Reading(float(tokens), float(requests), int(in_flight), float(cooldown))
+        return Reading(float(tokens), float(requests), int(in_flight), float(cooldown), int(rejected),
+                       tuple(int(w) for w in waits), float(wait_seconds))
 
 
 def status(spec: quotas.ModelQuotaSpec, reading: Reading | None, runs_waiting: int | None, now: Any,
@@ -150,7 +156,10 @@ class StatusWriter:
                                         None if reading is None else (reading.tokens_used, reading.requests_used,
                                                                       reading.in_flight),
                                         waiting.get(name, 0))
-            if not self._owns(name):
+            owned = self._owns(name)
+            self._metrics.observe_quota_counts(name, (reading.rejected, reading.waits, reading.wait_seconds)
+                                               if owned and reading is not None else None)
+            if not owned:
                 continue
             await self._tell(name, error)
             body = status(spec, reading, None if self._settings.shards else waiting.get(name, 0), now, error)

@@ -107,13 +107,21 @@ def redis_host(url: str) -> str:
 
 # --- the windows in Redis: written by the runners (durablerun._private.agents.redis_windows), read by the operator
 
-def window_keys(name: str) -> tuple[str, str, str, str]:
-    """The Redis keys of quota ``name``'s windows: a hash (its buckets and cooldown), a sorted set (the grants
-    in flight, scored by when each expires), and the line of calls waiting for room (a sorted set of places, each
-    scored by when its turn comes, and a hash of each tenant's line and weight). They share a hash tag, so that a
-    Redis Cluster keeps them on one node."""
+def window_keys(name: str) -> tuple[str, str, str, str, str]:
+    """The Redis keys of quota ``name``'s windows: a hash (its buckets, its cooldown and its counts: see
+    :data:`PEEK_SCRIPT`), a sorted set (the grants in flight, scored by when each expires), the line of calls
+    waiting for room (a sorted set of places, each scored by when its turn comes, and a hash of each tenant's line
+    and weight), and a sorted set of holders waiting for a grant, scored by when they first asked. They share a
+    hash tag, so that a Redis Cluster keeps them on one node."""
     tag = "{durablerun:quota:" + name + "}"
-    return tag + ":window", tag + ":in-flight", tag + ":waiting", tag + ":tenants"
+    return tag + ":window", tag + ":in-flight", tag + ":waiting", tag + ":tenants", tag + ":asking"
+
+
+#: Upper bounds (seconds) of the buckets that count grants by how long their call waited for them, from its
+#: first ask to its grant, across the run's pods when it yielded (durablerun_quota_grant_wait_seconds).
+WAIT_BUCKETS = (0.1, 1.0, 10.0, 60.0, 300.0, 1800.0, 7200.0)
+#: A first ask older than this is dropped unanswered (its run is gone); a grant after it counts as no wait.
+ASKING_FORGOTTEN_SECONDS = 86400
 
 
 #: Lua both sides' scripts start with: a bucket's level refilled to ``now`` (the hash's fields ``tokens`` and
@@ -129,16 +137,25 @@ local function now()
 end
 """
 
+#: The window hash's counts, kept since the quota's keys were last idle (IDLE_SECONDS of the runners' module):
+#: ``rejected`` (calls a provider refused with a 429), ``waitSum`` (seconds grants waited) and ``wait<i>``
+#: (grants whose wait fell in WAIT_BUCKETS' bucket i, 1-based; i = len + 1 past the last bound).
+WAIT_FIELDS = tuple(f"wait{i}" for i in range(1, len(WAIT_BUCKETS) + 2))
+
 # KEYS: window hash, in-flight set. ARGV: tokensPerMinute, requestsPerMinute (0: no limit). Returns tokens and
-# requests used in the window, grants in flight, seconds of cooldown left (numbers as strings: Redis truncates
-# a script's numbers to integers).
+# requests used in the window, grants in flight, seconds of cooldown left, calls refused by a provider, seconds
+# grants waited, then the grants per wait bucket (numbers as strings: Redis truncates a script's numbers to
+# integers).
 PEEK_SCRIPT = LUA_LEVEL + """
 local t = now()
 local tpm, rpm = tonumber(ARGV[1]), tonumber(ARGV[2])
-local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt', 'requests', 'requestsAt', 'cooldownUntil')
+local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt', 'requests', 'requestsAt', 'cooldownUntil', 'rejected',
+                     'waitSum', WAIT_FIELDS)
 local tokens, requests = 0, 0
 if tpm > 0 then tokens = tpm - level(s[1], s[2], tpm, t) end
 if rpm > 0 then requests = rpm - level(s[3], s[4], rpm, t) end
-return {tostring(tokens), tostring(requests), redis.call('ZCOUNT', KEYS[2], t, '+inf'),
-        tostring(math.max(0, (tonumber(s[5]) or 0) - t))}
-"""
+local out = {tostring(tokens), tostring(requests), redis.call('ZCOUNT', KEYS[2], t, '+inf'),
+             tostring(math.max(0, (tonumber(s[5]) or 0) - t)), s[6] or '0', s[7] or '0'}
+for i = 8, #s do out[#out + 1] = s[i] or '0' end
+return out
+""".replace("WAIT_FIELDS", ", ".join(f"'{f}'" for f in WAIT_FIELDS))

@@ -80,7 +80,7 @@ def test_a_call_larger_than_a_minutes_quota_waits_for_a_full_bucket_and_goes_alo
 def test_a_providers_retry_after_cools_the_whole_quota_down() -> None:
     clock = Clock()
     limiter = Limiter([Quota("gpt", "gpt-*", tokens_per_minute=1_000_000)], clock=clock)
-    limiter.cool_down("gpt-4.1", 40)
+    limiter.refused("gpt-4.1", 40)
     assert limiter.try_take("gpt-4o", 10) == pytest.approx(40)
     clock.now += 40
     assert isinstance(limiter.try_take("gpt-4o", 10), Grant)

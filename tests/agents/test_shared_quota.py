@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from durablerun import api
+from durablerun import api, quotas
 from durablerun._private.agents import redis_windows
 from durablerun._private.agents.quota import Limiter, Quota
 from durablerun._private.agents.redis_windows import RedisWindows
+from durablerun_operator.quotas import Windows as OperatorWindows
 from durablerun_testbed import procs
 from durablerun_testbed.redis import RedisServer
 from tests.agents.helpers import WORKFLOWS, launch
@@ -64,10 +65,31 @@ def test_concurrent_calls_are_counted_across_runners_and_a_killed_runners_slot_e
 def test_a_providers_cooldown_holds_every_runner(redis_server: RedisServer) -> None:
     q = quota(requests_per_minute=1000)
     refused, other = Limiter([q], windows=windows(redis_server)), Limiter([q], windows=windows(redis_server))
-    refused.cool_down("gpt-4o-mini", 30)
+    refused.refused("gpt-4o-mini", 30)
     wait = other.try_take("gpt-4o", 1)
     assert isinstance(wait, float)
     assert 29 < wait <= 30
+
+
+def test_the_operator_reads_how_long_grants_waited_and_how_many_calls_providers_refused(
+        redis_server: RedisServer) -> None:
+    # The runners count both in the shared windows; what the operator reads is what its metrics render.
+    q = quota(tokens_per_minute=600)  # 10 tokens a second
+    early, late = Limiter([q], windows=windows(redis_server)), Limiter([q], windows=windows(redis_server))
+    early.take("gpt-4o", 590).settle(590)  # room at once
+    asked = time.monotonic()
+    late.take("gpt-4o", 40).settle(40)  # 10 left: 30 short, 3 s
+    waited = time.monotonic() - asked
+    read = OperatorWindows(redis_server.url, redis_server.password).read
+    spec = quotas.ModelQuotaSpec(models=q.models, tokensPerMinute=600)
+    early.refused("gpt-4o", None)  # a 429 without Retry-After: counted, no cooldown
+    assert read(q.name, spec).cooldown_seconds == 0
+    late.refused("gpt-4o-mini", 20)
+    reading = read(q.name, spec)
+    assert 19 < reading.cooldown_seconds <= 20
+    assert reading.rejected == 2
+    assert reading.waits == (1, 0, 1, 0, 0, 0, 0, 0), "one grant at once, one in (1 s, 10 s]"
+    assert 2.5 < reading.wait_seconds <= waited  # Redis's clock, inside the test's own measurement
 
 
 def test_while_redis_is_down_calls_wait_or_proceed_as_set_and_its_windows_survive_a_restart(
@@ -101,16 +123,20 @@ def test_bad_settings_name_the_variable(redis_server: RedisServer) -> None:
         wrong.try_take("gpt-4o", 1)
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["each runner its own window", "one window in Redis"])
+@pytest.mark.parametrize(("shared", "limit"), [(False, 57_000), (True, 57_000), (True, 80_000)],
+                         ids=["each runner its own window", "one window in Redis",
+                              "one window in Redis above the provider's limit"])
 def test_five_runners_under_one_shared_quota_are_never_refused_by_the_provider(
-        llm_server: Any, redis_server: RedisServer, tmp_path: Path, shared: bool) -> None:
+        llm_server: Any, redis_server: RedisServer, tmp_path: Path, shared: bool, limit: int) -> None:
     """Five `durablerun run` processes each make one 14,000-token call to a provider allowing 60,000 tokens a
     minute, under a quota of 57,000. Each with a window of its own, each sees room, and the provider refuses
-    the fifth (429). Sharing one window in Redis, the fifth waits for room and the provider refuses none."""
+    the fifth (429). Sharing one window in Redis, the fifth waits for room and the provider refuses none. A
+    shared quota set above the provider's limit lets the fifth be refused, and the window counts the refusal
+    for the operator to read."""
     server = llm_server([{"text": "ok", "input_tokens": 13_900, "output_tokens": 100}], repeat_last=True,
                         tokens_per_minute=60_000)
-    env = {api.Env.LLM_QUOTAS: json.dumps({"quotas": [{"name": "gpt-4o-" + uuid.uuid4().hex[:6],
-                                                       "models": "gpt-4o*", "tokensPerMinute": 57_000}]})}
+    name = "gpt-4o-" + uuid.uuid4().hex[:6]
+    env = {api.Env.LLM_QUOTAS: json.dumps({"quotas": [{"name": name, "models": "gpt-4o*", "tokensPerMinute": limit}]})}
     if shared:
         env |= {api.Env.LLM_QUOTA_REDIS: redis_server.url, api.Env.LLM_QUOTA_REDIS_PASSWORD: redis_server.password}
     started = time.monotonic()
@@ -120,7 +146,7 @@ def test_five_runners_under_one_shared_quota_are_never_refused_by_the_provider(
                       env, tmp_path) for i in range(5)]
     results = [(runner.wait(timeout=120), runner.communicate()) for runner in runners]
     refused = [r for r in server.requests if r.get("status") == 429]
-    if shared:
+    if shared and limit < 60_000:
         assert [code for code, _ in results] == [0] * 5, [err for _, (_, err) in results]
         assert refused == []
         assert len(server.requests) == 5
@@ -128,6 +154,11 @@ def test_five_runners_under_one_shared_quota_are_never_refused_by_the_provider(
     else:
         assert sorted(code for code, _ in results) == [0, 0, 0, 0, 1], [err for _, (_, err) in results]
         assert len(refused) == 1
+    if shared:
+        reading = OperatorWindows(redis_server.url, redis_server.password).read(
+            name, quotas.ModelQuotaSpec(models="gpt-4o*", tokensPerMinute=limit))
+        assert reading.rejected == len(refused), "the provider's own log and the window disagree"
+        assert sum(reading.waits) == 5  # a grant each: the refused call was refused after its grant
 
 
 def quota_operator(start_operator: StartOperator, redis_server: RedisServer) -> Operator:

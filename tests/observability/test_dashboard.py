@@ -58,6 +58,7 @@ def exposed_names() -> set[str]:
     run_metrics.observe_run("ns", "throttled", status.model_copy(update={
         "phase": api.Phase.WAITING, "waitingFor": throttled}), policy, datetime.now(UTC))
     run_metrics.observe_quota("gpt-4o", 60000, 500, (1000.0, 2.0, 1), 1)
+    run_metrics.observe_quota_counts("gpt-4o", (3, (1, 1, 0, 0, 0, 0, 0, 0), 0.5))
     names = {sample.name for family in registry.collect() for sample in family.samples}
     # The webhook ingress's series (its own process and registry).
     return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from durablerun import api, resource
+from durablerun import api, quotas, resource
 from durablerun_operator import metrics
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -191,6 +191,28 @@ def test_a_model_quotas_reading_sets_its_gauges_and_an_unreadable_one_says_so(
     run_metrics.forget_quotas_but(set())  # deleted
     assert value(registry, "durablerun_quota_tokens_limit", quota="gpt-4o") is None
     assert value(registry, "durablerun_quota_windows_up", quota="gpt-4o") is None
+
+
+def test_a_quotas_counts_render_as_a_counter_and_a_cumulative_histogram_and_go_with_the_quota(
+    run_metrics: metrics.RunMetrics, registry: CollectorRegistry
+) -> None:
+    # Two grants at once, one after 5 s, one after 2 h (past the last bound): buckets are Redis's, per bucket.
+    per_bucket = (2, 0, 1, 0, 0, 0, 0, 1)
+    assert len(per_bucket) == len(quotas.WAIT_BUCKETS) + 1
+    run_metrics.observe_quota_counts("gpt-4o", (7, per_bucket, 7205.0))
+    assert value(registry, "durablerun_quota_provider_rejections_total", quota="gpt-4o") == 7
+    bucket = "durablerun_quota_grant_wait_seconds_bucket"
+    assert value(registry, bucket, quota="gpt-4o", le="0.1") == 2
+    assert value(registry, bucket, quota="gpt-4o", le="10.0") == 3
+    assert value(registry, bucket, quota="gpt-4o", le="7200.0") == 3
+    assert value(registry, bucket, quota="gpt-4o", le="+Inf") == 4
+    assert value(registry, "durablerun_quota_grant_wait_seconds_count", quota="gpt-4o") == 4
+    assert value(registry, "durablerun_quota_grant_wait_seconds_sum", quota="gpt-4o") == 7205.0
+    run_metrics.observe_quota_counts("gpt-4o", None)  # another replica writes its status now
+    assert value(registry, "durablerun_quota_provider_rejections_total", quota="gpt-4o") is None
+    run_metrics.observe_quota_counts("gpt-4o", (1, per_bucket, 1.0))
+    run_metrics.forget_quotas_but(set())  # deleted
+    assert value(registry, "durablerun_quota_grant_wait_seconds_count", quota="gpt-4o") is None
 
 
 def test_seconds_since_advance_at_scrape_time_without_new_observations(

@@ -91,6 +91,7 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     observed_hung = time.monotonic()
     # A model quota's windows, as the operator reads them from the runners' Redis (the "Model quotas" row).
     run_metrics.observe_quota("gpt-4o", 60_000, 500, (41_200.0, 120.0, 3), 2)
+    run_metrics.observe_quota_counts("gpt-4o", (12, (40, 9, 3, 1, 0, 0, 0, 0), 95.0))
 
     prometheus = start_prometheus([f"127.0.0.1:{run_metrics.port}", f"127.0.0.1:{ingress_served}"],
                                   rule_files=[rules_for_test(tmp_path)])
@@ -123,6 +124,10 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
         "phase": "Aborted", "abortReason": "BudgetExhausted", "outcome": "Aborted", "completionTime": now()})
     procs.wait_for(lambda: prometheus.query('durablerun_run_abort_reason{name="pricey"}'),
                    timeout=WAIT, what="the abort in Prometheus")
+    # The runners' counts in the quota's windows grow (12 -> 15 refusals; 13 more grants, one of them slow).
+    run_metrics.observe_quota_counts("gpt-4o", (15, (50, 14, 4, 1, 1, 0, 0, 0), 400.0))
+    procs.wait_for(lambda: prometheus.query('durablerun_quota_provider_rejections_total{quota="gpt-4o"} == 15'),
+                   timeout=WAIT, what="the quota's counts in Prometheus")
 
     # --- metric values match the statuses they come from -------------------------------------------------
     run = 'namespace="{}", name="{}"'.format
@@ -143,6 +148,8 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     assert scalar(prometheus, f"durablerun_run_cost_usd{{{run('ml', 'pricey')}}}") == 10.02
     assert scalar(prometheus, "durablerun_resume_latency_seconds_count") == 3
     assert scalar(prometheus, "durablerun_resume_latency_seconds_sum") == pytest.approx(39.4)
+    assert scalar(prometheus, 'durablerun_quota_grant_wait_seconds_count{quota="gpt-4o"}') == 70
+    assert scalar(prometheus, 'durablerun_quota_grant_wait_seconds_bucket{quota="gpt-4o", le="60.0"}') == 69
     # Staleness is computed at scrape time: it grows from scrape to scrape with no new observation.
     since_hung = f"durablerun_run_seconds_since_progress{{{run('ml', 'hung')}}}"
     first = scalar(prometheus, since_hung)

@@ -463,8 +463,8 @@ def _refused(model: str, grant: quota.Grant, error: BaseException) -> None:
     limits = quota_setup.limiter()
     if getattr(error, "status_code", None) == 429:
         grant.settle(0)
-        if wait is not None and limits is not None:
-            limits.cool_down(model, wait)
+        if limits is not None:
+            limits.refused(model, wait)
     else:
         grant.settle(None)
 

@@ -145,8 +145,8 @@ class Windows(Protocol):
     def settle(self, quota: Quota, grant: str, reserved: int, used: int) -> None:
         """Free the grant's slot and charge the window ``used`` tokens in place of the ``reserved`` ones."""
 
-    def cool_down(self, quota: Quota, seconds: float) -> None:
-        """No call of the quota goes for ``seconds``."""
+    def refused(self, quota: Quota, seconds: float) -> None:
+        """A provider refused a call of the quota (counted where it is shared): none goes for ``seconds``."""
 
 
 @dataclass
@@ -204,7 +204,7 @@ class LocalWindows:
                 else:
                     state.tokens.take(used - reserved, now)
 
-    def cool_down(self, quota: Quota, seconds: float) -> None:
+    def refused(self, quota: Quota, seconds: float) -> None:
         with self._lock:
             state = self._state(quota)
             state.cooldown_until = max(state.cooldown_until, self.clock() + seconds)
@@ -273,15 +273,17 @@ class Limiter:
                 return granted
             await asyncio.sleep(waiting.pause(granted))
 
-    def cool_down(self, model: str, seconds: float) -> None:
-        """The provider refused a call to ``model`` for ``seconds`` (a 429's Retry-After): every call to the
-        models of its quota waits until then."""
+    def refused(self, model: str, retry_after: float | None) -> None:
+        """The provider refused a call to ``model`` (a 429), counted in its quota; with a Retry-After, every call
+        to the models of its quota waits until then."""
         quota = self.quota_for(model)
-        if quota is None or seconds <= 0:
+        if quota is None:
             return
-        self.windows.cool_down(quota, seconds)
-        log.warning("quota %s: the provider refused a call to %s; its calls wait %.1fs (Retry-After)",
-                    quota.name, model, seconds)
+        seconds = max(0.0, retry_after or 0.0)
+        self.windows.refused(quota, seconds)
+        if seconds:
+            log.warning("quota %s: the provider refused a call to %s; its calls wait %.1fs (Retry-After)",
+                        quota.name, model, seconds)
 
 
 @dataclass

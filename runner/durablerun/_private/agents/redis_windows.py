@@ -45,7 +45,8 @@ STALE_SECONDS = 300
 GRACE_SECONDS = 10
 
 # KEYS: state hash, in-flight set, places in line (a sorted set: each holder scored by when its turn comes),
-# tenants (a hash: next:<tenant>, when the tenant's last place in line comes; w:<tenant>, its weight).
+# tenants (a hash: next:<tenant>, when the tenant's last place in line comes; w:<tenant>, its weight), asking (a
+# sorted set: each holder waiting for a grant, scored by when it first asked).
 # ARGV: tokensPerMinute, requestsPerMinute, concurrent (0: no limit), tokens, grant id, slot seconds, poll
 # seconds, idle seconds, tenant, weight, holder. Returns {1, ""} granted, or {0, seconds to wait}; numbers as
 # strings (Redis truncates a script's numbers to integers).
@@ -62,8 +63,15 @@ local t = now()
 local tpm, rpm, concurrent, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tenant, weight, idle, holder = ARGV[9], tonumber(ARGV[10]), ARGV[8], ARGV[11]
 local function expire() for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, idle) end end
+-- Not now: the holder's first ask is kept, so that its grant counts how long it waited (across its run's pods).
+local function no(wait)
+  redis.call('ZADD', KEYS[5], 'NX', t, holder)
+  redis.call('EXPIRE', KEYS[5], idle)
+  return {0, tostring(wait)}
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', t - STALE_SECONDS)
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', t - ASKING_FORGOTTEN_SECONDS)
 local s = redis.call('HMGET', KEYS[1], 'tokens', 'tokensAt', 'requests', 'requestsAt', 'cooldownUntil')
 local cooldown = tonumber(s[5]) or 0
 local wait = cooldown - t
@@ -80,15 +88,15 @@ end
 local place = tonumber(redis.call('ZSCORE', KEYS[3], holder))
 if place then
   local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == holder
-  if t < place - 0.001 and not first then return {0, tostring(place - t)} end
-  if wait > 0.001 then return {0, tostring(wait)} end
+  if t < place - 0.001 and not first then return no(place - t) end
+  if wait > 0.001 then return no(wait) end
   -- Places whose turn came just before this one's go first; one late by more than GRACE_SECONDS (its run is
   -- slow to come back, or gone) no longer holds the others up.
   -- (Scores compared as numbers here: Lua's tostring keeps 14 digits, and a place would find itself ahead.)
   if not first then
     local ahead = redis.call('ZRANGEBYSCORE', KEYS[3], t - GRACE_SECONDS, '+inf', 'LIMIT', 0, 1)[1]
     if ahead and ahead ~= holder and tonumber(redis.call('ZSCORE', KEYS[3], ahead)) < place then
-      return {0, ARGV[7]}
+      return no(ARGV[7])
     end
   end
 elseif tpm > 0 and (wait > 0.001 or redis.call('ZCARD', KEYS[3]) > 0) then
@@ -108,18 +116,28 @@ elseif tpm > 0 and (wait > 0.001 or redis.call('ZCARD', KEYS[3]) > 0) then
   redis.call('ZADD', KEYS[3], due, holder)
   redis.call('HSET', KEYS[4], 'next:' .. tenant, tostring(due), 'w:' .. tenant, weight)
   expire()
-  return {0, tostring(due - t)}
+  return no(due - t)
 elseif wait > 0.001 then
-  return {0, tostring(wait)}
+  return no(wait)
 end
-if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return {0, ARGV[7]} end
+if concurrent > 0 and redis.call('ZCARD', KEYS[2]) >= concurrent then return no(ARGV[7]) end
 if tpm > 0 then redis.call('HSET', KEYS[1], 'tokens', tostring(tl - tokens), 'tokensAt', tostring(t)) end
 if rpm > 0 then redis.call('HSET', KEYS[1], 'requests', tostring(rl - 1), 'requestsAt', tostring(t)) end
 redis.call('ZADD', KEYS[2], t + tonumber(ARGV[6]), ARGV[5])
 redis.call('ZREM', KEYS[3], holder)
+local since = tonumber(redis.call('ZSCORE', KEYS[5], holder))
+local waited = since and math.max(0, t - since) or 0
+redis.call('ZREM', KEYS[5], holder)
+local bucket = #WAIT_BUCKETS + 1
+for i, bound in ipairs(WAIT_BUCKETS) do if waited <= bound then bucket = i break end end
+redis.call('HINCRBY', KEYS[1], 'wait' .. bucket, 1)
+redis.call('HINCRBYFLOAT', KEYS[1], 'waitSum', tostring(waited))
 expire()
 return {1, ""}
-""".replace("STALE_SECONDS", str(STALE_SECONDS)).replace("GRACE_SECONDS", str(GRACE_SECONDS))
+""".replace("STALE_SECONDS", str(STALE_SECONDS)).replace("GRACE_SECONDS", str(GRACE_SECONDS)).replace(
+    "ASKING_FORGOTTEN_SECONDS", str(quotas.ASKING_FORGOTTEN_SECONDS)).replace(
+    "#WAIT_BUCKETS", str(len(quotas.WAIT_BUCKETS))).replace(
+    "ipairs(WAIT_BUCKETS)", "ipairs({" + ", ".join(str(b) for b in quotas.WAIT_BUCKETS) + "})")
 
 # KEYS: state hash, in-flight set. ARGV: tokensPerMinute, grant id, reserved, used.
 _SETTLE = quotas.LUA_LEVEL + """
@@ -134,11 +152,12 @@ end
 return 1
 """
 
-# KEYS: state hash. ARGV: seconds, idle seconds.
-_COOL_DOWN = quotas.LUA_LEVEL + """
+# KEYS: state hash. ARGV: seconds (0: the provider said no Retry-After), idle seconds.
+_REFUSED = quotas.LUA_LEVEL + """
+redis.call('HINCRBY', KEYS[1], 'rejected', 1)
 local ends = now() + tonumber(ARGV[1])
 local current = tonumber(redis.call('HGET', KEYS[1], 'cooldownUntil')) or 0
-if ends > current then redis.call('HSET', KEYS[1], 'cooldownUntil', tostring(ends)) end
+if tonumber(ARGV[1]) > 0 and ends > current then redis.call('HSET', KEYS[1], 'cooldownUntil', tostring(ends)) end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 """
@@ -178,18 +197,18 @@ class RedisWindows:
         self.tenant = tenant
         self.holder = holder or f"{tenant}/{uuid.uuid4().hex}"
         self._errors = (redis.ConnectionError, redis.TimeoutError)
-        self._refused = redis.AuthenticationError  # a ConnectionError too: told apart first
+        self._bad_credentials = redis.AuthenticationError  # a ConnectionError too: told apart first
         self._client = redis.Redis.from_url(url, password=password or None, socket_timeout=2.0,
                                             socket_connect_timeout=2.0)
         self._take = self._client.register_script(_TAKE)
         self._settle = self._client.register_script(_SETTLE)
-        self._cool_down = self._client.register_script(_COOL_DOWN)
+        self._refused_script = self._client.register_script(_REFUSED)
         self._down = threading.Event()  # said once per outage
 
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
             result = script(keys=keys, args=args)
-        except self._refused as error:
+        except self._bad_credentials as error:
             raise RedisRefusedError(f"the Redis of {api.Env.LLM_QUOTA_REDIS} at {self.where} refused its "
                                     f"credentials ({error}): check {api.Env.LLM_QUOTA_REDIS_PASSWORD}") from None
         except self._errors as error:
@@ -219,9 +238,9 @@ class RedisWindows:
         with contextlib.suppress(*self._errors):  # the slot expires by itself; the reservation stays charged
             self._call(self._settle, _keys(quota), [quota.tokens_per_minute or 0, grant, reserved, used])
 
-    def cool_down(self, quota: Quota, seconds: float) -> None:
+    def refused(self, quota: Quota, seconds: float) -> None:
         with contextlib.suppress(*self._errors):  # each runner that is refused again waits again
-            self._call(self._cool_down, _keys(quota)[:1], [seconds, IDLE_SECONDS])
+            self._call(self._refused_script, _keys(quota)[:1], [seconds, IDLE_SECONDS])
 
 
 def from_environment() -> RedisWindows | None:
