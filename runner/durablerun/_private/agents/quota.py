@@ -288,7 +288,9 @@ class Limiter:
 
 @dataclass
 class _Waiting:
-    """A call waiting for room: says so once, and asks again at least every second."""
+    """A call waiting for room: says so once, and asks again halfway to the time it was told (at least a second
+    on), so a long wait costs a few asks rather than one a second, and room that comes early (a call that used
+    less than it reserved) is still noticed well before the time."""
 
     limiter: Limiter
     model: str
@@ -304,7 +306,7 @@ class _Waiting:
             log.info("quota %s: a call to %s (about %d tokens) waits %.1fs for room", quota.name if quota else "?",
                      self.model, self.tokens, wait)
             self.said = True
-        return min(wait, 1.0)
+        return min(wait, max(1.0, wait / 2))
 
 
 def estimate_tokens(kwargs: Mapping[str, Any]) -> int:
