@@ -164,6 +164,8 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
     grace = policy.pod_grace_seconds(pod_spec.get("terminationGracePeriodSeconds"))
     pod_spec["terminationGracePeriodSeconds"] = grace
     runner["env"].append({"name": api.Env.STOP_GRACE_SECONDS, "value": f"{policy.stop_grace(grace).total_seconds():g}"})
+    if policy.quotaPriority:
+        runner["env"].append({"name": api.Env.LLM_QUOTA_PRIORITY, "value": str(policy.quotaPriority)})
 
     return {
         "apiVersion": "v1",

@@ -249,6 +249,8 @@ class Env:
     LLM_QUOTA_REDIS = "DURABLERUN_LLM_QUOTA_REDIS"
     LLM_QUOTA_REDIS_PASSWORD = "DURABLERUN_LLM_QUOTA_REDIS_PASSWORD"
     LLM_QUOTA_UNAVAILABLE = "DURABLERUN_LLM_QUOTA_UNAVAILABLE"
+    # The run's priority in the quotas' lines, 0 to QUOTA_PRIORITY_MAX (spec.policy.quotaPriority).
+    LLM_QUOTA_PRIORITY = "DURABLERUN_LLM_QUOTA_PRIORITY"
     # The CLI's default --store.
     STORE = "DURABLERUN_STORE"
     # OpenTelemetry's standard variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER...): the operator
@@ -263,6 +265,8 @@ class Env:
 # user's Secret of per-source shared secrets (entries named <scheme>.<source>: github.ci, stripe.billing).
 WEBHOOK_KEYS_SECRET = "durablerun-webhook-keys"
 WEBHOOK_SOURCES_SECRET = "durablerun-webhook-sources"
+#: The highest spec.policy.quotaPriority: calls of a run with a higher one go first in a ModelQuota's line.
+QUOTA_PRIORITY_MAX = 1000
 # The Secret in a run's namespace whose entry QUOTA_REDIS_SECRET_KEY runner pods get as Env.LLM_QUOTA_REDIS_PASSWORD
 # (optional: a Redis with no password needs none). The chart writes it into the namespaces it serves.
 QUOTA_REDIS_SECRET = "durablerun-quota-redis"

@@ -107,14 +107,15 @@ def redis_host(url: str) -> str:
 
 # --- the windows in Redis: written by the runners (durablerun._private.agents.redis_windows), read by the operator
 
-def window_keys(name: str) -> tuple[str, str, str, str, str]:
+def window_keys(name: str) -> tuple[str, str, str, str, str, str]:
     """The Redis keys of quota ``name``'s windows: a hash (its buckets, its cooldown and its counts: see
     :data:`PEEK_SCRIPT`), a sorted set (the grants in flight, scored by when each expires), the line of calls
     waiting for room (a sorted set of places, each scored by when its turn comes, and a hash of each tenant's line
-    and weight), and a sorted set of holders waiting for a grant, scored by when they first asked. They share a
-    hash tag, so that a Redis Cluster keeps them on one node."""
+    and weight), a sorted set of holders waiting for a grant, scored by when they first asked, and a hash of the
+    priority of each urgent place in line. They share a hash tag, so that a Redis Cluster keeps them on one
+    node."""
     tag = "{durablerun:quota:" + name + "}"
-    return tag + ":window", tag + ":in-flight", tag + ":waiting", tag + ":tenants", tag + ":asking"
+    return tag + ":window", tag + ":in-flight", tag + ":waiting", tag + ":tenants", tag + ":asking", tag + ":urgent"
 
 
 #: Upper bounds (seconds) of the buckets that count grants by how long their call waited for them, from its

@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field
 from durablerun.api import (
     DURATION_PATTERN,
     LABEL_QUEUE_NAME,
+    QUOTA_PRIORITY_MAX,
     USD_PATTERN,
     WORKFLOW_PATTERN,
     AbortReason,
@@ -112,6 +113,11 @@ class Policy(_Model):
         default=None,
         description="Soft budgets: where the run stops before its next step and waits, with no pod, for a person "
                     "to raise them (or end the run). costCeilingUSD and maxTokens still abort.")
+    quotaPriority: int | None = Field(
+        default=None, ge=0, le=QUOTA_PRIORITY_MAX,
+        description="Urgent runs first: under contention for a ModelQuota, a call of a run with a higher "
+                    "quotaPriority goes before every call of a lower one (weights share the room among the "
+                    "namespaces of one priority). Unset: 0.")
     maxRetries: int = Field(
         default=3, ge=0, le=100,
         description="Default retries of a failing step (per step; a step may override it).",

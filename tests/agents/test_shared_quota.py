@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import api, quotas
+from durablerun import api, errors, quotas
 from durablerun._private.agents import redis_windows
 from durablerun._private.agents.quota import Limiter, Quota
 from durablerun._private.agents.redis_windows import RedisWindows
@@ -249,8 +249,9 @@ def test_a_throttled_run_waits_with_no_pod_and_its_next_pod_starts_when_the_room
 def test_tenants_that_contend_share_the_window_by_their_weights_and_one_alone_takes_it_all(
         redis_server: RedisServer) -> None:
     """Two namespaces, weights 1 and 2, each with four runners asking without pause for 25-token calls from a
-    window of 6,000 tokens a minute (100 a second), emptied first: over 15 s the heavier namespace gets twice
-    the tokens (within 10%), and together they get what the window gives. Then the same runs of one namespace
+    window of 6,000 tokens a minute (100 a second), emptied first: over 15 s, after 3 s in which the lines form
+    (the first places of each namespace are taken before it knows of the other), the heavier namespace gets
+    twice the tokens (within 10%), and together they get what the window gives. Then the same runs of one namespace
     alone get the whole rate, once the places the other namespace's runs left in line (they stopped mid-wait,
     as runs that died would) no longer hold it up: GRACE_SECONDS after their turn."""
     import threading
@@ -263,7 +264,7 @@ def test_tenants_that_contend_share_the_window_by_their_weights_and_one_alone_ta
         assert not isinstance(Limiter([Quota(name, "gpt-4o*", tokens_per_minute=6000)], windows=windows(
             redis_server, tenant="drain")).try_take("gpt-4o", 6000), float)
 
-    def runner(tenant: str, weight: int, until: float, i: int) -> None:
+    def runner(tenant: str, weight: int, counted: float, until: float, i: int) -> None:
         limiter = Limiter([Quota(name, "gpt-4o*", tokens_per_minute=6000, weight=weight)],
                           windows=windows(redis_server, tenant=tenant, holder=f"{tenant}/run-{i}"))
         while time.monotonic() < until:
@@ -272,21 +273,23 @@ def test_tenants_that_contend_share_the_window_by_their_weights_and_one_alone_ta
                 time.sleep(min(taken, 0.05))
                 continue
             taken.settle(25)
-            with lock:
-                granted[tenant] += 25
+            if time.monotonic() >= counted:
+                with lock:
+                    granted[tenant] += 25
 
-    def run(tenants: dict[str, int], seconds: float) -> float:
+    def run(tenants: dict[str, int], seconds: float, warm_up: float = 0) -> float:
         started = time.monotonic()
-        threads = [threading.Thread(target=runner, args=(tenant, weight, started + seconds, i))
+        counted, until = started + warm_up, started + warm_up + seconds
+        threads = [threading.Thread(target=runner, args=(tenant, weight, counted, until, i))
                    for tenant, weight in tenants.items() for i in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        return time.monotonic() - started
+        return time.monotonic() - counted
 
     drain()
-    elapsed = run({"light": 1, "heavy": 2}, 15)
+    elapsed = run({"light": 1, "heavy": 2}, 15, warm_up=3)
     total = granted["light"] + granted["heavy"]
     assert total <= 100 * elapsed + 25, granted  # the window held: nothing past its rate
     assert total >= 0.9 * 100 * elapsed, granted  # and fairness left little unused
@@ -294,6 +297,42 @@ def test_tenants_that_contend_share_the_window_by_their_weights_and_one_alone_ta
     granted.update(light=0, heavy=0)
     elapsed = run({"light": 1}, redis_windows.GRACE_SECONDS + 10)
     assert granted["light"] >= 0.8 * 100 * (elapsed - redis_windows.GRACE_SECONDS), granted
+
+
+def test_an_urgent_runs_call_goes_before_the_line_and_holds_the_lower_ones_until_it_is_granted(
+        redis_server: RedisServer) -> None:
+    """Three runs of priority 0 take places in line for an emptied window of 10 tokens a second; an urgent run
+    (priority 10) asks after them. Its call is granted first, when the window has room for it, and none of the
+    others goes before it, though their turns came earlier; then they go in their order. Without priorities
+    it would be fourth."""
+    name = "q-" + uuid.uuid4().hex[:8]
+
+    def limiter(holder: str, priority: int = 0) -> Limiter:
+        return Limiter([Quota(name, "gpt-4o*", tokens_per_minute=600)],
+                       windows=windows(redis_server, holder=holder, priority=priority))
+
+    assert not isinstance(limiter("drain").try_take("gpt-4o", 600), float)  # the window is empty
+    asking = {holder: limiter(holder) for holder in ("low-1", "low-2", "low-3")}
+    for low in asking.values():
+        assert isinstance(low.try_take("gpt-4o", 20), float)  # places at about 2, 4 and 6 s
+    asking["urgent"] = limiter("urgent", priority=10)
+    order: list[str] = []
+    deadline = time.monotonic() + 30
+    while asking and time.monotonic() < deadline:
+        for holder, each in list(asking.items()):
+            if not isinstance(grant := each.try_take("gpt-4o", 20), float):
+                grant.settle(20)
+                order.append(holder)
+                del asking[holder]
+        time.sleep(0.05)
+    assert order == ["urgent", "low-1", "low-2", "low-3"]
+
+
+def test_a_bad_priority_names_its_variable(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer) -> None:
+    monkeypatch.setenv(api.Env.LLM_QUOTA_REDIS, redis_server.url)
+    monkeypatch.setenv(api.Env.LLM_QUOTA_PRIORITY, "urgent")
+    with pytest.raises(errors.ConfigError, match=f"{api.Env.LLM_QUOTA_PRIORITY}: 'urgent' is not a whole number"):
+        redis_windows.from_environment()
 
 
 def test_calls_that_find_no_room_wait_in_line_and_a_run_that_yielded_finds_its_place_again(

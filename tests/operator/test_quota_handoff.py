@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durablerun import api, quotas
+from durablerun_operator import builders
 from durablerun_operator import quotas as operator_quotas
 from durablerun_operator.config import Settings
+from tests.operator.run_bodies import body
 
 ON = Settings(model_quotas=True, quota_redis="redis://redis.durable-run:6379/0", quota_redis_password="s3cret")
 
@@ -151,3 +153,13 @@ def test_with_shards_the_status_leaves_runs_waiting_to_the_summed_metric() -> No
     asyncio.run(writer.write_all(now, 0))
     assert kube.patches[-1][1]["runsWaiting"] is None  # this replica sees only its shards' runs
     assert registry.get_sample_value("durablerun_quota_runs_waiting", {"quota": "gpt-4o"}) == 1
+
+
+def test_an_urgent_runs_pod_is_told_its_priority_and_a_run_without_one_is_told_nothing() -> None:
+    def env_for(policy: dict[str, Any]) -> dict[str, Any]:
+        spec = {"template": {"spec": {"containers": [{"name": "runner", "image": "localhost/wf:1"}]}},
+                "policy": policy}
+        return env_of(builders.runner_pod(body({"phase": "Pending"}, spec=spec), 1, ON)["spec"]["containers"][0]["env"])
+
+    assert env_for({"quotaPriority": 100})[api.Env.LLM_QUOTA_PRIORITY] == "100"
+    assert api.Env.LLM_QUOTA_PRIORITY not in env_for({})
