@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from durablerun._private.agents.quota import Limiter, Quota
+from durablerun._private.agents.quota import Limiter, Quota, next_ask
 from durablerun._private.agents.redis_windows import RedisWindows
 from durablerun_bench.util import percentile, quick
 from durablerun_testbed.llmserver import LLMServer, Turn
@@ -111,9 +111,9 @@ def _with_quota(url: str, phase: _Phase, until: float, tenant: str, windows: Red
             if not isinstance(granted, float):
                 break
             first = granted if first is None else first
-            # As the runner: in its pod it asks again at least every second (quota._Waiting); a first wait past
-            # INLINE_SECONDS ends the attempt, and the next pod asks at the due time.
-            pause = min(granted, 1.0) if first <= INLINE_SECONDS else granted
+            # As the runner: in its pod it asks again as quota.next_ask says; a first wait past INLINE_SECONDS
+            # ends the attempt, and the next pod asks at the due time.
+            pause = next_ask(granted) if first <= INLINE_SECONDS else granted
             if time.monotonic() + pause > until:
                 return  # still waiting when the phase ends
             time.sleep(pause)

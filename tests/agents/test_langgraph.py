@@ -12,13 +12,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import pytest
+
 from langchain_core.messages import AnyMessage
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 
-from durablerun import DurableContext, Outcome
+from durablerun import DurableContext, Outcome, api
 from durablerun.integrations.langgraph import run_graph
 from durablerun.testing import WorkflowTest
 from tests.agents.helpers import cli, kill_with_turn_in_flight
@@ -137,6 +139,37 @@ def test_langchain_chat_model_calls_in_nodes_are_charged_once(llm_server: Any) -
     assert done.totals.usd == (1000 * 2 + 1000 * Decimal("0.50") + 3000 * 2 + 200 * 8) / Decimal(1_000_000)
     assert done.totals.tokens == 5200
     assert len(server.requests) == 2
+
+
+def test_a_nodes_chat_model_call_takes_its_share_of_the_quota_before_it_is_sent(
+        llm_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under 1,200 tokens a minute (20 a second), the first call's 1,200 tokens, as its response reports them,
+    empty the window: the second call (about 60 tokens) is sent only once there is room for it, about 3 s on."""
+    server = llm_server([{"text": "hello", "input_tokens": 1100, "output_tokens": 100},
+                         {"text": "bye", "input_tokens": 50, "output_tokens": 10}])
+    monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps({"quotas": [
+        {"name": "gpt", "models": "gpt-4.1*", "tokensPerMinute": 1200}]}))
+    model = ChatOpenAI(model="gpt-4.1", base_url=server.openai_base_url, api_key="k", max_retries=0,
+                       max_completion_tokens=50)
+
+    def chat(state: Chat) -> Chat:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    b = StateGraph(Chat)
+    b.add_node("first", chat)
+    b.add_node("second", chat)
+    b.add_edge(START, "first")
+    b.add_edge("first", "second")
+    b.add_edge("second", END)
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        state = await run_graph(ctx, b.compile(), {"messages": [("user", "hi")]}, name="chat")
+        return [m.content for m in state["messages"]]
+
+    done = WorkflowTest(wf).attempt()
+    assert done.result == ["hi", "hello", "bye"], done.message
+    first, second = server.requests
+    assert second["at"] - first["at"] >= 2.0, "the second call went before its share had room"
 
 
 def test_a_graph_that_is_not_compiled_is_refused() -> None:

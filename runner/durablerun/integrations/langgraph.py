@@ -13,7 +13,10 @@ writes, through the ``BaseCheckpointSaver`` interface). A resume rebuilds the
 checkpointer from the journal and goes on from the first super-step that was
 not journaled: nodes of finished super-steps do not run again. The model
 messages nodes write (LangChain's ``AIMessage`` with its ``usage_metadata``)
-are charged to their super-step (durablerun.llm's price table).
+are charged to their super-step (durablerun.llm's price table). Under a model
+quota, each LangChain chat model call a node makes takes its share before it is
+sent and settles it with the usage its response reports (a callback on the
+graph's run, which LangChain hands to the models nodes call).
 
 A node that calls ``langgraph.types.interrupt(value)`` ends its super-step
 waiting: the run waits for an event (``ctx.wait_for_event``, no pod while it
@@ -36,14 +39,18 @@ run's journal is its checkpointer). Needs ``pip install 'durable-run[langgraph]'
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from durablerun._private.storage.extras import require
 
 require("langgraph", "the LangGraph integration", "langgraph")
 
-from langchain_core.messages import AIMessage  # noqa: E402
+from langchain_core.callbacks import AsyncCallbackHandler  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
+from langchain_core.outputs import LLMResult  # noqa: E402
 from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
@@ -51,7 +58,7 @@ from langgraph.pregel import Pregel  # noqa: E402
 from langgraph.types import Command, Interrupt  # noqa: E402
 
 from durablerun import errors  # noqa: E402
-from durablerun._private.agents import llm  # noqa: E402
+from durablerun._private.agents import llm, quota  # noqa: E402
 from durablerun._private.engine.context import DurableContext  # noqa: E402
 
 __all__ = ["run_graph"]
@@ -120,6 +127,52 @@ def _charge_messages(values: list[Any]) -> None:
                                      int(details.get("cache_creation") or 0)))
 
 
+class _QuotaShares(AsyncCallbackHandler):
+    """Each chat model call of the graph's nodes takes its share of its model's quota before it is sent (waits for
+    room, or ends the attempt for a long wait, as a metered client's call does) and settles it when it ends."""
+
+    raise_error = True  # a long wait ends the attempt (replay.throttled): LangChain must not swallow that
+
+    def __init__(self) -> None:
+        self._held: dict[UUID, tuple[str, quota.Grant]] = {}
+
+    async def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *,
+                                  run_id: UUID, invocation_params: dict[str, Any] | None = None,
+                                  metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        params, metadata = invocation_params or {}, metadata or {}
+        model = params.get("model") or params.get("model_name") or metadata.get("ls_model_name")
+        if not model:
+            return
+        sent = {"messages": [[json.dumps(m.content, default=str) for m in batch] for batch in messages],
+                "tools": params.get("tools")}
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(params.get(key), int):
+                sent["max_tokens"] = params[key]
+        held = await llm.hold_async(str(model), quota.estimate_tokens(sent))
+        if held is not None:
+            self._held[run_id] = (str(model), held)
+
+    async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        if (held := self._held.pop(run_id, None)) is not None:
+            held[1].settle(_used_tokens(response))
+
+    async def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        if (held := self._held.pop(run_id, None)) is not None:
+            llm.settle_refused(held[0], held[1], error)
+
+
+def _used_tokens(response: LLMResult) -> int | None:
+    """The tokens a chat model's response says it used (None: it says nothing; the reservation stands)."""
+    total = 0
+    for generations in response.generations:
+        for generation in generations:
+            usage = getattr(getattr(generation, "message", None), "usage_metadata", None)
+            if not usage:
+                return None
+            total += int(usage.get("total_tokens") or 0)
+    return total or None
+
+
 def _default_event(name: str) -> Callable[[Interrupt, int], str]:
     def event(interrupt: Interrupt, n: int) -> str:
         value = interrupt.value
@@ -157,7 +210,7 @@ async def run_graph(ctx: DurableContext, graph: Pregel[Any, Any, Any, Any], inpu
         saver = _JournalSaver(journaled)
         # interrupt_after every node: LangGraph stops after one super-step, its checkpoint written.
         await graph.copy(update={"checkpointer": saver}).ainvoke(
-            step_input, _THREAD, interrupt_after="*", durability="sync")
+            step_input, {**_THREAD, "callbacks": [_QuotaShares()]}, interrupt_after="*", durability="sync")
         _charge_messages(saver.written)
         return saver.new
 

@@ -307,7 +307,7 @@ def within_quota(model: str, estimate: int, send: Callable[[], T], tokens_of: Ca
 async def within_quota_async(model: str, estimate: int, send: Callable[[], Awaitable[T]],
                              tokens_of: Callable[[T], int | None]) -> T:
     """:func:`within_quota` for a coroutine: waits without blocking the event loop."""
-    held = await _hold_async(model, estimate)
+    held = await hold_async(model, estimate)
     response = await _sent_async(held, model, send)
     if held is not None:
         held.settle(tokens_of(response))
@@ -322,7 +322,9 @@ def _hold(model: str, estimate: int) -> quota.Grant | None:
     return limits.take(model, estimate, on_first_wait=lambda wait: _throttle(limits, model, wait))
 
 
-async def _hold_async(model: str, estimate: int) -> quota.Grant | None:
+async def hold_async(model: str, estimate: int) -> quota.Grant | None:
+    """:func:`_hold` for a coroutine; also for calls durable-run does not send itself (LangChain's, through a
+    callback): settle the grant with the call's usage, or :func:`settle_refused` if it failed."""
     limits = quota_setup.limiter()
     if limits is None or limits.quota_for(model) is None:
         return None
@@ -334,7 +336,7 @@ def _sent(held: quota.Grant | None, model: str, send: Callable[[], T]) -> T:
         return send()
     except BaseException as error:
         if held is not None:
-            _refused(model, held, error)
+            settle_refused(model, held, error)
         raise
 
 
@@ -343,7 +345,7 @@ async def _sent_async(held: quota.Grant | None, model: str, send: Callable[[], A
         return await send()
     except BaseException as error:
         if held is not None:
-            _refused(model, held, error)
+            settle_refused(model, held, error)
         raise
 
 
@@ -443,7 +445,7 @@ def _stream(model: str, estimate: int, send: Callable[[], Any]) -> _MeteredStrea
 
 
 async def _stream_async(model: str, estimate: int, send: Callable[[], Awaitable[Any]]) -> _AsyncMeteredStream:
-    held = await _hold_async(model, estimate)
+    held = await hold_async(model, estimate)
     return _AsyncMeteredStream(await _sent_async(held, model, send), _StreamUsage(held))
 
 
@@ -456,7 +458,7 @@ def _throttle(limits: quota.Limiter, model: str, wait: float) -> None:
         raise halt
 
 
-def _refused(model: str, grant: quota.Grant, error: BaseException) -> None:
+def settle_refused(model: str, grant: quota.Grant, error: BaseException) -> None:
     """A call that failed: a provider's 429 used nothing and cools the model down for every call that shares
     its windows; any other failure keeps its reservation (what it used is unknown)."""
     wait = quota.retry_after(error)

@@ -286,11 +286,16 @@ class Limiter:
                         quota.name, model, seconds)
 
 
+def next_ask(wait: float) -> float:
+    """How long a call told to wait ``wait`` seconds sleeps before it asks again: halfway to the time (at least a
+    second on), so a long wait costs a few asks rather than one a second, and room that comes early (a call that
+    used less than it reserved) is still noticed well before the time."""
+    return min(wait, max(1.0, wait / 2))
+
+
 @dataclass
 class _Waiting:
-    """A call waiting for room: says so once, and asks again halfway to the time it was told (at least a second
-    on), so a long wait costs a few asks rather than one a second, and room that comes early (a call that used
-    less than it reserved) is still noticed well before the time."""
+    """A call waiting for room: says so once, and asks again as :func:`next_ask` says."""
 
     limiter: Limiter
     model: str
@@ -306,7 +311,7 @@ class _Waiting:
             log.info("quota %s: a call to %s (about %d tokens) waits %.1fs for room", quota.name if quota else "?",
                      self.model, self.tokens, wait)
             self.said = True
-        return min(wait, max(1.0, wait / 2))
+        return next_ask(wait)
 
 
 def estimate_tokens(kwargs: Mapping[str, Any]) -> int:

@@ -17,7 +17,7 @@ from durablerun._private.agents.quota import Limiter, parse_quotas
 _LIMITER: Limiter | None = None
 _LOADED_FROM: tuple[str | None, ...] | None = None
 _SETTINGS = (api.Env.LLM_QUOTAS, api.Env.LLM_QUOTA_REDIS, api.Env.LLM_QUOTA_REDIS_PASSWORD,
-             api.Env.LLM_QUOTA_UNAVAILABLE)
+             api.Env.LLM_QUOTA_UNAVAILABLE, api.Env.LLM_QUOTA_PRIORITY)
 
 
 def limiter() -> Limiter | None:
