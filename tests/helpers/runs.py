@@ -8,7 +8,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,15 @@ class RunEnv:
     namespace: str
     bucket: str
     ledger_dir: Path
+    #: The API client of the reads below, which waits poll every 50 ms: a `kubectl get` took 89 ms of CPU, this
+    #: 4.4 ms (measured here; four operator test files fell from 297 to 245 CPU-seconds, 180 to 168 s). What
+    #: users type (apply, patch) stays kubectl.
+    _client: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def _api(self) -> Any:
+        if self._client is None:
+            self._client = self.testbed.api_client()
+        return self._client
 
     def manifest(self, name: str, workflow: str, input: dict[str, Any] | None = None,
                  policy: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
@@ -93,7 +102,11 @@ class RunEnv:
         self.testbed.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
     def get(self, name: str) -> dict[str, Any]:
-        return dict(json.loads(self.testbed.kubectl("get", "dr", name, "-n", self.namespace, "-o", "json").stdout))
+        """The DurableRun as JSON (raises ApiException if it is absent, as kubectl would fail)."""
+        from kubernetes import client
+
+        return dict(client.CustomObjectsApi(self._api()).get_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name))
 
     def patch_status(self, name: str, status: dict[str, Any], check: bool = True) -> Any:
         """A merge patch of the run's status subresource, as a runner or another operator would write it."""
@@ -121,14 +134,17 @@ class RunEnv:
         return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
 
     def pods(self, name: str) -> list[dict[str, Any]]:
-        out = self.testbed.kubectl("get", "pods", "-n", self.namespace, "-l", f"{api.LABEL_RUN}={name}",
-                                   "-o", "json").stdout
-        return list(json.loads(out)["items"])
+        """The run's pods as kubectl's JSON shows them (not the client's models)."""
+        from kubernetes import client
+
+        return list(json.loads(client.CoreV1Api(self._api()).list_namespaced_pod(
+            self.namespace, label_selector=f"{api.LABEL_RUN}={name}", _preload_content=False).data)["items"])
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        out = self.testbed.kubectl("get", "events", "-n", self.namespace,
-                                   "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout
-        return list(json.loads(out)["items"])
+        from kubernetes import client
+
+        return list(json.loads(client.CoreV1Api(self._api()).list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False).data)["items"])
 
 
 def events(runs: RunEnv, name: str) -> Counter[str]:
