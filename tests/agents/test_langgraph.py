@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
 from langchain_core.messages import AnyMessage
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
@@ -109,11 +108,8 @@ class Chat(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def test_langchain_chat_model_calls_in_nodes_are_charged_once(llm_server: Any) -> None:
-    server = llm_server([{"text": "hello", "input_tokens": 2000, "output_tokens": 100, "cached_tokens": 1000},
-                         {"text": "bye", "input_tokens": 3000, "output_tokens": 100}])
-    model = ChatOpenAI(model="gpt-4.1", base_url=server.openai_base_url, api_key="k", max_retries=0)
-
+def two_chats(model: ChatOpenAI) -> Any:
+    """A graph of two nodes, one after the other, each calling ``model`` with the conversation so far."""
     def chat(state: Chat) -> Chat:
         return {"messages": [model.invoke(state["messages"])]}
 
@@ -123,7 +119,13 @@ def test_langchain_chat_model_calls_in_nodes_are_charged_once(llm_server: Any) -
     b.add_edge(START, "first")
     b.add_edge("first", "second")
     b.add_edge("second", END)
-    graph = b.compile()
+    return b.compile()
+
+
+def test_langchain_chat_model_calls_in_nodes_are_charged_once(llm_server: Any) -> None:
+    server = llm_server([{"text": "hello", "input_tokens": 2000, "output_tokens": 100, "cached_tokens": 1000},
+                         {"text": "bye", "input_tokens": 3000, "output_tokens": 100}])
+    graph = two_chats(ChatOpenAI(model="gpt-4.1", base_url=server.openai_base_url, api_key="k", max_retries=0))
 
     async def wf(ctx: DurableContext, input: Any) -> Any:
         state = await run_graph(ctx, graph, {"messages": [("user", "hi")]}, name="chat")
@@ -149,21 +151,11 @@ def test_a_nodes_chat_model_call_takes_its_share_of_the_quota_before_it_is_sent(
                          {"text": "bye", "input_tokens": 50, "output_tokens": 10}])
     monkeypatch.setenv(api.Env.LLM_QUOTAS, json.dumps({"quotas": [
         {"name": "gpt", "models": "gpt-4.1*", "tokensPerMinute": 1200}]}))
-    model = ChatOpenAI(model="gpt-4.1", base_url=server.openai_base_url, api_key="k", max_retries=0,
-                       max_completion_tokens=50)
-
-    def chat(state: Chat) -> Chat:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    b = StateGraph(Chat)
-    b.add_node("first", chat)
-    b.add_node("second", chat)
-    b.add_edge(START, "first")
-    b.add_edge("first", "second")
-    b.add_edge("second", END)
+    graph = two_chats(ChatOpenAI(model="gpt-4.1", base_url=server.openai_base_url, api_key="k", max_retries=0,
+                                 max_completion_tokens=50))
 
     async def wf(ctx: DurableContext, input: Any) -> Any:
-        state = await run_graph(ctx, b.compile(), {"messages": [("user", "hi")]}, name="chat")
+        state = await run_graph(ctx, graph, {"messages": [("user", "hi")]}, name="chat")
         return [m.content for m in state["messages"]]
 
     done = WorkflowTest(wf).attempt()
