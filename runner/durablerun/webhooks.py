@@ -76,11 +76,14 @@ def read_claims(token: str) -> Claims:
         raise TokenError("not a token")
     try:
         fields = json.loads(_unb64(body))
-        return Claims(namespace=str(fields["ns"]), run=str(fields["run"]), uid=str(fields["uid"]),
-                      event=str(fields["ev"]),
-                      expires=int(fields["exp"]), key_id=str(fields["kid"]))
-    except (binascii.Error, ValueError, KeyError, TypeError) as error:
+    except (binascii.Error, ValueError, RecursionError) as error:  # RecursionError: nested past json's stack
         raise TokenError("not a token") from error
+    # Exactly the types sign() writes: anything else (an infinite or fractional expiry, a list) is no token.
+    names = {"ns": str, "run": str, "uid": str, "ev": str, "exp": int, "kid": str}
+    if not isinstance(fields, dict) or any(type(fields.get(name)) is not kind for name, kind in names.items()):
+        raise TokenError("not a token")
+    return Claims(namespace=fields["ns"], run=fields["run"], uid=fields["uid"], event=fields["ev"],
+                  expires=fields["exp"], key_id=fields["kid"])
 
 
 def verify(token: str, keys: dict[str, bytes], now: datetime) -> Claims:
@@ -91,7 +94,7 @@ def verify(token: str, keys: dict[str, bytes], now: datetime) -> Claims:
         raise TokenError("unknown key")
     body, _, signature = token.partition(".")
     expected = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
-    if not hmac.compare_digest(expected, signature):
+    if not hmac.compare_digest(expected.encode(), signature.encode()):  # bytes: a caller's text may be any
         raise TokenError("bad signature")
     if now.timestamp() >= claims.expires:
         raise TokenError("expired")

@@ -41,6 +41,12 @@ def _hex_hmac(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
+def _same(expected: str, given: str) -> bool:
+    """Constant-time equality of a signature and what the caller sent, compared as bytes: a header may hold
+    any text, which ``compare_digest`` refuses to compare as str."""
+    return hmac.compare_digest(expected.encode(), given.encode())
+
+
 def _header(headers: Mapping[str, str], name: str) -> str:
     for key, value in headers.items():
         if key.lower() == name.lower():
@@ -64,7 +70,7 @@ def verify_github(secret: bytes, body: bytes, headers: Mapping[str, str], now: f
     is written once (first write wins).
     """
     given = _header(headers, "X-Hub-Signature-256")
-    if not hmac.compare_digest("sha256=" + _hex_hmac(secret, body), given):
+    if not _same("sha256=" + _hex_hmac(secret, body), given):
         raise Refused("X-Hub-Signature-256 does not match")
 
 
@@ -78,7 +84,7 @@ def verify_stripe(secret: bytes, body: bytes, headers: Mapping[str, str], now: f
     _fresh(timestamp, now)
     expected = _hex_hmac(secret, timestamp.encode() + b"." + body)
     # Compare against every candidate, matched or not, so the time taken says nothing.
-    if not sum(hmac.compare_digest(expected, c.strip()) for c in candidates):
+    if not sum(_same(expected, c.strip()) for c in candidates):
         raise Refused("no v1 signature of Stripe-Signature matches")
 
 
@@ -90,7 +96,7 @@ def verify_hmac(secret: bytes, body: bytes, headers: Mapping[str, str], now: flo
         raise Refused(f"no {HMAC_TIMESTAMP} header")
     _fresh(timestamp, now)
     expected = "sha256=" + _hex_hmac(secret, timestamp.encode() + b"." + body)
-    if not hmac.compare_digest(expected, _header(headers, HMAC_SIGNATURE)):
+    if not _same(expected, _header(headers, HMAC_SIGNATURE)):
         raise Refused(f"{HMAC_SIGNATURE} does not match")
 
 
@@ -111,10 +117,12 @@ def event_value(body: bytes, path: str) -> Any:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise BadBody(415, f"the body is not JSON ({error}): send Content-Type application/json") from None
+    except RecursionError:
+        raise BadBody(422, "the body's JSON is nested too deeply to read") from None
     for part in [p for p in path.split(".") if p] if path else []:
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        elif isinstance(value, list) and part.isascii() and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
         else:
             raise BadBody(422, f"path {path!r}: the body has nothing at {part!r}")
