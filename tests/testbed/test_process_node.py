@@ -108,9 +108,12 @@ def test_a_pod_force_deleted_while_paused_lives_until_continued_then_gets_sigter
         testbed: TestBed, namespace: str, tmp_path: Path) -> None:
     # A partitioned kubelet does not hear that its pod was force-deleted (the operator does it to a pod stuck
     # terminating): the container lives on, and is stopped as the pod's deletion says once the node is back.
-    marker = tmp_path / "got-term"
-    run_pod(testbed, namespace, "cutoff", f"trap 'touch {marker}; exit 7' TERM; while true; do sleep 0.1; done")
+    marker, trapping = tmp_path / "got-term", tmp_path / "trapping"
+    run_pod(testbed, namespace, "cutoff",
+            f"trap 'touch {marker}; exit 7' TERM; touch {trapping}; while true; do sleep 0.1; done")
     wait_phase(testbed, namespace, "cutoff", "Running")
+    # Paused before its shell set the trap (a loaded machine), the container would die of the SIGTERM (143).
+    procs.wait_for(trapping.exists, timeout=30, what="the container's shell to set its trap")
     assert testbed.node
     pid = testbed.node.pause(namespace, "cutoff")["pid"]
     testbed.kubectl("delete", "pod", "cutoff", "-n", namespace, "--grace-period=0", "--force", "--wait=true")
