@@ -9,26 +9,24 @@ Bounded in `make test` (FUZZ_EXAMPLES, 150 by default, over both kinds); `make f
 from __future__ import annotations
 
 import copy
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from durablerun import api, quotas, resource
 from durablerun_operator import builders
 from durablerun_operator.config import Settings
 from durablerun_testbed.testbed import TestBed
+from tests.helpers.fuzz import EXAMPLES, fuzz
 
 pytestmark = pytest.mark.testbed
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=max(EXAMPLES // 2, 20), deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz(max(EXAMPLES // 2, 20), HealthCheck.function_scoped_fixture)
 CRDS = Path(__file__).resolve().parents[2] / "deploy" / "crd"
 #: Fields whose content is the user's own (free JSON, or the Kubernetes pod template, checked by its own schema).
 OPAQUE = {"input", "events", "template"}

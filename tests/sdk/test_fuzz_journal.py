@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from durablerun import errors
@@ -25,10 +24,9 @@ from durablerun._private.records import codec, layout
 from durablerun._private.records.model import Record
 from durablerun._private.storage.backends.memory import MemoryBackend
 from durablerun._private.storage.journal import RunStore
+from tests.helpers.fuzz import fuzz
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = fuzz()
 
 #: Every record kind as layout v1 writes it (tests/sdk/golden/v1-records.txt, volatile values filled in).
 SEEDS: list[dict[str, Any]] = [

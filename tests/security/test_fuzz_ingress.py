@@ -14,19 +14,17 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import os
 from datetime import UTC, datetime
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from durablerun import webhooks
 from durablerun_operator.ingress import auth, limits
+from tests.helpers.fuzz import fuzz
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = fuzz()
 
 KEY = b"k" * 32
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
