@@ -256,9 +256,14 @@ def torture_batch(runs: RunEnv, pods: PodRecorder, scrape_all: Callable[[], list
             runs.wait_phase(t.name, "Succeeded", "Failed", "Aborted", timeout=180)
 
             def settled(t: Tortured = t) -> list[Samples] | None:
+                # Every gauge shows the run Succeeded, and one operator has counted it. The counter lags the
+                # gauge by a moment: the winner counts a transition once its status write returns, and its
+                # watch may deliver that write (setting the gauge) first.
                 scrapes = scrape_all()
                 ok = all(run_metric(s, "durablerun_run_phase", runs.namespace, t.name, phase="Succeeded") == 1
-                         for s in scrapes)
+                         for s in scrapes) and sum(
+                    run_metric(s, "durablerun_run_completions_total", runs.namespace, t.name,
+                               outcome="Succeeded") or 0 for s in scrapes) >= 1
                 return scrapes if ok else None
 
             scrapes = procs.wait_for(settled, timeout=30, what=f"metrics of {t.name}")

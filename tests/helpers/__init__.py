@@ -12,8 +12,11 @@ tests/test_test_imports.py:
 Shared pytest fixtures are defined in ``bed.py`` and provided to every folder by tests/conftest.py.
 """
 
+from pathlib import Path
+
 import pytest
 
-# Checks that moved here from test modules: rewrite their asserts as pytest did there, so a failure still shows
-# the values compared (pytest rewrites only test modules and conftest.py by itself).
-pytest.register_assert_rewrite("tests.helpers.interrupted_sessions")
+# Most checks live here, not in test modules: rewrite their asserts as pytest does a test module's, so a failure
+# shows the values compared, not a bare AssertionError (pytest rewrites only test modules and conftest.py itself).
+pytest.register_assert_rewrite(*(f"{__name__}.{path.stem}" for path in Path(__file__).parent.glob("*.py")
+                                 if path.stem != "__init__"))
