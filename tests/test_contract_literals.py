@@ -179,6 +179,7 @@ def test_the_contract_spells_these_values() -> None:
         "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
     assert [o.value for o in api.Outcome] == [
         "Completed", "Failed", "UsageError", "Aborted", "Suspended", "Waiting", "Fenced"]
-    assert [c.value for c in api.ConditionType] == ["Progressing", "Suspended", "Complete", "Failed"]
+    assert [c.value for c in api.ConditionType] == ["Progressing", "Suspended", "Complete", "Failed", "UpgradeReplays"]
+    assert [s.value for s in api.UpgradeState] == ["Checking", "Replays", "Refused"]
     assert (api.Env.EPOCH, api.Env.CLUSTER, api.OperatorEnv.CLUSTER, api.OperatorEnv.CLUSTER_OLD_NAME) == (
         "DURABLERUN_EPOCH", "DURABLERUN_CLUSTER", "DURABLERUN_CLUSTER", "DURABLERUN_CLUSTER_NAME")

@@ -6,6 +6,7 @@ No API calls here: every function maps a run (and an epoch) to a manifest dict.
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 from durablerun import api, relations, resource
@@ -21,6 +22,15 @@ def pod_name(run_name: str, epoch: int) -> str:
 
 def purge_pod_name(run_name: str) -> str:
     return f"{run_name}-purge"
+
+
+def check_pod_name(run_name: str, request: str) -> str:
+    """One name per upgrade request: creating it again is a no-op, and a new request gets a new pod."""
+    return f"{check_pod_prefix(run_name)}{hashlib.sha256(request.encode()).hexdigest()[:10]}"
+
+
+def check_pod_prefix(run_name: str) -> str:
+    return f"{run_name}-check-"
 
 
 def runner_account(run_name: str) -> str:
@@ -101,6 +111,26 @@ def purge_pod(run: dict[str, Any], settings: Settings) -> dict[str, Any]:
     pod["metadata"]["labels"][api.LABEL_PURGE] = "true"
     runner = next(c for c in pod["spec"]["containers"] if any(e["name"] == api.Env.EPOCH for e in c["env"]))
     runner["env"].append({"name": api.Env.MODE, "value": api.Env.MODE_PURGE})
+    return pod
+
+
+def check_pod(run: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The one-off pod that checks an upgrade (status.upgradeCheck): the image asked for runs ``durablerun replay``
+    against the run's journal, executing nothing, with what the run's attempts get (its ServiceAccount, its store
+    credentials from its Secret, the template's env, resources and placement, restricted security). Only the
+    runner container: a sidecar has nothing to check. Its exit code and termination message are the verdict."""
+    meta, check = run["metadata"], run["status"]["upgradeCheck"]
+    pod = runner_pod({**run, "status": {}}, 0, settings)
+    pod["metadata"]["name"] = check_pod_name(meta["name"], check["request"])
+    pod["metadata"]["labels"].pop(api.LABEL_EPOCH, None)
+    pod["metadata"]["labels"][api.LABEL_UPGRADE_CHECK] = "true"
+    pod["metadata"].pop("finalizers", None)  # it holds no lease and writes nothing: nothing to wait for
+    runner = runner_container(pod["spec"])
+    pod["spec"]["containers"] = [runner]
+    runner.update(image=check["image"], command=["durablerun", "replay", run["spec"]["workflow"], "--kubernetes",
+                                                 f"{meta['namespace']}/{meta['name']}"])
+    runner.pop("args", None)
+    runner["env"] = [e for e in runner["env"] if e["name"] != api.Env.EPOCH]  # it is no attempt
     return pod
 
 

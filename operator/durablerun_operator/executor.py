@@ -218,6 +218,8 @@ class Executor:
             await self._start_pod(updated, plan.create_pod_epoch, plan)
         if plan.create_purge_pod:
             await self._call(self._kube.create_pod, builders.purge_pod(updated, self._settings))
+        if plan.create_check_pod:
+            await self._call(self._kube.create_pod, builders.check_pod(updated, self._settings))
         if plan.add_events:
             # A child's outcome, as an event of this run: first value wins, and a Waiting run wakes for it.
             written = await self._call(self._kube.merge_patch_run, ns, name, {"spec": {"events": plan.add_events}})

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from durablerun import api
 from durablerun_operator import decide
-from durablerun_operator.decide import clocks
+from durablerun_operator.decide import clocks, lifecycle
 
 NEVER = decide.NEVER
 # A settled run whose clock none of the functions below can read (none is known) is looked at again after
@@ -55,6 +55,13 @@ def unheld_lease_until(run: decide.RunView, pods: list[decide.PodView]) -> datet
     return min(moments, default=NEVER)
 
 
+def check_until(run: decide.RunView) -> datetime:
+    """An upgrade's check in flight: when it times out (its pod's changes wake the run before that)."""
+    check = run.status.upgradeCheck
+    began = api.parse_time(check.startTime) if check and check.state == api.UpgradeState.CHECKING else None
+    return began + lifecycle.CHECK_TIMEOUT if began else NEVER
+
+
 def combine(run_until: datetime | None, pod_until: datetime | None) -> datetime | None:
     """The earlier of the run's and its pods' moments; None (decide now) if the run's is None."""
     if run_until is None:
@@ -64,7 +71,7 @@ def combine(run_until: datetime | None, pod_until: datetime | None) -> datetime 
 
 def next_wakeup(run: decide.RunView, pods: list[decide.PodView], now: datetime, stuck_seconds: float) -> datetime:
     """When to decide a run again for which ``decide`` just had nothing to do, if no watch event comes first."""
-    pod_until = pods_until(pods, stuck_seconds)
+    pod_until = min(pods_until(pods, stuck_seconds), check_until(run))
     run_until = decide.quiet_until(run)
     if run_until is None:
         run_until = unheld_lease_until(run, pods)

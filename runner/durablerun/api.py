@@ -98,6 +98,7 @@ ANNOTATION_ABORTED_BY_PARENT = f"{GROUP}/aborted-by-parent"
 # the pod that deletes a run's journal (retention Delete).
 ANNOTATION_DELETED_BY_OPERATOR = f"{GROUP}/deleted-by-operator"
 LABEL_PURGE = f"{GROUP}/purge"
+LABEL_UPGRADE_CHECK = f"{GROUP}/upgrade-check"  # the pod that replays a run's journal with an upgrade's image
 # Kueue's own labels (its Job integration reads the same ones): a run with the first waits in that LocalQueue
 # for admission when the operator runs with Kueue on; the second names a WorkloadPriorityClass.
 LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
@@ -129,6 +130,16 @@ class ConditionType(enum.StrEnum):
     SUSPENDED = "Suspended"
     COMPLETE = "Complete"
     FAILED = "Failed"
+    #: Only once an upgrade was asked for: True when the image asked for replays the journal, else False.
+    UPGRADE_REPLAYS = "UpgradeReplays"
+
+
+class UpgradeState(enum.StrEnum):
+    """status.upgradeCheck.state: the operator's replay check of an upgrade's image."""
+
+    CHECKING = "Checking"
+    REPLAYS = "Replays"  # the image replays the journal cleanly (the pin moved, unless it was a dry run)
+    REFUSED = "Refused"  # it diverges, raises, cannot start, or the request itself cannot be honoured
 
 
 class AbortReason(enum.StrEnum):

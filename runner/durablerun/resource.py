@@ -31,6 +31,7 @@ from durablerun.api import (
     AbortReason,
     Outcome,
     Phase,
+    UpgradeState,
     _duration_field,
     _Model,
     parse_duration,
@@ -525,7 +526,7 @@ class Condition(_Model):
         "required": ["type", "status", "reason", "message", "lastTransitionTime"],
     })
 
-    type: str = Field(description="Progressing, Suspended, Complete or Failed.", max_length=316,
+    type: str = Field(description="Progressing, Suspended, Complete, Failed, or UpgradeReplays.", max_length=316,
                       pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                               r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
@@ -554,6 +555,25 @@ class ImagePin(_Model):
     previous: str | None = Field(default=None, description="The image it was pinned to before.", max_length=1024)
     request: str | None = Field(
         default=None, description="The durablerun.dev/upgrade annotation value last acted on.", max_length=4096)
+
+
+class UpgradeCheck(_Model):
+    """The operator's replay check of the image a durablerun.dev/upgrade annotation asks for: a one-off pod of that
+    image replays the run's journal, and only a clean replay moves ``pin``
+    (docs/operator.md#upgrading-code-under-running-runs)."""
+
+    request: str = Field(description="The durablerun.dev/upgrade annotation value checked.", max_length=4096)
+    image: str = Field(description="The image asked for, as asked (a tag or a digest).", max_length=1024)
+    by: str = Field(description="Who asked, as the annotation says (the API server's audit log has the writer).",
+                    max_length=256)
+    dryRun: bool = Field(default=False, description="Check only: the pin stays, whatever the result.")
+    state: UpgradeState = Field(description="Checking, Replays or Refused.")
+    digest: str | None = Field(default=None, description="The digest the check pod ran (name@sha256:...).",
+                               max_length=1024)
+    message: str | None = Field(default=None, description="The replayer's verdict, or why there was none: the first "
+                                "divergent step, the error, an image that cannot start.", max_length=2048)
+    startTime: str | None = Field(default=None, description="When the check began.")
+    finishTime: str | None = Field(default=None, description="When it ended.")
 
 
 class DurableRunStatus(_Model):
@@ -585,6 +605,7 @@ class DurableRunStatus(_Model):
         default=None, description="The run's OpenTelemetry trace id (32 hex digits): every attempt and the operator's "
         "decisions add to this one trace when tracing is on (docs/metrics.md, Traces).")
     pin: ImagePin | None = Field(default=None, description=ImagePin.__doc__)
+    upgradeCheck: UpgradeCheck | None = Field(default=None, description=UpgradeCheck.__doc__)
     startTime: str | None = Field(default=None, description="When the first attempt started.")
     completionTime: str | None = Field(default=None, description="When the run finished.")
     result: RunResult | None = Field(default=None, description=RunResult.__doc__)

@@ -101,23 +101,156 @@ def test_an_unpinned_pod_that_cannot_pull_its_image_only_warns() -> None:
     assert [(kind, reason) for kind, reason, _ in plan.events] == [("Warning", "ImagePullBackOff")]
 
 
-def upgrade(image: str, by: str = "dana") -> dict[str, str]:
-    return {api.ANNOTATION_UPGRADE: json.dumps({"image": image, "by": by})}
+def upgrade(image: str, by: str = "dana", **extra: Any) -> dict[str, str]:
+    return {api.ANNOTATION_UPGRADE: json.dumps({"image": image, "by": by, **extra})}
 
 
-def test_an_upgrade_moves_the_pin_once_recording_who_when_and_from_what() -> None:
-    pinned = {"phase": "Waiting", "waitingFor": {"event": "go", "since": at(0)}, "pin": {"image": DIGEST}}
-    plan, status = plan_for(body(pinned, annotations=upgrade(NEWER)))
-    assert status["pin"] == {"image": NEWER, "since": at(200), "by": "dana", "previous": DIGEST,
-                             "request": json.dumps({"image": NEWER, "by": "dana"})}
-    assert plan.upgraded
-    assert [reason for _, reason, _ in plan.events] == ["Upgraded"]
+WAITING = {"phase": "Waiting", "waitingFor": {"event": "go", "since": at(0)}, "pin": {"image": DIGEST}}
+
+
+def asked(annotations: dict[str, str], status: dict[str, Any] = WAITING) -> dict[str, Any]:
+    """The run once the operator took the request up: its check in flight (and the status that says so)."""
+    plan, written = plan_for(body(status, annotations=annotations))
+    assert plan.create_check_pod, plan
+    assert written["upgradeCheck"]["state"] == "Checking"
+    return body(written, annotations=annotations)
+
+
+def check_pod(run: dict[str, Any], *, exit_code: int | None = None, message: str = "", image_id: str = NEWER,
+              waiting: str | None = None) -> dict[str, Any]:
+    """The check pod as its kubelet reports it: still running, ended with ``exit_code``, or unable to start."""
+    pod = builders.check_pod(run, Settings())
+    state: dict[str, Any] = {"running": {"startedAt": at(150)}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "message": message, "finishedAt": at(190)}}
+    if waiting:
+        state = {"waiting": {"reason": waiting, "message": "pull access denied"}}
+    pod["metadata"]["uid"] = "c1"
+    pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "runner", "state": state,
+                                                                "imageID": image_id if exit_code is not None else ""}]}
+    return pod
+
+
+def test_an_upgrade_is_checked_by_the_operators_own_pod_before_anything_moves() -> None:
+    annotations = upgrade("localhost/wf:v2")
     # A settled run wakes for the request (the reconciler leaves a run alone until quiet_until).
-    assert decide.quiet_until(decide.RunView.from_body(body(pinned, annotations=upgrade(NEWER)))) is None
+    assert decide.quiet_until(decide.RunView.from_body(body(WAITING, annotations=annotations))) is None
+    plan, status = plan_for(body(WAITING, annotations=annotations))
+    assert status["pin"] == {"image": DIGEST}  # nothing moves on the annotation's word
+    assert status["upgradeCheck"] == {"request": annotations[api.ANNOTATION_UPGRADE], "image": "localhost/wf:v2",
+                                      "by": "dana", "dryRun": False, "state": "Checking", "startTime": at(200)}
+    assert plan.create_check_pod
+    assert not plan.upgraded
+    [(_, reason, message)] = plan.events
+    assert reason == "UpgradeChecking"
+    assert "dana" in message
+    condition = next(c for c in status["conditions"] if c["type"] == "UpgradeReplays")
+    assert (condition["status"], condition["reason"]) == ("Unknown", "Checking")
+    assert status["phase"] == "Waiting"
+
+    run = body(status, annotations=annotations)
+    pod = builders.check_pod(run, Settings())
+    runner = pod["spec"]["containers"][0]
+    assert runner["image"] == "localhost/wf:v2"
+    assert runner["command"] == ["durablerun", "replay", "m:f", "--kubernetes", "ns/run"]
+    assert pod["metadata"]["name"] == builders.check_pod_name("run", annotations[api.ANNOTATION_UPGRADE])
+    assert pod["metadata"]["labels"][api.LABEL_RUN] == "run"
+    assert api.LABEL_EPOCH not in pod["metadata"]["labels"]
+    assert "finalizers" not in pod["metadata"]
+    assert pod["spec"]["serviceAccountName"] == api.runner_account("run")
+    assert runner["securityContext"]["readOnlyRootFilesystem"]
+    assert runner["securityContext"]["runAsNonRoot"]
+    assert not any(e["name"] == api.Env.EPOCH for e in runner["env"])  # no attempt: it may write nothing
+    secret = body(status, spec={"checkpoint": {"uri": "s3://bucket/runs", "credentialsSecret": "s3"}})
+    assert any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "s3"  # the run's own credentials
+               for e in builders.check_pod(secret, Settings())["spec"]["containers"][0]["env"])
+    # While it runs: nothing to do but wait for it (its pod's changes wake the run).
+    assert plan_for(run, [check_pod(run)], seconds=210)[0].empty
+
+
+def test_a_clean_replay_moves_the_pin_once_naming_who_asked_and_the_verdict() -> None:
+    run = asked(upgrade("localhost/wf:v2"))
+    plan, status = plan_for(run, [check_pod(run, exit_code=0, message="run ns/run replays cleanly: 4 journal records")],
+                            seconds=250)
+    value = run["metadata"]["annotations"][api.ANNOTATION_UPGRADE]
+    assert status["pin"] == {"image": NEWER, "since": at(250), "by": "dana", "previous": DIGEST, "request": value}
+    assert status["upgradeCheck"]["state"] == "Replays"
+    assert status["upgradeCheck"]["digest"] == NEWER
+    assert plan.upgraded
+    assert plan.delete_pods == [builders.check_pod_name("run", value)]
+    [(_, reason, message)] = plan.events
+    assert reason == "Upgraded"
+    assert message.startswith(f"dana moved the run from {DIGEST} to {NEWER}: localhost/wf:v2 ({NEWER}) replayed")
+    assert "replays cleanly: 4 journal records" in message
     assert status["phase"] == "Waiting"  # the next attempt runs the new code; nothing starts now
-    acted = body({**pinned, "pin": status["pin"]}, annotations=upgrade(NEWER))
-    assert plan_for(acted)[0].empty
-    assert decide.quiet_until(decide.RunView.from_body(acted)) is not None
+    done = body(status, annotations=run["metadata"]["annotations"])
+    assert plan_for(done, seconds=260)[0].empty  # acted on once
+    assert decide.quiet_until(decide.RunView.from_body(done)) is not None
+
+
+def test_a_divergent_image_is_refused_naming_the_first_divergent_step_and_the_pin_stays() -> None:
+    # Written by hand, naming a digest: the operator checks it all the same.
+    run = asked(upgrade(NEWER, by="mallory"))
+    divergence = ("run ns/run diverges at journal position 1: the journal holds step 'draft', the code asks for "
+                  "step 'outline' (journal layout v3 records no argument fingerprints). Guard the change with "
+                  "ctx.patched (docs/sdk.md)")
+    plan, status = plan_for(run, [check_pod(run, exit_code=1, message=f"loading...\n{divergence}\n")], seconds=250)
+    assert status["pin"] == {"image": DIGEST}
+    assert status["upgradeCheck"]["state"] == "Refused"
+    assert status["upgradeCheck"]["message"] == f"{NEWER} does not replay the journal: {divergence}"
+    assert not plan.upgraded
+    [(kind, reason, message)] = plan.events
+    assert (kind, reason) == ("Warning", "UpgradeRefused")
+    assert "step 'outline'" in message
+    assert message.endswith(f"the run stays on {DIGEST}")
+    condition = next(c for c in status["conditions"] if c["type"] == "UpgradeReplays")
+    assert (condition["status"], condition["reason"]) == ("False", "Refused")
+    assert "step 'outline'" in condition["message"]
+    assert plan_for(body(status, annotations=run["metadata"]["annotations"]), seconds=260)[0].empty
+
+
+def test_a_dry_run_reports_a_clean_replay_and_moves_nothing() -> None:
+    run = asked(upgrade("localhost/wf:v2", dryRun=True))
+    plan, status = plan_for(run, [check_pod(run, exit_code=0, message="replays cleanly")], seconds=250)
+    assert status["pin"]["image"] == DIGEST
+    assert status["upgradeCheck"]["state"] == "Replays"
+    assert not plan.upgraded
+    assert [reason for _, reason, _ in plan.events] == ["UpgradeChecked"]
+
+
+@pytest.mark.parametrize(("pod", "why"), [
+    ({"waiting": "ErrImagePull"}, "localhost/wf:v2 cannot start: ErrImagePull"),
+    ({"exit_code": 0, "image_id": ""}, "the node reported no digest"),
+    ({"exit_code": 137}, "the replayer exited 137"),
+])
+def test_a_check_that_cannot_vouch_for_the_image_refuses_it(pod: dict[str, Any], why: str) -> None:
+    run = asked(upgrade("localhost/wf:v2"))
+    plan, status = plan_for(run, [check_pod(run, **pod)], seconds=250)
+    assert status["pin"]["image"] == DIGEST
+    assert status["upgradeCheck"]["state"] == "Refused"
+    assert why in status["upgradeCheck"]["message"]
+    assert [reason for _, reason, _ in plan.events] == ["UpgradeRefused"]
+
+
+def test_a_check_that_never_ends_is_refused_after_its_timeout() -> None:
+    run = asked(upgrade("localhost/wf:v2"))
+    assert plan_for(run, [check_pod(run)], seconds=700)[0].empty
+    _plan, status = plan_for(run, [check_pod(run)], seconds=200 + 601)
+    assert status["upgradeCheck"]["state"] == "Refused"
+    assert "did not finish in 10m" in status["upgradeCheck"]["message"]
+
+
+def test_no_attempt_starts_while_a_check_runs_and_a_running_run_is_refused() -> None:
+    pending = {"phase": "Pending", "epoch": 3, "attempt": 2, "pin": {"image": DIGEST}}
+    run = asked(upgrade("localhost/wf:v2"), pending)
+    plan, status = plan_for(run, [check_pod(run)], seconds=210)
+    assert plan.create_pod_epoch is None, plan
+    assert "waiting for the check of localhost/wf:v2" in status["message"]
+    plan, status = plan_for(body(running(pin={"image": DIGEST}), annotations=upgrade("localhost/wf:v2")),
+                            [pod_that_ran(DIGEST)], seconds=120)
+    assert status["upgradeCheck"]["state"] == "Refused"
+    assert "is Running" in status["upgradeCheck"]["message"]
+    assert not plan.create_check_pod
 
 
 def test_an_upgrade_waits_for_the_first_pin() -> None:
@@ -129,14 +262,16 @@ def test_an_upgrade_waits_for_the_first_pin() -> None:
 
 @pytest.mark.parametrize(("value", "why"), [
     ("localhost/wf:v2", "not a JSON object"),
-    (json.dumps({"image": "localhost/wf:v2"}), "is not named by its digest"),
+    (json.dumps({"image": "localhost/wf v2"}), "is not an image reference"),
+    (json.dumps({"image": NEWER, "dryRun": "yes"}), "dryRun 'yes' is not true or false"),
 ])
 def test_a_malformed_upgrade_request_is_refused_once_and_changes_nothing(value: str, why: str) -> None:
-    pinned = {"phase": "Waiting", "waitingFor": {"event": "go", "since": at(0)}, "pin": {"image": DIGEST}}
-    plan, status = plan_for(body(pinned, annotations={api.ANNOTATION_UPGRADE: value}))
-    assert status["pin"] == {"image": DIGEST, "request": value}
+    plan, status = plan_for(body(WAITING, annotations={api.ANNOTATION_UPGRADE: value}))
+    assert status["pin"] == {"image": DIGEST}
+    assert status["upgradeCheck"]["state"] == "Refused"
     assert not plan.upgraded
+    assert not plan.create_check_pod
     [(kind, reason, message)] = plan.events
     assert (kind, reason) == ("Warning", "UpgradeRefused")
     assert why in message
-    assert plan_for(body({**pinned, "pin": status["pin"]}, annotations={api.ANNOTATION_UPGRADE: value}))[0].empty
+    assert plan_for(body(status, annotations={api.ANNOTATION_UPGRADE: value}))[0].empty

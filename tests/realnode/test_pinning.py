@@ -4,7 +4,8 @@ Three runs start on one moving tag and wait; the tag is then moved to other code
 The run left alone finishes on the digest it was pinned to; `kubectl durablerun upgrade` refuses version 2 for
 the run whose journal it cannot replay, changing nothing, and moves the run whose journal it replays, which then
 finishes on version 2. No step is executed twice. The two are upgraded together, by the bulk form
-(`upgrade -l SELECTOR`), which reports each run it selects and leaves the one it does not select alone.
+(`upgrade -l SELECTOR`), which reports each run it selects and leaves the one it does not select alone. The
+check is the operator's: the same request written by hand, by digest, is refused as well.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
 
     missing = plugin.dr("upgrade", "diverged", "--image", "localhost/durable-run/no-such-image:1", timeout=300)
     assert missing.returncode == 1, missing.stdout + missing.stderr
-    assert re.match(r"kubectl durablerun: diverged: localhost/durable-run/no-such-image:1 cannot start "
-                    r"\((ErrImagePull|ImagePullBackOff)", missing.stderr), missing.stderr
-    assert "nothing changed" in missing.stderr
+    assert missing.stderr.startswith("kubectl durablerun: diverged: localhost/durable-run/no-such-image:1 refused; "
+                                     "nothing changed."), missing.stderr
+    assert re.search(r"no-such-image:1 cannot start: (ErrImagePull|ImagePullBackOff)", missing.stderr), missing.stderr
 
     # The bulk form: each selected run checked and moved on its own, one line each; exit 1 as one was refused.
     bulk = plugin.dr("upgrade", "-l", "wave=1", "--image", v2, timeout=600)
@@ -70,13 +71,15 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
     lines = dict(line.split(" ", 1) for line in bulk.stdout.splitlines() if line.startswith(f"{KIND_REF}/"))
     assert set(lines) == {f"{KIND_REF}/diverged", f"{KIND_REF}/moved"}, bulk.stdout  # not "left"
     refused = lines[f"{KIND_REF}/diverged"]
-    assert refused.startswith(f"refused: diverged: {v2} does not replay the run's journal; nothing changed"), refused
+    assert refused.startswith(f"refused: diverged: {v2} refused; nothing changed."), refused
     assert "draft" in bulk.stdout, bulk.stdout  # the divergence itself: what the journal holds
     assert "outline" in bulk.stdout, bulk.stdout  # and what the new code asks for
     assert lines[f"{KIND_REF}/moved"].startswith(f"upgraded: {v2} ("), bulk.stdout
     assert real_runs.status("diverged")["pin"]["image"] == pinned
     assert "previous" not in real_runs.status("diverged")["pin"]
-    assert api.ANNOTATION_UPGRADE not in (real_runs.get("diverged")["metadata"].get("annotations") or {})
+    replays = next(c for c in real_runs.status("diverged")["conditions"] if c["type"] == "UpgradeReplays")
+    assert replays["status"] == "False", replays
+    assert "outline" in replays["message"], replays
 
     pin = procs.wait_for(lambda: (p := real_runs.status("moved")["pin"]).get("previous") and p, timeout=60,
                          what="the operator to move the pin of run 'moved'")
@@ -85,6 +88,26 @@ def test_a_moved_tag_does_not_reach_a_pinned_run_and_upgrade_moves_only_code_tha
     assert pin["image"] != pinned
     assert pin["by"]
     assert any(e["reason"] == "Upgraded" for e in real_runs.events("moved"))
+
+    # The check is the operator's, not the plugin's: an annotation written by hand, naming version 2 by its digest,
+    # is checked all the same, refused, and the run keeps its pin.
+    forged = json.dumps({"image": pin["image"], "by": "mallory"})
+    real_runs.kubectl("annotate", "dr", "diverged", f"{api.ANNOTATION_UPGRADE}={forged}", "--overwrite")
+    check = procs.wait_for(lambda: (c := real_runs.status("diverged").get("upgradeCheck") or {}).get("request")
+                           == forged and c.get("state") != "Checking" and c, timeout=180,
+                           what="the operator's verdict on the hand-written upgrade of run 'diverged'")
+    assert check["state"] == "Refused", check
+    assert "outline" in check["message"], check
+    assert real_runs.status("diverged")["pin"]["image"] == pinned
+    # The operator posts a transition's Events after its status: wait for it.
+    def refusals() -> list[str]:
+        return [e["message"] for e in real_runs.events("diverged") if e["reason"] == "UpgradeRefused"]
+
+    try:
+        procs.wait_for(lambda: any("mallory asked" in m and "outline" in m for m in refusals()), timeout=30,
+                       what="the UpgradeRefused Event naming mallory and the divergent step")
+    except procs.Timeout:
+        raise AssertionError(f"no UpgradeRefused Event names mallory and the divergence: {refusals()}") from None
 
     for name in ("left", "moved", "diverged"):
         real_runs.kubectl("patch", "dr", name, "--type=merge", "-p", json.dumps({"spec": {"events": {"go": {}}}}))

@@ -57,12 +57,17 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     t = transition.Transition(run, now, related, children, family.children_total(children), queueing)
     status, spec = run.status, run.spec
     purge = next((p for p in pods if p.name == builders.purge_pod_name(run.name)), None)
-    pods = [p for p in pods if p is not purge]
+    # An upgrade's check pod is no attempt: the one of the request being checked, and older ones to delete.
+    checks = [p for p in pods if p.name.startswith(builders.check_pod_prefix(run.name))]
+    checking = status.upgradeCheck
+    check = next((p for p in checks if checking and p.name == builders.check_pod_name(run.name, checking.request)),
+                 None)
+    pods = [p for p in pods if p is not purge and not any(p is c for c in checks)]
     current = next((p for p in pods if p.name == status.pod and p.epoch == status.epoch), None)
     older = [p for p in pods if p is not current]
 
     if run.deleting:
-        return lifecycle.deleting(t, pods, purge)
+        return lifecycle.deleting(t, [*pods, *checks], purge)
     if api.RUN_FINALIZER not in run.finalizers:
         t.plan.add_run_finalizer = True
 
@@ -79,7 +84,11 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         elif not pod.deleting:
             t.plan.delete_pods.append(pod.name)
 
+    for pod in checks:
+        if pod is not check and not pod.deleting:
+            t.plan.delete_pods.append(pod.name)
     lifecycle.pin(t, current)
+    lifecycle.upgrade(t, check)
     lifecycle.retry_while_active(t)
     phase = status.phase
     if phase is None:

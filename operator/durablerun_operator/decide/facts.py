@@ -70,6 +70,10 @@ class PodView:
     #: started yet, or a node that runs no images, like the test bed's process node).
     image: str | None = None
     digest: str | None = None
+    #: The runner container's exit code and termination message (the kubelet's: its file, or its log's tail on an
+    #: error), once it ended: an upgrade's check pod reports through them.
+    exit_code: int | None = None
+    exit_message: str = ""
 
     @property
     def finished(self) -> bool:
@@ -84,6 +88,7 @@ class PodView:
         deleting = meta.get("deletionTimestamp") is not None
         deletion_time = api.parse_time(meta.get("deletionTimestamp"))
         limit = builders.memory_limit(pod)
+        terminated = state.get("terminated") or {}
         view = cls(
             name=meta["name"], uid=meta["uid"], epoch=int(labels.get(api.LABEL_EPOCH, "0")),
             phase=status.get("phase") or "Pending",  # literal-ok: the pod's phase, Kubernetes' word
@@ -96,6 +101,8 @@ class PodView:
             ending=None, memory_limit=limit,
             grace_seconds=int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)),
             image=builders.runner_image(pod), digest=api.image_digest(str((runner or {}).get("imageID") or "")),
+            exit_code=int(terminated.get("exitCode", -1)) if terminated else None,
+            exit_message=str(terminated.get("message") or ""),
         )
         return _with_ending(view, pod, state, now, stuck_seconds)
 
@@ -260,19 +267,33 @@ def retry_requested(run: RunView) -> bool:
 def upgrade_requested(run: RunView) -> bool:
     """A pinned run whose durablerun.dev/upgrade annotation holds a value not acted on yet."""
     value = run.annotations.get(api.ANNOTATION_UPGRADE)
-    return run.status.pin is not None and value is not None and value != run.status.pin.request
+    status = run.status
+    return (status.pin is not None and value is not None and value != status.pin.request
+            and (status.upgradeCheck is None or value != status.upgradeCheck.request))
 
 
-def upgrade_request(value: str) -> tuple[str, str] | str:
-    """A durablerun.dev/upgrade annotation's (image by digest, who asked), or what is wrong with it."""
+@dataclass(frozen=True)
+class UpgradeRequest:
+    """A durablerun.dev/upgrade annotation, read: the image to check (a tag or a digest), who asked, and
+    whether only to check."""
+
+    image: str
+    by: str
+    dry_run: bool
+
+
+def upgrade_request(value: str) -> UpgradeRequest | str:
+    """A durablerun.dev/upgrade annotation's request, or what is wrong with it."""
     try:
         request = json.loads(value)
-        image, by = request["image"], request.get("by") or "someone"
-    except (ValueError, KeyError, TypeError):
-        return 'not a JSON object {"image": "<name>@sha256:...", "by": "<who>"}'
-    if not isinstance(image, str) or api.image_digest(image) != image:
-        return f"image {image!r} is not named by its digest (<name>@sha256:...)"
-    return image, str(by)
+        image, by, dry_run = request["image"], request.get("by") or "someone", request.get("dryRun", False)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 'not a JSON object {"image": "<image>", "by": "<who>", "dryRun": false}'
+    if not isinstance(image, str) or not image or len(image) > 1024 or any(c.isspace() for c in image):
+        return f"image {image!r} is not an image reference"
+    if not isinstance(dry_run, bool):
+        return f"dryRun {dry_run!r} is not true or false"
+    return UpgradeRequest(image, str(by)[:256], dry_run)
 
 
 def children_created(status: resource.DurableRunStatus) -> set[str]:

@@ -45,6 +45,10 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
     if blocking:
         t.new.message = f"waiting for pod {blocking[0].name} to terminate before the next attempt"
         return
+    check = t.new.upgradeCheck
+    if check is not None and check.state == api.UpgradeState.CHECKING:  # the next attempt runs what it decides
+        t.new.message = f"waiting for the check of {check.image} (an upgrade) to end before the next attempt"
+        return
     if t.queueing is not None and not _admitted(t, t.queueing):
         return
     epoch = status.epoch
@@ -66,33 +70,115 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
 
 
 def pin(t: transition.Transition, pod: facts.PodView | None) -> None:
-    """Pin the run to the image digest its attempt ran (once), and move the pin when a user asked to
-    (``kubectl durablerun upgrade``, after its replay check passed): builders.runner_pod runs the pin."""
+    """Pin the run to the image digest its attempt ran (once): builders.runner_pod runs the pin."""
     status = t.run.status
-    if status.pin is None:
-        if pod is not None and pod.digest is not None:
-            t.new.pin = resource.ImagePin(image=pod.digest, since=api.format_time(t.now))
-            t.event("Pinned", f"the run is pinned to {pod.digest}, the runner image its attempt {status.attempt} ran "
-                    f"(for {pod.image}): every later attempt runs it")
-        return  # an upgrade waits for the first pin: until then the next attempt runs the template's image
-    if not facts.upgrade_requested(t.run):
+    if status.pin is None and pod is not None and pod.digest is not None:
+        t.new.pin = resource.ImagePin(image=pod.digest, since=api.format_time(t.now))
+        t.event("Pinned", f"the run is pinned to {pod.digest}, the runner image its attempt {status.attempt} ran "
+                f"(for {pod.image}): every later attempt runs it")
+
+
+#: How long an upgrade's check pod may take (to be scheduled, pull its image and replay the journal).
+CHECK_TIMEOUT = timedelta(minutes=10)
+_IMAGE_MISSING = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull")
+_CANNOT_START = (*_IMAGE_MISSING, "InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
+
+
+def upgrade(t: transition.Transition, check_pod: facts.PodView | None) -> None:
+    """Move the pin where a durablerun.dev/upgrade annotation asks, only once the operator's own check showed the
+    image replays the run's journal: a one-off pod of that image replays it (builders.check_pod), whoever wrote
+    the annotation and whatever it claims (docs/operator.md#upgrading-code-under-running-runs)."""
+    status = t.run.status
+    check = status.upgradeCheck
+    if check is not None and check.state == api.UpgradeState.CHECKING:
+        _checking(t, check, check_pod)
         return
+    if not facts.upgrade_requested(t.run):
+        return  # an upgrade waits for the first pin: until then the next attempt runs the template's image
     value = t.run.annotations[api.ANNOTATION_UPGRADE]
     request = facts.upgrade_request(value)
-    assert t.new.pin is not None
-    t.new.pin.request = value  # seen, whether it holds or not: each value is acted on once
     if isinstance(request, str):
-        t.event("UpgradeRefused", f"{api.ANNOTATION_UPGRADE} ignored: {request}. Use kubectl durablerun upgrade "
-                f"{t.run.name} --image IMAGE", warning=True)
+        _refuse(t, resource.UpgradeCheck(request=value, image="", by="", state=api.UpgradeState.REFUSED),
+                f"{api.ANNOTATION_UPGRADE} ignored: {request}. Use kubectl durablerun upgrade {t.run.name} --image "
+                "IMAGE")
         return
-    image, by = request
-    if image == status.pin.image:
+    asked = resource.UpgradeCheck(request=value, image=request.image, by=request.by, dryRun=request.dry_run,
+                                  state=api.UpgradeState.CHECKING, startTime=api.format_time(t.now))
+    if status.phase == api.Phase.RUNNING:
+        _refuse(t, asked, f"{t.run.name} is Running: its attempt is adding to the journal, which the check would "
+                f"not cover. Suspend it first (kubectl durablerun suspend {t.run.name}), then upgrade it")
         return
-    t.new.pin = resource.ImagePin(image=image, since=api.format_time(t.now), by=by, previous=status.pin.image,
-                                  request=value)
+    t.new.upgradeCheck = asked
+    t.plan.create_check_pod = True
+    t.event("UpgradeChecking", f"{request.by} asked to {'check' if request.dry_run else 'move the run to'} "
+            f"{request.image}: pod {builders.check_pod_name(t.run.name, value)} replays its journal with it first")
+
+
+def _checking(t: transition.Transition, check: resource.UpgradeCheck, pod: facts.PodView | None) -> None:
+    """The check pod ran, or cannot, or is still at it."""
+    name = builders.check_pod_name(t.run.name, check.request)
+    began = api.parse_time(check.startTime) or t.now
+    if pod is None:
+        if t.now - began > CHECK_TIMEOUT:
+            _refuse(t, check, f"check pod {name} could not be created in {api.format_duration(CHECK_TIMEOUT)}")
+        else:
+            t.plan.create_check_pod = True  # its creation was interrupted (a no-op if it exists after all)
+        return
+    if pod.waiting_reason in _CANNOT_START:
+        _refuse(t, check, f"{check.image} cannot start: {pod.waiting_reason}: {pod.waiting_message or ''}".strip(),
+                pod)
+    elif pod.exit_code is not None:
+        verdict = _last_line(pod.exit_message)
+        if pod.exit_code != 0:
+            what = "" if pod.exit_code in (1, 3) else f"the replayer exited {pod.exit_code}: "
+            _refuse(t, check, f"{check.image} does not replay the journal: {what}{verdict}", pod)
+        elif pod.digest is None:
+            _refuse(t, check, f"{check.image} replays the journal, but the node reported no digest for it (a node "
+                    "that runs no images): the run cannot be pinned to it", pod)
+        else:
+            _replays(t, check, pod, pod.digest, verdict)
+    elif pod.ending is not None or t.now - began > CHECK_TIMEOUT:
+        _refuse(t, check, f"check pod {name} did not finish in {api.format_duration(CHECK_TIMEOUT)}"
+                if pod.ending is None else f"check pod {name} ended without a verdict: {pod.ending.message}", pod)
+
+
+def _replays(t: transition.Transition, check: resource.UpgradeCheck, pod: facts.PodView, digest: str,
+             verdict: str) -> None:
+    status = t.run.status
+    assert status.pin is not None
+    assert t.new.pin is not None
+    t.new.upgradeCheck = check.model_copy(update={
+        "state": api.UpgradeState.REPLAYS, "digest": digest, "message": verdict,
+        "finishTime": api.format_time(t.now)})
+    t.plan.delete_pods.append(pod.name)
+    checked = f"{check.image} ({digest}) replayed the journal cleanly in pod {pod.name}: {verdict}"
+    if check.dryRun or digest == status.pin.image:
+        t.new.pin.request = check.request
+        t.event("UpgradeChecked", f"{check.by} asked for a check only: {checked}" if check.dryRun
+                else f"{checked}; the run already runs it")
+        return
+    t.new.pin = resource.ImagePin(image=digest, since=api.format_time(t.now), by=check.by,
+                                  previous=status.pin.image, request=check.request)
     t.plan.upgraded = True
-    t.event("Upgraded", f"{by} moved the run from {status.pin.image} to {image} (its code replayed the journal "
-            "cleanly): the next attempt runs it")
+    t.event("Upgraded", f"{check.by} moved the run from {status.pin.image} to {digest}: {checked}. The next attempt "
+            "runs it")
+
+
+def _refuse(t: transition.Transition, check: resource.UpgradeCheck, why: str, pod: facts.PodView | None = None) -> None:
+    """The pin stays; the request is answered (each value is acted on once), in the status and an Event."""
+    t.new.upgradeCheck = check.model_copy(update={
+        "state": api.UpgradeState.REFUSED, "message": why[:2048], "finishTime": api.format_time(t.now)})
+    if pod is not None and not pod.deleting:
+        t.plan.delete_pods.append(pod.name)
+    asker = f"{check.by} asked for {check.image}: " if check.by else ""
+    stays = t.run.status.pin.image if t.run.status.pin else "its image"
+    t.event("UpgradeRefused", f"{asker}{why}; the run stays on {stays}", warning=True)
+
+
+def _last_line(message: str) -> str:
+    """The replayer's verdict: the last line it printed (the kubelet keeps its log's tail as the message)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[-1][:1024] if lines else "no verdict printed"
 
 
 def _admitted(t: transition.Transition, queueing: kueue.Queueing) -> bool:
@@ -236,15 +322,11 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
                  f"on the node and retry (kubectl durablerun retry {t.run.name}), or move the run to code that "
                  f"replays its journal: kubectl durablerun upgrade {t.run.name} --image IMAGE, then retry it")
         return
-    if pod.waiting_reason in ("CreateContainerConfigError", *_IMAGE_MISSING,
-                              "CreateContainerError", "InvalidImageName"):
+    if pod.waiting_reason in _CANNOT_START:
         message = f"pod {pod.name} cannot start: {pod.waiting_reason}: {pod.waiting_message or ''}".strip()
         if status.message != message:
             t.new.message = message
             t.event(pod.waiting_reason, message, warning=True)
-
-
-_IMAGE_MISSING = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull")
 
 
 def _create_failed(t: transition.Transition, failure: facts.CreateFailure) -> None:

@@ -30,6 +30,7 @@ class Plan:
     delete_workload: str | None = None
     flavors: tuple[str, ...] = ()
     create_purge_pod: bool = False
+    create_check_pod: bool = False  # an upgrade's check (builders.check_pod, from status.upgradeCheck)
     delete_pods: list[str] = field(default_factory=list)
     release_pods: list[str] = field(default_factory=list)
     add_run_finalizer: bool = False
@@ -39,7 +40,7 @@ class Plan:
     restart_reason: str | None = None
     abort_reason: str | None = None
     completion: str | None = None
-    upgraded: bool = False  # kubectl durablerun upgrade moved the run's pin (counted in metrics)
+    upgraded: bool = False  # an upgrade's check passed and moved the run's pin (counted in metrics)
     # Child runs and signals (after the status patch): this run's own new spec.events (child outcomes),
     # DurableRuns to create (children), merge patches of other runs by name (signals, suspend, abort).
     add_events: dict[str, Any] = field(default_factory=dict)
@@ -56,8 +57,8 @@ class Plan:
 
     @property
     def touches_pods(self) -> bool:
-        return bool(self.create_pod_epoch is not None or self.create_purge_pod or self.delete_pods
-                    or self.release_pods)
+        return bool(self.create_pod_epoch is not None or self.create_purge_pod or self.create_check_pod
+                    or self.delete_pods or self.release_pods)
 
     @property
     def empty(self) -> bool:
@@ -117,6 +118,16 @@ def conditions(status: resource.DurableRunStatus, now: datetime, generation: int
             type=kind.value, status=value, reason=reason, message=(status.message or "")[:1024],
             lastTransitionTime=(stamp if changed or not previous else previous.lastTransitionTime) or stamp,
             observedGeneration=generation,
+        ))
+    check = status.upgradeCheck
+    if check is not None:  # only once an upgrade was asked for: whether the image asked for replays the journal
+        value = {api.UpgradeState.REPLAYS: "True", api.UpgradeState.REFUSED: "False"}.get(check.state, "Unknown")
+        previous = old.get(api.ConditionType.UPGRADE_REPLAYS)
+        out.append(resource.Condition(
+            type=api.ConditionType.UPGRADE_REPLAYS.value, status=value, reason=check.state.value,
+            message=(check.message or f"checking {check.image}")[:1024],
+            lastTransitionTime=(previous.lastTransitionTime if previous and previous.status == value else None)
+            or stamp, observedGeneration=generation,
         ))
     return out
 

@@ -448,13 +448,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the first step NEW executes itself (see journal)")
     p.add_argument("--to", required=True, metavar="NEW", help="the new DurableRun's name (must not exist)")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
-    p = command("upgrade", "move the run to IMAGE's code if it replays the run's journal (checked in a one-off pod "
-                           f"of IMAGE); else print the divergence and change nothing ({api.ANNOTATION_UPGRADE})")
+    p = command("upgrade", "move the run to IMAGE's code if it replays the run's journal (the operator checks it in "
+                           f"a one-off pod of IMAGE); else print the divergence and change nothing "
+                           f"({api.ANNOTATION_UPGRADE})")
     p.add_argument("run", nargs="?", help="the DurableRun's name")
     p.add_argument("-l", "--selector", help="upgrade each run this label selector names instead, reporting each")
     p.add_argument("--image", required=True, help="the new runner image (a tag or a digest)")
-    p.add_argument("--check", action="store_true", help="only check: change nothing")
-    p.add_argument("--timeout", default="5m", help="how long the check pod may take (default 5m)")
+    p.add_argument("--check", action="store_true", help="only check (a dry run of the same check): change nothing")
+    p.add_argument("--timeout", default="11m", help="how long to wait for the operator's verdict (default 11m: it "
+                                                    "gives the check pod 10m)")
     command("tree", f"show the run and its child runs (label {api.LABEL_PARENT}), recursively")
     p = command("ui", "serve the run browser on 127.0.0.1 as you (your kubeconfig, your RBAC): the runs, each "
                       "run's timeline, events and children, and these commands as buttons (docs/web.md)")

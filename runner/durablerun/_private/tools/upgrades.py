@@ -1,116 +1,22 @@
 """``kubectl durablerun upgrade``: move a run to new code deliberately, and only to code that replays its journal.
 
-The check runs where the code will run: a one-off pod of the new image, with the run's own ServiceAccount, store
-credentials (its Secret, injected by the kubelet) and the restricted security its attempts get, runs
-``durablerun replay`` against the run's journal. Only a clean replay moves the run: the plugin sets the
-``durablerun.dev/upgrade`` annotation to the digest the check pod ran (from its container status), and the operator
-moves ``status.pin`` (who, when, from what), posts an Event and counts it. A divergence, a workflow that raises, an
-image that cannot start: printed, and nothing changes. docs/operator.md, "Upgrading code under running runs".
+The plugin asks; the operator checks and decides. It writes the ``durablerun.dev/upgrade`` annotation (the image,
+who asks, whether to check only) and waits for the operator's verdict in ``status.upgradeCheck``: the operator runs
+a one-off pod of that image, with the run's own ServiceAccount, store credentials and restricted security, that
+replays the run's journal (``durablerun replay``), and moves ``status.pin`` only on a clean replay. A divergence, a
+workflow that raises, an image that cannot start: printed, and nothing changes. A hand-written annotation goes
+through the same check. docs/operator.md, "Upgrading code under running runs".
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from durablerun import api
 from durablerun._private.tools.kubeapi import KIND_REF, RESOURCE, Kubectl, PluginError
-
-#: An attempt is writing the journal: the check would not cover what it adds.
-_HOLDING = (api.Phase.RUNNING,)
-_CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
-                 "CreateContainerConfigError", "CreateContainerError")
-
-
-@dataclass(frozen=True)
-class Check:
-    """How the new image replayed the run's journal."""
-
-    run: str
-    image: str
-    clean: bool
-    digest: str | None  # what the check pod ran, by digest (None: the node reported none)
-    report: str  # the replayer's output (or why the pod could not run it)
-    started: bool = True  # False: the image could not start (not pullable, a bad name)
-
-
-def check_pod(run: dict[str, Any], image: str) -> dict[str, Any]:
-    """The one-off pod that replays ``run``'s journal with ``image``: the run's template (env, resources, node
-    placement), only its runner container, the run's ServiceAccount, restricted security, no lease, no label the
-    operator reads (it is no attempt of the run)."""
-    meta, spec = run["metadata"], run["spec"]
-    template = copy.deepcopy(spec.get("template") or {})
-    pod_spec: dict[str, Any] = template.get("spec") or {}
-    containers = pod_spec.get("containers") or []
-    runner = next((c for c in containers if c.get("name") == api.RUNNER_CONTAINER), None) or \
-        (containers[0] if containers else {"name": api.RUNNER_CONTAINER})
-    env = list(runner.get("env") or [])
-    secret = (spec.get("checkpoint") or {}).get("credentialsSecret")
-    if secret:  # the run's own store credentials, as its attempts get them; never read by the plugin
-        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-                for key in api.STORE_SECRET_KEYS]
-        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
-                for key in api.STORE_SECRET_OPTIONAL_KEYS]
-    container = {
-        "name": api.RUNNER_CONTAINER, "image": image,
-        "command": ["durablerun", "replay", spec["workflow"], "--kubernetes", f"{meta['namespace']}/{meta['name']}"],
-        "env": env, "resources": runner.get("resources") or {},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    if runner.get("workingDir"):
-        container["workingDir"] = runner["workingDir"]
-    keep = ("nodeSelector", "tolerations", "affinity", "imagePullSecrets", "priorityClassName")
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{meta['name'][:40]}-upgrade-{uuid.uuid4().hex[:8]}", "namespace": meta["namespace"],
-                     "labels": {api.LABEL_MANAGED_BY: api.APP_NAME}},
-        "spec": {
-            **{k: pod_spec[k] for k in keep if k in pod_spec},
-            "serviceAccountName": pod_spec.get("serviceAccountName") or api.runner_account(meta["name"]),
-            "automountServiceAccountToken": True,
-            "restartPolicy": "Never",
-            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
-                                **(pod_spec.get("securityContext") or {})},
-            "containers": [container],
-            "volumes": [{"name": "tmp", "emptyDir": {}}],
-        },
-    }
-
-
-def replay_in_pod(kube: Kubectl, run: dict[str, Any], image: str, timeout: float) -> Check:
-    """Run the check pod to its end; it is deleted whatever happens."""
-    name = run["metadata"]["name"]
-    pod = check_pod(run, image)
-    pod_name = pod["metadata"]["name"]
-    kube("create", "-f", "-", input=json.dumps(pod))
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            status = kube.json("get", "pod", pod_name).get("status") or {}
-            runner: dict[str, Any] = next(iter(status.get("containerStatuses") or []), {})
-            state = runner.get("state") or {}
-            waiting = (state.get("waiting") or {}).get("reason")
-            if waiting in _CANNOT_START:
-                message = (state.get("waiting") or {}).get("message") or ""
-                return Check(name, image, False, None, f"{waiting}: {message}".strip(), started=False)
-            if state.get("terminated"):
-                code = int(state["terminated"].get("exitCode", -1))
-                logs = kube("logs", pod_name, check=False).stdout.strip() or state["terminated"].get("message", "")
-                return Check(name, image, code == 0, api.image_digest(str(runner.get("imageID") or "")),
-                             logs if code in (0, 1, 3) else f"the replayer exited {code}: {logs}")
-            if time.monotonic() > deadline:
-                return Check(name, image, False, None, f"the check pod {pod_name} did not finish in {timeout:.0f}s")
-            time.sleep(1)
-    finally:
-        kube("delete", "pod", pod_name, "--wait=false", "--ignore-not-found", check=False)
 
 
 def who(kube: Kubectl) -> str:
@@ -119,46 +25,78 @@ def who(kube: Kubectl) -> str:
     return found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else os.environ.get("USER", "?")
 
 
-def upgrade(kube: Kubectl, run_name: str, image: str, *, check_only: bool, timeout: float) -> str:
-    """Check ``image`` against the run's journal and, unless ``check_only``, move the run to its digest."""
+def ask(kube: Kubectl, run_name: str, image: str, *, check_only: bool, by: str) -> str:
+    """Write the request (a new value each time, so asking again is checked again); the value written."""
     run = kube.run(run_name)
     status = run.get("status") or {}
-    pinned = (status.get("pin") or {}).get("image")
-    if not pinned:
+    if not (status.get("pin") or {}).get("image"):
         raise PluginError(f"{run_name} is not pinned to an image yet (no attempt has reported one): its next attempt "
                           "runs spec.template's image; there is nothing to move")
-    if status.get("phase") in _HOLDING:
-        raise PluginError(f"{run_name} is {status['phase']}: an attempt is adding to its journal, which the check "
-                          f"would not cover. Upgrade it while it waits, or suspend it first (kubectl durablerun "
-                          f"suspend {run_name})")
-    check = replay_in_pod(kube, run, image, timeout)
-    if not check.started:
-        raise PluginError(f"{run_name}: {image} cannot start ({check.report}): name an image the nodes can pull; "
-                          "nothing changed")
-    if not check.clean:
-        raise PluginError(f"{run_name}: {image} does not replay the run's journal; nothing changed.\n{check.report}")
-    if check.digest is None:
-        raise PluginError(f"{run_name}: {image} replays the journal cleanly, but the node reported no digest for it "
-                          "(a node that runs no images): the run cannot be pinned to it; nothing changed")
-    if check_only:
-        return f"{KIND_REF}/{run_name}: {image} ({check.digest}) replays the journal cleanly (--check: nothing changed)"
-    if check.digest == pinned:
-        return f"{KIND_REF}/{run_name} already runs {check.digest}"
-    value = json.dumps({"image": check.digest, "by": who(kube), "checkedIn": image}, separators=(",", ":"))
+    if status.get("phase") == api.Phase.RUNNING:
+        raise PluginError(f"{run_name} is Running: an attempt is adding to its journal, which the check would not "
+                          f"cover. Upgrade it while it waits, or suspend it first (kubectl durablerun suspend "
+                          f"{run_name})")
+    value = json.dumps({"image": image, "by": by, "dryRun": check_only, "at": api.format_time(api.now())},
+                       separators=(",", ":"))
     kube("annotate", RESOURCE, run_name, f"{api.ANNOTATION_UPGRADE}={value}", "--overwrite")
-    return (f"{KIND_REF}/{run_name} upgraded: {image} ({check.digest}) replays the journal cleanly; the next attempt "
-            f"runs it instead of {pinned}")
+    return value
+
+
+def verdict(kube: Kubectl, run_name: str, value: str, deadline: float) -> dict[str, Any]:
+    """The run's status once the operator answered request ``value`` (status.upgradeCheck no longer Checking)."""
+    while True:
+        status = kube.run(run_name).get("status") or {}
+        check = status.get("upgradeCheck") or {}
+        if check.get("request") == value and check.get("state") != api.UpgradeState.CHECKING:
+            return dict(status)
+        if time.monotonic() > deadline:
+            raise PluginError(f"{run_name}: the operator gave no verdict in time (status.upgradeCheck: "
+                              f"{check.get('state', 'none')}); the check goes on: kubectl get dr {run_name} -o "
+                              "jsonpath='{.status.upgradeCheck}'")
+        time.sleep(1)
+
+
+def report(run_name: str, image: str, status: dict[str, Any], *, check_only: bool) -> str:
+    """One line for a clean replay; PluginError (the run unchanged) for anything else."""
+    check, pin = status["upgradeCheck"], status.get("pin") or {}
+    if check["state"] != api.UpgradeState.REPLAYS:
+        raise PluginError(f"{run_name}: {image} refused; nothing changed.\n{check.get('message', '')}")
+    digest = check.get("digest")
+    if check_only:
+        return f"{KIND_REF}/{run_name}: {image} ({digest}) replays the journal cleanly (--check: nothing changed)"
+    moved = pin.get("request") == check["request"] and pin.get("since") == check.get("finishTime")  # by this check
+    if not moved:
+        return f"{KIND_REF}/{run_name} already runs {digest}"
+    return (f"{KIND_REF}/{run_name} upgraded: {image} ({digest}) replays the journal cleanly; the next attempt runs "
+            f"it instead of {pin['previous']}")
+
+
+def upgrade(kube: Kubectl, run_name: str, image: str, *, check_only: bool, timeout: float) -> str:
+    """Ask the operator to check ``image`` against the run's journal and, unless ``check_only``, move the run."""
+    value = ask(kube, run_name, image, check_only=check_only, by=who(kube))
+    return report(run_name, image, verdict(kube, run_name, value, time.monotonic() + timeout), check_only=check_only)
 
 
 def upgrade_selected(kube: Kubectl, selector: str, image: str, *, check_only: bool, timeout: float) -> tuple[int, str]:
-    """The bulk form: each run the label selector names, checked and moved on its own; (runs refused, report)."""
+    """The bulk form: each run the label selector names, checked and moved on its own (the checks run side by
+    side); (runs refused, report)."""
     names = [r["metadata"]["name"] for r in kube.json("get", RESOURCE, "-l", selector).get("items") or []]
     if not names:
         raise PluginError(f"no DurableRun matches -l {selector}")
-    lines, refused = [], 0
+    by = who(kube)
+    asked: dict[str, str | PluginError] = {}
     for name in names:
         try:
-            lines.append(upgrade(kube, name, image, check_only=check_only, timeout=timeout))
+            asked[name] = ask(kube, name, image, check_only=check_only, by=by)
+        except PluginError as e:
+            asked[name] = e
+    deadline = time.monotonic() + timeout
+    lines, refused = [], 0
+    for name, value in asked.items():
+        try:
+            if isinstance(value, PluginError):
+                raise value
+            lines.append(report(name, image, verdict(kube, name, value, deadline), check_only=check_only))
         except PluginError as e:
             refused += 1
             lines.append(f"{KIND_REF}/{name} refused: {e}")

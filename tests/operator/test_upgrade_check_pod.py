@@ -1,8 +1,8 @@
-"""The pod `kubectl durablerun upgrade` checks new code in (`tools.upgrades.check_pod`), as a manifest.
+"""The pod the operator checks an upgrade's image in (`builders.check_pod`), as a manifest.
 
 It must act as the run's own attempts do (its ServiceAccount, its store credentials from its Secret, restricted
-security) and must not look like an attempt to the operator (no run label). The real node runs it end to end:
-tests/realnode/test_pinning.py.
+security) and must not look like an attempt (no epoch, no finalizer: it holds no lease and writes nothing). The
+real node runs it end to end: tests/realnode/test_pinning.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from durablerun import api
-from durablerun._private.tools.upgrades import check_pod
+from durablerun_operator import builders
+from durablerun_operator.config import Settings
+
+
+def check_pod(run: dict[str, Any], image: str) -> dict[str, Any]:
+    run["status"] = {"upgradeCheck": {"request": "{}", "image": image, "by": "dana", "state": "Checking"}}
+    return builders.check_pod(run, Settings())
 
 
 def run(template: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -42,7 +48,12 @@ def test_the_check_pod_replays_the_runs_journal_with_the_new_image_as_the_runs_o
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec["nodeSelector"] == {"pool": "agents"}
     assert spec["restartPolicy"] == "Never"
-    assert api.LABEL_RUN not in pod["metadata"]["labels"]  # the operator must not take it for an attempt
+    labels = pod["metadata"]["labels"]
+    assert labels[api.LABEL_RUN] == "review"  # its changes wake the run
+    assert api.LABEL_EPOCH not in labels  # but it is no attempt
+    assert labels[api.LABEL_UPGRADE_CHECK] == "true"
+    assert "finalizers" not in pod["metadata"]
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "u1"  # deleted with the run
 
 
 def test_the_check_pod_uses_the_templates_own_service_account() -> None:
