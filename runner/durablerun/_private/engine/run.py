@@ -237,7 +237,7 @@ class Run:
         except (TypeError, ValueError) as e:
             raise errors.ConfigError(f"--input / spec.input is not JSON: {e}") from e
 
-        await self._io(self.store.backend.check)
+        await self._io(self.store.backend.check, rs.root)
         manifest = await self._io(rs.read_manifest)
         if manifest is None and self.config.replay is not None:
             raise errors.ConfigError(f"no run {self.ref} in {self.store.uri}: nothing to replay")

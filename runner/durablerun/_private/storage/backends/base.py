@@ -137,8 +137,8 @@ class Backend(abc.ABC):
         """Diagnostics: kind, location, options (never credentials)."""
 
     @abc.abstractmethod
-    def check(self) -> None:
-        """Raise StoreNotFoundError / StoreAccessError when unusable."""
+    def check(self, under: str = "") -> None:
+        """Raise StoreNotFoundError / StoreAccessError when unusable for the keys under ``under``."""
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes | None: ...

@@ -459,7 +459,7 @@ class FsBackend(base.Backend):
     def describe(self) -> dict[str, Any]:
         return {"kind": "filesystem", "uri": f"file://{self.root}", "root": str(self.root)}
 
-    def check(self) -> None:
+    def check(self, under: str = "") -> None:
         if self.root.is_dir():
             return
         if self.root.exists():

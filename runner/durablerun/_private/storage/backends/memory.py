@@ -96,7 +96,7 @@ class MemoryBackend(base.Backend):
     def describe(self) -> dict[str, Any]:
         return {"kind": "memory", "uri": f"memory://{self.name}"}
 
-    def check(self) -> None:
+    def check(self, under: str = "") -> None:
         return None
 
     def get(self, key: str) -> bytes | None:

@@ -141,7 +141,7 @@ class S3Backend(base.Backend):
             return fn()
         except botocore.exceptions.ClientError as e:
             code, status = _code(e), _status(e)
-            if code in _NO_BUCKET or (what == "HeadBucket" and status == 404):
+            if code in _NO_BUCKET:
                 raise errors.StoreNotFoundError(
                     "the bucket does not exist: create it or fix checkpoint.uri",
                     bucket=self.bucket,
@@ -205,8 +205,13 @@ class S3Backend(base.Backend):
                 extra["SSEKMSKeyId"] = o.kms_key_id
         return extra
 
-    def check(self) -> None:
-        self._call("HeadBucket", "", lambda: self._client.head_bucket(Bucket=self.bucket))
+    def check(self, under: str = "") -> None:
+        # A listing of the keys the caller will use, not HeadBucket: credentials scoped to a prefix (a tenant's
+        # runs/<namespace>/, as an IAM policy's s3:prefix condition grants) may list there and nowhere else, and
+        # a missing bucket or a bad key is refused just the same.
+        prefix = self._key(under)
+        self._call("ListObjectsV2", prefix, lambda: self._client.list_objects_v2(
+            Bucket=self.bucket, Prefix=prefix, MaxKeys=1))
 
     # --- objects -----------------------------------------------------------------
     def get_versioned(self, key: str) -> tuple[bytes, str] | None:
