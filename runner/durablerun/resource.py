@@ -35,6 +35,7 @@ from durablerun.api import (
     _duration_field,
     _Model,
     parse_duration,
+    runner_account,
 )
 from durablerun.relations import ChildrenTotal, ChildRequest, ChildState, SignalRequest, SignalState
 
@@ -653,6 +654,49 @@ class DurableRunStatus(_Model):
 
 #: Status fields only the runner writes (the operator never patches them, so no write of its can drop one).
 RUNNER_REQUEST_FIELDS = ("childRequests", "signalRequests")
+
+
+# --- what a runner may write, held by the API server -------------------------------------------------------
+# A workflow runs in its runner's process, with its runner's token: whatever the runner may write, the workflow
+# may. The runner's Role limits it to its own run's status; a second ValidatingAdmissionPolicy
+# (durablerun_operator.crd.admission_policy) limits that too: only the run's current attempt may write, and
+# never the fields that fence attempts, count restarts, bound active time or pin code. So a workflow cannot
+# finish its own run, outlive its fence or move its pin (docs/security.md, "Threat model").
+
+#: The extra a pod-bound ServiceAccount token carries (Kubernetes 1.32+): the pod it was issued for.
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+#: The status fields the operator alone decides; a runner's write must leave each as it was.
+OPERATOR_ONLY_FIELDS = ("epoch", "pod", "attempt", "phase", "restarts", "disruptions", "activeSeconds", "pin",
+                        "upgradeCheck")
+#: The writer is the run's runner: its ServiceAccount (the template's, else the per-run one), through a
+#: pod-bound token. The operator, people and other controllers are not matched.
+RUNNER_WRITER = (
+    f"has(request.userInfo.extra) && '{POD_NAME_EXTRA}' in request.userInfo.extra && "
+    "request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':' + "
+    "(has(object.spec.template) && has(object.spec.template.spec) && "
+    "has(object.spec.template.spec.serviceAccountName) ? object.spec.template.spec.serviceAccountName : "
+    f"'{runner_account('')}' + object.metadata.name)"
+)
+CURRENT_ATTEMPT_RULE = (
+    "has(oldObject.status) && has(oldObject.status.pod) && "
+    f"request.userInfo.extra['{POD_NAME_EXTRA}'][0] == oldObject.status.pod"
+)
+CURRENT_ATTEMPT_ONLY = (
+    "status: only the run's current attempt (the pod status.pod names) may write it; this pod's attempt is over "
+    "or never began"
+)
+
+
+def operator_only_rule(field: str) -> str:
+    """A runner's write leaves status.<field> as it was (absent stays absent)."""
+    new = f"has(object.status) && has(object.status.{field})"
+    old = f"has(oldObject.status) && has(oldObject.status.{field})"
+    return f"({new}) == ({old}) && (!({new}) || object.status.{field} == oldObject.status.{field})"
+
+
+def operator_only_message(field: str) -> str:
+    return (f"status.{field} is the operator's: a runner writes only its lease, progress, cost, checkpoint, outcome, "
+            "result and requests")
 
 
 # --- a child's spec (the rest of child runs and signals: durablerun.relations) ------------------

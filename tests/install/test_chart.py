@@ -73,7 +73,8 @@ def test_default_render_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
                      "CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                     "ValidatingAdmissionPolicyBinding"]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(objects))
     assert result.stdout.count("(server dry run)") == len(objects), result.stdout
 

@@ -112,6 +112,8 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
             ("CustomResourceDefinition", "", api.QUOTA_CRD_NAME),
             ("ValidatingAdmissionPolicy", "", api.CRD_NAME),
             ("ValidatingAdmissionPolicyBinding", "", api.CRD_NAME),
+            ("ValidatingAdmissionPolicy", "", f"{api.PLURAL}-status.{api.GROUP}"),
+            ("ValidatingAdmissionPolicyBinding", "", f"{api.PLURAL}-status.{api.GROUP}"),
             ("APIService", "", f"{api.VERSION}.{api.GROUP}")}  # the API server's own registration of the CRD
     settles_to(kubectl, before | kept, "helm uninstall with crds.keep")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from durablerun import api, resource
 from durablerun_testbed import binaries, procs
 from tests.helpers.pods import process_of
 from tests.helpers.runs import Operator, RunEnv
@@ -70,3 +71,12 @@ def test_the_runner_pods_token_reaches_its_own_run_only(operator: Operator, runs
         assert "forbidden" in result.stderr.lower(), (what, result.stderr)
     assert runs.get("theirs")["status"]["phase"] == "Waiting"
     assert runs.get("mine")["spec"]["suspend"] is False
+
+    # Once the operator moves the run on (status.pod names the next attempt's pod), this pod may no longer write
+    # the status at all, even without the epoch guard the runner puts in its own writes: the runner-status
+    # admission policy refuses it (422, as a failed guard), wherever the workflow's code would try it.
+    runs.patch_status("mine", {"pod": "mine-a99"})
+    renewal = json.dumps([{"op": "add", "path": "/status/lease/renewTime", "value": api.format_time(api.now())}])
+    zombie = as_runner("patch", "dr", "mine", "--subresource=status", "--type=json", "-p", renewal)
+    assert zombie.returncode != 0, "a pod that is no longer the run's attempt wrote its status"
+    assert resource.CURRENT_ATTEMPT_ONLY in zombie.stderr, zombie.stderr
