@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from durablerun import api
 from tests.faults import generated, torture
 from tests.faults.helpers import fenced_by_the_fencing
 from tests.helpers.journal_checks import Journal, check_journal, check_kept, journal_object, unseal
@@ -195,3 +196,38 @@ def test_a_group_object_is_read_record_by_record_and_a_bad_header_is_caught() ->
         journal_object(group, 5, "journal/000000000005.json")
     with pytest.raises(AssertionError, match="group header"):
         journal_object(group.rsplit(b"\n", 1)[0], 4, "journal/000000000004.json")
+
+
+class _Record:
+    """The lease timeline's and the pod recorder's answers for one pod (check_lapses reads only these)."""
+
+    def __init__(self, renewed: str | None, started: str | None) -> None:
+        self.renewed, self.start = renewed, started
+
+    def last_renewal(self, pod: str) -> Any:
+        return api.parse_time(self.renewed)
+
+    def started(self, pod: str) -> Any:
+        return api.parse_time(self.start)
+
+
+def lapse(renewed: str | None, started: str | None = "2026-01-01T00:00:00Z") -> None:
+    """The operator expired pod run-a1's lease (20 s + the skew margin) in an Event the API server stored at
+    00:01:00."""
+    body = {"metadata": {"namespace": "ns", "name": "run", "uid": "u"},
+            "spec": {"workflow": "m:f", "checkpoint": {"uri": "s3://b/runs"}, "policy": {"leaseDuration": "20s"}}}
+    told = [{"reason": "LeaseExpired", "message": "pod run-a1 has not renewed its lease for 22s",
+             "metadata": {"creationTimestamp": "2026-01-01T00:01:00Z"}}]
+    record = _Record(renewed, started)
+    torture.check_lapses(body, {"run-a1"}, told, record, record)  # type: ignore[arg-type]
+
+
+def test_a_lapse_counts_only_when_the_runners_own_record_shows_it() -> None:
+    lapse("2026-01-01T00:00:30Z")  # last renewed 30 s before: past 20 s + the margin
+    lapse(None, "2026-01-01T00:00:30Z")  # never renewed, started 30 s before
+    with pytest.raises(AssertionError, match=r"last renewed it at .* within the lease's validity"):
+        lapse("2026-01-01T00:00:50Z")  # renewed 10 s before the operator said it had lapsed
+    with pytest.raises(AssertionError, match=r"started at .* never renewed it"):
+        lapse(None, "2026-01-01T00:00:55Z")
+    with pytest.raises(AssertionError, match="neither renewed nor started"):
+        lapse(None, None)

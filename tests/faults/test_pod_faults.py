@@ -42,7 +42,7 @@ def test_oom_deletion_and_eviction_at_random_moments(start_operator: StartOperat
     operator = start_operator()
     rng = seeded("OOM, pod deletion, eviction")
     trials = {kind.name: 0 for kind in KINDS}
-    failures = dict(trials)
+    failures, lapses = dict(trials), dict(trials)
     failed: list[str] = []
     batch = 0
     while short := [kind for kind in KINDS if trials[kind.name] < TRIALS]:
@@ -52,10 +52,12 @@ def test_oom_deletion_and_eviction_at_random_moments(start_operator: StartOperat
         for t, error in torture_batch(runs, pods, lambda: [scrape(operator)], rng, runs_of_batch, tmp_path,
                                       faults_per_run=FAULTS, rounds=ROUNDS):
             trials[t.fault.name] += len(t.killed)
+            lapses[t.fault.name] += len(t.lapsed)
             if error:
                 failures[t.fault.name] += len(t.killed) or 1
                 failed.append(error)
     for kind in KINDS:
-        tally.add(kind.name, trials[kind.name], failures[kind.name])
-    print(f"OOM, pod deletion, eviction: {batch} batches, trials {trials}, failures {failures}")
+        tally.add(kind.name, trials[kind.name], failures[kind.name], lapses[kind.name])
+    print(f"OOM, pod deletion, eviction: {batch} batches, trials {trials}, failures {failures}, proven lease "
+          f"lapses {lapses}")
     assert not failed, "\n".join(failed)

@@ -34,7 +34,7 @@ def test_runner_sigkill_at_random_moments(start_operator: StartOperator, runs: R
                                           tally: Tally, tmp_path: Path) -> None:
     operator = start_operator()
     rng = seeded("runner SIGKILL")
-    trials = failures = 0
+    trials = failures = lapses = 0
     failed: list[str] = []
     batch = 0
     while trials < TRIALS:
@@ -42,9 +42,10 @@ def test_runner_sigkill_at_random_moments(start_operator: StartOperator, runs: R
         runs_of_batch = [(f"k{batch}-{i}", RUNNER_SIGKILL) for i in range(PARALLEL)]
         for t, error in torture_batch(runs, pods, lambda: [scrape(operator)], rng, runs_of_batch, tmp_path):
             trials += len(t.killed)
+            lapses += len(t.lapsed)
             if error:
                 failures += len(t.killed) or 1
                 failed.append(error)
-    tally.add(RUNNER_SIGKILL.name, trials, failures)
-    print(f"runner SIGKILL: {trials} trials, {failures} failures")
+    tally.add(RUNNER_SIGKILL.name, trials, failures, lapses)
+    print(f"runner SIGKILL: {trials} trials, {failures} failures, {lapses} proven lease lapses")
     assert not failed, "\n".join(failed)

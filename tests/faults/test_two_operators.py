@@ -41,7 +41,7 @@ def test_two_operators_under_random_faults(start_operator: StartOperator, runs: 
                                            tally: Tally, tmp_path: Path) -> None:
     operators = [start_operator("operator-a"), start_operator("operator-b")]
     rng = seeded("two operators")
-    trials = failures = batch = 0
+    trials = failures = lapses = batch = 0
     failed: list[str] = []
     while trials < TRIALS:
         batch += 1
@@ -49,9 +49,10 @@ def test_two_operators_under_random_faults(start_operator: StartOperator, runs: 
         for t, error in torture_batch(runs, pods, lambda: [scrape(o) for o in operators], rng, runs_of_batch,
                                       tmp_path, faults_per_run=FAULTS, rounds=ROUNDS):
             trials += len(t.killed)
+            lapses += len(t.lapsed)
             if error:
                 failures += len(t.killed) or 1
                 failed.append(error)
-    tally.add("two operators at once, runners faulted", trials, failures)
-    print(f"two operators: {batch} batches, {trials} trials, {failures} failures")
+    tally.add("two operators at once, runners faulted", trials, failures, lapses)
+    print(f"two operators: {batch} batches, {trials} trials, {failures} failures, {lapses} proven lease lapses")
     assert not failed, "\n".join(failed)

@@ -19,6 +19,7 @@ import urllib.error
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from durablerun import api
+from durablerun_operator import decide
+from durablerun_operator.decide import clocks
 from durablerun_testbed import procs
 from tests.faults.helpers import GO, finished, reference, running_pod
 from tests.helpers.fault_workflows import torture_flows
 from tests.helpers.journal_checks import check_journal, check_kept, list_objects, read_journal, run_root
+from tests.helpers.leases import LeaseTimeline
 from tests.helpers.metrics import run_metric
 from tests.helpers.pods import PodRecorder, wait_pod_exit
 from tests.helpers.runs import RunEnv, send_event
@@ -106,6 +110,7 @@ class Tortured:
     killed: set[str] = field(default_factory=set)  # pods the fault was done to
     listings: list[dict[str, str]] = field(default_factory=list)
     error: BaseException | None = None
+    lapsed: set[str] = field(default_factory=set)  # pods no fault ended whose lease lapsed (proven: check_lapses)
 
 
 def drive(runs: RunEnv, pods: PodRecorder, run: Tortured, rng: Any, journal_root: str,
@@ -147,8 +152,29 @@ def ended_by_fault(ending: dict[str, Any] | None, fault: Fault) -> bool:
     return outcome in (api.Outcome.SUSPENDED.value, api.Outcome.FENCED.value)
 
 
+def check_lapses(body: dict[str, Any], lapsed: set[str], told: list[dict[str, Any]], timeline: LeaseTimeline,
+                 pods: PodRecorder) -> None:
+    """Each lease the operator expired lapsed by its runner's own record: the pod's last renewal in the lease
+    timeline (never renewed: its container's start, as its node reported it) is older than the lease's validity
+    at the moment the API server stored the LeaseExpired Event. The operator decides before it posts the Event,
+    and the Event's time is to the second: the decision came before that time + 1 s."""
+    validity = clocks.lease_validity(decide.RunView.from_body(body))  # the lease's duration and the skew margin
+    for pod in sorted(lapsed):
+        stored = min(api.parse_time(e["metadata"]["creationTimestamp"]) for e in told
+                     if e["reason"] == "LeaseExpired" and f"pod {pod} " in e["message"])
+        assert stored is not None
+        renewed = timeline.last_renewal(pod)
+        reference = renewed or pods.started(pod)
+        assert reference is not None, f"the operator expired pod {pod}'s lease, but its runner neither renewed nor " \
+                                      "started (by its node's report)"
+        what = f"last renewed it at {reference}" if renewed else f"started at {reference} and never renewed it"
+        assert reference + validity < stored + timedelta(seconds=1), (
+            f"the operator expired pod {pod}'s lease (its Event stored at {stored}), but its runner {what}: within "
+            f"the lease's validity of {validity}")
+
+
 def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tortured, expected: tuple[Any, Any],
-              journal_root: str) -> None:
+              journal_root: str, timeline: LeaseTimeline) -> None:
     """The invariants after one tortured run. ``scrapes``: every operator's metrics, once they show it
     Succeeded (gauges must each equal the status; counters, counted by whichever operator made the
     transition, must add up to it)."""
@@ -187,9 +213,12 @@ def check_run(runs: RunEnv, pods: PodRecorder, scrapes: list[Samples], run: Tort
     seen = Counter(e["reason"] for e in told)
     # Restarts no fault did: an attempt the operator found with its lease lapsed (a LeaseExpired Event names
     # its pod; on a loaded machine a runner can take longer than a short lease to start) is restarted for
-    # that reason, as designed, and its step in flight may run again.
+    # that reason, as designed, and its step in flight may run again; but only if its runner's own record
+    # shows the lapse (check_lapses): the operator's Event is its claim, not the evidence.
     lapsed = {p for p in endings if p not in run.killed
               and any(e["reason"] == "LeaseExpired" and f"pod {p} " in e["message"] for e in told)}
+    check_lapses(runs.get(run.name), lapsed, told, timeline, pods)
+    run.lapsed = lapsed
     # No step executed more often than 1 + the faults and lapsed leases that caught it in flight.
     check_executions(Ledger.read(runs, run.name), steps, run.killed | lapsed)
     restarts, disruptions = (0, len(counted)) if run.fault.reason.disruption else (len(counted), 0)
@@ -225,6 +254,16 @@ def torture_batch(runs: RunEnv, pods: PodRecorder, scrape_all: Callable[[], list
                   faults_per_run: int = FAULTS_PER_RUN, rounds: int = 4) -> list[tuple[Tortured, str | None]]:
     """Run a batch of tortured runs (name, fault) at once, each driven by its fault, and check each: every
     run with what was done to it and why it failed the checks (None: it passed them)."""
+    timeline = LeaseTimeline(runs.testbed, runs.namespace)
+    try:
+        return _torture_batch(runs, pods, scrape_all, rng, batch, tmp_path, faults_per_run, rounds, timeline)
+    finally:
+        timeline.stop()
+
+
+def _torture_batch(runs: RunEnv, pods: PodRecorder, scrape_all: Callable[[], list[Samples]], rng: Any,
+                   batch: list[tuple[str, Fault]], tmp_path: Path, faults_per_run: int, rounds: int,
+                   timeline: LeaseTimeline) -> list[tuple[Tortured, str | None]]:
     tortured = []
     for i, (name, fault) in enumerate(batch):
         shape: dict[str, Any] = {}
@@ -267,7 +306,7 @@ def torture_batch(runs: RunEnv, pods: PodRecorder, scrape_all: Callable[[], list
                 return scrapes if ok else None
 
             scrapes = procs.wait_for(settled, timeout=30, what=f"metrics of {t.name}")
-            check_run(runs, pods, scrapes, t, expected[t.name], roots[t.name])
+            check_run(runs, pods, scrapes, t, expected[t.name], roots[t.name], timeline)
             out.append((t, None))
         except AssertionError as error:
             out.append((t, f"{t.name} ({t.fault.name}, faulted {sorted(t.killed)}): {error}"))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 from tests.helpers.runs import RunEnv
@@ -23,6 +25,7 @@ class PodRecorder:
         self.namespace = namespace
         self.uids: dict[str, set[str]] = {}
         self.endings: dict[str, dict[str, Any]] = {}  # pod name -> terminated state of its runner
+        self.starts: dict[str, datetime] = {}  # pod name -> when its runner's container started (the node says)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.seen = 0  # watch events, and the last watch error: diagnostics for a timed-out wait
@@ -35,6 +38,9 @@ class PodRecorder:
         with self._lock:
             self.uids.setdefault(meta["name"], set()).add(meta["uid"])
             for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                started = api.parse_time(((status.get("state") or {}).get("running") or {}).get("startedAt"))
+                if started is not None:
+                    self.starts.setdefault(meta["name"], started)
                 terminated = (status.get("state") or {}).get("terminated")
                 if terminated:
                     self.endings[meta["name"]] = {"exitCode": terminated.get("exitCode"),
@@ -73,6 +79,10 @@ class PodRecorder:
     def pods_of(self, run: str) -> list[str]:
         with self._lock:
             return sorted((p for p in self.uids if p.startswith(f"{run}-a")), key=lambda p: int(p.rsplit("-a", 1)[1]))
+
+    def started(self, pod: str) -> datetime | None:
+        with self._lock:
+            return self.starts.get(pod)
 
     def ending(self, pod: str) -> dict[str, Any] | None:
         with self._lock:

@@ -17,10 +17,13 @@ class Tally:
 
     rows: dict[str, list[int]] = field(default_factory=dict)
 
-    def add(self, fault: str, trials: int, failures: int) -> None:
-        row = self.rows.setdefault(fault, [0, 0])
+    def add(self, fault: str, trials: int, failures: int, lapses: int = 0) -> None:
+        """``lapses``: attempts no fault ended whose lease the operator expired, each proven by its runner's own
+        record (tests/faults/torture.py, ``check_lapses``): the allowance those trials used."""
+        row = self.rows.setdefault(fault, [0, 0, 0])
         row[0] += trials
         row[1] += failures
+        row[2] += lapses
 
 
 TALLY = Tally()
@@ -46,7 +49,7 @@ def print_tally(terminalreporter: pytest.TerminalReporter) -> None:
     if not TALLY.rows:
         return
     terminalreporter.section("fault trials")
-    for fault, (count, failures) in sorted(TALLY.rows.items()):
-        terminalreporter.write_line(f"{fault:<64} trials {count:>5}   failures {failures:>3}")
-    total = [sum(row[i] for row in TALLY.rows.values()) for i in (0, 1)]
-    terminalreporter.write_line(f"{'in all':<64} trials {total[0]:>5}   failures {total[1]:>3}")
+    for fault, (count, failures, lapses) in sorted(TALLY.rows.items()):
+        terminalreporter.write_line(f"{fault:<64} trials {count:>5}   failures {failures:>3}   lapses {lapses:>3}")
+    total = [sum(row[i] for row in TALLY.rows.values()) for i in (0, 1, 2)]
+    terminalreporter.write_line(f"{'in all':<64} trials {total[0]:>5}   failures {total[1]:>3}   lapses {total[2]:>3}")
