@@ -12,9 +12,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from durablerun import DurableContext
+from durablerun import DurableContext, api
 
-GROUP, VERSION, PLURAL = "durablerun.dev", "v1alpha1", "durableruns"
+GROUP, VERSION, PLURAL = api.GROUP, api.VERSION, api.PLURAL
 
 
 def _attempt(what: str, call: Callable[[], Any]) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def _attacks(input: dict[str, Any]) -> list[dict[str, Any]]:
 
     config.load_incluster_config()
     custom, core = client.CustomObjectsApi(), client.CoreV1Api()
-    ns, me, victim = os.environ["DURABLERUN_NAMESPACE"], os.environ["DURABLERUN_NAME"], input["victim"]
+    ns, me, victim = os.environ[api.Env.NAMESPACE], os.environ[api.Env.NAME], input["victim"]
     s3 = boto3.client("s3", endpoint_url=input["endpoint"], region_name="us-east-1")
     bucket, theirs, neighbour = input["bucket"], input["their_journal"], input["neighbour_journal"]
 
