@@ -58,6 +58,11 @@ class Settings:
     #: attempt starts anyway (DURABLERUN_STUCK_TERMINATING_SECONDS). Its node is
     #: presumed lost; the epoch already fences it.
     stuck_terminating_seconds: float = 60.0
+    #: Seconds an attempt's pod may fail to get its image (ErrImagePull, ImagePullBackOff, InvalidImageName)
+    #: after the attempt started before the run Fails with reason ImagePullFailed, naming the image
+    #: (DURABLERUN_START_TIMEOUT_SECONDS, default 600). Until then the run stays Running with the kubelet's
+    #: reason in status.reason: a registry that comes back, or an image pushed late, starts it.
+    start_timeout_seconds: float = 600.0
     #: This cluster's name (DURABLERUN_CLUSTER, or its earlier name DURABLERUN_CLUSTER_NAME when that is unset),
     #: handed to runners: a run with spec.checkpoint.runId records it in the store's owner record, so that a run
     #: in another cluster names whom it waits for.
@@ -113,6 +118,7 @@ class Settings:
             stuck_terminating_seconds=_env_number(
                 api.OperatorEnv.STUCK_TERMINATING_SECONDS, cls.stuck_terminating_seconds, float
             ),
+            start_timeout_seconds=_positive(api.OperatorEnv.START_TIMEOUT_SECONDS, cls.start_timeout_seconds, float),
             kube_qps=_positive(api.OperatorEnv.KUBE_QPS, cls.kube_qps, float),
             kube_burst=_positive(api.OperatorEnv.KUBE_BURST, cls.kube_burst, int),
             mass_expiry_fraction=_fraction(api.OperatorEnv.MASS_EXPIRY_FRACTION, cls.mass_expiry_fraction),

@@ -231,8 +231,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "spec.suspend: true stops the run at its next step boundary."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
      "description": "Time since the DurableRun was created."},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.abortReason", "priority": 1,
-     "description": "Why the run was Aborted."},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
+     "description": "Why a Running run's pod cannot start (ImagePullBackOff, ...), or why the run Failed or was "
+                    "Aborted."},
     {"name": "Steps", "type": "integer", "jsonPath": ".status.progress.completedSteps", "priority": 1,
      "description": "Steps journaled so far."},
     {"name": "Pod", "type": "string", "jsonPath": ".status.pod", "priority": 1,

@@ -15,7 +15,7 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from durablerun import api
@@ -90,11 +90,13 @@ class Executor:
     def plan_for(self, key: Key, run: decide.RunView, views: list[decide.PodView], now: datetime,
                related: dict[str, decide.RunView | None], facts: Contribution | None = None) -> decide.Plan:
         return decide.decide(run, views, now, stuck_seconds=self._settings.stuck_terminating_seconds,
+                             start_timeout=timedelta(seconds=self._settings.start_timeout_seconds),
                              related=related, create_failure=self._create_failures.get(key),
                              queueing=facts.queueing if facts else None)
 
     def next_wakeup(self, run: decide.RunView, views: list[decide.PodView], now: datetime) -> datetime:
-        return wakeups.next_wakeup(run, views, now, self._settings.stuck_terminating_seconds)
+        return wakeups.next_wakeup(run, views, now, self._settings.stuck_terminating_seconds,
+                                   timedelta(seconds=self._settings.start_timeout_seconds))
 
     def observe(self, run: decide.RunView, now: Any, pods: list[decide.PodView] | None = None) -> None:
         """Keep the run's lease for the mass-expiry judgement, and its metrics. ``pods``: read with it (the

@@ -4,9 +4,10 @@ A run the operator has done everything for costs nothing until either a watch
 event (a new version of it or of one of its pods) or the clock changes what
 ``decide`` would do. ``decide.quiet_until`` knows the run's own clock (lease,
 progress timeout, maxDuration, backoff, wake time, wait deadline, TTL); its pods
-add two more: a pod Terminating past ``stuck_seconds`` counts as lost with its
-node, and a pod that runs without having acquired its lease loses the attempt
-one lease after it started. The reconciler keeps one timer per run at the
+add three more: a pod Terminating past ``stuck_seconds`` counts as lost with its
+node, a pod that runs without having acquired its lease loses the attempt
+one lease after it started, and a pod that cannot get its image fails the run
+at the start timeout. The reconciler keeps one timer per run at the
 earliest of them (docs/operator.md, "Waiting costs nothing").
 """
 
@@ -32,12 +33,14 @@ def pods_until(pods: list[decide.PodView], stuck_seconds: float) -> datetime:
     return min(moments, default=NEVER)
 
 
-def unheld_lease_until(run: decide.RunView, pods: list[decide.PodView]) -> datetime | None:
+def unheld_lease_until(run: decide.RunView, pods: list[decide.PodView],
+                       start_timeout: timedelta = lifecycle.START_TIMEOUT) -> datetime | None:
     """A Running run whose lease is not held yet: when its attempt's clock runs out (None: not such a run).
 
     ``decide`` takes the lease as expired one lease validity after the pod's
     container started; maxDuration counts from the attempt's start; an abort
-    in its grace ends at its deadline.
+    in its grace ends at its deadline; a pod that cannot get its image fails
+    the run ``start_timeout`` after the attempt started.
     """
     status = run.status
     if status.phase != api.Phase.RUNNING or (status.lease.epoch == status.epoch and status.lease.renewTime):
@@ -46,6 +49,8 @@ def unheld_lease_until(run: decide.RunView, pods: list[decide.PodView]) -> datet
     current = next((p for p in pods if p.name == status.pod and p.epoch == status.epoch), None)
     if current is not None and current.running_since is not None:
         moments.append(current.running_since + clocks.lease_validity(run))
+    if (deadline := lifecycle.start_deadline(run, current, start_timeout)) is not None:
+        moments.append(deadline)
     began = clocks.attempt_start(status)
     if began is not None:
         max_duration = api.parse_duration(run.spec.policy.maxDuration)
@@ -69,12 +74,13 @@ def combine(run_until: datetime | None, pod_until: datetime | None) -> datetime 
     return min(run_until, pod_until or NEVER)
 
 
-def next_wakeup(run: decide.RunView, pods: list[decide.PodView], now: datetime, stuck_seconds: float) -> datetime:
+def next_wakeup(run: decide.RunView, pods: list[decide.PodView], now: datetime, stuck_seconds: float,
+                start_timeout: timedelta = lifecycle.START_TIMEOUT) -> datetime:
     """When to decide a run again for which ``decide`` just had nothing to do, if no watch event comes first."""
     pod_until = min(pods_until(pods, stuck_seconds), check_until(run))
     run_until = decide.quiet_until(run)
     if run_until is None:
-        run_until = unheld_lease_until(run, pods)
+        run_until = unheld_lease_until(run, pods, start_timeout)
     if run_until is not None:
         return min(run_until, pod_until)
     if pod_until != NEVER:

@@ -298,6 +298,8 @@ class OperatorEnv:
     HEALTH_PORT = "DURABLERUN_HEALTH_PORT"
     RESYNC_SECONDS = "DURABLERUN_RESYNC_SECONDS"
     STUCK_TERMINATING_SECONDS = "DURABLERUN_STUCK_TERMINATING_SECONDS"
+    # How long an attempt's pod may fail to pull its image before the run Fails (docs/operator.md).
+    START_TIMEOUT_SECONDS = "DURABLERUN_START_TIMEOUT_SECONDS"
     LOG_LEVEL = Env.LOG_LEVEL
     # This cluster's name: one variable, the one the operator hands on to its runners (Env.CLUSTER).
     CLUSTER = Env.CLUSTER

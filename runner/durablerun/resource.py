@@ -532,7 +532,8 @@ class Condition(_Model):
                               r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(
-        default=None, description="Why, in CamelCase: the phase, or the abort reason.", min_length=1,
+        default=None, description="Why, in CamelCase: status.reason when set (a pod that cannot start, why the run "
+        "Failed or was Aborted), else the phase.", min_length=1,
         max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
     )
     message: str | None = Field(default=None, description="Details for humans.", max_length=32768)
@@ -598,6 +599,11 @@ class DurableRunStatus(_Model):
     checkpoint: CheckpointStatus = Field(default_factory=CheckpointStatus)
     waitingFor: WaitingFor | None = Field(default=None, description="What a Waiting run waits for.")
     abortReason: AbortReason | None = Field(default=None, description="Why the run was Aborted.")
+    reason: str | None = Field(
+        default=None, description="Why the run is not going as it should, in one CamelCase word (kubectl get -o "
+        "wide: Reason): while Running, why its pod cannot start (ImagePullBackOff, ErrImagePull, "
+        "CreateContainerConfigError, ...); once Failed or Aborted, why (ImagePullFailed, PinnedImageMissing, the "
+        "abort reason, ...). Unset otherwise.", max_length=128)
     aborting: Aborting | None = Field(default=None, description=Aborting.__doc__)
     outcome: Outcome | None = Field(default=None, description="How the last attempt ended.")
     message: str | None = Field(default=None, description="Human-readable detail of the current phase.")

@@ -105,6 +105,8 @@ def test_missing_secret_waits_with_a_clear_message_then_runs(operator: Operator,
     assert 'secret "not-created-yet" not found' in status["message"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Progressing"]["message"] == status["message"]
+    # The kubelet's reason, where kubectl get -o wide (REASON) and kubectl wait read it.
+    assert status["reason"] == conditions["Progressing"]["reason"] == "CreateContainerConfigError", status
     assert status["restarts"] == 0
     assert status["attempt"] == 1
     warnings = [e for e in runs.events("nosecret") if e["reason"] == "CreateContainerConfigError"]
@@ -117,6 +119,7 @@ def test_missing_secret_waits_with_a_clear_message_then_runs(operator: Operator,
     status = runs.wait_phase("nosecret", "Succeeded", timeout=120)["status"]
     assert status["attempt"] == 1
     assert status["restarts"] == 0
+    assert "reason" not in status, status  # the pod started: nothing wrong any more
     assert pods.pods_of("nosecret") == ["nosecret-a1"]
 
 

@@ -57,6 +57,7 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
                              "digest": "sha256:" + "b" * 64}},
         "logLevel": "DEBUG",
         "resyncSeconds": 2.5,
+        "startTimeoutSeconds": 900,
         "kubeClient": {"qps": 80, "burst": 160},
         "replicas": 2,
         "sharding": {"shards": 8, "leaseSeconds": 20},

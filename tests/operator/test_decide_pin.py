@@ -8,6 +8,7 @@ The real node proves the same end to end with containerd's digests (tests/realno
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from durablerun import api, relations
 from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
-from tests.operator.run_bodies import at, body, plan_for, runner_pod, running
+from tests.operator.run_bodies import T0, at, body, plan_for, runner_pod, running
 
 DIGEST = "localhost/wf@sha256:" + "a" * 64
 NEWER = "localhost/wf@sha256:" + "b" * 64
@@ -95,10 +96,85 @@ def test_a_pinned_image_gone_from_the_node_fails_the_run_naming_the_digest_and_t
     assert plan.delete_pods == ["run-a2"]
 
 
-def test_an_unpinned_pod_that_cannot_pull_its_image_only_warns() -> None:
-    plan, status = plan_for(body(running()), [pod_that_ran("", waiting="ImagePullBackOff")], seconds=120)
+def test_an_unpinned_pod_that_cannot_pull_its_image_warns_with_the_reason_in_status_and_conditions() -> None:
+    plan, status = plan_for(body(running(attemptStartTime=at(0))), [pod_that_ran("", waiting="ImagePullBackOff")],
+                            seconds=120)
     assert status["phase"] == "Running"
     assert [(kind, reason) for kind, reason, _ in plan.events] == [("Warning", "ImagePullBackOff")]
+    # kubectl get -o wide's Reason column, and what kubectl wait and dashboards read.
+    assert status["reason"] == "ImagePullBackOff"
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "ImagePullBackOff")
+    assert "failed to pull" in progressing["message"]
+
+
+def pulling(seconds: float, *, waiting: str | None = "ImagePullBackOff", reason: str | None = None,
+            start_timeout: timedelta | None = None) -> tuple[decide.Plan, dict[str, Any]]:
+    """The plan for a Running run whose attempt started at T0 and whose pod is ``waiting`` (None: running)."""
+    pod = pod_that_ran("", waiting=waiting)
+    pod["spec"]["containers"][0]["image"] = "registry.example/team/agent:nope"
+    if waiting is None:
+        pod["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": at(seconds - 1)}}
+    extra = {"reason": reason} if reason else {}
+    run = body(running(lease={}, attemptStartTime=at(0), **extra))
+    now = T0 + timedelta(seconds=seconds)
+    kwargs = {"start_timeout": start_timeout} if start_timeout else {}
+    plan = decide.decide(decide.RunView.from_body(run), [decide.PodView.from_pod(pod, now, 60.0)], now, **kwargs)
+    status = dict(run["status"])
+    for op in plan.patch:
+        if op["op"] == "add":
+            status[op["path"].split("/")[-1]] = op["value"]
+        elif op["op"] == "remove":
+            status.pop(op["path"].split("/")[-1])
+    return plan, status
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName"])
+def test_a_pod_that_cannot_get_its_image_fails_the_run_at_the_start_timeout_naming_the_image(reason: str) -> None:
+    plan, status = pulling(599, waiting=reason, reason=reason)
+    assert status["phase"] == "Running", status["message"]
+    plan, status = pulling(600, waiting=reason, reason=reason)
+    assert status["phase"] == "Failed"
+    assert status["reason"] == "ImagePullFailed"
+    assert status["message"].startswith("ImagePullFailed: pod run-a2 could not get its image "
+                                        "registry.example/team/agent:nope in 10m"), status["message"]
+    assert "kubectl durablerun retry run" in status["message"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "ImagePullFailed")
+    assert status["epoch"] == 3  # fenced: the pod, should it start late, cannot write
+    assert plan.delete_pods == ["run-a2"]
+    assert [(kind, why) for kind, why, _ in plan.events] == [("Warning", "Failed")]
+
+
+def test_the_start_timeout_is_the_operators_setting() -> None:
+    assert pulling(119, start_timeout=timedelta(minutes=2), reason="ImagePullBackOff")[1]["phase"] == "Running"
+    assert pulling(120, start_timeout=timedelta(minutes=2), reason="ImagePullBackOff")[1]["phase"] == "Failed"
+    assert Settings().start_timeout_seconds == 600  # the default docs/operator.md states
+    assert decide.decide.__kwdefaults__["start_timeout"] == timedelta(seconds=Settings().start_timeout_seconds)
+
+
+def test_a_pod_missing_a_secret_waits_for_it_past_the_start_timeout() -> None:
+    # docs/bad-input.md: creating the Secret starts the same attempt, however late.
+    _plan, status = pulling(650, waiting="CreateContainerConfigError")
+    assert status["phase"] == "Running"
+    assert status["reason"] == "CreateContainerConfigError"
+
+
+def test_a_pod_that_got_its_image_after_all_clears_the_reason() -> None:
+    _plan, status = pulling(300, waiting=None, reason="ImagePullBackOff")
+    assert status["phase"] == "Running"
+    assert "reason" not in status
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "Running"
+
+
+def test_a_retried_run_leaves_the_reason_of_its_failure_behind() -> None:
+    failed = {"phase": "Failed", "reason": "ImagePullFailed", "message": "ImagePullFailed: ...",
+              "completionTime": at(600)}
+    annotations = {api.ANNOTATION_RETRY: "r1"}
+    _plan, status = plan_for(body(failed, annotations=annotations), seconds=700)
+    assert status["phase"] == "Pending"
+    assert "reason" not in status
 
 
 def upgrade(image: str, by: str = "dana", **extra: Any) -> dict[str, str]:

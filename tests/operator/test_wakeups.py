@@ -17,6 +17,7 @@ import pytest
 
 from durablerun import api
 from durablerun_operator import decide, wakeups
+from durablerun_operator.decide import lifecycle
 from tests.operator.clocked_runs import CLOCKED, decides_something
 from tests.operator.run_bodies import POLICY, T0, at, body, runner_pod, running
 
@@ -27,6 +28,13 @@ def terminating_pod(name: str, epoch: int, deleted_at: float) -> dict[str, Any]:
     pod = runner_pod()
     pod["metadata"].update(name=name, labels={api.LABEL_RUN: "run", api.LABEL_EPOCH: str(epoch)},
                            deletionTimestamp=at(deleted_at), deletionGracePeriodSeconds=30)
+    return pod
+
+
+def image_pull_backoff() -> dict[str, Any]:
+    pod = runner_pod()
+    pod["status"]["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}
     return pod
 
 
@@ -48,6 +56,10 @@ SETTLED = {
     "running, lease not acquired yet, maxDuration runs out first": (
         body(running(lease={}, attemptStartTime=at(0)), spec={"policy": {**POLICY, "maxDuration": "40s"}}),
         [runner_pod()], T0 + timedelta(seconds=40)),
+    "running, its pod cannot get its image: the start timeout fails the run": (
+        body(running(lease={}, attemptStartTime=at(0), reason="ImagePullBackOff",
+                     message="pod run-a2 cannot start: ImagePullBackOff: Back-off pulling image")),
+        [image_pull_backoff()], T0 + lifecycle.START_TIMEOUT),
 }
 
 

@@ -27,7 +27,7 @@ from durablerun_testbed.realnode import RealNodeUnavailable, build_workflow_imag
 from durablerun_testbed.testbed import TestBed
 from tests.helpers.clis import Helm
 from tests.helpers.session import SESSION_ID, skip_real_node_if_asked
-from tests.realnode.helpers import OPERATOR_NAMESPACE, RELEASE, RealRuns
+from tests.realnode.helpers import OPERATOR_NAMESPACE, RELEASE, START_TIMEOUT_SECONDS, RealRuns
 
 WORKFLOWS = Path(__file__).resolve().parent / "workflows"
 
@@ -68,7 +68,8 @@ def chart_operator(real_bed: TestBed, real_helm: Helm) -> dict[str, Any]:
     real_bed.kubectl("create", "namespace", OPERATOR_NAMESPACE)
     real_bed.kubectl("label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
     installed = real_helm("install", RELEASE, str(binaries.REPO_ROOT / "charts" / "durable-run"),
-                          "--namespace", OPERATOR_NAMESPACE, "--set", "resyncSeconds=1", "--wait", "--timeout=180s",
+                          "--namespace", OPERATOR_NAMESPACE, "--set", "resyncSeconds=1",
+                          "--set", f"startTimeoutSeconds={START_TIMEOUT_SECONDS}", "--wait", "--timeout=180s",
                           timeout=240, check=False)
     if installed.returncode != 0:
         pods = real_bed.kubectl("describe", "pods", "-n", OPERATOR_NAMESPACE, check=False).stdout

@@ -25,6 +25,12 @@ V2 = Path(__file__).resolve().parent / "workflows_v2"
 MOVING = "localhost/durable-run/pinning-test:moving"
 
 
+#: The chart operator's start timeout here (the chart's startTimeoutSeconds): a run whose image cannot be pulled
+#: fails this long after its attempt started. No image on this node is pulled from a registry, so no other run
+#: waits on a pull that long.
+START_TIMEOUT_SECONDS = 30
+
+
 @dataclass
 class RealRuns:
     """A namespace enforcing `restricted` with a bucket and its credentials, for runs on the real node."""

@@ -9,12 +9,13 @@ cgroup memory limit, evictions and drains, SIGKILL of a real container.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from durablerun import api
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.realnode.helpers import OPERATOR_NAMESPACE, RealRuns
+from tests.realnode.helpers import OPERATOR_NAMESPACE, START_TIMEOUT_SECONDS, RealRuns
 
 # The runner reports progress with its renewals (every leaseDuration/3), so the status can lag the journal by
 # that much: enough steps are left to run when the kill lands.
@@ -133,3 +134,48 @@ def test_waiting_run_holds_no_pod_and_an_event_resumes_it(real_runs: RealRuns) -
     status = real_runs.wait_phase("approve", "Succeeded", "Failed", "Aborted")
     assert status["phase"] == "Succeeded", status
     assert real_runs.executions() == {"draft": 1, "publish": 1}
+
+
+def wide_column(table: str, name: str) -> str:
+    """Column ``name`` of the one row kubectl printed: by the header's positions (an empty cell is blank)."""
+    header, row = table.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    start = header.index(name)
+    end = next((s for s in starts if s > start), None)
+    return row[start:end].strip()
+
+
+def test_a_missing_image_shows_its_reason_then_fails_the_run_at_the_start_timeout_naming_the_image(
+    real_runs: RealRuns,
+) -> None:
+    # containerd's own pull failure, from the kubelet: nothing in the operator is told what the image is.
+    image = "localhost/durable-run/no-such-image:1"
+    manifest = real_runs.manifest("typo", "realnode_flows:approval")
+    manifest["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    real_runs.apply(manifest)
+    pulling = procs.wait_for(
+        lambda: (status := real_runs.status("typo")).get("reason") in ("ErrImagePull", "ImagePullBackOff") and status,
+        timeout=60, interval=0.5, what="the pull failure as the run's reason")
+    assert pulling["phase"] == "Running", pulling
+    assert image in pulling["message"], pulling["message"]
+    # What a user sees: kubectl get -o wide's REASON column, and the conditions' reason.
+    assert wide_column(real_runs.kubectl("get", "dr", "typo", "-o", "wide"), "REASON") in (
+        "ErrImagePull", "ImagePullBackOff")
+    progressing = next(c for c in pulling["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] in ("ErrImagePull", "ImagePullBackOff"), progressing
+
+    failed = real_runs.wait_phase("typo", "Failed", "Succeeded", "Aborted", timeout=START_TIMEOUT_SECONDS + 60)
+    assert failed["phase"] == "Failed", failed
+    assert failed["reason"] == "ImagePullFailed", failed
+    assert failed["message"].startswith(f"ImagePullFailed: pod typo-a1 could not get its image {image} in "
+                                        f"{START_TIMEOUT_SECONDS}s ("), failed["message"]
+    started = api.parse_time(failed["startTime"])  # the run's: its one attempt started after it
+    completed = api.parse_time(failed["completionTime"])
+    assert started is not None
+    assert completed is not None
+    assert (completed - started).total_seconds() >= START_TIMEOUT_SECONDS, failed
+    assert wide_column(real_runs.kubectl("get", "dr", "typo", "-o", "wide"), "REASON") == "ImagePullFailed"
+    procs.wait_for(lambda: not real_runs.pods("typo") or None, timeout=60, what="the attempt's pod deleted")
+    event = procs.wait_for(lambda: next((e for e in real_runs.events("typo") if e["reason"] == "Failed"), None),
+                           timeout=30, what="the run's Failed Event")
+    assert image in event["message"], event

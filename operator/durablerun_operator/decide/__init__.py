@@ -30,7 +30,7 @@ API server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from durablerun import api
 from durablerun_operator import builders, kueue
@@ -45,12 +45,14 @@ __all__ = ["CLOCK_SKEW_MARGIN", "NEVER", "CreateFailure", "Ending", "Plan", "Pod
 
 
 def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: float = 60.0,
+           start_timeout: timedelta = lifecycle.START_TIMEOUT,
            related: Mapping[str, RunView | None] | None = None,
            create_failure: CreateFailure | None = None, queueing: kueue.Queueing | None = None) -> Plan:
     """The next transition of ``run``, given every pod labelled with it (and the last failure to create one).
 
     ``related``: the runs, by name, its child requests and pending signals name (None: no such run).
     ``queueing``: for a run admitted through Kueue, its queue and Workload; None, today's behaviour.
+    ``start_timeout``: how long an attempt's pod may fail to get its image before the run Fails.
     """
     related = related or {}
     children = family.children(run, related)
@@ -94,7 +96,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     if phase is None:
         lifecycle.admit(t)
     elif phase == api.Phase.RUNNING:
-        lifecycle.running(t, current, create_failure)
+        lifecycle.running(t, current, create_failure, start_timeout)
     elif phase.finished:
         lifecycle.finished(t)
     elif phase == api.Phase.PENDING and aborts.finishing_abort(t):

@@ -12,7 +12,7 @@ TTL, and ``deleting`` stops the pods and applies the journal's retention.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from durablerun import api, relations, resource
 from durablerun_operator import builders, kueue
@@ -38,7 +38,7 @@ def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: f
         t.fence()
         t.finish(api.Phase.FAILED, "InputMismatch: spec.input changed after the first attempt "
                  f"(sha256 {api.input_hash(t.run.spec.input)[:12]} != {status.inputHash[:12]}). A run's input "
-                 "is fixed: restore it, or create a new DurableRun for the new input")
+                 "is fixed: restore it, or create a new DurableRun for the new input", reason="InputMismatch")
         return
     # Every older pod must be gone (or presumed lost with its node) before the next one starts.
     blocking = [p for p in older if not p.finished and not (p.deleting and p.ending is not None)]
@@ -81,7 +81,13 @@ def pin(t: transition.Transition, pod: facts.PodView | None) -> None:
 #: How long an upgrade's check pod may take (to be scheduled, pull its image and replay the journal).
 CHECK_TIMEOUT = timedelta(minutes=10)
 _IMAGE_MISSING = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull")
-_CANNOT_START = (*_IMAGE_MISSING, "InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
+#: The image cannot be had: past the start timeout the run Fails (ImagePullFailed). A pod that cannot start for
+#: another reason (a Secret or ConfigMap it names is missing) waits for it, however long (docs/bad-input.md).
+_PULL_FAILED = (*_IMAGE_MISSING, "InvalidImageName")
+_CANNOT_START = (*_PULL_FAILED, "CreateContainerConfigError", "CreateContainerError")
+#: How long an attempt's pod may fail to get its image before the run Fails: the operator's
+#: DURABLERUN_START_TIMEOUT_SECONDS (config.Settings.start_timeout_seconds), this by default.
+START_TIMEOUT = timedelta(minutes=10)
 
 
 def upgrade(t: transition.Transition, check_pod: facts.PodView | None) -> None:
@@ -275,7 +281,8 @@ def _preempted(t: transition.Transition, ending: facts.Ending, pod: facts.PodVie
                         finished_at=ending.finished_at)
 
 
-def running(t: transition.Transition, pod: facts.PodView | None, create_failure: facts.CreateFailure | None) -> None:
+def running(t: transition.Transition, pod: facts.PodView | None, create_failure: facts.CreateFailure | None,
+            start_timeout: timedelta = START_TIMEOUT) -> None:
     status = t.run.status
     if pod is None:
         if status.lease.epoch == status.epoch:
@@ -320,13 +327,42 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
         t.finish(api.Phase.FAILED, f"PinnedImageMissing: the run is pinned to {pinned}, which pod {pod.name} "
                  f"cannot get ({pod.waiting_reason}: {pod.waiting_message or 'no message'}). Put that image back "
                  f"on the node and retry (kubectl durablerun retry {t.run.name}), or move the run to code that "
-                 f"replays its journal: kubectl durablerun upgrade {t.run.name} --image IMAGE, then retry it")
+                 f"replays its journal: kubectl durablerun upgrade {t.run.name} --image IMAGE, then retry it",
+                 reason="PinnedImageMissing")
         return
     if pod.waiting_reason in _CANNOT_START:
+        if _start_timed_out(t, pod, start_timeout):
+            return
+        t.new.reason = pod.waiting_reason  # kubectl get -o wide's Reason, and the conditions' reason
         message = f"pod {pod.name} cannot start: {pod.waiting_reason}: {pod.waiting_message or ''}".strip()
         if status.message != message:
             t.new.message = message
             t.event(pod.waiting_reason, message, warning=True)
+    elif pod.running_since is not None:
+        t.new.reason = None  # it started after all
+
+
+def start_deadline(run: facts.RunView, pod: facts.PodView | None, start_timeout: timedelta) -> datetime | None:
+    """When the current attempt fails for an image its pod cannot get (None: its pod is not failing to pull)."""
+    began = api.parse_time(run.status.attemptStartTime)
+    if pod is None or began is None or pod.running_since is not None or pod.waiting_reason not in _PULL_FAILED:
+        return None
+    return began + start_timeout
+
+
+def _start_timed_out(t: transition.Transition, pod: facts.PodView, start_timeout: timedelta) -> bool:
+    """The attempt's pod has not got its image within the start timeout: the run Fails, naming the image."""
+    deadline = start_deadline(t.run, pod, start_timeout)
+    if deadline is None or t.now < deadline:
+        return False
+    t.fence()
+    if not pod.deleting:
+        t.plan.delete_pods.append(pod.name)
+    t.finish(api.Phase.FAILED, f"ImagePullFailed: pod {pod.name} could not get its image {pod.image or '(none)'} in "
+             f"{api.format_duration(start_timeout)} ({pod.waiting_reason}: {pod.waiting_message or 'no message'}). "
+             f"Fix the image in spec.template (its name, or the registry's credentials in imagePullSecrets), then "
+             f"retry the run (kubectl durablerun retry {t.run.name})", reason="ImagePullFailed")
+    return True
 
 
 def _create_failed(t: transition.Transition, failure: facts.CreateFailure) -> None:
@@ -336,7 +372,7 @@ def _create_failed(t: transition.Transition, failure: facts.CreateFailure) -> No
     if failure.permanent:
         t.fence()
         t.finish(api.Phase.FAILED, f"{message}. Fix spec.template, then retry the run (kubectl durablerun retry "
-                 f"{t.run.name})")
+                 f"{t.run.name})", reason="FailedCreate")
     else:  # a restart like a crash's: backoff, and bounded by maxRestarts
         _ended(t, facts.Ending(api.RestartReason.CRASH, message), None)
 

@@ -105,7 +105,8 @@ def conditions(status: resource.DurableRunStatus, now: datetime, generation: int
         api.ConditionType.FAILED: phase in (api.Phase.FAILED, api.Phase.ABORTED),
     }
     old = {c.type: c for c in status.conditions}
-    reason = (status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
+    reason = (status.reason if status.reason
+              else status.abortReason.value if phase == api.Phase.ABORTED and status.abortReason
               else "JournalHeld" if phase == api.Phase.WAITING and status.waitingFor and status.waitingFor.holder
               else (phase.value if phase else "Unknown"))
     out = []
@@ -188,10 +189,13 @@ class Transition:
         self.new.epoch = self.run.status.epoch + 1
         self.new.lease = resource.Lease()
 
-    def finish(self, phase: api.Phase, message: str, abort: api.AbortReason | None = None) -> None:
+    def finish(self, phase: api.Phase, message: str, abort: api.AbortReason | None = None,
+               reason: str | None = None) -> None:
+        """End the run. ``reason``: why it Failed, one CamelCase word for status.reason (an abort's is its own)."""
         self.new.phase = phase
         self.new.message = message
         self.new.abortReason = abort
+        self.new.reason = abort.value if abort is not None else reason
         self.new.completionTime = api.format_time(self.now)
         self.new.waitingFor = None
         self.new.nextAttemptTime = None
@@ -211,6 +215,8 @@ class Transition:
                      else None) or self.now
             self.new.activeSeconds = int(clocks.active_time(old, ended).total_seconds())
             self.new.attemptStartTime = None
+        if self.new.phase != api.Phase.RUNNING and not (self.new.phase and self.new.phase.finished):
+            self.new.reason = None  # only a Running run's pod that cannot start, or a finished run, has one
         if self.new != self.run.status or self.run.raw_status is None:
             self.new.observedGeneration = self.run.generation
             self.new.conditions = conditions(self.new, self.now, self.run.generation)
