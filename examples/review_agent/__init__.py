@@ -32,8 +32,11 @@ def plan(topic: str, parts: int, seconds: float) -> list[str]:
     return [f"{topic}: question {i}" for i in range(parts)]
 
 
-def research(question: str, seconds: float) -> str:
+def research(ctx: DurableContext, question: str, seconds: float) -> str:
     _execute(f"research {question}", seconds)
+    # What the (fake) model call cost, charged inside the step: its journal record carries it, so the timeline
+    # shows it on this step. (Charged after the step, outside it, it would travel with the next record.)
+    ctx.add_cost(usd=Decimal("0.012"), tokens=1500)
     return f"notes on {question}"
 
 
@@ -49,8 +52,7 @@ async def review_agent(ctx: DurableContext, input: dict[str, Any]) -> dict[str, 
     questions = await ctx.step("plan", plan, topic, parts, seconds)
     notes = []
     for i, question in enumerate(questions):
-        notes.append(await ctx.step(f"research-{i}", research, question, seconds))
-        ctx.add_cost(usd=Decimal("0.012"), tokens=1500)  # what the (fake) model call cost
+        notes.append(await ctx.step(f"research-{i}", research, ctx, question, seconds))
     draft = "\n".join(notes)
     review = await ctx.wait_for_event("review", timeout=timedelta(hours=48))
     if not review.get("approved"):

@@ -111,6 +111,11 @@ def test_the_review_agent_waits_for_its_review_and_every_example_is_listed(tmp_p
     assert "waiting for event 'review'" in first.stderr
     shown = cli(["inspect", "--run-id", "demo", *store], env=env).stdout
     assert "3/4 steps" in shown  # plan and 2 research steps of the 4 it declared
+    # Each research step's fake model call is on its own row, and the rows add up to the run's cost.
+    timeline = json.loads(cli(["timeline", "--run-id", "demo", *store, "--output", "json"], env=env).stdout)
+    costs = {e["name"]: (e["usd"], e["tokens"]) for e in timeline["entries"] if e["usd"] != "0" or e["tokens"]}
+    assert costs == {"research-0": ("0.012", 1500), "research-1": ("0.012", 1500)}, timeline["entries"]
+    assert timeline["cost"] == {"usd": "0.024", "tokens": 3000}
     cli(["send-event", "--run-id", "demo", *store, "review", '{"approved": true, "by": "dana"}'],
         env=env)
     done = cli(["resume", "--run-id", "demo", *store], env=env)

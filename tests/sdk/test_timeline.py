@@ -124,3 +124,37 @@ def test_no_step_is_marked_when_none_stands_out(tmp_path: Path) -> None:
     assert [e["name"] for e in steps] == ["a", "b", "c"]
     assert [e["marks"] for e in steps] == [[], [], []]
     assert "<-" not in cli(["timeline", *base], env=env).stdout
+
+
+def test_every_cost_is_on_a_row_and_the_rows_add_up_to_the_runs(tmp_path: Path) -> None:
+    """ctx.add_cost outside a step travels with the next record, whatever it is: a wait, a sleep, a ctx.uuid.
+    Each lands on a row (the wait's, the sleep's, a cost row), so the timeline's costs add up to the run's."""
+    (tmp_path / "wf_costs.py").write_text(textwrap.dedent('''
+        from datetime import timedelta
+
+        def charged(ctx):
+            ctx.add_cost(usd="0.5", tokens=5)
+            return 1
+
+        async def run(ctx, input):
+            await ctx.step("inside", charged, ctx)
+            ctx.add_cost(usd="0.01", tokens=100)
+            await ctx.sleep(timedelta(milliseconds=10))
+            ctx.add_cost(usd="0.02", tokens=200)
+            ctx.uuid()
+            ctx.add_cost(usd="0.04", tokens=400)
+            await ctx.wait_for_event("go")
+            return "done"
+    '''))
+    env = sub_env({})
+    base = ["--run-id", "costs", "--store", f"file://{tmp_path / 'store'}"]
+    run = [sys.executable, "-m", "durablerun", "run", "wf_costs:run", *base, "--quiet"]
+    waiting = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert waiting.returncode == Outcome.WAITING.exit_code, waiting.stderr
+    doc = json.loads(cli(["timeline", *base, "--output", "json"], env=env).stdout)
+    rows = [(e["kind"], e["name"], e["usd"], e["tokens"]) for e in doc["entries"]]
+    assert rows == [("step", "inside", "0.5", 5), ("sleep", "sleep", "0.01", 100), ("cost", "add_cost", "0.02", 200),
+                    ("wait", "go", "0.04", 400)], rows
+    assert doc["cost"] == {"usd": "0.57", "tokens": 705}
+    text = cli(["timeline", *base], env=env).stdout
+    assert any("<wait> go" in line and "$0.0400" in line for line in text.splitlines()), text

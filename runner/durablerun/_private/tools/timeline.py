@@ -2,7 +2,8 @@
 
 Every record carries the attempt that wrote it (``w``) and when (``at``); a step's record its duration
 (``dur``), attempts and cost. From those: each step's start, duration, attempt and cost; sleeps and waits
-as gaps with their reason; a restart wherever the writer changes; the slowest and the most expensive step
+as gaps with their reason (and the cost their records carry: every record's cost is on some row, so the rows
+add up to the run's); a restart wherever the writer changes; the slowest and the most expensive step
 marked. :func:`build` makes the data (``--output json`` prints it), :func:`render` draws it.
 """
 
@@ -39,7 +40,7 @@ BAR = 32  # columns of the time bar
 class Entry:
     """One line of the timeline. ``start`` and ``end`` are Unix seconds."""
 
-    kind: str  # step, sleep, wait, restart, continue, complete
+    kind: str  # step, sleep, wait, restart, continue, complete, cost (charged outside steps, on no other row)
     name: str
     start: float
     end: float
@@ -116,31 +117,48 @@ def build(run: str, records: Sequence[Record], *, now: float | None = None, firs
                                  usd, tokens, reason="" if r.ok else f"failed: {error}", seq=r.seq))
         elif isinstance(r, SleepRecord):
             wake = parse_time(r.wake_at).timestamp()
-            entries.append(Entry("sleep", "sleep", r.at, max(r.at, wake), r.pos, attempt,
+            entries.append(Entry("sleep", "sleep", r.at, max(r.at, wake), r.pos, attempt, usd=usd, tokens=tokens,
                                  reason=f"sleeping until {r.wake_at}", seq=r.seq))
         elif isinstance(r, WaitRecord):
             waits[r.pos] = r
         elif isinstance(r, EventRecord):
             began = waits.pop(r.pos, None)
             reason = f"waited for event {r.name!r}" + ("" if r.ok else " (timed out)")
-            entries.append(Entry("wait", r.name, began.at if began else r.at, r.at, r.pos, attempt, reason=reason,
-                                 seq=r.seq))
+            usd, tokens = _plus(usd, tokens, began)
+            entries.append(Entry("wait", r.name, began.at if began else r.at, r.at, r.pos, attempt, usd=usd,
+                                 tokens=tokens, reason=reason, seq=r.seq))
         elif isinstance(r, ContinueRecord):
-            entries.append(Entry("continue", "continue_as_new", r.at, r.at, r.pos, attempt,
+            entries.append(Entry("continue", "continue_as_new", r.at, r.at, r.pos, attempt, usd=usd, tokens=tokens,
                                  reason=f"generation {r.gen} starts", seq=r.seq))
         elif isinstance(r, CompleteRecord):
             entries.append(Entry("complete", "result", r.at, r.at, r.pos, attempt, usd=usd, tokens=tokens,
                                  seq=r.seq))
+        elif r.cost is not None:  # a record drawn as no row (ctx.uuid, ctx.patched): its cost gets one
+            entries.append(Entry("cost", "add_cost", r.at, r.at, r.pos, attempt, usd=usd, tokens=tokens,
+                                 reason=OUTSIDE_STEPS, seq=r.seq))
         last_at = r.at
     for w in waits.values():
         until = f" (deadline {w.deadline})" if w.deadline else ""
         end = max(w.at, now if now is not None else w.at)
+        usd, tokens = _plus("0", 0, w)
         entries.append(Entry("wait", w.name, w.at, end, w.pos, first_attempt - 1 + max(1, len(writers)),
-                             reason=f"waiting for event {w.name!r}{until}"))
+                             usd=usd, tokens=tokens, reason=f"waiting for event {w.name!r}{until}"))
     entries.sort(key=lambda e: (e.start, e.end))
     _mark([e for e in entries if e.kind == "step"])
     totals = records[-1].totals if records else None
     return Timeline(run, entries, writers, str(totals.usd) if totals else "0", totals.tokens if totals else 0)
+
+
+#: Why a row that is no step carries a cost: ``ctx.add_cost`` outside a step is journaled with the record that
+#: follows it (a resume replays the call, so it is counted once), whatever that record is.
+OUTSIDE_STEPS = "cost charged outside a step since the record before"
+
+
+def _plus(usd: str, tokens: int, record: Record | None) -> tuple[str, int]:
+    """``usd`` and ``tokens`` plus ``record``'s cost (a wait's row carries its wait record's and its event's)."""
+    if record is None or record.cost is None:
+        return usd, tokens
+    return str(Decimal(usd) + record.cost.usd), tokens + record.cost.tokens
 
 
 #: Seconds an Event's time may fall outside the gap between two attempts' records and still be that restart's:
@@ -290,7 +308,7 @@ def render(t: Timeline, out: IO[str] | None = None) -> None:
     print(f"run {t.run}: {format_time(t.start)} .. {format_time(t.end)} ({_seconds(t.end - t.start)}), "
           f"{len(t.attempts)} attempt(s), ${t.usd}, {t.tokens} tokens; trace {api.trace_id(t.run)}", file=out)
     print(f"{'start':>8} {'took':>7}  {'':{BAR}}  {'att':>3} {'what':<28} {'cost':>9} {'tokens':>7}", file=out)
-    glyph = {"step": "█", "sleep": "·", "wait": "░", "restart": "x", "continue": "│", "complete": "│"}
+    glyph = {"step": "█", "sleep": "·", "wait": "░", "restart": "x", "continue": "│", "complete": "│", "cost": "$"}
     for e in t.entries:
         first = int((e.start - t.start) / span * (BAR - 1))
         width = max(1, round(e.duration / span * BAR))
