@@ -109,6 +109,17 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert '"by": "dana"' in text(chrome, "#output")
     assert runs.executions("flaky") == 2  # the crash and the restart
     assert runs.executions("prepare") == 1  # replayed from the journal, not run again
+    # The attempt that took the event in is drawn as a resume, not as a second red crash beside the real one.
+    until(chrome, lambda: "resume" in {row["data"]["kind"] for row in rows(chrome, "timeline")} or None,
+          "the resume after the wait on the timeline", timeout=60)
+    new_attempts = [(row["data"]["kind"], row["cells"][7]) for row in rows(chrome, "timeline")
+                    if row["data"]["kind"] in ("restart", "resume")]
+    assert [kind for kind, _ in new_attempts] == ["restart", "resume"], new_attempts
+    assert "after its wait for event 'review'" in new_attempts[1][1], new_attempts
+    colour = {kind: chrome.find_element(By.CSS_SELECTOR, f"#timeline tr.kind-{kind} .bar")
+              .value_of_css_property("background-color") for kind in ("restart", "resume")}
+    assert colour["restart"] == "rgba(207, 34, 46, 1)", colour  # --bad: the crash
+    assert colour["resume"] != colour["restart"], colour
     # A finished run is offered nothing the operator would refuse or ignore: no event, suspend, abort or retry.
     until(chrome, lambda: not chrome.find_element(By.ID, "event-form").is_displayed(), "no event form once done")
     assert offered(chrome) == []

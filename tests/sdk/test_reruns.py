@@ -60,6 +60,11 @@ def test_rerun_from_a_step_executes_it_and_what_follows_once_and_archives_the_re
     assert (f"history   rerun from step 'draft' (position 2, record 2) by {fact['by']} ({fact['via']}) at "
             f"{fact['time']}: 5 record(s) dropped, the run as it was archived under {fact['archive']}") in text
     assert f"archive   {fact['archive']} ({archive['objects']} objects, under the run's root _local/r1/)" in text
+    # Its timeline draws the rerun's attempt as a rerun (no crash), naming the step and who cut it back.
+    drawn = json.loads(cli(["timeline", "--run-id", "r1", *base[:2], "--output", "json"]).stdout)
+    [cut] = [e for e in drawn["entries"] if e["kind"] == "rerun"]
+    assert cut["reason"].endswith(f"reran the run from step 'draft', cut back by {fact['by']} at {fact['time']}")
+    assert "restart" not in [e["kind"] for e in drawn["entries"]], drawn["entries"]
     # The archive keeps the old journal: the rerun run's own journal holds the new records.
     replay = cli(["replay", "upgrading:v1", "--run-id", "r1", *base[:2]])
     assert replay.returncode == 0, replay.stdout + replay.stderr

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from durablerun import api
+from durablerun._private.tools import timeline
 from durablerun.api import Outcome
 from tests.helpers.local_runs import wait_until
 
@@ -75,10 +76,13 @@ def test_timeline_of_a_run_with_a_restart_a_sleep_and_a_wait(tmp_path: Path) -> 
     # Attempt 1 journaled fetch and costly; attempt 2 (after the kill) hang and the wait; attempt 3 the rest.
     assert len(doc["attempts"]) == 3
     kinds = [(e["kind"], e["name"], e["attempt"]) for e in doc["entries"]]
+    # Attempt 2 follows a kill (a restart, red in the run browser); attempt 3 the wait it ended with (a resume).
     assert kinds == [("step", "fetch", 1), ("step", "costly", 1), ("sleep", "sleep", 1),
-                     ("restart", "attempt 2", 2), ("step", "hang", 2), ("restart", "attempt 3", 3),
+                     ("restart", "attempt 2", 2), ("step", "hang", 2), ("resume", "attempt 3", 3),
                      ("wait", "go", 3), ("step", "finish", 3), ("complete", "result", 3)]
     entries = {(e["kind"], e["name"]): e for e in doc["entries"]}
+    assert entries[("restart", "attempt 2")]["reason"].endswith("resumed the run")
+    assert entries[("resume", "attempt 3")]["reason"].endswith("resumed the run after its wait for event 'go'")
     assert entries[("step", "costly")]["tokens"] == 2500
     assert entries[("step", "costly")]["marks"] == ["most expensive"]
     assert entries[("step", "hang")]["marks"] == ["slowest"]
@@ -98,7 +102,8 @@ def test_timeline_of_a_run_with_a_restart_a_sleep_and_a_wait(tmp_path: Path) -> 
     assert lines[0].endswith(f"trace {api.trace_id('_local/tl')}")
     assert any("costly" in line and "<- most expensive" in line and "2500" in line for line in lines)
     assert any(" hang " in line and "<- slowest" in line for line in lines)
-    assert sum("<restart>" in line for line in lines) == 2
+    assert sum("<restart>" in line for line in lines) == 1
+    assert sum("<resume>" in line for line in lines) == 1
     assert any("<wait> go" in line and "waited for event 'go'" in line for line in lines)
 
     missing = cli(["timeline", "--run-id", "nope", "--store", f"file://{tmp_path / 'store'}"], env=env)
@@ -158,3 +163,18 @@ def test_every_cost_is_on_a_row_and_the_rows_add_up_to_the_runs(tmp_path: Path) 
     assert doc["cost"] == {"usd": "0.57", "tokens": 705}
     text = cli(["timeline", *base], env=env).stdout
     assert any("<wait> go" in line and "$0.0400" in line for line in text.splitlines()), text
+
+
+def test_a_restart_the_events_say_was_planned_is_a_resume_and_one_they_say_crashed_is_a_restart() -> None:
+    """The journal cannot tell a suspended run's next attempt from a crash's: the run's Events can."""
+    def row(kind: str) -> timeline.Entry:
+        return timeline.Entry(kind, "attempt 2", 100.0, 200.0, attempt=2, reason="attempt 2 (w2) resumed the run")
+
+    suspended, crashed, waited = row("restart"), row("restart"), row("resume")
+    timeline.restart_causes([suspended], [(101.0, "Suspended", "suspended at a step boundary: spec.suspend is true"),
+                                          (150.0, "Resumed", "spec.suspend is false: resuming")])
+    assert suspended.kind == "resume"
+    assert suspended.reason.startswith("suspended at a step boundary")
+    timeline.restart_causes([crashed, waited], [(101.0, api.EVENT_RESTARTING, "Crash: pod exited 137")])
+    assert (crashed.kind, crashed.causes) == ("restart", ["Crash"])
+    assert (waited.kind, waited.causes) == ("restart", ["Crash"])  # it crashed on its way to the wait

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 from durablerun import api, errors, resource
 from durablerun._private.records.layout import RunRef
 from durablerun._private.storage.stores import Store
-from durablerun._private.tools import kubeapi, timeline
+from durablerun._private.tools import kubeapi, reruns, timeline
 from durablerun._private.tools.kubeapi import Kubectl, PluginError
 
 ASSETS = Path(__file__).parent / "browser_assets"
@@ -215,7 +215,8 @@ class Timelines:
                 journal.store.check()
                 journal.checked = True
             return timeline.page(journal.runs, journal.ref.key, offset, size, now=time.time(),
-                                 attempts=journal.attempts, count_attempts=False)  # status.attempt counts them
+                                 attempts=journal.attempts, count_attempts=False,  # status.attempt counts them
+                                 history=reruns.read_history(journal.runs))  # a rerun's attempt drawn as one
 
     def close(self) -> None:
         with self.lock:

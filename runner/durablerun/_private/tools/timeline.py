@@ -3,8 +3,9 @@
 Every record carries the attempt that wrote it (``w``) and when (``at``); a step's record its duration
 (``dur``), attempts and cost. From those: each step's start, duration, attempt and cost; sleeps and waits
 as gaps with their reason (and the cost their records carry: every record's cost is on some row, so the rows
-add up to the run's); a restart wherever the writer changes; the slowest and the most expensive step
-marked. :func:`build` makes the data (``--output json`` prints it), :func:`render` draws it.
+add up to the run's); wherever the writer changes, a restart, a resume (after a wait or a sleep) or a rerun;
+the slowest and the most expensive step marked. :func:`build` makes the data (``--output json`` prints it),
+:func:`render` draws it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from durablerun._private.records.layout import RunRef
 from durablerun._private.records.model import (
     CompleteRecord,
     ContinueRecord,
+    EngineConfig,
     EventRecord,
     Record,
     SleepRecord,
@@ -31,6 +33,7 @@ from durablerun._private.records.model import (
 )
 from durablerun._private.storage.journal import RunStore
 from durablerun._private.storage.stores import Store
+from durablerun._private.tools import reruns
 from durablerun.api import format_time, parse_time
 
 BAR = 32  # columns of the time bar
@@ -40,7 +43,9 @@ BAR = 32  # columns of the time bar
 class Entry:
     """One line of the timeline. ``start`` and ``end`` are Unix seconds."""
 
-    kind: str  # step, sleep, wait, restart, continue, complete, cost (charged outside steps, on no other row)
+    #: step, sleep, wait, restart, resume, rerun (NEW_ATTEMPT_KINDS), continue, complete, cost (charged outside
+    #: steps, on no other row)
+    kind: str
     name: str
     start: float
     end: float
@@ -95,19 +100,21 @@ class Timeline:
                 "attempts": self.attempts, "cost": {"usd": self.usd, "tokens": self.tokens}, "entries": entries}
 
 
-def build(run: str, records: Sequence[Record], *, now: float | None = None, first_attempt: int = 1) -> Timeline:
+def build(run: str, records: Sequence[Record], *, now: float | None = None, first_attempt: int = 1,
+          history: Sequence[dict[str, Any]] = ()) -> Timeline:
     """The timeline of ``records`` (a run's journal, in order). ``now`` ends a wait still open.
-    ``first_attempt`` is the attempt that wrote ``records[0]`` (a page of a journal starts past the first)."""
+    ``first_attempt`` is the attempt that wrote ``records[0]`` (a page of a journal starts past the first).
+    ``history``: the run's recorded facts (``reruns.read_history``): a rerun's next attempt is drawn as one."""
     entries: list[Entry] = []
     writers: list[str] = []
     waits: dict[str, WaitRecord] = {}
-    last_at: float | None = None
+    last: Record | None = None
     for r in records:
         if r.w and (not writers or writers[-1] != r.w):
-            if writers and last_at is not None:
+            if writers and last is not None:
                 n = first_attempt + len(writers)
-                entries.append(Entry("restart", f"attempt {n}", last_at, r.at, attempt=n,
-                                     reason=f"attempt {n} ({r.w}) resumed the run", seq=r.seq))
+                kind, reason = _new_attempt(n, r, last, history)
+                entries.append(Entry(kind, f"attempt {n}", last.at, r.at, attempt=n, reason=reason, seq=r.seq))
             writers.append(r.w)
         attempt = first_attempt - 1 + max(1, len(writers))
         usd, tokens = (str(r.cost.usd), r.cost.tokens) if r.cost else ("0", 0)
@@ -136,7 +143,7 @@ def build(run: str, records: Sequence[Record], *, now: float | None = None, firs
         elif r.cost is not None:  # a record drawn as no row (ctx.uuid, ctx.patched): its cost gets one
             entries.append(Entry("cost", "add_cost", r.at, r.at, r.pos, attempt, usd=usd, tokens=tokens,
                                  reason=OUTSIDE_STEPS, seq=r.seq))
-        last_at = r.at
+        last = r
     for w in waits.values():
         until = f" (deadline {w.deadline})" if w.deadline else ""
         end = max(w.at, now if now is not None else w.at)
@@ -147,6 +154,34 @@ def build(run: str, records: Sequence[Record], *, now: float | None = None, firs
     _mark([e for e in entries if e.kind == "step"])
     totals = records[-1].totals if records else None
     return Timeline(run, entries, writers, str(totals.usd) if totals else "0", totals.tokens if totals else 0)
+
+
+#: The kinds of row a new attempt makes: ``restart`` when the last one ended unplanned (a crash, a kill, a lost
+#: lease, a disruption: red in the run browser), ``resume`` when it ended to wait or sleep without a pod (or a
+#: person suspended it, as the run's Events say) and a new one picked the run up, ``rerun`` when someone cut
+#: the journal back to a step (``durablerun rerun``) and a new attempt executes it again.
+NEW_ATTEMPT_KINDS = ("restart", "resume", "rerun")
+#: A sleep longer than this ends its attempt (EngineConfig.inline_sleep_max's default; a run that set it lower
+#: shows a resume after a shorter sleep as a restart, unless the run's Events say otherwise).
+INLINE_SLEEP_MAX = EngineConfig().inline_sleep_max.total_seconds()
+#: The operator's Events that say a new attempt was planned (``restart_causes`` reads them).
+PLANNED = (api.Phase.SUSPENDED.value, "Resumed", "EventReceived", "BudgetRaised", "Retrying")
+
+
+def _new_attempt(n: int, first: Record, last: Record, history: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """The kind and reason of the row where attempt ``n`` wrote ``first``, the record after ``last``."""
+    who = f"attempt {n} ({first.w})"
+    cut = next((f for f in history if f.get("action") == "rerun" and f.get("fromSeq") == first.seq), None)
+    if cut is not None:
+        return "rerun", (f"{who} reran the run from step {cut.get('fromStep')!r}, cut back by {cut.get('by', '?')} "
+                         f"at {cut.get('time', '?')}")
+    if isinstance(last, WaitRecord) and isinstance(first, EventRecord) and first.pos == last.pos:
+        # The attempt ended waiting, and the next one began by taking the event in (or the wait's timeout).
+        return "resume", f"{who} resumed the run after its wait for event {last.name!r}"
+    if isinstance(last, SleepRecord) and parse_time(last.wake_at).timestamp() - last.at > INLINE_SLEEP_MAX:
+        # Too long to sleep in process: the attempt ended with it, and the next one began after the wake time.
+        return "resume", f"{who} resumed the run after its sleep until {last.wake_at}"
+    return "restart", f"{who} resumed the run"
 
 
 #: Why a row that is no step carries a cost: ``ctx.add_cost`` outside a step is journaled with the record that
@@ -167,17 +202,25 @@ EVENT_SLACK = 2.0
 
 
 def restart_causes(entries: Sequence[Entry], events: Sequence[tuple[float, str, str]]) -> None:
-    """Name each restart's cause on its row: the operator's ``Restarting`` Events (``(time, reason,
-    message)``, message ``<RestartReason>: <why>``) posted between the last record of one attempt and the
-    first of the next. Several (a crash, then a lease lapse before anything was journaled) are all named."""
+    """Name each new attempt's cause on its row from the run's Events (``(time, reason, message)``) posted
+    between the last record of one attempt and the first of the next: the operator's ``Restarting`` Events
+    (message ``<RestartReason>: <why>``) make it a restart, all of them named (a crash, then a lease lapse before
+    anything was journaled); a restart the journal could not tell apart is a resume when the Events say it was
+    planned (a suspension lifted, a retry) and none says it restarted."""
     for entry in entries:
-        if entry.kind != "restart":
+        if entry.kind not in NEW_ATTEMPT_KINDS:
             continue
-        found = sorted((at, message) for at, reason, message in events if reason == api.EVENT_RESTARTING
-                       and entry.start - EVENT_SLACK <= at <= entry.end + EVENT_SLACK)
+        within = sorted((at, reason, message) for at, reason, message in events
+                        if entry.start - EVENT_SLACK <= at <= entry.end + EVENT_SLACK)
+        found = [(at, message) for at, reason, message in within if reason == api.EVENT_RESTARTING]
+        planned = [message for _, reason, message in within if reason in PLANNED]
         if found:
+            entry.kind = "restart" if entry.kind == "resume" else entry.kind  # it crashed on its way to the wait
             entry.causes = [message.split(":", 1)[0] for _, message in found]
             entry.reason = "; then ".join(message for _, message in found) + f"; {entry.reason}"
+        elif entry.kind == "restart" and planned:
+            entry.kind = "resume"
+            entry.reason = "; then ".join(planned) + f"; {entry.reason}"
 
 
 def kubernetes_events(items: Sequence[dict[str, Any]]) -> list[tuple[float, str, str]]:
@@ -236,7 +279,8 @@ class Attempts:
 
 
 def page(rs: RunStore, run: str, offset: int, size: int, *, now: float,
-         attempts: Attempts | None = None, count_attempts: bool = True) -> tuple[Timeline, dict[str, Any]]:
+         attempts: Attempts | None = None, count_attempts: bool = True,
+         history: Sequence[dict[str, Any]] = ()) -> tuple[Timeline, dict[str, Any]]:
     """The entries that records ``offset`` to ``offset + size`` of the journal end, and the whole run's
     facts (``total`` records, ``start``, ``end``, ``attempts``: with ``count_attempts``, else 0 (a
     DurableRun's status counts them)): O(size) records read, never the journal.
@@ -250,7 +294,7 @@ def page(rs: RunStore, run: str, offset: int, size: int, *, now: float,
     first = max(0, offset - LOOKBACK)
     records = rs.read_range(first, end) if offset < total else []
     attempts.note(records)
-    built = build(run, records, now=now, first_attempt=attempts.ordinal(first) if records else 1)
+    built = build(run, records, now=now, first_attempt=attempts.ordinal(first) if records else 1, history=history)
     last_page = end >= total
     entries = [e for e in built.entries if offset <= e.seq < end or (e.seq < 0 and last_page)]
     steps = [e for e in entries if e.kind == "step"]
@@ -308,7 +352,8 @@ def render(t: Timeline, out: IO[str] | None = None) -> None:
     print(f"run {t.run}: {format_time(t.start)} .. {format_time(t.end)} ({_seconds(t.end - t.start)}), "
           f"{len(t.attempts)} attempt(s), ${t.usd}, {t.tokens} tokens; trace {api.trace_id(t.run)}", file=out)
     print(f"{'start':>8} {'took':>7}  {'':{BAR}}  {'att':>3} {'what':<28} {'cost':>9} {'tokens':>7}", file=out)
-    glyph = {"step": "█", "sleep": "·", "wait": "░", "restart": "x", "continue": "│", "complete": "│", "cost": "$"}
+    glyph = {"step": "█", "sleep": "·", "wait": "░", "restart": "x", "resume": ">", "rerun": "<", "continue": "│",
+             "complete": "│", "cost": "$"}
     for e in t.entries:
         first = int((e.start - t.start) / span * (BAR - 1))
         width = max(1, round(e.duration / span * BAR))
@@ -335,9 +380,10 @@ def show(store: Store, ref: RunRef, *, as_json: bool = False, out: IO[str] | Non
     rs = store.run_store(ref)
     try:
         records = rs.load().records
+        history = reruns.read_history(rs)
     finally:
         rs.close()
-    timeline = build(ref.key, records, now=time.time())
+    timeline = build(ref.key, records, now=time.time(), history=history)
     restart_causes(timeline.entries, events)
     if as_json:
         print(json.dumps(timeline.to_json(), indent=2), file=out)
