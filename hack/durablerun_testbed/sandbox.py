@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -289,7 +290,7 @@ def demo(directory: Path, node: str, bed_id: str = "") -> Story:
 def kill(state: SandboxState, namespace: str, pod: str) -> dict[str, Any]:
     """SIGKILL the runner container of ``pod``: its process, through containerd or the process node."""
     if state.node != "real":
-        return NodeClient(state.node_url).kill(namespace, pod)
+        return _on_process_node("kill", namespace, pod, NodeClient(state.node_url).kill)
     env = dict(os.environ, KUBECONFIG=state.kubeconfig)
     got = subprocess.run([str(binaries.kubectl()), "get", "pod", pod, "-n", namespace, "-o", "json"],
                          env=env, capture_output=True, text=True, check=False)
@@ -477,5 +478,23 @@ def main(argv: list[str]) -> int:
         else:
             client = NodeClient(state.node_url)
             action = {"continue": client.cont, "term": client.terminate}.get(args.action)
-            print(json.dumps((action or getattr(client, args.action))(args.namespace, args.pod)))
+            print(json.dumps(_on_process_node(args.action, args.namespace, args.pod,
+                                              action or getattr(client, args.action))))
     return 0
+
+
+def _on_process_node(action: str, namespace: str, pod: str,
+                     call: Callable[[str, str], dict[str, Any]]) -> dict[str, Any]:
+    """The process node's answer to ``action`` on ``pod``, or a sentence (exit 1) where it refused or is gone."""
+    try:
+        return call(namespace, pod)
+    except urllib.error.HTTPError as error:  # 404: no such pod (the run moved on to its next attempt)
+        try:
+            why = json.loads(error.read() or b"{}").get("error") or error.reason
+        except ValueError:
+            why = error.reason
+        raise SystemExit(f"no pod {namespace}/{pod} to {action} on the process node: {why} (kubectl get pods -n "
+                         f"{namespace} lists the run's pods)") from None
+    except urllib.error.URLError as error:
+        raise SystemExit(f"the process node does not answer ({error.reason}): is the sandbox up? "
+                         "(make sandbox-up)") from None
