@@ -323,3 +323,31 @@ def test_quotas_deploy_a_redis_whose_password_the_operator_and_each_namespaces_r
     both = helm("template", "x", str(CHART), "--set", "quotas.enabled=true", "--set", "quotas.redis.url=redis://r:6379",
                 check=False)
     assert "set quotas.redis.deploy=false as well" in both.stderr
+
+
+def test_notes_ask_only_for_what_the_cluster_lacks(helm: Helm, admin: Kubectl, namespace: str) -> None:
+    """The NOTES' next steps, as `helm install` prints them: a namespace without the runs' Secret is told to
+    create it and to name an image holding the workflow; one with the Secret (the sandbox creates it before
+    installing, with its store's endpoint) and a release whose runner.image is the examples image (the sandbox's)
+    is not asked for either."""
+
+    def notes(values: dict[str, object]) -> str:
+        # --dry-run=server: helm's lookup reads the cluster, as a real install's NOTES do; nothing is created.
+        out = helm.install("notes", namespace, {"watchNamespaces": [namespace], "crds": {"enabled": False},
+                                                **values}, "--dry-run=server")
+        return out[out.index("NOTES:"):]
+
+    bare = notes({})
+    assert "kubectl -n $NS create secret generic durablerun-s3" in bare, bare
+    assert "Set spec.template's image to a runner image that contains the workflow's module" in bare, bare
+    assert "Set spec.checkpoint.uri to a bucket you own." in bare, bare
+
+    admin("create", "secret", "generic", "durablerun-s3", "-n", namespace, "--from-literal=AWS_ACCESS_KEY_ID=k",
+          "--from-literal=AWS_SECRET_ACCESS_KEY=s", "--from-literal=AWS_ENDPOINT_URL_S3=http://127.0.0.1:9000")
+    sandbox = notes({"runner": {"image": {"repository": "localhost/durable-run/examples", "tag": "abc"}}})
+    assert "create secret" not in sandbox, sandbox
+    assert "Secret durablerun-s3 is there already" in sandbox, sandbox
+    assert "Set spec.template's image" not in sandbox, sandbox
+    assert "runs this release's runner.image, localhost/durable-run/examples:abc" in sandbox, sandbox
+    assert f"NS={namespace}" in sandbox, sandbox
+    assert "kubectl -n $NS apply -f deploy/samples/review-agent.yaml" in sandbox, sandbox
