@@ -57,41 +57,54 @@ def _labels(run_name: str) -> dict[str, str]:
     }
 
 
-def service_account_name(run: dict[str, Any]) -> str:
-    """The pod's ServiceAccount: the template's own (e.g. for workload identity) or a per-run one."""
+def service_account_name(run: dict[str, Any], settings: Settings) -> str:
+    """The pod's ServiceAccount: the template's own (e.g. for workload identity), else the namespace's runner
+    account, or in per-run access the run's own."""
     template_spec = (run["spec"].get("template") or {}).get("spec") or {}
-    return str(template_spec.get("serviceAccountName") or runner_account(run["metadata"]["name"]))
+    if template_spec.get("serviceAccountName"):
+        return str(template_spec["serviceAccountName"])
+    if settings.runner_access == api.RUNNER_ACCESS_RUN:
+        return runner_account(run["metadata"]["name"])
+    return api.RUNNER_ACCOUNT
 
 
-def runner_rbac(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """ServiceAccount (unless the template names one), Role and RoleBinding for one run.
+def runner_rbac(run: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """What the pod's ServiceAccount needs to work, made before the run's first attempt (``kube.ensure``: each
+    one is created unless it exists): the ServiceAccount (unless the template names one), a Role, and the
+    RoleBinding, last.
 
-    The Role names the run itself: a runner can read its DurableRun and patch
-    its status, and nothing else: not another run, not pods, not Secrets.
+    A runner reads runs and patches their status, and nothing else: not pods, not Secrets. By default the Role
+    is the namespace's (api.RUNNER_ROLE, on every run of it), made once and kept, and the runner-status
+    admission policy holds each write to the run whose current attempt is the writer's pod. In per-run access
+    the Role names the run itself and the objects are the run's, deleted with it.
     """
     name, namespace = run["metadata"]["name"], run["metadata"]["namespace"]
-    account = service_account_name(run)
-    meta = {"namespace": namespace, "labels": _labels(name), "ownerReferences": [owner_reference(run)]}
+    account = service_account_name(run, settings)
+    per_run = settings.runner_access == api.RUNNER_ACCESS_RUN
+    meta: dict[str, Any] = {"namespace": namespace, "labels": {
+        api.LABEL_MANAGED_BY: api.APP_NAME, api.LABEL_NAME: api.RUNNER_APP_NAME}}
+    if per_run:
+        meta = {"namespace": namespace, "labels": _labels(name), "ownerReferences": [owner_reference(run)]}
+    role = runner_account(name) if per_run else api.RUNNER_ROLE
+    only = {"resourceNames": [name]} if per_run else {}
     objects: list[dict[str, Any]] = []
-    if account == runner_account(name):
+    if account == (runner_account(name) if per_run else api.RUNNER_ACCOUNT):
         objects.append({
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": account, **copy.deepcopy(meta)},
         })
     objects.append({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": runner_account(name), **copy.deepcopy(meta)},
+        "metadata": {"name": role, **copy.deepcopy(meta)},
         "rules": [
-            {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "resourceNames": [name],
-             "verbs": ["get", "watch"]},
-            {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "resourceNames": [name],
-             "verbs": ["get", "patch"]},
+            {"apiGroups": [api.GROUP], "resources": [api.PLURAL], **only, "verbs": ["get", "watch"]},
+            {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], **only, "verbs": ["get", "patch"]},
         ],
     })
     objects.append({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": runner_account(name), **copy.deepcopy(meta)},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": runner_account(name)},
+        "metadata": {"name": runner_account(name) if per_run else api.runner_binding(account), **copy.deepcopy(meta)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
     })
     return objects
@@ -188,7 +201,7 @@ def runner_pod(run: dict[str, Any], epoch: int, settings: Settings) -> dict[str,
     pod_security.setdefault("runAsNonRoot", True)
     pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     pod_spec["restartPolicy"] = "Never"
-    pod_spec["serviceAccountName"] = service_account_name(run)
+    pod_spec["serviceAccountName"] = service_account_name(run, settings)
     pod_spec["automountServiceAccountToken"] = True
     policy = resource.Policy.model_validate(spec.get("policy") or {})
     grace = policy.pod_grace_seconds(pod_spec.get("terminationGracePeriodSeconds"))

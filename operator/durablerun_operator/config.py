@@ -87,6 +87,10 @@ class Settings:
     #: kueue.x-k8s.io/queue-name gets a Workload and starts each attempt only once Kueue admits it. Off,
     #: the label means nothing and the operator needs neither Kueue's CRDs nor RBAC for them.
     kueue: bool = False
+    #: Where runner pods get their rights (DURABLERUN_RUNNER_ACCESS): api.RUNNER_ACCESS_NAMESPACE, one
+    #: ServiceAccount, Role and RoleBinding per namespace, made once; or api.RUNNER_ACCESS_RUN, per run, for a
+    #: namespace whose runs must not read each other (docs/security.md, "What a runner may do").
+    runner_access: str = api.RUNNER_ACCESS_NAMESPACE
     #: ModelQuotas (DURABLERUN_MODEL_QUOTAS=true, the chart's quotas.enabled): watched, handed to the runner pods of
     #: the namespaces each covers, and read back into their status. Runners share their windows in the Redis
     #: DURABLERUN_LLM_QUOTA_REDIS names (required with quotas on); the operator reads it with the password
@@ -129,10 +133,19 @@ class Settings:
             otel_env=tuple(sorted((k, v) for k, v in os.environ.items()
                                   if k.startswith(api.Env.OTEL_PREFIX) and k not in api.Env.OTEL_NOT_SHARED)),
             kueue=_flag(api.OperatorEnv.KUEUE),
+            runner_access=_runner_access(),
             **_quotas(),
             namespaces=namespaces,
             **_sharding(),
         )
+
+
+def _runner_access() -> str:
+    access = os.environ.get(api.OperatorEnv.RUNNER_ACCESS) or api.RUNNER_ACCESS_NAMESPACE
+    if access not in (api.RUNNER_ACCESS_NAMESPACE, api.RUNNER_ACCESS_RUN):
+        raise SystemExit(f"{api.OperatorEnv.RUNNER_ACCESS}={access!r} must be {api.RUNNER_ACCESS_NAMESPACE} "
+                         f"(one runner ServiceAccount per namespace) or {api.RUNNER_ACCESS_RUN} (one per run)")
+    return access
 
 
 def _quotas() -> dict[str, Any]:

@@ -72,9 +72,10 @@ class Executor:
         self.integrations: Sequence[Integration[Any]] = (KueueIntegration(kube, settings, call),
                                                          QuotaIntegration(self.quota_index, settings))
         self._resumes_seen: set[tuple[str, int]] = set()
-        self._rbac_ready: dict[Key, str] = {}  # run -> uid whose ServiceAccount, Role and RoleBinding exist
-        # The last failure to create a run's pod, for decide (the run's status cannot hold it: it is written
-        # before the pod is created). One per run; decide ignores it once the epoch has moved on.
+        # The runner RoleBindings made, by (namespace, name): their owner run's uid, or "" for a namespace's.
+        self._rbac_ready: dict[Key, str] = {}
+        # The last failure to create a run's pod (an attempt's or a check's), for decide (the run's status cannot
+        # hold it: it is written before the pod is created). One per run; decide reads it for the pod it names.
         self._create_failures: dict[Key, decide.CreateFailure] = {}
 
     def involves_integration(self, body: dict[str, Any]) -> bool:
@@ -82,7 +83,7 @@ class Executor:
         return any(integration.involves(body) for integration in self.integrations)
 
     def forget(self, key: Key) -> None:
-        self._rbac_ready.pop(key, None)
+        self._rbac_ready.pop((key[0], builders.runner_account(key[1])), None)  # per-run access's
         self._create_failures.pop(key, None)
 
     # --- reading and deciding ------------------------------------------------------------
@@ -261,17 +262,21 @@ class Executor:
         meta = run["metadata"]
         key = (meta["namespace"], meta["name"])
         name = builders.pod_name(meta["name"], epoch)
+        rbac = builders.runner_rbac(run, self._settings)
+        binding = rbac[-1]["metadata"]
+        made = (binding["namespace"], binding["name"])
+        owner = binding.get("ownerReferences", [{}])[0].get("uid", "")
         try:
-            if self._rbac_ready.get(key) != meta["uid"]:  # made with the first attempt: later ones need no API calls
-                for obj in builders.runner_rbac(run):
+            if self._rbac_ready.get(made) != owner:  # made before the first attempt: later ones need no API calls
+                for obj in rbac:
                     await self._call(self._kube.ensure, obj)
-                self._rbac_ready[key] = meta["uid"]
+                self._rbac_ready[made] = owner
             pod = builders.runner_pod(run, epoch, self._settings)
             for integration in self.integrations:
                 pod = await integration.place(pod, plan)
             created = await self._call(self._kube.create_pod, pod)
         except Exception as error:
-            self._rbac_ready.pop(key, None)  # perhaps someone deleted the ServiceAccount: make sure next time
+            self._rbac_ready.pop(made, None)  # perhaps someone deleted the ServiceAccount: make sure next time
             message, permanent = self._kube.create_error(error)
             log.warning("%s/%s: pod %s could not be created (%s): %s", *key, name,
                         "permanent" if permanent else "may pass", message)
@@ -280,4 +285,3 @@ class Executor:
         self._create_failures.pop(key, None)
         if not created:
             log.info("pod %s already exists: attempt %d was started before", name, epoch)
-

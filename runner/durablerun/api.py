@@ -316,6 +316,8 @@ class OperatorEnv:
     MASS_EXPIRY_MIN_RUNS = "DURABLERUN_MASS_EXPIRY_MIN_RUNS"
     # "true": runs labelled with a Kueue queue are admitted through Kueue (the chart's kueue.enabled).
     KUEUE = "DURABLERUN_KUEUE"
+    # RUNNER_ACCESS_NAMESPACE (the default) or RUNNER_ACCESS_RUN: where runner pods get their rights.
+    RUNNER_ACCESS = "DURABLERUN_RUNNER_ACCESS"
     # ModelQuotas on (the chart's quotas.enabled): watch them and hand runner pods the ones covering their namespace.
     MODEL_QUOTAS = "DURABLERUN_MODEL_QUOTAS"
     # More than one replica (docs/operator.md, "More than one operator"): the number of shards the runs are
@@ -543,6 +545,22 @@ def image_digest(image_id: str) -> str | None:
     return None
 
 
+#: Where runner pods get their rights (OperatorEnv.RUNNER_ACCESS, docs/security.md "What a runner may do"):
+#: one ServiceAccount, Role and RoleBinding per namespace (the default: a start creates nothing but its pod),
+#: or per run (a run's runner cannot even read the other runs of its namespace; three more objects a run).
+RUNNER_ACCESS_NAMESPACE = "namespace"
+RUNNER_ACCESS_RUN = "run"
+#: The namespace's runner ServiceAccount and Role (a per-run name always has a suffix, so none is ever this).
+RUNNER_ACCOUNT = "durablerun"
+RUNNER_ROLE = "durablerun:runner"
+
+
+def runner_binding(account: str) -> str:
+    """The RoleBinding that gives a ServiceAccount the namespace's runner Role (no run name has a colon)."""
+    return f"{RUNNER_ROLE}:{account}"
+
+
 def runner_account(run_name: str) -> str:
-    """The ServiceAccount the operator makes for a run whose template names none (its Role: that run only)."""
+    """The ServiceAccount (and Role) the operator makes for one run in RUNNER_ACCESS_RUN mode (and made for
+    every run before RUNNER_ACCESS_NAMESPACE: a run started then keeps it until it is deleted)."""
     return f"durablerun-{run_name}"

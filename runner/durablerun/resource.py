@@ -24,7 +24,9 @@ from pydantic import ConfigDict, Field
 
 from durablerun.api import (
     DURATION_PATTERN,
+    GROUP,
     LABEL_QUEUE_NAME,
+    PLURAL,
     QUOTA_PRIORITY_MAX,
     USD_PATTERN,
     WORKFLOW_PATTERN,
@@ -35,7 +37,6 @@ from durablerun.api import (
     _duration_field,
     _Model,
     parse_duration,
-    runner_account,
 )
 from durablerun.relations import ChildrenTotal, ChildRequest, ChildState, SignalRequest, SignalState
 
@@ -664,32 +665,34 @@ RUNNER_REQUEST_FIELDS = ("childRequests", "signalRequests")
 
 # --- what a runner may write, held by the API server -------------------------------------------------------
 # A workflow runs in its runner's process, with its runner's token: whatever the runner may write, the workflow
-# may. The runner's Role limits it to its own run's status; a second ValidatingAdmissionPolicy
-# (durablerun_operator.crd.admission_policy) limits that too: only the run's current attempt may write, and
-# never the fields that fence attempts, count restarts, bound active time or pin code. So a workflow cannot
-# finish its own run, outlive its fence or move its pin (docs/security.md, "Threat model").
+# may. RBAC lets a runner patch the status of its namespace's runs (or of its own run only, in per-run access);
+# a second ValidatingAdmissionPolicy (durablerun_operator.crd.admission_policy) holds each write to the run whose
+# current attempt is the writer's own pod, and never the fields that fence attempts, count restarts, bound
+# active time or pin code. So a workflow cannot write another run, finish its own run, outlive its fence or move
+# its pin (docs/security.md, "Threat model").
 
 #: The extra a pod-bound ServiceAccount token carries (Kubernetes 1.32+): the pod it was issued for.
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 #: The status fields the operator alone decides; a runner's write must leave each as it was.
 OPERATOR_ONLY_FIELDS = ("epoch", "pod", "attempt", "phase", "restarts", "disruptions", "activeSeconds", "pin",
                         "upgradeCheck")
-#: The writer is the run's runner: its ServiceAccount (the template's, else the per-run one), through a
-#: pod-bound token. The operator, people and other controllers are not matched.
+#: The writer is a runner: a ServiceAccount that may write a run's status but not the run itself. The operator,
+#: people and controllers that may change runs are not matched; any runner ServiceAccount, the namespace's, a
+#: template's or a per-run one, is, whichever run it writes.
 RUNNER_WRITER = (
-    f"has(request.userInfo.extra) && '{POD_NAME_EXTRA}' in request.userInfo.extra && "
-    "request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':' + "
-    "(has(object.spec.template) && has(object.spec.template.spec) && "
-    "has(object.spec.template.spec.serviceAccountName) ? object.spec.template.spec.serviceAccountName : "
-    f"'{runner_account('')}' + object.metadata.name)"
+    "request.userInfo.username.startsWith('system:serviceaccount:') && "
+    f"!authorizer.group('{GROUP}').resource('{PLURAL}').namespace(request.namespace).name(request.name)"
+    ".check('patch').allowed()"
 )
+#: A runner writes only through its pod's own token, and only while its pod is the run's current attempt.
 CURRENT_ATTEMPT_RULE = (
+    f"has(request.userInfo.extra) && '{POD_NAME_EXTRA}' in request.userInfo.extra && "
     "has(oldObject.status) && has(oldObject.status.pod) && "
     f"request.userInfo.extra['{POD_NAME_EXTRA}'][0] == oldObject.status.pod"
 )
 CURRENT_ATTEMPT_ONLY = (
-    "status: only the run's current attempt (the pod status.pod names) may write it; this pod's attempt is over "
-    "or never began"
+    "status: only the run's current attempt (the pod status.pod names, with its own pod-bound token) may write "
+    "it; this pod is another run's, its attempt is over or never began"
 )
 
 

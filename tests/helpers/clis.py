@@ -93,12 +93,15 @@ class Kubectl:
         return answer == "yes"
 
 
-def service_account_kubectl(testbed: TestBed, account: str, namespace: str, directory: Path) -> Kubectl:
-    """kubectl with a real token of ``account`` from the TokenRequest API (`kubectl create token`)."""
+def service_account_kubectl(testbed: TestBed, account: str, namespace: str, directory: Path,
+                            pod: str | None = None) -> Kubectl:
+    """kubectl with a real token of ``account`` from the TokenRequest API (`kubectl create token`), bound to
+    ``pod`` if given (as a pod's mounted token is: the API server then knows the pod it was issued for)."""
     assert testbed.controlplane
-    token = testbed.kubectl("create", "token", account, "-n", namespace, "--duration=10m").stdout.strip()
+    bound = ["--bound-object-kind=Pod", f"--bound-object-name={pod}"] if pod else []
+    token = testbed.kubectl("create", "token", account, "-n", namespace, "--duration=10m", *bound).stdout.strip()
     user = f"system:serviceaccount:{namespace}:{account}"
-    path = directory / f"{namespace}.{account}.kubeconfig"
+    path = directory / f"{namespace}.{account}{'.' + pod if pod else ''}.kubeconfig"
     path.write_text(yaml.safe_dump(testbed.controlplane.kubeconfig_dict(user, token)))
     path.chmod(0o600)
     return Kubectl(path)

@@ -143,6 +143,7 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert env[api.OperatorEnv.HEALTH_PORT]["value"] == "18080"
     assert env[api.OperatorEnv.RESYNC_SECONDS]["value"] == "2.5"
     assert env[api.OperatorEnv.START_TIMEOUT_SECONDS]["value"] == "900"
+    assert env[api.OperatorEnv.RUNNER_ACCESS]["value"] == api.RUNNER_ACCESS_RUN
     assert env[api.OperatorEnv.CLUSTER]["value"] == "prod-eu"
     assert env[api.OperatorEnv.LOG_LEVEL]["value"] == "DEBUG"
     assert env[api.OperatorEnv.KUBE_QPS]["value"] == "80"

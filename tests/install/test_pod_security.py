@@ -56,7 +56,7 @@ def runner_pod(admin: Kubectl, namespace: str) -> dict[str, Any]:
                     "template": {"spec": {"containers": [{"name": "runner", "image": "registry.example/agents:1"}]}}}}
     admin("apply", "-f", "-", input=json.dumps(run))
     stored = json.loads(admin("get", "dr", "psa", "-n", namespace, "-o", "json").stdout)
-    for rbac_object in builders.runner_rbac(stored):
+    for rbac_object in builders.runner_rbac(stored, Settings()):
         admin("apply", "-f", "-", input=json.dumps(rbac_object))
     return builders.runner_pod(stored, 1, Settings())
 

@@ -233,7 +233,7 @@ def test_an_upgrade_is_checked_by_the_operators_own_pod_before_anything_moves() 
     assert pod["metadata"]["labels"][api.LABEL_RUN] == "run"
     assert api.LABEL_EPOCH not in pod["metadata"]["labels"]
     assert "finalizers" not in pod["metadata"]
-    assert pod["spec"]["serviceAccountName"] == api.runner_account("run")
+    assert pod["spec"]["serviceAccountName"] == api.RUNNER_ACCOUNT
     assert runner["securityContext"]["readOnlyRootFilesystem"]
     assert runner["securityContext"]["runAsNonRoot"]
     assert not any(e["name"] == api.Env.EPOCH for e in runner["env"])  # no attempt: it may write nothing

@@ -44,7 +44,7 @@ def test_the_check_pod_replays_the_runs_journal_with_the_new_image_as_the_runs_o
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     spec = pod["spec"]
-    assert spec["serviceAccountName"] == api.runner_account("review")
+    assert spec["serviceAccountName"] == api.RUNNER_ACCOUNT
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec["nodeSelector"] == {"pool": "agents"}
     assert spec["restartPolicy"] == "Never"

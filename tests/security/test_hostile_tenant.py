@@ -7,8 +7,9 @@ and write another run and its status, to finish its own run, take a newer attemp
 move its pin, rewrite its active time, create pods and DurableRuns, read Secrets and Events, and read, overwrite
 and list another namespace's journal. Each attempt's answer is what the workflow itself recorded, in its ledger
 file; each must be refused, by the API server (RBAC, or the runner-status admission policy naming the field) or
-by the store. Two things it may do are checked allowed, as docs/security.md's threat model says: report its own
-progress, and read a journal of its own namespace written with the same credentials.
+by the store. What it may do is checked allowed, as docs/security.md's threat model says: report its own
+progress, read the runs of its namespace (the namespace's runner Role), and read a journal of its own namespace
+written with the same credentials.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ INVALID = 422  # the runner-status admission policy: a runner's write it refuses
 
 #: attempt -> (allowed, HTTP status, a phrase of the refusal). Every attempt the workflow makes is listed here.
 EXPECTED: dict[str, tuple[bool, int | None, str]] = {
-    "read another run": (False, FORBIDDEN, "forbidden"),
-    "write another run's status": (False, FORBIDDEN, "forbidden"),
+    "read another run": (True, None, ""),
+    "write another run's status": (False, INVALID, "only the run's current attempt"),
     "list the namespace's runs": (False, FORBIDDEN, "forbidden"),
     "change its own spec": (False, FORBIDDEN, "forbidden"),
     "finish its own run (status.phase)": (False, INVALID, "status.phase is the operator's"),

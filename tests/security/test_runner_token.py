@@ -1,10 +1,11 @@
-"""A running runner's own token can touch its own DurableRun and nothing else.
+"""A running runner's own token can write its own DurableRun and nothing else.
 
 tests/install/test_rbac.py proves the chart's ServiceAccounts and the shape of
-the per-run Role with tokens from the TokenRequest API. This proves the
-running system: the ServiceAccount, Role and RoleBinding the operator created
-at run time, and the very token the runner's pod has mounted (its projected
-ServiceAccount token, bound to the pod), used while the runner works.
+the runner Roles with tokens from the TokenRequest API. This proves the
+running system: the namespace's runner ServiceAccount, Role and RoleBinding the
+operator created at run time, the runner-status admission policy, and the very
+token the runner's pod has mounted (its projected ServiceAccount token, bound to
+the pod), used while the runner works.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def test_the_runner_pods_token_reaches_its_own_run_only(operator: Operator, runs
     tokens = list(Path(entry["log"]).parent.glob("volumes/kube-api-access-*/token"))
     assert len(tokens) == 1, tokens
     assert runs.testbed.controlplane
-    user = f"system:serviceaccount:{ns}:durablerun-mine"
+    user = f"system:serviceaccount:{ns}:{api.RUNNER_ACCOUNT}"
     config = tmp_path / "runner.kubeconfig"
     config.write_text(yaml.safe_dump(runs.testbed.controlplane.kubeconfig_dict(user, tokens[0].read_text())))
 
@@ -52,11 +53,15 @@ def test_the_runner_pods_token_reaches_its_own_run_only(operator: Operator, runs
     noop = json.dumps([{"op": "test", "path": "/metadata/name", "value": "mine"}])
     allowed = as_runner("patch", "dr", "mine", "--subresource=status", "--type=json", "-p", noop)
     assert allowed.returncode == 0, allowed.stderr
+    # It may read the namespace's runs (the namespace's runner Role: docs/security.md), but write no other run's
+    # status: the runner-status admission policy refuses it, as not that run's current attempt.
+    assert as_runner("get", "dr", "theirs", "-o", "name").returncode == 0
+    theirs = as_runner("patch", "dr", "theirs", "--subresource=status", "--type=json",
+                       "-p", noop.replace("mine", "theirs"))
+    assert theirs.returncode != 0, "the runner wrote another run's status"
+    assert resource.CURRENT_ATTEMPT_ONLY in theirs.stderr, theirs.stderr
     # And nothing else.
     refused = {
-        "patch another run's status": ["patch", "dr", "theirs", "--subresource=status", "--type=json",
-                                       "-p", noop.replace("mine", "theirs")],
-        "read another run": ["get", "dr", "theirs"],
         "list runs": ["get", "dr"],
         "change its own spec": ["patch", "dr", "mine", "--type=merge", "-p", '{"spec": {"suspend": true}}'],
         "delete its own run": ["delete", "dr", "mine", "--wait=false"],
