@@ -222,7 +222,7 @@ class Executor:
         if plan.create_purge_pod:
             await self._call(self._kube.create_pod, builders.purge_pod(updated, self._settings))
         if plan.create_check_pod:
-            await self._call(self._kube.create_pod, builders.check_pod(updated, self._settings))
+            await self._create_check_pod(updated)
         if plan.add_events:
             # A child's outcome, as an event of this run: first value wins, and a Waiting run wakes for it.
             written = await self._call(self._kube.merge_patch_run, ns, name, {"spec": {"events": plan.add_events}})
@@ -256,6 +256,20 @@ class Executor:
         if plan.upgraded:
             self._metrics.record_upgrade()
 
+    async def _create_check_pod(self, run: dict[str, Any]) -> None:
+        """Create an upgrade's check pod. A refusal that cannot pass goes to decide, which refuses the upgrade
+        with it; any other failure is tried again with the reconcile's backoff, until the check's timeout."""
+        pod = builders.check_pod(run, self._settings)
+        key = (run["metadata"]["namespace"], run["metadata"]["name"])
+        try:
+            await self._call(self._kube.create_pod, pod)
+        except Exception as error:
+            message, permanent = self._kube.create_error(error)
+            if not permanent:
+                raise
+            log.warning("%s/%s: check pod %s cannot be created: %s", *key, pod["metadata"]["name"], message)
+            self._create_failures[key] = decide.CreateFailure(pod["metadata"]["name"], message, permanent)
+
     async def _start_pod(self, run: dict[str, Any], epoch: int, plan: decide.Plan) -> None:
         """Create attempt ``epoch``'s pod (and the run's RBAC); a failure of any kind goes to decide, which fails
         or restarts the run (docs/operator.md): never a Running run whose pod does not exist."""
@@ -280,7 +294,7 @@ class Executor:
             message, permanent = self._kube.create_error(error)
             log.warning("%s/%s: pod %s could not be created (%s): %s", *key, name,
                         "permanent" if permanent else "may pass", message)
-            self._create_failures[key] = decide.CreateFailure(epoch, message, permanent)
+            self._create_failures[key] = decide.CreateFailure(name, message, permanent)
             return
         self._create_failures.pop(key, None)
         if not created:

@@ -106,7 +106,7 @@ def starting() -> dict[str, Any]:
 def test_a_running_run_without_its_pod_creates_it_again(failure_epoch: int | None) -> None:
     # No failure seen, or one of an older attempt: the create was interrupted, so it is made again, once the API
     # server has confirmed the run is still at that attempt (a patch of tests alone: test_stale_decider.py).
-    failure = decide.CreateFailure(failure_epoch, "quota", permanent=True) if failure_epoch else None
+    failure = decide.CreateFailure(f"run-a{failure_epoch}", "quota", permanent=True) if failure_epoch else None
     plan = decide.decide(decide.RunView.from_body(body(starting())), [], T0 + timedelta(seconds=200),
                          create_failure=failure)
     assert plan.create_pod_epoch == 2
@@ -115,7 +115,7 @@ def test_a_running_run_without_its_pod_creates_it_again(failure_epoch: int | Non
 
 
 def test_a_pod_that_cannot_be_created_fails_the_run_with_an_event_and_a_condition() -> None:
-    failure = decide.CreateFailure(2, 'Pod "run-a2" is invalid: spec.containers[0].name: Invalid value', True)
+    failure = decide.CreateFailure("run-a2", 'Pod "run-a2" is invalid: spec.containers[0].name: Invalid value', True)
     run_body = body(starting())
     plan = decide.decide(decide.RunView.from_body(run_body), [], T0 + timedelta(seconds=200), create_failure=failure)
     status = apply(run_body, plan)
@@ -132,7 +132,7 @@ def test_a_pod_that_cannot_be_created_fails_the_run_with_an_event_and_a_conditio
 
 
 def test_a_pod_creation_that_may_pass_is_a_restart_bounded_by_max_restarts() -> None:
-    failure = decide.CreateFailure(2, "exceeded quota: pods=1", False)
+    failure = decide.CreateFailure("run-a2", "exceeded quota: pods=1", False)
     run_body = body(starting())
     plan = decide.decide(decide.RunView.from_body(run_body), [], T0 + timedelta(seconds=200), create_failure=failure)
     status = apply(run_body, plan)

@@ -316,6 +316,24 @@ def test_a_check_that_never_ends_is_refused_after_its_timeout() -> None:
     assert "did not finish in 10m" in status["upgradeCheck"]["message"]
 
 
+def test_a_check_pod_the_api_server_refuses_refuses_the_upgrade_at_once_and_one_that_may_pass_is_made_again() -> None:
+    run = asked(upgrade("localhost/wf:v2"))
+    name = builders.check_pod_name("run", upgrade("localhost/wf:v2")[api.ANNOTATION_UPGRADE])
+    # Quota or throttling: made again, until the check's timeout.
+    plan, status = plan_for(run, [], seconds=210, create_failure=decide.CreateFailure(name, "exceeded quota", False))
+    assert plan.create_check_pod
+    assert status["upgradeCheck"]["state"] == "Checking"
+    # Forbidden or invalid: refused now, with the API server's reason (an attempt's failure is not the check's).
+    refusal = 'pods "x" is forbidden: violates PodSecurity "restricted:latest"'
+    plan, status = plan_for(run, [], seconds=210, create_failure=decide.CreateFailure("run-a9", refusal, True))
+    assert plan.create_check_pod
+    plan, status = plan_for(run, [], seconds=210, create_failure=decide.CreateFailure(name, refusal, True))
+    assert not plan.create_check_pod
+    assert status["upgradeCheck"]["state"] == "Refused"
+    assert f"check pod {name} cannot be created: {refusal}" in status["upgradeCheck"]["message"]
+    assert status["pin"]["image"] == DIGEST
+
+
 def test_no_attempt_starts_while_a_check_runs_and_a_running_run_is_refused() -> None:
     pending = {"phase": "Pending", "epoch": 3, "attempt": 2, "pin": {"image": DIGEST}}
     run = asked(upgrade("localhost/wf:v2"), pending)

@@ -90,7 +90,7 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
         if pod is not check and not pod.deleting:
             t.plan.delete_pods.append(pod.name)
     lifecycle.pin(t, current)
-    lifecycle.upgrade(t, check)
+    lifecycle.upgrade(t, check, create_failure)
     lifecycle.retry_while_active(t)
     phase = status.phase
     if phase is None:

@@ -204,9 +204,10 @@ def _disruption_message(reason: api.RestartReason, pod: str) -> str:
 
 @dataclass(frozen=True)
 class CreateFailure:
-    """The operator could not create attempt ``epoch``'s pod: what the reconciler saw, for decide to act on."""
+    """The operator could not create the pod named ``pod`` (an attempt's or an upgrade's check pod): what the
+    reconciler saw, for decide to act on."""
 
-    epoch: int
+    pod: str
     message: str
     # The API server refused the pod as invalid or forbidden, or it could not be built from the template:
     # trying again cannot help. Otherwise (quota, throttling, the API server unreachable) it may.

@@ -90,14 +90,15 @@ _CANNOT_START = (*_PULL_FAILED, "CreateContainerConfigError", "CreateContainerEr
 START_TIMEOUT = timedelta(minutes=10)
 
 
-def upgrade(t: transition.Transition, check_pod: facts.PodView | None) -> None:
+def upgrade(t: transition.Transition, check_pod: facts.PodView | None,
+            create_failure: facts.CreateFailure | None = None) -> None:
     """Move the pin where a durablerun.dev/upgrade annotation asks, only once the operator's own check showed the
     image replays the run's journal: a one-off pod of that image replays it (builders.check_pod), whoever wrote
     the annotation and whatever it claims (docs/operator.md#upgrading-code-under-running-runs)."""
     status = t.run.status
     check = status.upgradeCheck
     if check is not None and check.state == api.UpgradeState.CHECKING:
-        _checking(t, check, check_pod)
+        _checking(t, check, check_pod, create_failure)
         return
     if not facts.upgrade_requested(t.run):
         return  # an upgrade waits for the first pin: until then the next attempt runs the template's image
@@ -120,12 +121,15 @@ def upgrade(t: transition.Transition, check_pod: facts.PodView | None) -> None:
             f"{request.image}: pod {builders.check_pod_name(t.run.name, value)} replays its journal with it first")
 
 
-def _checking(t: transition.Transition, check: resource.UpgradeCheck, pod: facts.PodView | None) -> None:
+def _checking(t: transition.Transition, check: resource.UpgradeCheck, pod: facts.PodView | None,
+              create_failure: facts.CreateFailure | None) -> None:
     """The check pod ran, or cannot, or is still at it."""
     name = builders.check_pod_name(t.run.name, check.request)
     began = api.parse_time(check.startTime) or t.now
     if pod is None:
-        if t.now - began > CHECK_TIMEOUT:
+        if create_failure is not None and create_failure.pod == name and create_failure.permanent:
+            _refuse(t, check, f"check pod {name} cannot be created: {create_failure.message}")
+        elif t.now - began > CHECK_TIMEOUT:
             _refuse(t, check, f"check pod {name} could not be created in {api.format_duration(CHECK_TIMEOUT)}")
         else:
             t.plan.create_check_pod = True  # its creation was interrupted (a no-op if it exists after all)
@@ -288,7 +292,7 @@ def running(t: transition.Transition, pod: facts.PodView | None, create_failure:
         if status.lease.epoch == status.epoch:
             # It ran, and now it is gone without a trace: someone removed it.
             _ended(t, facts.Ending(api.RestartReason.POD_DELETED, f"pod {status.pod} disappeared"), None)
-        elif create_failure is not None and create_failure.epoch == status.epoch:
+        elif create_failure is not None and create_failure.pod == status.pod:
             _create_failed(t, create_failure)
         else:
             t.plan.create_pod_epoch = status.epoch  # its creation was interrupted: create it again
