@@ -59,6 +59,38 @@ class Settled:
     recheck: bool
 
 
+class PodCache:
+    """Each run's pods as the pod watch delivered them (managedFields dropped): what a decision reads instead of
+    a LIST. A pass settles on them only when they ask for nothing; a plan that would act is decided again on a
+    fresh LIST, which also replaces the run's entry. So a pod the watch has not delivered yet, or a deletion it
+    missed, never moves a run, and a run whose pods changed as the operator expects costs no read."""
+
+    def __init__(self) -> None:
+        self._pods: dict[Key, dict[str, dict[str, Any]]] = {}
+
+    def seen(self, key: Key, pod: dict[str, Any], deleted: bool) -> None:
+        name = pod["metadata"]["name"]
+        if deleted:
+            pods = self._pods.get(key, {})
+            pods.pop(name, None)
+            if not pods:
+                self._pods.pop(key, None)
+            return
+        meta = {k: v for k, v in pod["metadata"].items() if k != "managedFields"}
+        self._pods.setdefault(key, {})[name] = {**pod, "metadata": meta}
+
+    def listed(self, key: Key, pods: list[dict[str, Any]]) -> None:
+        self._pods.pop(key, None)
+        for pod in pods:
+            self.seen(key, pod, deleted=False)
+
+    def get(self, key: Key) -> list[dict[str, Any]]:
+        return list(self._pods.get(key, {}).values())
+
+    def forget(self, key: Key) -> None:
+        self._pods.pop(key, None)
+
+
 class Executor:
     def __init__(self, kube: Kube, settings: Settings, call: Calls, holds: LeaseHolds,
                  mine: Callable[[Key, str | None], bool], metrics: RunMetrics | None = None,
@@ -77,6 +109,8 @@ class Executor:
         # The last failure to create a run's pod (an attempt's or a check's), for decide (the run's status cannot
         # hold it: it is written before the pod is created). One per run; decide reads it for the pod it names.
         self._create_failures: dict[Key, decide.CreateFailure] = {}
+        #: The runs' pods from the pod watch (the reconciler tells it), read before a LIST (PodCache).
+        self.pods = PodCache()
 
     def involves_integration(self, body: dict[str, Any]) -> bool:
         """Whether deciding the run reads an integration's objects."""
@@ -85,6 +119,7 @@ class Executor:
     def forget(self, key: Key) -> None:
         self._rbac_ready.pop((key[0], builders.runner_account(key[1])), None)  # per-run access's
         self._create_failures.pop(key, None)
+        self.pods.forget(key)
 
     # --- reading and deciding ------------------------------------------------------------
 
@@ -142,6 +177,7 @@ class Executor:
         # A look is only taken with no pod known, and a pod seen since drops it (Schedule.pod_seen).
         if first_look is not None:
             body, pods = first_look, []
+        cached = first_look is None  # the first decision may read the watch's pods; one that acts, a LIST
         related: dict[str, decide.RunView | None] | None = None  # children and signal targets, by name
         engaged: list[_Engaged] = [(integration, integration.begin()) for integration in self.integrations]
         for _ in range(MAX_TRANSITIONS):
@@ -151,8 +187,11 @@ class Executor:
                 return Dropped.GONE
             if not self._mine(key, body["metadata"].get("uid")):
                 return Dropped.NOT_MINE
-            if pods is None:
+            if pods is None and cached:
+                pods = self.pods.get(key)
+            elif pods is None:
                 pods = await self._call(self._kube.list_pods, namespace, name)
+                self.pods.listed(key, pods)
             now = api.now()
             views = [decide.PodView.from_pod(p, now, self._settings.stuck_terminating_seconds) for p in pods]
             run = decide.RunView.from_body(body)
@@ -166,7 +205,10 @@ class Executor:
                 for i, state in engaged:
                     i.stale(state)
                 continue
-            first_look = None
+            if cached and not plan.empty:
+                cached, pods = False, None  # it would act: on a fresh LIST of its pods only
+                continue
+            first_look, cached = None, False
             held = await self._holds.hold(run, plan, now)
             if plan.empty or held is not None:
                 until = held or self.next_wakeup(run, views, now)
@@ -299,3 +341,4 @@ class Executor:
         self._create_failures.pop(key, None)
         if not created:
             log.info("pod %s already exists: attempt %d was started before", name, epoch)
+

@@ -91,11 +91,11 @@ async def run_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: A
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL_RUN: kopf.PRESENT})
 async def pod_changed(namespace: str | None, name: str | None, labels: Mapping[str, str], type: str | None,
-                      memo: kopf.Memo, **_: Any) -> None:
+                      body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rec: reconciler.Reconciler | None = memo.get("reconciler")
     run = labels.get(api.LABEL_RUN)
-    if rec is not None and namespace and run:
-        rec.pod_changed(namespace, run, name, deleted=type == "DELETED")
+    if rec is not None and namespace and run and name:
+        rec.pod_changed(namespace, run, dict(body), deleted=type == "DELETED")
 
 
 async def workload_changed(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:

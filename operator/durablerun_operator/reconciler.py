@@ -150,11 +150,13 @@ class Reconciler:
             self._children_seen[key] = seen
             self.schedule.wake_now((child.namespace, parent))
 
-    def pod_changed(self, namespace: str, run_name: str, pod: str | None = None, deleted: bool = False) -> None:
+    def pod_changed(self, namespace: str, run_name: str, pod: dict[str, Any] | None = None,
+                    deleted: bool = False) -> None:
         """A run's pod (``pod``, from the pod watch) or its Workload changed: decide the run again."""
         key = (namespace, run_name)
         if pod is not None:
-            self.schedule.pod_seen(key, pod, deleted)
+            self.schedule.pod_seen(key, pod["metadata"]["name"], deleted)
+            self.executor.pods.seen(key, pod, deleted)
         if not self.schedule.mine(key):
             return
         self.schedule.wake_now(key)

@@ -39,6 +39,20 @@ def run(phase: str, **status: Any) -> dict[str, Any]:
 WAITING = run("Waiting", waitingFor={"event": "go", "since": at(-500)})
 
 
+def pod(name: str, epoch: int = 1) -> dict[str, Any]:
+    """A runner pod as the pod watch delivers it: running since a minute ago."""
+    return {"metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}", "managedFields": [{"manager": "x"}],
+                         "labels": {api.LABEL_RUN: "run", api.LABEL_EPOCH: str(epoch)},
+                         "finalizers": [api.POD_FINALIZER]},
+            "spec": {"containers": [{"name": "runner"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "runner", "state": {"running": {"startedAt": at(-60)}}}]}}
+
+
+RUNNING = run("Running", outcome=None, lastPodEndTime=None,
+              lease={"holder": "run-a1", "epoch": 1, "acquireTime": at(-55), "renewTime": at(-1)})
+
+
 class Recorder:
     """The API as the reconciler sees it: the run as stored, and every call made."""
 
@@ -108,22 +122,22 @@ def test_a_waiting_run_seen_by_the_watch_settles_at_sight_with_no_read_and_nothi
 def test_a_run_with_a_pod_is_read_before_it_is_decided() -> None:
     kube = Recorder(copy.deepcopy(WAITING))
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
-    reconciler.pod_changed("ns", "run", "run-a1")  # the pod watch saw one: the look cannot say "no pod"
+    reconciler.pod_changed("ns", "run", pod("run-a1"))  # the pod watch saw one: the look cannot say "no pod"
     watched(reconciler, copy.deepcopy(WAITING))
     assert ("ns", "run") not in reconciler.schedule.settled
     decide_once(reconciler)
-    assert kube.calls[:2] == ["get_run", "list_pods"]
+    assert kube.calls == ["get_run"]  # its pods are the pod watch's (a LIST only to act: below)
 
 
 def test_a_pod_seen_after_the_run_settled_at_sight_has_it_read_again() -> None:
     kube = Recorder(copy.deepcopy(WAITING))
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     watched(reconciler, copy.deepcopy(WAITING))
-    reconciler.pod_changed("ns", "run", "run-a1")
-    reconciler.pod_changed("ns", "run", "run-a1", deleted=True)  # gone again: still, the look predates it
+    reconciler.pod_changed("ns", "run", pod("run-a1"))
+    reconciler.pod_changed("ns", "run", pod("run-a1"), deleted=True)  # gone again: still, the look predates it
     assert reconciler.queue.busy(("ns", "run"))
     decide_once(reconciler)
-    assert kube.calls[:2] == ["get_run", "list_pods"]
+    assert kube.calls == ["get_run"]  # its pods are the pod watch's (a LIST only to act: below)
 
 
 def test_a_run_being_reconciled_is_not_decided_at_sight() -> None:
@@ -133,7 +147,7 @@ def test_a_run_being_reconciled_is_not_decided_at_sight() -> None:
     watched(reconciler, copy.deepcopy(WAITING))
     assert ("ns", "run") not in reconciler.schedule.settled
     decide_once(reconciler)
-    assert kube.calls[:2] == ["get_run", "list_pods"]
+    assert kube.calls == ["get_run"]  # its pods are the pod watch's (a LIST only to act: below)
 
 
 def test_a_run_that_must_act_is_decided_again_on_fresh_reads_and_acts_on_those() -> None:
@@ -149,6 +163,30 @@ def test_a_run_that_must_act_is_decided_again_on_fresh_reads_and_acts_on_those()
         decide_once(reconciler)
     assert kube.calls[:3] == ["get_run", "list_pods", "patch_status"], kube.calls
     assert kube.stored["status"]["phase"] == api.Phase.RUNNING  # its next attempt starts
+
+
+def test_a_running_run_woken_by_its_pod_is_decided_on_the_watched_pods_with_no_list() -> None:
+    # A pod event (scheduled, started, its finalizer patched) of a run that goes on as it is: one GET, no LIST.
+    kube = Recorder(copy.deepcopy(RUNNING), pods=[pod("run-a1")])
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.pod_changed("ns", "run", pod("run-a1"))
+    decide_once(reconciler)
+    assert kube.calls == ["get_run"]
+    assert ("ns", "run") in reconciler.schedule.settled
+    assert "managedFields" not in reconciler.executor.pods.get(("ns", "run"))[0]["metadata"]
+
+
+def test_a_watched_pod_set_that_would_move_the_run_is_listed_before_anything_is_done() -> None:
+    # The watch has not delivered attempt 1's pod yet (or delivered its deletion late): no pod, a running run, so
+    # the watched pods say "restart". The LIST finds it running: nothing moves, and the cache now has it.
+    kube = Recorder(copy.deepcopy(RUNNING), pods=[pod("run-a1")])
+    reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
+    reconciler.pod_changed("ns", "run", pod("run-a1"))
+    reconciler.pod_changed("ns", "run", pod("run-a1"), deleted=True)
+    decide_once(reconciler)
+    assert kube.calls == ["get_run", "list_pods"]
+    assert kube.stored["status"]["phase"] == api.Phase.RUNNING
+    assert [p["metadata"]["name"] for p in reconciler.executor.pods.get(("ns", "run"))] == ["run-a1"]
 
 
 def test_the_resync_lists_in_pages_and_decides_each_page_before_reading_the_next() -> None:
