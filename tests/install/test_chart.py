@@ -72,7 +72,9 @@ def test_default_render_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl
     objects = helm.template("durable-run", namespace)
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "Service", "ServiceAccount",
+                     "CustomResourceDefinition", "CustomResourceDefinition", "Deployment",
+                     "FlowSchema", "FlowSchema", "FlowSchema", "PriorityLevelConfiguration",
+                     "PriorityLevelConfiguration", "PriorityLevelConfiguration", "Service", "ServiceAccount",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                      "ValidatingAdmissionPolicyBinding"]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(objects))
@@ -87,7 +89,8 @@ def test_full_values_render_is_accepted_by_the_api_server(
     assert kinds == {"CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
                      "ClusterRoleBinding", "Deployment", "Service",
                      "ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy", "Secret",
-                     "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, kinds
+                     "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                     "FlowSchema", "PriorityLevelConfiguration"}, kinds
     served = [obj for obj in objects if obj["kind"] not in PROMETHEUS_OPERATOR_KINDS]
     result = admin("apply", "--dry-run=server", "-f", "-", input=dump(served))
     assert result.stdout.count("(server dry run)") == len(served), result.stdout
