@@ -518,6 +518,8 @@ _WRITES = {
     "configmap": "ConfigMap JSON patch (test a key, set one): the floor",
     "lease": "coordination.k8s.io Lease JSON patch of spec.renewTime (a node heartbeat; a Lease per run)",
     "dr-shipped": "DurableRun status renewal, the CRD as shipped (with its admission policy)",
+    "dr-runner": "… written by the runner itself (a pod-bound token: the runner-status policy's authorizer check "
+                 "and rules on every write)",
     "dr-vap-on-status": "… with the admission policy matching status writes as well",
     "dr-no-cel": "… with every CEL rule (x-kubernetes-validations) removed",
     "dr-template-schemaless": "… with spec.template schemaless (x-kubernetes-preserve-unknown-fields)",

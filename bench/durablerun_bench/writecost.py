@@ -22,6 +22,9 @@ The writes:
   - ``spec-schemaless``, ``status-schemaless``: one of the two schemaless;
   - ``schemaless``: spec and status both schemaless (what any CRD write costs).
 
+* ``dr-runner``: the ``shipped`` renewal written as a runner writes it: by the namespace's runner ServiceAccount
+  through a token bound to the run's current pod, so the runner-status admission policy (its authorizer check
+  and its rules) is evaluated on every write.
 * ``dr-get``: a GET of the DurableRun (from etcd), what reading it costs.
 """
 
@@ -93,8 +96,31 @@ VARIANTS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], bool]] = {
 def shipped_documents() -> tuple[dict[str, Any], dict[str, Any]]:
     """The generated CRD and its ValidatingAdmissionPolicy, from deploy/crd."""
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(CRD.read_text()) if d}
-    # The spec's policy; the one on runners' status writes matches none of this bench's writes (an admin's).
+    # The spec's policy; the one on runners' status writes matches only dr-runner's writes (runner_documents).
     return docs["CustomResourceDefinition", api.CRD_NAME], docs["ValidatingAdmissionPolicy", api.CRD_NAME]
+
+
+def runner_documents(group: str, plural: str, namespace: str) -> list[dict[str, Any]]:
+    """For ``group``'s scratch copy: the runner-status admission policy (and binding) as shipped, and the
+    namespace's runner ServiceAccount, Role and RoleBinding as the operator makes them."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(CRD.read_text()) if d}
+    status_policy = f"{api.PLURAL}-status.{api.GROUP}"
+    policy = yaml.safe_load(yaml.safe_dump(docs["ValidatingAdmissionPolicy", status_policy]).replace(
+        f"'{api.GROUP}'", f"'{group}'"))
+    name = f"{plural}-status.{group}"
+    policy["metadata"] = {"name": name}
+    policy["spec"]["matchConstraints"]["resourceRules"][0]["apiGroups"] = [group]
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}}
+    meta = {"name": api.RUNNER_ACCOUNT, "namespace": namespace}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [
+        {"apiGroups": [group], "resources": [plural], "verbs": ["get", "watch"]},
+        {"apiGroups": [group], "resources": [f"{plural}/status"], "verbs": ["get", "patch"]}]}
+    role_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": api.RUNNER_ACCOUNT},
+                    "subjects": [{"kind": "ServiceAccount", **meta}]}
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+    return [policy, binding, account, role, role_binding]
 
 
 def scratch_documents(variant: str) -> list[dict[str, Any]]:
@@ -188,22 +214,67 @@ def _setup(bed: TestBed, namespace: str, variants: list[str]) -> tuple[list[Writ
                                                      {"status": running_status("run")})
         _wait_policy_active(custom, group, namespace, plural)
 
-        def renew(i: int, group: str = group, plural: str = plural) -> None:
-            custom.patch_namespaced_custom_object_status(
-                group, api.VERSION, namespace, plural, "run",
-                [{"op": "test", "path": "/status/epoch", "value": 1},
-                 {"op": "test", "path": "/status/lease/holder", "value": "run-a1"},
-                 {"op": "add", "path": "/status/lease/renewTime", "value": f"2026-01-01T00:{i // 60 % 60:02d}:"
-                                                                           f"{i % 60:02d}Z"}],
-                _content_type=JSON_PATCH)
-
-        writers.append(Writer(f"dr-{variant}", renew))
+        writers.append(Writer(f"dr-{variant}", _renewal(custom, group, namespace, plural)))
         if variant == "shipped":
+            runner = _runner_client(bed, namespace, group, plural)
+            writers.append(Writer("dr-runner", _renewal(client.CustomObjectsApi(runner), group, namespace, plural)))
+
             def get(_i: int, group: str = group, plural: str = plural) -> None:
                 custom.get_namespaced_custom_object(group, api.VERSION, namespace, plural, "run")
 
             writers.append(Writer("dr-get", get))
     return writers, sizes
+
+
+def _renewal(custom: Any, group: str, namespace: str, plural: str) -> Callable[[int], None]:
+    """The runner's renewal of the run ``run``: test the epoch and the holder, set the renew time."""
+    def renew(i: int) -> None:
+        custom.patch_namespaced_custom_object_status(
+            group, api.VERSION, namespace, plural, "run",
+            [{"op": "test", "path": "/status/epoch", "value": 1},
+             {"op": "test", "path": "/status/lease/holder", "value": "run-a1"},
+             {"op": "add", "path": "/status/lease/renewTime", "value": f"2026-01-01T00:{i // 60 % 60:02d}:"
+                                                                       f"{i % 60:02d}Z"}],
+            _content_type=JSON_PATCH)
+
+    return renew
+
+
+def _runner_client(bed: TestBed, namespace: str, group: str, plural: str) -> Any:
+    """An API client as the run's runner: the namespace's runner account, with a token bound to the run's current
+    pod (status.pod, run-a1: a pod held unscheduled by a scheduling gate, never run)."""
+    import tempfile
+
+    from kubernetes import client, config
+
+    bed.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(runner_documents(group, plural, namespace)))
+    core = client.CoreV1Api(bed.api_client())
+    pod = core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "run-a1"},
+        "spec": {"serviceAccountName": api.RUNNER_ACCOUNT, "schedulingGates": [{"name": f"{group}/never"}],
+                 "containers": [{"name": "runner", "image": "registry.example/none:1"}]}})
+    token = core.create_namespaced_service_account_token(api.RUNNER_ACCOUNT, namespace, {"spec": {
+        "audiences": [], "expirationSeconds": 3600,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "run-a1", "uid": pod.metadata.uid}}})
+    assert bed.controlplane
+    user = f"system:serviceaccount:{namespace}:{api.RUNNER_ACCOUNT}"
+    with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig") as kubeconfig:
+        kubeconfig.write(yaml.safe_dump(bed.controlplane.kubeconfig_dict(user, token.status.token)))
+        kubeconfig.flush()
+        runner = config.new_client_from_config(config_file=kubeconfig.name)
+    # The policy takes effect asynchronously: wait until it refuses a runner's write of an operator's field.
+    from kubernetes.client.rest import ApiException
+
+    def refused() -> bool:
+        try:
+            client.CustomObjectsApi(runner).patch_namespaced_custom_object_status(
+                group, api.VERSION, namespace, plural, "run", {"status": {"restarts": 7}})
+        except ApiException as error:
+            return bool(error.status == 422)
+        raise AssertionError(f"{group}: a runner's write of status.restarts was accepted")
+
+    procs.wait_for(refused, timeout=60, what=f"{group}: the runner-status policy to be active")
+    return runner
 
 
 def _create_when_served(custom: Any, group: str, namespace: str, plural: str, body: dict[str, Any]) -> None:

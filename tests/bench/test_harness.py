@@ -368,6 +368,14 @@ def test_the_scratch_crds_change_only_what_their_variant_names() -> None:
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     shipped_policy = writecost.scratch_documents("shipped")[1]
     assert shipped_policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["durableruns"]
+    # The runner's writes go through the runner-status policy as shipped, moved to the scratch group whole.
+    status_policy, status_binding, *rbac = writecost.runner_documents("shipped.writecost.bench", "durableruns", "ns")
+    assert status_policy["spec"]["matchConstraints"]["resourceRules"][0]["apiGroups"] == ["shipped.writecost.bench"]
+    assert status_policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["durableruns/status"]
+    assert "'shipped.writecost.bench'" in status_policy["spec"]["matchConditions"][0]["expression"]
+    assert "durablerun.dev" not in str(status_policy["spec"])
+    assert status_binding["spec"]["policyName"] == status_policy["metadata"]["name"]
+    assert [o["kind"] for o in rbac] == ["ServiceAccount", "Role", "RoleBinding"]
 
 
 def test_report_judges_the_per_step_targets_and_shows_what_the_sync_hop_costs() -> None:
