@@ -223,6 +223,7 @@ class Executor:
                 related = None
             for i, state in engaged:
                 i.stale(state, plan)
+            await self._holds.pace(plan, now)  # renewals first: starts slow down while they fall behind
             try:
                 body = await self.apply(run, plan, engaged)
             except Conflict as conflict:

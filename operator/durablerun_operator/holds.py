@@ -27,6 +27,8 @@ log = logging.getLogger("durablerun.operator")
 
 # While leases lapse en masse, the judgement is made again this often, to see renewals recover.
 OVERLOAD_CHECK_SECONDS = 1.0
+# While renewals fall behind (overload.pace_starts), the operator starts at most this many pods a second.
+PACED_STARTS_PER_SECOND = 2.0
 
 
 class LeaseHolds:
@@ -44,6 +46,10 @@ class LeaseHolds:
         self._judged_at: float | None = None  # time.monotonic() of the last judgement
         self._recovered_at: datetime | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # strong references to background tasks
+        self._last: overload.Judgement | None = None  # the last judgement, mass expiry or not
+        self._pacing = False  # starts are paced (renewals fall behind)
+        self._next_start = 0.0  # time.monotonic() before which no paced start goes
+        self._pace_lock = asyncio.Lock()
 
     def observe(self, run: decide.RunView, pods: list[decide.PodView] | None = None) -> None:
         """Keep the run's lease for the judgement. ``pods``: read with it (the watch has none), for the start of
@@ -78,6 +84,28 @@ class LeaseHolds:
         self.set_held(key, until)
         return until
 
+    async def pace(self, plan: decide.Plan, now: datetime) -> None:
+        """Wait before ``plan`` starts a pod while renewals fall behind, so that starts come at
+        PACED_STARTS_PER_SECOND and the running runs' renewals get the API server first."""
+        if plan.create_pod_epoch is None:
+            return
+        self._judge(now)
+        pacing = self._last is not None and overload.pace_starts(self._last)
+        if pacing != self._pacing:
+            self._pacing = pacing
+            if self._last is not None:
+                log.warning("%d of %d active runs' leases are late: pod starts %s", self._last.late, self._last.active,
+                            f"paced to {PACED_STARTS_PER_SECOND:g} a second" if pacing else "at full rate again")
+            if self._metrics:
+                self._metrics.set_starts_paced(pacing)
+        if not pacing:
+            return
+        async with self._pace_lock:
+            wait = self._next_start - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._next_start = time.monotonic() + 1 / PACED_STARTS_PER_SECOND
+
     def set_held(self, key: Key, until: datetime | None) -> None:
         if until is None:
             self._held.discard(key)
@@ -102,6 +130,7 @@ class LeaseHolds:
             return self._mass_expiry
         self._judged_at = mono
         judgement = overload.judge(self.leases.values(), now, self._policy, holding=self._mass_expiry is not None)
+        self._last = judgement
         if judgement.mass_expiry:
             if self._mass_expiry is None:
                 log.warning("mass lease expiry: %d of %d active runs' leases are late at once; restarts that "

@@ -410,6 +410,12 @@ class RunMetrics:
             "1 while a mass lease expiry holds restarts that rest only on the lease (docs/operator.md), else 0.",
             registry=self._registry,
         )
+        self._starts_paced = Gauge(
+            PREFIX + "starts_paced",
+            "1 while pod starts are paced because running runs' lease renewals fall behind (docs/operator.md, "
+            "Renewals first), else 0.",
+            registry=self._registry,
+        )
         self._lease_restarts_held = Gauge(
             PREFIX + "lease_restarts_held",
             "Runs whose lease expired and whose restart is held because of a mass lease expiry.",
@@ -488,6 +494,9 @@ class RunMetrics:
 
     def set_mass_lease_expiry(self, active: bool) -> None:
         self._mass_lease_expiry.set(1 if active else 0)
+
+    def set_starts_paced(self, paced: bool) -> None:
+        self._starts_paced.set(1 if paced else 0)
 
     def set_lease_restarts_held(self, runs: int) -> None:
         self._lease_restarts_held.set(runs)

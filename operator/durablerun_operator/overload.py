@@ -88,6 +88,18 @@ def judge(leases: Iterable[Lease], now: datetime, policy: Policy, *, holding: bo
     return Judgement(active, late, mass)
 
 
+#: Pod starts are paced while at least this share of the active leases, and this many, are late: renewals
+#: falling behind mean the API server is saturated, and every start adds to its load (docs/operator.md,
+#: "Renewals first"). A single hung runner is not enough.
+PACE_FRACTION = 0.02
+PACE_MIN_LATE = 2
+
+
+def pace_starts(judgement: Judgement) -> bool:
+    """Whether new pods should start at the paced rate: renewals are falling behind."""
+    return judgement.late >= max(PACE_MIN_LATE, PACE_FRACTION * judgement.active)
+
+
 def hold_until(restart_reason: str | None, lease: Lease | None, now: datetime, *, mass_expiry: bool,
                recovered_at: datetime | None) -> datetime | None:
     """Until when a planned restart must wait (the reconciler decides again then); None: carry it out now.

@@ -95,3 +95,39 @@ LEASE = overload.Lease(NOW - timedelta(seconds=70), VALIDITY, 2)
 def test_hold_until_holds_only_lease_restarts_during_and_just_after_a_mass_expiry(
         reason: str | None, mass: bool, recovered: datetime | None, expected: datetime | None) -> None:
     assert overload.hold_until(reason, LEASE, NOW, mass_expiry=mass, recovered_at=recovered) == expected
+
+
+@pytest.mark.parametrize(("fresh", "late", "paced"), [
+    (500, 0, False),    # renewals on time: starts at full rate
+    (499, 1, False),    # one hung runner is not the API server
+    (490, 10, True),    # 2% of the fleet's renewals late: the API server is falling behind
+    (10, 2, True),      # a small fleet: two late leases
+    (2000, 30, False),  # under 2%
+])
+def test_starts_are_paced_while_renewals_fall_behind(fresh: int, late: int, paced: bool) -> None:
+    judgement = overload.judge(leases(fresh, late), NOW, POLICY)
+    assert overload.pace_starts(judgement) is paced
+
+
+def test_paced_starts_come_at_the_paced_rate() -> None:
+    import asyncio
+    import time
+
+    from durablerun_operator import holds
+    from durablerun_operator.config import Settings
+
+    held = holds.LeaseHolds(None, Settings(), None, lambda key: None)  # type: ignore[arg-type]
+    now = datetime.now(UTC)
+    for i, lease in enumerate(leases(0, 5)):
+        held.leases[("ns", f"run-{i}")] = overload.Lease(now - (NOW - lease.renewed), lease.validity, 2)
+    start = decide.Plan()
+    start.create_pod_epoch = 1
+
+    async def three_starts() -> float:
+        await held.pace(decide.Plan(), now)  # a plan that starts no pod takes no turn
+        began = time.monotonic()
+        for _ in range(3):
+            await held.pace(start, now)
+        return time.monotonic() - began
+
+    assert asyncio.run(three_starts()) >= 2 / holds.PACED_STARTS_PER_SECOND  # the 2nd and 3rd waited their turn
