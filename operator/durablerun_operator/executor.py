@@ -217,9 +217,9 @@ class Executor:
                 return Settled(run, views, until, now, facts.recheck is not None)
             if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
                 return Dropped.NOT_MINE
-            if plan.touches_pods:
+            if plan.touches_pods and not plan.add_run_finalizer:  # a finalizer is applied alone (apply)
                 pods = None
-            if plan.touches_runs or plan.add_events:
+            if (plan.touches_runs or plan.add_events) and not plan.add_run_finalizer:
                 related = None
             for i, state in engaged:
                 i.stale(state, plan)

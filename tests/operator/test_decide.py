@@ -196,13 +196,22 @@ def case(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None, *, 
 
 TRANSITIONS: dict[str, Any] = {
     # admit and start
-    "a new run is admitted with epoch 1 and its input's hash": case(
+    # A new run is admitted and its first attempt started in one status write (issue 42: a start costs one).
+    "a new run is admitted with epoch 1 and its input's hash, and starts attempt 1 at once": case(
         {**body({}, spec={"input": {"topic": "a"}}), "status": None},
-        status={"phase": "Pending", "epoch": 1, "attempt": 0, "inputHash": api.input_hash({"topic": "a"}),
-                "startTime": at(120), "traceID": api.trace_id("ns/run/u1")}),
+        status={"phase": "Running", "epoch": 1, "attempt": 1, "pod": "run-a1",
+                "inputHash": api.input_hash({"topic": "a"}), "startTime": at(120), "attemptStartTime": at(120),
+                "traceID": api.trace_id("ns/run/u1")},
+        events=["AttemptStarted"], create_pod_epoch=1),
+    "a new run created suspended is admitted and starts nothing": case(
+        {**body({}, spec={"suspend": True}), "status": None},
+        status={"phase": "Pending", "epoch": 1, "attempt": 0}, create_pod_epoch=None),
+    "a new run created with an abort request is admitted and starts nothing": case(
+        {**body({}, annotations={api.ANNOTATION_ABORT: "no"}), "status": None},
+        status={"phase": "Pending", "attempt": 0}, create_pod_epoch=None),
     "a run continuing another run id's journal joins that run id's trace": case(
         {**body({}, spec={"checkpoint": {"uri": "s3://b/r", "runId": "nightly"}}), "status": None},
-        status={"phase": "Pending", "traceID": api.trace_id("_local/nightly")}),
+        status={"phase": "Running", "traceID": api.trace_id("_local/nightly")}),
     "a new run gets the operator's finalizer first": case(
         body({"phase": "Pending"}, finalizers=()), add_run_finalizer=True),
     "a pending run starts its attempt in a pod named by its epoch": case(

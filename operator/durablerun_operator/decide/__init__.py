@@ -95,6 +95,8 @@ def decide(run: RunView, pods: list[PodView], now: datetime, *, stuck_seconds: f
     phase = status.phase
     if phase is None:
         lifecycle.admit(t)
+        if t.queueing is None and not spec.suspend and api.ANNOTATION_ABORT not in run.annotations:
+            lifecycle.start(t, older, stuck_seconds)  # in the same write: a start costs one status write, not two
     elif phase == api.Phase.RUNNING:
         lifecycle.running(t, current, create_failure, start_timeout)
     elif phase.finished:

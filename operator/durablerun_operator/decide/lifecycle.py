@@ -33,7 +33,7 @@ def trace_id(run: facts.RunView) -> str:
 
 
 def start(t: transition.Transition, older: list[facts.PodView], stuck_seconds: float) -> None:
-    status = t.run.status
+    status = t.new  # the run's, or a new run's as admit just wrote it
     if status.inputHash and status.inputHash != api.input_hash(t.run.spec.input):
         t.fence()
         t.finish(api.Phase.FAILED, "InputMismatch: spec.input changed after the first attempt "
