@@ -164,10 +164,10 @@ class TestBed:
         return result
 
     def install_crds(self, timeout: float = 120) -> None:
-        """Apply deploy/crd/ (the DurableRun and ModelQuota CRDs, and the runs' admission policy) and wait until
-        the API server serves both kinds."""
+        """Apply deploy/crd/ (the DurableRun, ModelQuota and DurableRunSchedule CRDs, the runs' admission policy)
+        and wait until the API server serves each kind."""
         self.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
-        for crd in (api.CRD_NAME, api.QUOTA_CRD_NAME):
+        for crd in (api.CRD_NAME, api.QUOTA_CRD_NAME, api.SCHEDULE_CRD_NAME):
             self.wait_established(crd, timeout=timeout)
 
     def wait_established(self, crd: str = api.CRD_NAME, timeout: float = 120) -> None:

@@ -15,7 +15,7 @@ import inspect
 import re
 from typing import Any
 
-from durablerun import api, quotas, resource
+from durablerun import api, quotas, resource, schedules
 
 # Keys of pydantic's JSON schema that have no place in a CRD schema.
 _DROPPED_KEYS = ("title",)
@@ -192,12 +192,17 @@ def _schema_of(model: type[Any]) -> dict[str, Any]:
     return out
 
 
-def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
-    """The DurableRun's schema; ``kubernetes_definitions``: the Kubernetes OpenAPI's (for spec.template)."""
+def _run_spec_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
     spec = _schema_of(resource.DurableRunSpec)
     _default_nested_objects(spec)
     spec["properties"]["template"] = {**pod_template_schema(kubernetes_definitions),
                                       "description": spec["properties"]["template"]["description"]}
+    return spec
+
+
+def openapi_schema(kubernetes_definitions: dict[str, Any]) -> dict[str, Any]:
+    """The DurableRun's schema; ``kubernetes_definitions``: the Kubernetes OpenAPI's (for spec.template)."""
+    spec = _run_spec_schema(kubernetes_definitions)
     status = _schema_of(resource.DurableRunStatus)
     _bounded(spec, status)
     return {
@@ -388,6 +393,90 @@ def quota_custom_resource_definition() -> dict[str, Any]:
                     "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
                                    "metadata": {"type": "object"}, "spec": spec,
                                    "status": _schema_of(quotas.ModelQuotaStatus)},
+                }},
+            }],
+        },
+    }
+
+
+# --- DurableRunSchedule ---------------------------------------------------------------------------------------
+
+SCHEDULE_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule", "description": "The cron expression."},
+    {"name": "Time Zone", "type": "string", "jsonPath": ".spec.timeZone",
+     "description": "The time zone the expression is read in."},
+    {"name": "Suspend", "type": "boolean", "jsonPath": ".spec.suspend",
+     "description": "true: no tick creates a run."},
+    {"name": "Active", "type": "integer", "jsonPath": ".status.activeCount",
+     "description": "Runs it created that have not finished."},
+    {"name": "Last Schedule", "type": "date", "jsonPath": ".status.lastScheduleTime",
+     "description": "The last tick that created a run."},
+    {"name": "Next Schedule", "type": "string", "jsonPath": ".status.nextScheduleTime",
+     "description": "The next tick."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+     "description": "Time since the DurableRunSchedule was created."},
+    {"name": "Policy", "type": "string", "jsonPath": ".spec.concurrencyPolicy", "priority": 1,
+     "description": "Allow, Forbid or Replace."},
+    {"name": "Last Success", "type": "date", "jsonPath": ".status.lastSuccessfulTime", "priority": 1,
+     "description": "When a run of it last Succeeded."},
+]
+
+
+def _without_transition_rules(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` without the CEL rules that compare with the stored object (``oldSelf``): a run's
+    immutable fields are the template's to change, for the runs to come."""
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "x-kubernetes-validations":
+            kept = [rule for rule in value if "oldSelf" not in rule["rule"]]
+            if kept:
+                out[key] = kept
+        elif isinstance(value, dict):
+            out[key] = _without_transition_rules(value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _cel_list(items: list[str]) -> str:
+    for item in items:
+        if "'" in item or "\\" in item:
+            raise ValueError(f"{item!r} cannot be written in a CEL string as it is")
+    return "[" + ",".join(f"'{item}'" for item in items) + "]"
+
+
+def schedule_custom_resource_definition(kubernetes_definitions: dict[str, Any], zones: list[str]) -> dict[str, Any]:
+    """The DurableRunSchedule CRD (durablerun.schedules); ``zones``: the IANA time zones a schedule may name (the
+    API server refuses any other at apply), ``kubernetes_definitions`` as for the DurableRun's."""
+    spec = _schema_of(schedules.DurableRunScheduleSpec)
+    template = spec["properties"]["runTemplate"]
+    template["properties"]["spec"] = {**_without_transition_rules(_run_spec_schema(kubernetes_definitions)),
+                                      "description": template["properties"]["spec"]["description"]}
+    spec["properties"]["timeZone"]["x-kubernetes-validations"] = [
+        {"rule": f"self in {_cel_list(sorted(zones))}", "message": schedules.TIME_ZONE_INVALID}]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": api.SCHEDULE_CRD_NAME, "labels": {api.LABEL_NAME: api.APP_NAME}},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": api.SCHEDULE_KIND, "listKind": f"{api.SCHEDULE_KIND}List",
+                      "plural": api.SCHEDULE_PLURAL, "singular": api.SCHEDULE_SINGULAR,
+                      "shortNames": [api.SCHEDULE_SHORT_NAME], "categories": ["all"]},
+            "versions": [{
+                "name": api.VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": SCHEDULE_PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "DurableRuns created on a clock, as a CronJob creates Jobs (docs/operator.md, "
+                                   "\"Scheduled runs\").",
+                    "required": ["spec"],
+                    "x-kubernetes-validations": [{"rule": schedules.NAME_RULE, "message": schedules.NAME_TOO_LONG}],
+                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                   "metadata": {"type": "object"}, "spec": spec,
+                                   "status": _schema_of(schedules.DurableRunScheduleStatus)},
                 }},
             }],
         },

@@ -48,6 +48,12 @@ QUOTA_PLURAL = "modelquotas"
 QUOTA_SINGULAR = "modelquota"
 QUOTA_SHORT_NAME = "mq"
 QUOTA_CRD_NAME = f"{QUOTA_PLURAL}.{GROUP}"
+# The DurableRunSchedule kind (durablerun.schedules): DurableRuns created on a clock, as a CronJob creates Jobs.
+SCHEDULE_KIND = "DurableRunSchedule"
+SCHEDULE_PLURAL = "durablerunschedules"
+SCHEDULE_SINGULAR = "durablerunschedule"
+SCHEDULE_SHORT_NAME = "drs"
+SCHEDULE_CRD_NAME = f"{SCHEDULE_PLURAL}.{GROUP}"
 
 # Labels and annotations the operator puts on runner pods.
 LABEL_RUN = f"{GROUP}/run"
@@ -83,6 +89,10 @@ ANNOTATION_RETRY = f"{GROUP}/retry"
 ANNOTATION_UPGRADE = f"{GROUP}/upgrade"
 # The label a child run carries: its parent DurableRun's name (kubectl durablerun tree).
 LABEL_PARENT = f"{GROUP}/parent"
+# On a run a DurableRunSchedule created: the schedule's name (kubectl get dr -l durablerun.dev/schedule=<name>),
+# and the tick it was created for (RFC 3339, UTC), as a CronJob's Jobs carry batch.kubernetes.io/cronjob-*.
+LABEL_SCHEDULE = f"{GROUP}/schedule"
+ANNOTATION_SCHEDULED_TIME = f"{GROUP}/scheduled-time"
 # The most child runs one run may start (ctx.start_child refuses the next one; the API server refuses a
 # status.childRequests or status.childrenCreated past it). Each child's request, name and compact outcome
 # event live in the parent's DurableRun (its state is its own): 1,000 finished children make a ~255 KiB parent

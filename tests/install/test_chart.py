@@ -280,7 +280,8 @@ def test_webhook_service_monitor_only_with_the_ingress(helm: Helm) -> None:
 
 def test_crds_keep_and_enabled(helm: Helm) -> None:
     kept = of_kind(helm.template("x", "ns"), "CustomResourceDefinition")
-    assert sorted(c["metadata"]["name"] for c in kept) == [api.CRD_NAME, api.QUOTA_CRD_NAME]
+    assert sorted(c["metadata"]["name"] for c in kept) == sorted([api.CRD_NAME, api.QUOTA_CRD_NAME,
+                                                                  api.SCHEDULE_CRD_NAME])
     for crd in kept:
         assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert of_kind(helm.template("x", "ns", {"crds": {"enabled": False}}), "CustomResourceDefinition") == []

@@ -110,6 +110,7 @@ def test_helm_install_upgrade_uninstall_leaves_only_what_is_kept(helm: Helm, kub
     helm("uninstall", "durable-run", "-n", "dr-system", "--wait")
     kept = {("CustomResourceDefinition", "", api.CRD_NAME), ("DurableRun", "agents", "kept"),
             ("CustomResourceDefinition", "", api.QUOTA_CRD_NAME),
+            ("CustomResourceDefinition", "", api.SCHEDULE_CRD_NAME),
             ("ValidatingAdmissionPolicy", "", api.CRD_NAME),
             ("ValidatingAdmissionPolicyBinding", "", api.CRD_NAME),
             ("ValidatingAdmissionPolicy", "", f"{api.PLURAL}-status.{api.GROUP}"),

@@ -86,6 +86,17 @@ Used by the ClusterRole (all namespaces) or by one Role per watched namespace.
 - apiGroups: ["durablerun.dev"]
   resources: ["durableruns/finalizers"]
   verbs: ["update"]
+# DurableRunSchedules: watched and read; their status written; their runs
+# (above) owned by them, with blockOwnerDeletion.
+- apiGroups: ["durablerun.dev"]
+  resources: ["durablerunschedules"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["durablerun.dev"]
+  resources: ["durablerunschedules/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["durablerun.dev"]
+  resources: ["durablerunschedules/finalizers"]
+  verbs: ["update"]
 # One runner pod per attempt; the operator's finalizer on each pod is removed
 # with a patch once the pod's termination cause has been read.
 - apiGroups: [""]
