@@ -9,7 +9,7 @@ import copy
 import hashlib
 from typing import Any
 
-from durablerun import api, relations, resource
+from durablerun import api, relations, resource, schedules
 from durablerun_operator.config import Settings
 
 DEFAULT_COMMAND = ["durablerun", "pod"]
@@ -311,4 +311,28 @@ def child_run(parent: dict[str, Any], child: str, request: relations.ChildReques
             "ownerReferences": [owner_reference(parent)],
         },
         "spec": body,
+    }
+
+
+def scheduled_run(schedule: dict[str, Any], tick: Any) -> dict[str, Any]:
+    """The DurableRun a DurableRunSchedule creates for ``tick`` (an aware datetime): named after the tick
+    (``schedules.run_name``), labelled with the schedule's name, annotated with the tick, and owned by the
+    schedule (controller, so deleting the schedule deletes its runs). Its spec is the template's, as the API
+    server stored it."""
+    meta = schedule["metadata"]
+    template = schedule["spec"]["runTemplate"]
+    template_meta = template.get("metadata") or {}
+    return {
+        "apiVersion": api.API_VERSION, "kind": api.KIND,
+        "metadata": {
+            "name": schedules.run_name(meta["name"], tick),
+            "namespace": meta["namespace"],
+            "labels": {**(template_meta.get("labels") or {}), api.LABEL_SCHEDULE: meta["name"],
+                       api.LABEL_MANAGED_BY: api.APP_NAME},
+            "annotations": {**(template_meta.get("annotations") or {}),
+                            api.ANNOTATION_SCHEDULED_TIME: api.format_time(tick)},
+            "ownerReferences": [{"apiVersion": api.API_VERSION, "kind": api.SCHEDULE_KIND, "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": copy.deepcopy(template["spec"]),
     }

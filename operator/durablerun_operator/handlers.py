@@ -1,4 +1,4 @@
-"""kopf wiring: watch DurableRuns and their pods, and hand every change to the reconciler.
+"""kopf wiring: watch DurableRuns, their pods and DurableRunSchedules, and hand every change to the reconciler.
 
 Handlers are thin: they only enqueue the run. The decisions live in
 ``decide``, the API calls in ``kube``. Only ``on.event`` handlers are used, so
@@ -54,6 +54,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.tasks = [
         asyncio.create_task(rec.run_workers(), name="durablerun-workers"),
         asyncio.create_task(rec.resync_forever(), name="durablerun-resync"),
+        asyncio.create_task(rec.schedules.run_workers(), name="durablerun-schedules"),
     ]
     if own.model_quotas:
         writer = quotas.StatusWriter(rec.executor.quota_index, client, own, run_metrics,
@@ -87,6 +88,13 @@ async def run_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: A
     rec: reconciler.Reconciler | None = memo.get("reconciler")
     if rec is not None:
         rec.run_changed(dict(body), deleted=type == "DELETED")
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.SCHEDULE_PLURAL)
+async def schedule_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    rec: reconciler.Reconciler | None = memo.get("reconciler")
+    if rec is not None:
+        rec.schedules.schedule_changed(dict(body), deleted=type == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL_RUN: kopf.PRESENT})

@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from durablerun import api
+from durablerun import api, schedules
 from durablerun_operator import kueue
 
 log = logging.getLogger("durablerun.operator.kube")
@@ -257,6 +257,33 @@ class Kube:
             if error.status != 404:
                 raise
 
+    # --- DurableRunSchedules ---------------------------------------------------------
+
+    def get_schedule(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.SCHEDULE_PLURAL, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_scheduled_runs(self, namespace: str, schedule: str) -> list[dict[str, Any]]:
+        """The runs labelled as ``schedule``'s (the caller keeps those it owns)."""
+        reply = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
+                                                          label_selector=schedules.run_selector(schedule))
+        return list(reply["items"])
+
+    def patch_schedule_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A merge patch of a DurableRunSchedule's status (nothing if the schedule is gone)."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, namespace, api.SCHEDULE_PLURAL, name, {"status": status},
+                _content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     # --- per-run RBAC --------------------------------------------------------------
 
     def ensure(self, obj: dict[str, Any]) -> None:
@@ -351,6 +378,12 @@ class Kube:
         self._post_event(meta["namespace"], {
             "apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"], "namespace": meta["namespace"],
             "uid": meta["uid"], "resourceVersion": meta.get("resourceVersion")}, kind, reason, message)
+
+    def post_schedule_event(self, schedule: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        meta = schedule["metadata"]
+        self._post_event(meta["namespace"], {
+            "apiVersion": api.API_VERSION, "kind": api.SCHEDULE_KIND, "name": meta["name"],
+            "namespace": meta["namespace"], "uid": meta["uid"]}, kind, reason, message)
 
     def post_quota_event(self, name: str, uid: str, kind: str, reason: str, message: str) -> None:
         """An Event on a ModelQuota (cluster-scoped: in the default namespace, where `kubectl describe` looks)."""

@@ -7,7 +7,8 @@ Workload changed; shards moved) and the resync's, and decides with whom it lies.
   timers, settled runs, the first look, which runs are this replica's);
 - :mod:`~durablerun_operator.executor`: one pass over a run (read, decide, guard, apply the plan), driving
   each integration (:mod:`~durablerun_operator.integrations`: Kueue) through one protocol;
-- :mod:`~durablerun_operator.holds`: lease-only restarts held during a mass lease expiry.
+- :mod:`~durablerun_operator.holds`: lease-only restarts held during a mass lease expiry;
+- :mod:`~durablerun_operator.scheduled`: the DurableRunSchedules, their ticks and the runs they create.
 
 The work queue and the API rate limiter are in :mod:`durablerun_operator.workqueue`.
 """
@@ -27,6 +28,7 @@ from durablerun_operator.executor import Dropped, Executor
 from durablerun_operator.holds import LeaseHolds
 from durablerun_operator.kube import Kube
 from durablerun_operator.schedule import WORKERS, Schedule
+from durablerun_operator.scheduled import ScheduledRuns
 from durablerun_operator.workqueue import Calls, Key, WorkQueue
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class Reconciler:
         self.schedule = Schedule(settings.stuck_terminating_seconds, metrics, keeper)
         self.holds = LeaseHolds(kube, settings, self._call, self.schedule.wake_now, metrics)
         self.executor = Executor(kube, settings, self._call, self.holds, self.schedule.mine, metrics, tracer)
+        #: The DurableRunSchedules: their ticks, and the runs they create (same API client and rate).
+        self.schedules = ScheduledRuns(kube, self._call, keeper)
         # Per child run: what its parent last heard about (phase, cost, ...); a change queues the parent.
         self._children_seen: dict[Key, Any] = {}
 
@@ -83,6 +87,7 @@ class Reconciler:
 
     def run_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
         """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
+        self.schedules.run_changed(body, deleted)  # a scheduled run's phase tells its schedule
         schedule = self.schedule
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         version = body["metadata"].get("resourceVersion")
@@ -164,6 +169,7 @@ class Reconciler:
     def shards_changed(self, gained: set[int], lost: set[int]) -> None:
         """The keeper took or gave up shards: decide every run of those taken, forget those given up."""
         self.schedule.shards_moved(gained, lost, self._drop)
+        self.schedules.shards_changed()
 
     def _forget(self, key: Key) -> None:
         self.schedule.forget(key)

@@ -17,7 +17,7 @@ import durablerun_operator
 PKG = Path(durablerun_operator.__file__).parent
 OP = "durablerun_operator"
 #: The modules the contract "decisions-pure" holds to no IO; the same ones must not read the clock.
-PURE_PACKAGES = ("decide", "builders", "kueue", "crd", "wakeups", "overload", "cron")
+PURE_PACKAGES = ("decide", "builders", "kueue", "crd", "wakeups", "overload", "cron", "ticks")
 
 
 def _sources() -> dict[str, ast.Module]:
