@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any
 
 from pydantic import Field
 
@@ -157,7 +156,3 @@ def run_name(schedule: str, tick: datetime) -> str:
 def run_selector(schedule: str) -> str:
     """The label selector of a schedule's runs."""
     return f"{LABEL_SCHEDULE}={schedule}"
-
-
-def template_of(spec: dict[str, Any]) -> RunTemplate:
-    return RunTemplate.model_validate(spec.get("runTemplate") or {})
