@@ -72,7 +72,7 @@ def test_default_render_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl
     objects = helm.template("durable-run", namespace)
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "CustomResourceDefinition", "CustomResourceDefinition", "Deployment",
+                     "CustomResourceDefinition", "CustomResourceDefinition", "CustomResourceDefinition", "Deployment",
                      "FlowSchema", "FlowSchema", "FlowSchema", "PriorityLevelConfiguration",
                      "PriorityLevelConfiguration", "PriorityLevelConfiguration", "Service", "ServiceAccount",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
@@ -186,8 +186,8 @@ def test_full_values_render_is_accepted_by_the_api_server(
     # Namespaced mode: a Role and RoleBinding in the watched namespace; cluster-wide only Kueue's reads.
     assert one(objects, "RoleBinding")["metadata"]["namespace"] == namespace
     assert one(objects, "RoleBinding")["subjects"][0]["name"] == "durable-run-operator"
-    assert "helm.sh/resource-policy" not in (one(objects, "CustomResourceDefinition")["metadata"]
-                                             .get("annotations") or {})
+    assert all("helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+               for crd in of_kind(objects, "CustomResourceDefinition"))
 
     # The ServiceMonitor scrapes the metrics Service: its selector and port name match.
     service, monitor = one(objects, "Service"), one(objects, "ServiceMonitor")
