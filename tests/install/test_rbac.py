@@ -27,6 +27,7 @@ from tests.helpers.clis import CHART, Helm, Kubectl, dump, service_account_kubec
 pytestmark = pytest.mark.testbed
 
 RUNS = api.CRD_NAME
+SCHEDULES = api.SCHEDULE_CRD_NAME
 
 # What the operator must be able to do in every namespace it watches (the operator's contract).
 OPERATOR_NEEDS: list[tuple[str, str, str | None]] = [
@@ -34,6 +35,10 @@ OPERATOR_NEEDS: list[tuple[str, str, str | None]] = [
     *((verb, RUNS, None) for verb in ("get", "list", "watch", "create", "patch", "update", "delete")),
     *((verb, RUNS, "status") for verb in ("get", "patch", "update")),
     ("update", RUNS, "finalizers"),
+    # DurableRunSchedules: read and watched, their status written, runs owned by them (blockOwnerDeletion).
+    *((verb, SCHEDULES, None) for verb in ("get", "list", "watch")),
+    *((verb, SCHEDULES, "status") for verb in ("get", "patch")),
+    ("update", SCHEDULES, "finalizers"),
     *((verb, "pods", None) for verb in ("get", "list", "watch", "create", "delete", "patch")),
     *((verb, "events", None) for verb in ("create", "patch")),
     *((verb, "events.events.k8s.io", None) for verb in ("create", "patch")),
@@ -47,6 +52,8 @@ OPERATOR_MUST_NOT: list[tuple[str, str, str | None]] = [
     ("create", "pods", "exec"), ("create", "serviceaccounts", "token"),
     ("update", "pods", None), ("create", "deployments.apps", None),
     ("escalate", "roles.rbac.authorization.k8s.io", None), ("bind", "roles.rbac.authorization.k8s.io", None),
+    # A schedule is its user's: the operator neither makes, changes nor deletes one.
+    ("create", SCHEDULES, None), ("patch", SCHEDULES, None), ("update", SCHEDULES, None), ("delete", SCHEDULES, None),
 ]
 OPERATOR_MUST_NOT_CLUSTER: list[tuple[str, str, str | None]] = [
     ("create", "clusterroles.rbac.authorization.k8s.io", None),
