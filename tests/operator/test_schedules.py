@@ -1,5 +1,6 @@
 """DurableRunSchedules on the test bed: the CRD refuses a bad cron expression or time zone at apply time, and
-schedules of `* * * * *` fire at their ticks under each concurrency policy, with their history pruned.
+schedules of `* * * * *` fire at their ticks under each concurrency policy, with their history pruned, and a
+schedule deleted takes its runs with it.
 
 The schedules of the policies and of the history all run at once, from one module fixture (one operator, one
 namespace), so the file waits for their ticks once: about three minutes. Each test then waits, with a
@@ -200,3 +201,15 @@ def test_history_keeps_only_the_newest_succeeded_run(fleet: Fleet) -> None:
     assert oldest["metadata"]["name"] not in now  # it existed, it finished, it was deleted
     assert "RunDeleted" in schedule_events(runs, "history")
     assert get_schedule(runs, "history")["status"].get("lastSuccessfulTime")
+
+
+def test_deleting_a_schedule_deletes_its_runs(fleet: Fleet) -> None:
+    runs = fleet.runs
+    owned = procs.wait_for(lambda: scheduled_runs(runs, "history"), timeout=TICKS, interval=POLL,
+                           what="a run of the history schedule")
+    runs.testbed.kubectl("delete", api.SCHEDULE_PLURAL, "history", "-n", runs.namespace)
+    # The garbage collector follows the runs' owner references to the deleted schedule.
+    procs.wait_for(lambda: not scheduled_runs(runs, "history"), timeout=120, interval=POLL,
+                   what="the deleted schedule's runs to be deleted")
+    for name in owned:
+        assert name not in scheduled_runs(runs, "history")
