@@ -16,7 +16,8 @@ import logging
 from typing import Any
 
 from durablerun import api
-from durablerun_operator import builders, ticks
+from durablerun_operator import builders, shards, ticks
+from durablerun_operator.kube import Kube
 from durablerun_operator.workqueue import Calls, Key, WorkQueue
 
 log = logging.getLogger("durablerun.operator.schedules")
@@ -30,7 +31,7 @@ TIMER_MARGIN_SECONDS = 0.05
 
 
 class ScheduledRuns:
-    def __init__(self, kube: Any, call: Calls, keeper: Any = None) -> None:
+    def __init__(self, kube: Kube, call: Calls, keeper: shards.Keeper | None = None) -> None:
         """``keeper``: the shard keeper with more than one replica (None: this replica decides every schedule)."""
         self._kube, self._call, self._keeper = kube, call, keeper
         self.queue = WorkQueue()
