@@ -66,11 +66,12 @@ def _quota_crd() -> str:
 
 
 def time_zones() -> list[str]:
-    """The IANA time zones a schedule may name: those of this machine's database, as Python's zoneinfo finds
-    them (the operator reads a schedule's zone with zoneinfo too)."""
-    import zoneinfo
+    """The IANA time zones a schedule may name: those of the tzdata package the operator depends on (pinned by
+    hack/constraints.txt), not this machine's database, so the CRD is the same wherever it is generated."""
+    from importlib import resources
 
-    return sorted(zoneinfo.available_timezones())
+    zones = resources.files("tzdata").joinpath("zones").read_text().split()
+    return sorted(z for z in zones if not z.startswith(("posix/", "right/")) and z != "Factory")
 
 
 def _schedule_crd_body() -> dict[str, Any]:
