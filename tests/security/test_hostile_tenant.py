@@ -22,8 +22,9 @@ from typing import Any
 import boto3
 import pytest
 
+from durablerun import api
 from tests.helpers.failing_runs import objects, root_of
-from tests.helpers.runs import Operator, RunEnv
+from tests.helpers.runs import RunEnv, StartOperator
 
 pytestmark = pytest.mark.testbed
 
@@ -32,7 +33,7 @@ INVALID = 422  # the runner-status admission policy: a runner's write it refuses
 
 #: attempt -> (allowed, HTTP status, a phrase of the refusal). Every attempt the workflow makes is listed here.
 EXPECTED: dict[str, tuple[bool, int | None, str]] = {
-    "read another run": (True, None, ""),
+    "read another run": (True, None, ""),  # in the namespace's access; forbidden in per-run access (below)
     "write another run's status": (False, INVALID, "only the run's current attempt"),
     "list the namespace's runs": (False, FORBIDDEN, "forbidden"),
     "change its own spec": (False, FORBIDDEN, "forbidden"),
@@ -74,7 +75,15 @@ def scoped_credentials(runs: RunEnv, prefix: str) -> dict[str, str]:
             "AWS_SESSION_TOKEN": granted["SessionToken"]}
 
 
-def test_a_hostile_workflow_is_refused_everything_beyond_its_own_run(operator: Operator, runs: RunEnv) -> None:
+@pytest.mark.parametrize("access", [api.RUNNER_ACCESS_NAMESPACE, api.RUNNER_ACCESS_RUN])
+def test_a_hostile_workflow_is_refused_everything_beyond_its_own_run(
+    start_operator: StartOperator, runs: RunEnv, access: str
+) -> None:
+    # The namespace's runner account may read its neighbours (the namespace is the tenant boundary); a run's own
+    # account (runnerAccess: run) may not even do that. Everything else is refused alike.
+    expected = {**EXPECTED, "read another run": (True, None, "") if access == api.RUNNER_ACCESS_NAMESPACE
+                else (False, FORBIDDEN, "forbidden")}
+    start_operator(**{api.OperatorEnv.RUNNER_ACCESS: access})
     assert runs.testbed.s3
     ns, admin = runs.namespace, runs.testbed.s3.client()
     # Another tenant's journal in the same bucket, and a neighbour run of this namespace (waiting, with a journal).
@@ -99,9 +108,9 @@ def test_a_hostile_workflow_is_refused_everything_beyond_its_own_run(operator: O
 
     tried = [json.loads(line) for line in (runs.ledger_dir / "hostile.json").read_text().splitlines()]
     got: dict[str, dict[str, Any]] = {t["attempt"]: t for t in tried}
-    assert set(got) == set(EXPECTED), set(got) ^ set(EXPECTED)
+    assert set(got) == set(expected), set(got) ^ set(expected)
     wrong = {}
-    for what, (allowed, code, phrase) in EXPECTED.items():
+    for what, (allowed, code, phrase) in expected.items():
         answer = got[what]
         if answer["allowed"] != allowed or (not allowed and (answer["status"] != code
                                                              or phrase.lower() not in answer["message"].lower())):
