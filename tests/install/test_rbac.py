@@ -144,6 +144,13 @@ RUNNER_MUST_NOT: list[tuple[str, str, str | None]] = [
 ]
 
 
+def mine_and_theirs(admin: Kubectl, namespace: str, other_namespace: str) -> dict[str, Any]:
+    """The run "mine", another run "theirs" beside it, and a "mine" in another namespace: the first, as stored."""
+    make_run(admin, namespace, "theirs")
+    make_run(admin, other_namespace, "mine")
+    return make_run(admin, namespace, "mine")
+
+
 def as_attempt(testbed: TestBed, admin: Kubectl, run: str, account: str, namespace: str, tmp_path: Path) -> Kubectl:
     """A runner's kubectl whose token is bound to ``run``'s current attempt's pod (a pod held unscheduled by a
     scheduling gate, never run), as the node mounts it."""
@@ -165,9 +172,7 @@ def test_namespace_runner_writes_only_its_current_attempts_run(
     testbed: TestBed, admin: Kubectl, install_rbac: Any, namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
     operator = service_account_kubectl(testbed, install_rbac(namespace), namespace, tmp_path)
-    run = make_run(admin, namespace, "mine")
-    make_run(admin, namespace, "theirs")
-    make_run(admin, other_namespace, "mine")
+    run = mine_and_theirs(admin, namespace, other_namespace)
 
     # The namespace's objects, shaped by the operator's builder and created with the operator's token: nothing
     # of a run's own, so nothing more to create for the next run.
@@ -206,9 +211,7 @@ def test_per_run_runner_reads_its_run_and_patches_its_status_and_nothing_else(
     testbed: TestBed, admin: Kubectl, install_rbac: Any, namespace: str, other_namespace: str, tmp_path: Path
 ) -> None:
     operator = service_account_kubectl(testbed, install_rbac(namespace), namespace, tmp_path)
-    run = make_run(admin, namespace, "mine")
-    make_run(admin, namespace, "theirs")
-    make_run(admin, other_namespace, "mine")
+    run = mine_and_theirs(admin, namespace, other_namespace)
 
     # The per-run objects (api.RUNNER_ACCESS_RUN), shaped by the operator's builder, created with its token.
     objects = builders.runner_rbac(run, Settings(runner_access=api.RUNNER_ACCESS_RUN))
