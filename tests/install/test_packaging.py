@@ -81,7 +81,7 @@ def test_the_wheel_and_sdist_carry_the_metadata_users_rely_on(dist: Path) -> Non
     by_extra = {extra: {r.name for r in requires if r.marker and r.marker.evaluate({"extra": extra})}
                 for extra in meta.get_all("Provides-Extra") or []}
     assert by_extra == {"s3": {"boto3"}, "pod": {"kubernetes"},
-                        "operator": {"aiohttp", "kopf", "kubernetes", "prometheus-client"},
+                        "operator": {"aiohttp", "kopf", "kubernetes", "prometheus-client", "tzdata"},
                         "otel": {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"},
                         "pydantic-ai": {"pydantic-ai-slim"}, "langgraph": {"langgraph"}, "quotas": {"redis"}},\
         by_extra

@@ -39,6 +39,11 @@ def run(phase: str, **status: Any) -> dict[str, Any]:
 WAITING = run("Waiting", waitingFor={"event": "go", "since": at(-500)})
 
 
+def fresh(seconds: float) -> str:
+    """A time relative to the moment a test runs, not to the module's import (xdist may run it much later)."""
+    return api.format_time(datetime.now(UTC) + timedelta(seconds=seconds))
+
+
 def pod(name: str, epoch: int = 1) -> dict[str, Any]:
     """A runner pod as the pod watch delivers it: running since a minute ago."""
     return {"metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}", "managedFields": [{"manager": "x"}],
@@ -46,11 +51,13 @@ def pod(name: str, epoch: int = 1) -> dict[str, Any]:
                          "finalizers": [api.POD_FINALIZER]},
             "spec": {"containers": [{"name": "runner"}]},
             "status": {"phase": "Running", "containerStatuses": [
-                {"name": "runner", "state": {"running": {"startedAt": at(-60)}}}]}}
+                {"name": "runner", "state": {"running": {"startedAt": fresh(-60)}}}]}}
 
 
-RUNNING = run("Running", outcome=None, lastPodEndTime=None,
-              lease={"holder": "run-a1", "epoch": 1, "acquireTime": at(-55), "renewTime": at(-1)})
+def running() -> dict[str, Any]:
+    """A Running run whose attempt renewed its lease a second ago."""
+    return run("Running", outcome=None, lastPodEndTime=None, startTime=fresh(-600),
+               lease={"holder": "run-a1", "epoch": 1, "acquireTime": fresh(-55), "renewTime": fresh(-1)})
 
 
 class Recorder:
@@ -167,7 +174,7 @@ def test_a_run_that_must_act_is_decided_again_on_fresh_reads_and_acts_on_those()
 
 def test_a_running_run_woken_by_its_pod_is_decided_on_the_watched_pods_with_no_list() -> None:
     # A pod event (scheduled, started, its finalizer patched) of a run that goes on as it is: one GET, no LIST.
-    kube = Recorder(copy.deepcopy(RUNNING), pods=[pod("run-a1")])
+    kube = Recorder(running(), pods=[pod("run-a1")])
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     reconciler.pod_changed("ns", "run", pod("run-a1"))
     decide_once(reconciler)
@@ -179,7 +186,7 @@ def test_a_running_run_woken_by_its_pod_is_decided_on_the_watched_pods_with_no_l
 def test_a_watched_pod_set_that_would_move_the_run_is_listed_before_anything_is_done() -> None:
     # The watch has not delivered attempt 1's pod yet (or delivered its deletion late): no pod, a running run, so
     # the watched pods say "restart". The LIST finds it running: nothing moves, and the cache now has it.
-    kube = Recorder(copy.deepcopy(RUNNING), pods=[pod("run-a1")])
+    kube = Recorder(running(), pods=[pod("run-a1")])
     reconciler = Reconciler(kube, Settings())  # type: ignore[arg-type]
     reconciler.pod_changed("ns", "run", pod("run-a1"))
     reconciler.pod_changed("ns", "run", pod("run-a1"), deleted=True)

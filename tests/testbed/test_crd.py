@@ -74,6 +74,7 @@ def test_printer_columns(testbed: TestBed, namespace: str) -> None:
     testbed.kubectl("apply", "-n", namespace, "-f", "-", input=manifest("columns"))
     testbed.kubectl("label", "dr", "columns", "-n", namespace, f"{api.LABEL_QUEUE_NAME}=team-a")
     status = {"status": {"phase": "Running", "restarts": 2, "abortReason": "ProgressTimeout",
+                         "reason": "ProgressTimeout",
                          "progress": {"stepName": "plan", "summary": "3/12", "completedSteps": 3},
                          "cost": {"usd": "1.50", "tokens": 10}, "pod": "columns-a3",
                          "childrenTotal": {"runs": 5, "finished": 3, "summary": "3/5", "usd": "0.40"},
