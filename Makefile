@@ -87,5 +87,5 @@ faults: setup
 	DURABLERUN_KILL_EXAMPLES=$${DURABLERUN_KILL_EXAMPLES:-60} $(PY) -m pytest tests/faults \
 		tests/realnode/test_faults.py tests/realnode/test_chart_upgrade.py tests/realnode/test_interrupted_session.py \
 		tests/sdk/test_fuzz_journal.py tests/security/test_fuzz_ingress.py tests/badinput/test_fuzz_admission.py tests/sdk/test_kill_resume.py \
-		tests/operator/test_overload.py tests/operator/test_webhook_limits.py \
+		tests/operator/test_overload.py tests/operator/test_webhook_limits.py tests/operator/test_schedule_restarts.py \
 		-p no:cacheprovider -rA --timeout=5400

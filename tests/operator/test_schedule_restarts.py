@@ -27,7 +27,8 @@ from tests.operator.schedule_runs import (
     tick_of,
 )
 
-pytestmark = pytest.mark.testbed
+# Over three minutes of real minute ticks: the faults tier (`make faults`), with the other fault tests.
+pytestmark = [pytest.mark.testbed, pytest.mark.long]
 
 
 def test_missed_ticks_make_one_catch_up_run_and_two_operators_fire_it_once(
