@@ -47,12 +47,13 @@ def runner_pod() -> dict[str, Any]:
 
 
 def plan_for(run_body: dict[str, Any], pods: list[dict[str, Any]] | None = None,
-             seconds: float = 200, create_failure: decide.CreateFailure | None = None
-             ) -> tuple[decide.Plan, dict[str, Any]]:
+             seconds: float = 200, create_failure: decide.CreateFailure | None = None,
+             start_timeout: timedelta | None = None) -> tuple[decide.Plan, dict[str, Any]]:
     """The plan at T0 + ``seconds``, and the status it writes (the whole new status)."""
     now = T0 + timedelta(seconds=seconds)
     views = [decide.PodView.from_pod(p, now, 60.0) for p in pods or []]
-    plan = decide.decide(decide.RunView.from_body(run_body), views, now, create_failure=create_failure)
+    kwargs = {"start_timeout": start_timeout} if start_timeout else {}
+    plan = decide.decide(decide.RunView.from_body(run_body), views, now, create_failure=create_failure, **kwargs)
     status = dict(run_body["status"])
     for op in plan.patch:
         if op["op"] == "add":

@@ -16,7 +16,7 @@ import pytest
 from durablerun import api, relations
 from durablerun_operator import builders, decide
 from durablerun_operator.config import Settings
-from tests.operator.run_bodies import T0, at, body, plan_for, runner_pod, running
+from tests.operator.run_bodies import at, body, plan_for, runner_pod, running
 
 DIGEST = "localhost/wf@sha256:" + "a" * 64
 NEWER = "localhost/wf@sha256:" + "b" * 64
@@ -117,16 +117,7 @@ def pulling(seconds: float, *, waiting: str | None = "ImagePullBackOff", reason:
         pod["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": at(seconds - 1)}}
     extra = {"reason": reason} if reason else {}
     run = body(running(lease={}, attemptStartTime=at(0), **extra))
-    now = T0 + timedelta(seconds=seconds)
-    kwargs = {"start_timeout": start_timeout} if start_timeout else {}
-    plan = decide.decide(decide.RunView.from_body(run), [decide.PodView.from_pod(pod, now, 60.0)], now, **kwargs)
-    status = dict(run["status"])
-    for op in plan.patch:
-        if op["op"] == "add":
-            status[op["path"].split("/")[-1]] = op["value"]
-        elif op["op"] == "remove":
-            status.pop(op["path"].split("/")[-1])
-    return plan, status
+    return plan_for(run, [pod], seconds=seconds, start_timeout=start_timeout)
 
 
 @pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName"])
