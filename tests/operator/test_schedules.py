@@ -113,15 +113,22 @@ def test_the_crd_refuses_a_bad_cron_expression_or_time_zone_at_apply(testbed: Te
     assert "polcy" in _apply_refused(testbed, namespace, typo)
 
 
-def test_allow_fires_at_each_tick_with_two_runs_unfinished_at_once(fleet: Fleet) -> None:
-    runs = fleet.runs
-    both = procs.wait_for(lambda: len(found := scheduled_runs(runs, "allow")) >= 2 and found, timeout=TICKS,
-                          interval=POLL, what="two runs of the Allow schedule")
+def first_two_ticks(runs: RunEnv, schedule: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The schedule's first two runs, once both exist: each named after its tick, the ticks a minute apart."""
+    both = procs.wait_for(lambda: len(found := scheduled_runs(runs, schedule)) >= 2 and found, timeout=TICKS,
+                          interval=POLL, what=f"two runs of the {schedule} schedule")
     first, second = sorted(both.values(), key=tick_of)[:2]
     for run in (first, second):
-        check_named_after_its_tick("allow", run)
-        assert (created(run) - tick_of(run)).total_seconds() < CREATE_WITHIN, run["metadata"]
+        check_named_after_its_tick(schedule, run)
     assert (tick_of(second) - tick_of(first)).total_seconds() == 60
+    return first, second
+
+
+def test_allow_fires_at_each_tick_with_two_runs_unfinished_at_once(fleet: Fleet) -> None:
+    runs = fleet.runs
+    first, second = first_two_ticks(runs, "allow")
+    for run in (first, second):
+        assert (created(run) - tick_of(run)).total_seconds() < CREATE_WITHIN, run["metadata"]
     # Both unfinished at once: the first still waits for its review while the second runs or waits.
     waiting = runs.wait_phase(first["metadata"]["name"], "Waiting", timeout=60)
     assert phase(runs.get(second["metadata"]["name"])) not in ("Succeeded", "Failed", "Aborted")
@@ -165,12 +172,7 @@ def test_forbid_skips_the_tick_while_its_run_has_not_finished(fleet: Fleet) -> N
 
 def test_replace_aborts_the_running_run_and_creates_the_next(fleet: Fleet) -> None:
     runs = fleet.runs
-    both = procs.wait_for(lambda: len(found := scheduled_runs(runs, "replace")) >= 2 and found, timeout=TICKS,
-                          interval=POLL, what="two runs of the Replace schedule")
-    first, second = sorted(both.values(), key=tick_of)[:2]
-    for run in (first, second):
-        check_named_after_its_tick("replace", run)
-    assert (tick_of(second) - tick_of(first)).total_seconds() == 60
+    first, second = first_two_ticks(runs, "replace")
     # The earlier run was ended by the later one's tick, through the abort annotation (its runner's grace).
     ended = runs.wait_phase(first["metadata"]["name"], "Aborted", timeout=60)
     assert f"replaced by {second['metadata']['name']}" in ended["status"]["message"], ended["status"]
