@@ -93,9 +93,14 @@ VARIANTS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], bool]] = {
 }
 
 
+def _deployed() -> dict[tuple[str, str], dict[str, Any]]:
+    """deploy/crd's documents (the CRD, its policies and their bindings), by kind and name."""
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(CRD.read_text()) if d}
+
+
 def shipped_documents() -> tuple[dict[str, Any], dict[str, Any]]:
     """The generated CRD and its ValidatingAdmissionPolicy, from deploy/crd."""
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(CRD.read_text()) if d}
+    docs = _deployed()
     # The spec's policy; the one on runners' status writes matches only dr-runner's writes (runner_documents).
     return docs["CustomResourceDefinition", api.CRD_NAME], docs["ValidatingAdmissionPolicy", api.CRD_NAME]
 
@@ -103,7 +108,7 @@ def shipped_documents() -> tuple[dict[str, Any], dict[str, Any]]:
 def runner_documents(group: str, plural: str, namespace: str) -> list[dict[str, Any]]:
     """For ``group``'s scratch copy: the runner-status admission policy (and binding) as shipped, and the
     namespace's runner ServiceAccount, Role and RoleBinding as the operator makes them."""
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(CRD.read_text()) if d}
+    docs = _deployed()
     status_policy = f"{api.PLURAL}-status.{api.GROUP}"
     policy = yaml.safe_load(yaml.safe_dump(docs["ValidatingAdmissionPolicy", status_policy]).replace(
         f"'{api.GROUP}'", f"'{group}'"))
