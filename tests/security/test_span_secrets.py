@@ -106,6 +106,11 @@ def test_no_workflow_text_becomes_an_operator_span_attribute(
 
     # The run's Events carry no secret the workflow merely handled. (The Failed Event quotes the exception the
     # run failed with, as status.message does: docs/security.md.)
-    events = json.dumps(runs.events("leaky")).encode()
+    # The operator posts the Failed Event after the status write that set Failed: wait for it.
+    def failed_events() -> bytes | None:
+        listed = runs.events("leaky")
+        return json.dumps(listed).encode() if any(e["reason"] == "Failed" for e in listed) else None
+
+    events = procs.wait_for(failed_events, timeout=30, interval=0.2, what="the run's Failed Event")
     assert leaks(events, {"the canary in input, result and a step's error": canary}) == []
     assert leaks(events, {"the failure": failure}) == ["the failure"]
