@@ -118,6 +118,9 @@ def test_a_runs_events_are_its_own_not_those_of_an_earlier_run_of_the_same_name(
     kube = kubeapi.Kubectl(argparse.Namespace(namespace=runs.namespace, context=None,
                                               kubeconfig=str(runs.testbed.kubeconfig)))
     kube.binary = str(plugin.kubectl)
+    # The operator posts a run's Events after its status write: wait for the second run's Succeeded.
+    procs.wait_for(lambda: [e["reason"] for e in runs.events("again")].count("Succeeded") == 2, timeout=30,
+                   what="both runs' Succeeded Events")
     events = kube.events(current)
     assert [e["reason"] for e in events].count("Succeeded") == 1, events
     assert {e["involvedObject"]["uid"] for e in events} == {current["metadata"]["uid"]}

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from durablerun import errors
@@ -51,7 +52,7 @@ def test_credential_and_bucket_errors_are_one_line_usage_errors(s3_spec: StoreSp
         "missing bucket": ("s3://no-such-bucket-here/runs", {},
                            ["the bucket does not exist", "bucket=no-such-bucket-here"]),
     }
-    failures = []
+    calls = []
     for case, (uri, overrides, says) in cases.items():
         env = _cli_env(s3_spec, **overrides)
         base = ["--run-id", "creds", "--store", uri, *s3_spec.cli_args]
@@ -59,11 +60,16 @@ def test_credential_and_bucket_errors_are_one_line_usage_errors(s3_spec: StoreSp
                      ["run", "racing:approval", *base],  # a resume reads the stored input first
                      ["inspect", *base],
                      ["send-event", *base, "decision", "true"]):
-            r = _durablerun(args, env)
-            lines = r.stderr.strip().splitlines()
-            if (r.returncode != 2 or "Traceback" in r.stderr or len(lines) != 1
-                    or not all(s in r.stderr for s in says)):
-                failures.append(f"{case}: {args[0]}: exit {r.returncode}: {r.stderr!r}")
+            calls.append((case, says, args, env))
+    # Sixteen CLI processes, each mostly importing boto3: four at a time.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda call: _durablerun(call[2], call[3]), calls))
+    failures = []
+    for (case, says, args, _), r in zip(calls, results, strict=True):
+        lines = r.stderr.strip().splitlines()
+        if (r.returncode != 2 or "Traceback" in r.stderr or len(lines) != 1
+                or not all(s in r.stderr for s in says)):
+            failures.append(f"{case}: {args[0]}: exit {r.returncode}: {r.stderr!r}")
     assert not failures, "\n".join(failures)
     # Nothing was created with the wrong credentials.
     assert open_store(s3_spec.uri, **s3_spec.options).read_run(run=RunRef.local("creds")).exists is False
