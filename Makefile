@@ -26,6 +26,7 @@ test: setup lint
 ## ruff and mypy --strict on the code; helm lint --strict and kubeconform (strict, offline) on what users
 ## apply: the chart rendered with its defaults and with every feature on, deploy/ and its samples.
 lint: setup
+	hack/build-binaries.sh kubeconform prometheus-operator-crds  # the manifests' linter and its schemas
 	.venv/bin/ruff check .
 	.venv/bin/mypy
 	.venv/bin/lint-imports --no-cache
