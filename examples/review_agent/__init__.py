@@ -7,19 +7,21 @@ cost), then waits for a human to review the draft:
     kubectl patch dr review-agent --type merge \\
         -p '{"spec": {"events": {"review": {"approved": true, "by": "dana"}}}}'
 
-Every step body prints ``executing <step>`` to the runner's log, so you can
-count that a step finished before a crash never runs again.
+or, with the chart's webhook ingress on, by POSTing that review's JSON to the
+URL it prints. Every step body prints ``executing <step>`` to the runner's log,
+so you can count that a step finished before a crash never runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from durablerun import DurableContext
+from durablerun import DurableContext, errors
 
 
 def _execute(name: str, seconds: float) -> None:
@@ -50,6 +52,10 @@ async def review_agent(ctx: DurableContext, input: dict[str, Any]) -> dict[str, 
     seconds = float(input.get("step_seconds", 3))
     ctx.set_total_steps(parts + 2)  # plan, the research steps, publish: kubectl get dr shows "3/8"
     questions = await ctx.step("plan", plan, topic, parts, seconds)
+    # With the chart's webhook ingress on (the sandbox's is), anything that can POST JSON can send the review:
+    # say where, up front. Without it, ctx.webhook_url says so and `kubectl patch` (above) sends the review.
+    with contextlib.suppress(errors.WorkflowError):
+        print(f"review: POST JSON to {ctx.webhook_url('review')}", file=sys.stderr, flush=True)
     notes = []
     for i, question in enumerate(questions):
         notes.append(await ctx.step(f"research-{i}", research, ctx, question, seconds))

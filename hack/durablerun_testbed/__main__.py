@@ -1,4 +1,4 @@
-"""python -m durablerun_testbed {node,sandbox,llm-server,reap} ..."""
+"""python -m durablerun_testbed {node,sandbox,llm-server,forward,reap} ..."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox", "llm-server", "reap"):
-        print("usage: python -m durablerun_testbed {node|sandbox|llm-server|reap} ...", file=sys.stderr)
+    if len(sys.argv) < 2 or sys.argv[1] not in ("node", "sandbox", "llm-server", "forward", "reap"):
+        print("usage: python -m durablerun_testbed {node|sandbox|llm-server|forward|reap} ...", file=sys.stderr)
         return 2
     command, rest = sys.argv[1], sys.argv[2:]
     if command == "reap":
@@ -18,6 +18,10 @@ def main() -> int:
         from durablerun_testbed import llmserver
 
         return llmserver.main(rest)
+    if command == "forward":
+        from durablerun_testbed import forward
+
+        return forward.main(rest)
     if command == "node":
         from durablerun_testbed import processnode
 

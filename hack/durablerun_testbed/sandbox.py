@@ -40,10 +40,14 @@ from typing import Any
 
 from durablerun import api
 from durablerun_testbed import binaries, procs, realnode
+from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.testbed import NodeClient, TestBed
 
 DEFAULT_DIR = binaries.REPO_ROOT / ".sandbox"
 EXAMPLE = binaries.REPO_ROOT / "deploy" / "samples" / "review-agent.yaml"
+#: What the example prints before its review's URL (examples/review_agent, with the webhook ingress on).
+REVIEW_URL_SAYS = "review: POST JSON to "
+RULES = binaries.REPO_ROOT / "deploy" / "monitoring" / "durablerun-rules.yaml"
 BUCKET = "durable-runs"
 OPERATOR_NAMESPACE = "durable-run-system"
 PYTHON = f"{binaries.REPO_ROOT / '.venv' / 'bin' / 'python'} -m durablerun_testbed"
@@ -67,6 +71,10 @@ class SandboxState:
     subnet: str = ""
     bridge: str = ""
     node_dir: str = ""
+    #: Prometheus scraping the operator, with the shipped alerting rules loaded
+    prometheus_url: str = ""
+    #: the webhook ingress's base URL (real node: the chart's webhooks.url, a forwarder on the bridge)
+    webhooks_url: str = ""
 
 
 def _state_path(directory: Path) -> Path:
@@ -121,10 +129,20 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
              bed.controlplane.scheduler, bed.s3.process]
     if bed.real_node:
         assert bed.network
-        metrics_url = _install_chart(bed, directory)
-        parts += [bed.real_node.containerd, bed.real_node.kubelet]
+        # The ingress's URL must be one both pods (which fetch their run's key there) and this machine reach:
+        # the bridge's address on this machine, forwarded to the ingress pod (no kube-proxy, no Service IPs).
+        webhooks_port = procs.free_port()
+        webhooks_url = f"http://{bed.network.gateway}:{webhooks_port}"
+        metrics_url = _install_chart(bed, directory, webhooks_url)
+        ingress = _pod_ip(bed, f"{api.LABEL_COMPONENT}=webhooks")
+        forwarder = procs.ManagedProcess(
+            "webhooks-forward", [sys.executable, "-m", "durablerun_testbed", "forward",
+                                 f"{bed.network.gateway}:{webhooks_port}", f"127.0.0.1:{webhooks_port}",
+                                 f"{ingress}:8443"],
+            log_path=directory / "bed" / "logs" / "webhooks-forward.log", testbed_id=bed.id)
+        parts += [bed.real_node.containerd, bed.real_node.kubelet, forwarder]
         node_url, extra = "", {"node": "real", "subnet": str(bed.network.subnet), "bridge": bed.network.bridge,
-                               "node_dir": str(bed.real_node.workdir)}
+                               "node_dir": str(bed.real_node.workdir), "webhooks_url": webhooks_url}
     else:
         assert bed.node
         bed.install_crds()
@@ -132,19 +150,25 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
         parts += [bed.node_process, operator]
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         node_url, extra = bed.node.url, {"node": "process"}
+    # Prometheus as a cluster's would run it: scraping the operator, the shipped rules loaded (a run that
+    # aborts shows as the DurableRunAborted alert at /alerts).
+    prometheus = Prometheus(directory / "bed" / "prometheus", bed.id).start(
+        [metrics_url.split("/")[2]], rule_files=[RULES], scrape_interval="5s", evaluation_interval="5s")
+    parts.append(prometheus.process)
     state = SandboxState(
         id=bed.id, dir=str(directory), kubeconfig=str(bed.kubeconfig),
         s3_endpoint=bed.s3.endpoint_url, s3_access_key=bed.s3.access_key, s3_secret_key=bed.s3.secret_key,
         s3_bucket=BUCKET, node_url=node_url, metrics_url=metrics_url,
-        pids=[p.pid for p in parts if p is not None], **extra,
+        prometheus_url=prometheus.url, pids=[p.pid for p in parts if p is not None], **extra,
     )
     _state_path(directory).write_text(json.dumps(asdict(state), indent=2))
     _state_path(directory).chmod(0o600)
     return state
 
 
-def _install_chart(bed: TestBed, directory: Path) -> str:
-    """`helm install` as docs/install.md says (the chart brings the CRD); runs default to the examples image."""
+def _install_chart(bed: TestBed, directory: Path, webhooks_url: str) -> str:
+    """`helm install` as docs/install.md says (the chart brings the CRD); runs default to the examples image,
+    and the webhook ingress serves the default namespace at ``webhooks_url``."""
     assert bed.real_node
     examples = bed.real_node.images["examples"].rsplit(":", 1)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(directory), "KUBECONFIG": str(bed.kubeconfig),
@@ -153,10 +177,16 @@ def _install_chart(bed: TestBed, directory: Path) -> str:
     subprocess.run([str(binaries.find("helm")), "install", "durable-run", str(binaries.REPO_ROOT / "charts" /
                     "durable-run"), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                     "--set", f"runner.image.repository={examples[0]}", "--set", f"runner.image.tag={examples[1]}",
-                    "--set", "resyncSeconds=1", "--wait", "--timeout=180s"], env=env, check=True)
-    pod = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
-                                 api.OPERATOR_SELECTOR, "-o", "json").stdout)["items"][0]
-    return f"http://{pod['status']['podIP']}:9090/metrics"
+                    "--set", "resyncSeconds=1", "--set", "webhooks.enabled=true",
+                    "--set", "webhooks.namespaces={default}", "--set", f"webhooks.url={webhooks_url}",
+                    "--wait", "--timeout=180s"], env=env, check=True)
+    return f"http://{_pod_ip(bed, api.OPERATOR_SELECTOR)}:9090/metrics"
+
+
+def _pod_ip(bed: TestBed, selector: str) -> str:
+    """The address of the chart's pod that ``selector`` picks (one replica)."""
+    pod = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", selector, "-o", "json").stdout)
+    return str(pod["items"][0]["status"]["podIP"])
 
 
 def _start_operator(bed: TestBed, directory: Path) -> tuple[procs.ManagedProcess, int]:
@@ -198,6 +228,9 @@ def describe(state: SandboxState) -> str:
         f"                access key {state.s3_access_key}, secret in {state.dir}/state.json"
         " and in Secret default/durablerun-s3",
         f"  operator:     metrics at {state.metrics_url}",
+        f"  Prometheus:   {state.prometheus_url} (the shipped alerting rules at /alerts)",
+        *([f"  webhooks:     {state.webhooks_url} (the ingress; ctx.webhook_url's URLs are under it)"]
+          if state.webhooks_url else []),
         node,
         f"  logs:         kubectl logs POD; the parts' own in {state.dir}/bed/**/*.log"
         if state.node == "real" else
@@ -274,6 +307,10 @@ class Story:
     executions: dict[str, int]
     events: list[dict[str, Any]]
     status: dict[str, Any]
+    #: how the review reached the run: "webhook" (its capability URL, through the ingress) or "kubectl"
+    reviewed_through: str
+    #: the alerting rules the sandbox's Prometheus evaluated once it had scraped the operator
+    alerting_rules: list[str]
 
 
 def demo(directory: Path, node: str, bed_id: str = "") -> Story:
@@ -369,16 +406,26 @@ def _story(state: SandboxState) -> Story:
                 lambda s: s.get("phase") == api.Phase.WAITING)
     _show(env, kubectl, "get", "pods", "-l", f"{api.LABEL_RUN}={name}")
     if followers:
-        executions = _count_executions([line for follower in followers for line in follower.lines()],
-                                       "kubectl logs")
+        lines = [line for follower in followers for line in follower.lines()]
+        executions = _count_executions(lines, "kubectl logs")
     else:
         logs = sorted(Path(state.dir).glob("bed/node/pods/default_review-agent-a*/runner.log"))
-        executions = _count_executions(
-            [line for log in logs for line in log.read_text(errors="replace").splitlines()], "the runner logs")
+        lines = [line for log in logs for line in log.read_text(errors="replace").splitlines()]
+        executions = _count_executions(lines, "the runner logs")
 
-    print("\n# a human approves the draft", flush=True)
-    _show(env, kubectl, "patch", "dr", name, "--type", "merge",
-          "-p", '{"spec": {"events": {"review": {"approved": true, "by": "dana"}}}}')
+    review = {"approved": True, "by": "dana"}
+    urls = [line.split(REVIEW_URL_SAYS, 1)[1].strip() for line in lines if REVIEW_URL_SAYS in line]
+    if urls:  # the chart's webhook ingress is on: the review comes over HTTP, as from any outside system
+        print("\n# a human approves the draft through the run's webhook URL (its log printed it)", flush=True)
+        print(f"$ curl -X POST -H 'Content-Type: application/json' -d '{json.dumps(review)}' {urls[-1]}")
+        request = urllib.request.Request(urls[-1], data=json.dumps(review).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            print(f"  HTTP {reply.status} {reply.read().decode().strip()}", flush=True)
+    else:
+        print("\n# a human approves the draft", flush=True)
+        _show(env, kubectl, "patch", "dr", name, "--type", "merge",
+              "-p", json.dumps({"spec": {"events": {"review": review}}}))
     final = watch_until("the run has succeeded", lambda s: s.get("phase") == api.Phase.SUCCEEDED)
     _show(env, kubectl, "get", "dr", "-o", "wide")
     _show(env, kubectl, "describe", "dr", name)
@@ -389,8 +436,23 @@ def _story(state: SandboxState) -> Story:
                 print(f"  {line}")
     events = json.loads(subprocess.run([kubectl, "get", "events", "--field-selector", f"involvedObject.name={name}",
                                         "-o", "json"], env=env, capture_output=True, text=True, check=True).stdout)
+    alerting = _prometheus_sees_the_operator(state)
     return Story(state, pod, int(first["progress"]["completedSteps"]), phases, executions,
-                 list(events["items"]), final)
+                 list(events["items"]), final, "webhook" if urls else "kubectl", alerting)
+
+
+def _prometheus_sees_the_operator(state: SandboxState) -> list[str]:
+    """Waits until Prometheus has scraped the operator; prints and returns the alerting rules it evaluates."""
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(f"{state.prometheus_url}/api/v1/{path}", timeout=10) as reply:
+            return json.load(reply)["data"]
+
+    print(f"\n# Prometheus ({state.prometheus_url}) scrapes the operator and evaluates the shipped alerts", flush=True)
+    procs.wait_for(lambda: any(r["value"][1] == "1" for r in get("query?query=up")["result"]), timeout=60,
+                   interval=1, what="Prometheus to scrape the operator")
+    alerts = [rule["name"] for group in get("rules?type=alert")["groups"] for rule in group["rules"]]
+    print(f"  up 1; {len(alerts)} alerting rules, e.g. {', '.join(alerts[:3])} (see {state.prometheus_url}/alerts)")
+    return alerts
 
 
 def _count_executions(lines: list[str], source: str) -> dict[str, int]:

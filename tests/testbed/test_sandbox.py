@@ -13,6 +13,7 @@ import ipaddress
 from pathlib import Path
 
 import pytest
+import yaml
 
 from durablerun_testbed import procs, realnode, sandbox
 from tests.helpers.session import SESSION_ID, skip_real_node_if_asked
@@ -57,6 +58,14 @@ def test_demo_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path)
     assert len(restarts) == 1, restarts
     assert "exit code 137" in restarts[0], restarts
     assert "Succeeded" in reasons, reasons
+    # The review came over HTTP from this machine, through the chart's webhook ingress and the run's URL.
+    assert story.reviewed_through == "webhook"
+    assert any(e["reason"] == "EventReceived" and "capability URL" in e["message"] for e in story.events), reasons
+    # Prometheus scraped the operator and evaluated every shipped alert (the aborted-run page among them).
+    shipped = [r["alert"] for g in yaml.safe_load(sandbox.RULES.read_text())["groups"] for r in g["rules"]
+               if "alert" in r]
+    assert sorted(story.alerting_rules) == sorted(shipped)
+    assert "DurableRunAborted" in shipped
 
     # `sandbox down` checked this before it said nothing is running; check it again independently.
     state = story.state
