@@ -28,12 +28,19 @@ given when only the local CLI named runs.) Inside a run's root::
     children/<child>.json      a child run this run asked for (``ctx.start_child``) where no operator
                                keeps the request: ``durablerun run``, ``WorkflowTest``
                                (:mod:`durablerun._private.engine.family`); first write wins
+    streams/<name>/<offset:012d>.json  one chunk of output stream <name> (``ctx.stream``): offsets count
+                               from 0 with no gap, first write wins, so two attempts never own one offset
+                               (:mod:`durablerun._private.storage.streams`)
     history/<time>-<action>.json  facts about the run: a rerun or fork (who, when, from where, what)
     archive/<time>/...         a copy of every object above as it was before a rerun dropped records
                                (:mod:`durablerun._private.tools.reruns`; readers of layout 1 ignore these
                                three)
 
 Every object is sealed (see :mod:`durablerun._private.records.codec`).
+
+Retention: nothing here expires on its own. A run's objects, its streams included, live as long as
+its root does: until ``durablerun delete``, or on Kubernetes the DurableRun's deletion under
+``checkpoint.retention: Delete`` (``Retain``, the default, keeps them), or the bucket's own lifecycle rules.
 """
 
 from __future__ import annotations
@@ -125,6 +132,11 @@ EVENTS_DIR = "events/"
 HISTORY_DIR = "history/"
 CHILDREN_DIR = "children/"
 ARCHIVE_DIR = "archive/"
+STREAMS_DIR = "streams/"
+
+#: A stream's name: a path segment of its keys, so no '/' and nothing a shell or URL must quote.
+STREAM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_STREAM_NAME_RE = re.compile(STREAM_NAME_PATTERN)
 
 
 def journal_key(seq: int) -> str:
@@ -189,3 +201,26 @@ def child_request_key(child: str) -> str:
 
 def event_key(name: str) -> str:
     return f"{EVENTS_DIR}{api.check_event_name(name)}.json"
+
+
+def stream_name_error(name: object) -> str | None:
+    """Why ``name`` cannot name a stream, or None when it can."""
+    if isinstance(name, str) and _STREAM_NAME_RE.match(name):
+        return None
+    return (f"invalid stream name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit")
+
+
+def stream_dir(name: str) -> str:
+    return f"{STREAMS_DIR}{name}/"
+
+
+def stream_key(name: str, offset: int) -> str:
+    return f"{stream_dir(name)}{offset:0{SEQ_DIGITS}d}.json"
+
+
+def offset_of_stream_key(name: str, key: str) -> int | None:
+    """The offset of ``streams/<name>/<offset>.json`` (relative key), else None."""
+    head = stream_dir(name)
+    digits = key[len(head):-len(".json")] if key.startswith(head) and key.endswith(".json") else ""
+    return int(digits) if len(digits) == SEQ_DIGITS and digits.isdigit() else None
