@@ -12,6 +12,7 @@ from typing import Any, NoReturn, TypeVar, overload
 from durablerun import api, errors
 from durablerun._private.engine import children, core, replay, webhook_urls
 from durablerun._private.engine.seams import ContextFace
+from durablerun._private.engine.streams import Stream
 from durablerun.api import format_time, parse_time
 
 T = TypeVar("T")
@@ -197,6 +198,21 @@ class DurableContext:
             raise errors.WorkflowError(f"ctx.webhook_url: ttl must be positive, got {ttl!r}")
         return self._core.value(
             "webhook_url", lambda: webhook_urls.capability_url(event, lifetime, os.environ, datetime.now(UTC)))
+
+    # --- output ---------------------------------------------------------------------------------
+    def stream(self, name: str) -> Stream:
+        """The run's output stream ``name``: append-only text its steps write as they go (docs/sdk.md,
+        "Output streams").
+
+        ``stream.write(text)`` from a sync step, ``await stream.awrite(text)`` from an async one; a write
+        from the workflow function itself is refused (it runs again on every resume). Writes are batched
+        into chunks in the run's store, durable before their step is journaled, and read with
+        ``durablerun stream NAME`` or ``kubectl durablerun stream RUN NAME``, live or after the run.
+        What a step wrote in a try that did not count (its attempt was killed before the step was
+        journaled, or the try failed and was retried) is marked superseded; ``--final`` hides it.
+        Names: 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit.
+        """
+        return self._core.stream(name)
 
     # --- deterministic values ---------------------------------------------------------------
     def now(self) -> datetime:

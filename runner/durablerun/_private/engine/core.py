@@ -48,6 +48,7 @@ from durablerun._private.engine.replay import (
 )
 from durablerun._private.engine.results import Results, fresh, store_halt
 from durablerun._private.engine.sinks import EventKind, SinkSet
+from durablerun._private.engine.streams import Stream, Streams
 from durablerun._private.engine.workers import StepThreads, own_traceback
 from durablerun._private.engine.writer import Writer
 from durablerun._private.records.model import (
@@ -65,6 +66,7 @@ from durablerun._private.records.model import (
     WaitRecord,
 )
 from durablerun._private.storage.journal import Loaded, RunStore
+from durablerun._private.storage.streams import StreamObjects
 from durablerun.api import AbortReason, format_time, parse_duration, parse_time
 from durablerun.resource import Policy
 
@@ -121,6 +123,7 @@ class AttemptCore:
         self.writer = Writer(store=store, live=live, config=config, sinks=sinks,
                              attempt_id=attempt_id)
         self.sagas = sagas.Ledger(self.writer)
+        self.streams = Streams(StreamObjects(store.backend, store.ref), attempt_id, config, self.writer.refuse_writes)
         self.results = Results(store, config, self.io)
         self.reached: set[str] = set()
         self.stop_requested = False
@@ -133,6 +136,7 @@ class AttemptCore:
         self.continued: ContinueRecord | None = None
 
     def close(self) -> None:
+        self.streams.close()
         self.writer.close()
         self._step_threads.close()
 
@@ -387,10 +391,12 @@ class AttemptCore:
             while True:
                 attempt += 1
                 self.sinks.emit(EventKind.STEP_STARTED, position=pos, name=name, attempt=attempt)
+                frame.tries = attempt
                 token = STEP.set(frame)
                 try:
                     result = await self._step_threads.invoke(fn, args, kwargs)
                     payload, value = await self.results.encode(result, what)
+                    await self.streams.drain()  # a journaled step's chunks are durable
                     failure = None
                     break
                 except (Halt, asyncio.CancelledError):
@@ -587,6 +593,9 @@ class AttemptCore:
 
     async def gather(self, aws: tuple[Awaitable[Any], ...], return_exceptions: bool) -> list[Any]:
         return await gather(self.allocate("ctx.gather()"), aws, return_exceptions)
+
+    def stream(self, name: str) -> Stream:
+        return self.streams.open(name)
 
 
 def new_uuid() -> str:

@@ -78,6 +78,8 @@ class StepFrame:
 
     position: str
     name: str
+    #: Which try of the step is running (from 1; its record's ``attempts`` once journaled).
+    tries: int = 0
     usd: Decimal = Decimal(0)
     tokens: int = 0
     #: The longest wait the step waits out in process (EngineConfig.inline_sleep_max); longer ones end the attempt.

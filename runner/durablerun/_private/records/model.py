@@ -415,6 +415,16 @@ class EngineConfig:
     #: write is in flight go out together in the next one (each still durable before its step returns).
     #: False: one request per record (the bench compares the two).
     group_commit: bool = True
+    #: Output streams (``ctx.stream``): a stream's buffered writes become a chunk once they reach this many
+    #: bytes, or once the oldest is this many seconds old (and always before their step is journaled).
+    stream_batch_bytes: int = 64 * 1024
+    stream_batch_seconds: float = 0.25
+    #: Bytes a stream holds in memory before its writes wait for the store (bounded memory).
+    stream_buffer_bytes: int = 1024 * 1024
+    #: The largest single write, in bytes (so the largest chunk); a bigger one fails its step for good.
+    stream_max_write_bytes: int = 256 * 1024
+    #: Chunks a stream may hold, over all attempts; past it the writing step fails for good.
+    stream_max_chunks: int = 100_000
     #: Asked before every journal write: a reason when this process may no longer
     #: write (e.g. its lease lapsed while it was paused), None when it may. A
     #: reason fences the attempt before anything is written.
