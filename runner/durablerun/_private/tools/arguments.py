@@ -54,6 +54,18 @@ def kubernetes_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", help="kubeconfig context (with --kubernetes)")
 
 
+def stream_args(p: argparse.ArgumentParser) -> None:
+    """How ``durablerun stream`` and ``kubectl durablerun stream`` read a stream."""
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep reading as the run writes; ends once the run has finished and the stream is read")
+    p.add_argument("--from", dest="from_offset", type=int, default=0, metavar="OFFSET",
+                   help="start at this offset (each chunk has one; what a read ends at: no gap, no duplicate)")
+    p.add_argument("--final", action="store_true",
+                   help="only the chunks of the step tries that were journaled: never what a later try "
+                        "superseded (a step's chunks show once it is journaled)")
+    p.add_argument("--json", action="store_true", help="one JSON object per chunk: offset, standing, step, text")
+
+
 def run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", help="JSON input, or @file.json (default: the stored input "
                                    "of an existing run, else {})")
@@ -143,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("workflow", metavar="MODULE:FUNC", help="the async workflow function to check")
     kubernetes_run_args(replay)
     replay.add_argument("--json", action="store_true", help="machine-readable output")
+
+    stream = sub.add_parser("stream", help="print a run's output stream (ctx.stream): what its steps wrote, live "
+                                           "with --follow (docs/sdk.md, 'Output streams')")
+    stream.add_argument("name", nargs="?", help="the stream's name (default: the run's only stream)")
+    kubernetes_run_args(stream)
+    stream_args(stream)
 
     runs = sub.add_parser("list", help="list the local runs in a store")
     store_args(runs, run_id=False)

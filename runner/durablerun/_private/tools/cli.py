@@ -10,6 +10,7 @@
     durablerun list [--store URI] [--json]
     durablerun delete --run-id ID [--store URI]
     durablerun timeline --run-id ID [--store URI] [--output json]
+    durablerun stream [NAME] (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [-f] [--from N] [--final]
     durablerun rerun --run-id ID --from STEP [--store URI] [run flags]
     durablerun fork --run-id ID --from STEP --to NEW_ID [--store URI] [--input JSON|@file] [run flags]
     durablerun replay MODULE:FUNC (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json]
@@ -48,7 +49,7 @@ from durablerun._private.storage.journal import RunStore
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.storage.stores import Store, open_store, store_from_checkpoint
 from durablerun._private.telemetry import tracing
-from durablerun._private.tools import arguments, inspection, replayer, reruns, timeline
+from durablerun._private.tools import arguments, inspection, replayer, reruns, streamview, timeline
 from durablerun._private.tools.display import PlainProgress, TtyProgress
 from durablerun.api import AbortReason, Outcome, parse_duration, parse_time
 from durablerun.resource import Policy
@@ -515,6 +516,20 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     return timeline.show(_open(args), layout.RunRef.local(args.run_id), as_json=args.output == "json")
 
 
+def cmd_stream(args: argparse.Namespace) -> int:
+    found = _local_or_kubernetes_run(args)
+    if found is None:
+        return 1
+    store, ref = found
+    rs = store.run_store(ref)
+    try:
+        return streamview.show(rs, args.name, start=args.from_offset, final=args.final, follow=args.follow,
+                               as_json=args.json)
+    finally:
+        rs.close()
+        store.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "pod":
@@ -530,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         handler = {"run": cmd_run, "resume": cmd_run, "retry": cmd_run, "send-event": cmd_send_event,
                    "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
-                   "timeline": cmd_timeline, "replay": cmd_replay,
+                   "timeline": cmd_timeline, "replay": cmd_replay, "stream": cmd_stream,
                    "rerun": cmd_rerun, "fork": cmd_rerun}[args.command]
         return handler(args)
     except BrokenPipeError:

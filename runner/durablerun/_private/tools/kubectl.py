@@ -14,6 +14,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun status RUN                                   # phase, message, Kueue queue and position
     kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
+    kubectl durablerun stream RUN [NAME] [-f] [--from N] [--final] [--json]  # the run's output stream
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
     kubectl durablerun rerun RUN --from STEP                        # cut the journal back, then a new attempt
     kubectl durablerun fork RUN --from STEP --to NEW                # a new DurableRun with RUN's history before STEP
@@ -37,7 +38,16 @@ from typing import Any
 
 from durablerun import api, errors, resource
 from durablerun._private.records import layout
-from durablerun._private.tools import arguments, browser, inspection, kubeapi, reruns, timeline, upgrades
+from durablerun._private.tools import (
+    arguments,
+    browser,
+    inspection,
+    kubeapi,
+    reruns,
+    streamview,
+    timeline,
+    upgrades,
+)
 from durablerun._private.tools.kubeapi import KIND_REF, Kubectl, PluginError
 from durablerun._version import __version__
 
@@ -222,6 +232,17 @@ def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
         store.close()
 
 
+def cmd_stream(kube: Kubectl, args: argparse.Namespace) -> int:
+    store, ref = kubeapi.open_journal(kube, kube.run(args.run), credentials_from_secret=args.credentials_from_secret)
+    rs = store.run_store(ref)
+    try:
+        return streamview.show(rs, args.name, start=args.from_offset, final=args.final, follow=args.follow,
+                               as_json=args.json)
+    finally:
+        rs.close()
+        store.close()
+
+
 def _origin(kube: Kubectl) -> reruns.Origin:
     context = kube("config", "current-context", check=False).stdout.strip() or "?"
     return reruns.Origin(who=os.environ.get("USER") or "?", via=f"kubectl durablerun (context {context})")
@@ -323,7 +344,7 @@ def cmd_tree(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 COMMANDS = ["approve", "reject", "event", "suspend", "resume", "abort", "retry", "wait", "status", "logs", "journal",
-            "tree", "completion", "timeline", "rerun", "fork", "ui", "upgrade", "budget"]
+            "tree", "completion", "timeline", "rerun", "fork", "ui", "upgrade", "budget", "stream"]
 # Commands whose first argument is a DurableRun's name (completed from the cluster).
 TAKES_RUN = set(COMMANDS) - {"completion", "ui", "upgrade"}
 
@@ -434,6 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--credentials-from-secret", action="store_true",
                    help="read S3 credentials from the run's spec.checkpoint.credentialsSecret (needs get on "
                         "that Secret); by default they come from your environment (AWS_ACCESS_KEY_ID, ...)")
+    p = command("stream", "print the run's output stream (ctx.stream) from its store, live with -f (store "
+                          "credentials as for journal)")
+    p.add_argument("name", nargs="?", help="the stream's name (default: the run's only stream)")
+    arguments.stream_args(p)
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal")
     p = command("timeline", "draw the run's steps, waits and restarts over time from its journal (store "
                             "credentials as for journal)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
@@ -473,7 +499,7 @@ HANDLERS = {"approve": cmd_approve, "reject": cmd_approve, "event": cmd_event, "
             "resume": cmd_suspend, "abort": cmd_abort, "retry": cmd_retry, "wait": cmd_wait, "status": cmd_status,
             "logs": cmd_logs, "journal": cmd_journal, "tree": cmd_tree, "completion": cmd_completion,
             "timeline": cmd_journal, "rerun": cmd_rerun, "fork": cmd_fork, "ui": browser.serve, "upgrade": cmd_upgrade,
-            "budget": cmd_budget}
+            "budget": cmd_budget, "stream": cmd_stream}
 
 
 def main(argv: list[str] | None = None) -> int:
