@@ -25,14 +25,14 @@ given when only the local CLI named runs.) Inside a run's root::
     policy.json                a local run's policy (budgets), recorded at its first attempt
     owner.json                 a run id's owner record: who may write it now (compare-and-swap;
                                :mod:`durablerun._private.storage.owner`)
-    children/<child>.json      a child run this run asked for (``ctx.start_child``) where no operator
-                               keeps the request: ``durablerun run``, ``WorkflowTest``
-                               (:mod:`durablerun._private.engine.family`); first write wins
     streams/<name>/<offset:012d>.json  one chunk of output stream <name> (``ctx.stream``): offsets count
                                from 0 with no gap, first write wins, so two attempts never own one offset
                                (:mod:`durablerun._private.storage.streams`)
+    children/<child>.json      a child run this run asked for (``ctx.start_child``) where no operator
+                               keeps the request: ``durablerun run``, ``WorkflowTest``
+                               (:mod:`durablerun._private.engine.family`); first write wins
     history/<time>-<action>.json  facts about the run: a rerun or fork (who, when, from where, what)
-    archive/<time>/...         a copy of every object above as it was before a rerun dropped records
+    archive/<time>/...         a copy of every object above (streams/ aside) as it was before a rerun dropped records
                                (:mod:`durablerun._private.tools.reruns`; readers of layout 1 ignore these
                                three)
 
