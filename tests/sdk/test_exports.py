@@ -51,7 +51,7 @@ INTEGRATIONS = {
 
 CONTEXT_METHODS = [
     "add_cost", "continue_as_new", "gather", "idempotency_key", "now", "patched", "run_id",
-    "run_child", "set_total_steps", "signal", "sleep", "start_child", "step", "uuid", "wait_for_event",
+    "run_child", "set_total_steps", "signal", "sleep", "start_child", "step", "stream", "uuid", "wait_for_event",
     "webhook_url",
 ]
 
