@@ -6,6 +6,7 @@ On the filesystem store and on S3 (MinIO of the test bed); the kill-and-resume a
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import queue
@@ -114,6 +115,30 @@ def test_a_reader_far_behind_reads_every_window(durable_store_spec: StoreSpec) -
     reads = _reads(store)
     assert len(reads) == 150  # more than two read windows
     assert _text(reads) == streaming.expected(1, 150)
+
+
+def test_async_steps_await_their_writes_and_gathered_steps_never_share_a_chunk(tmp_path: Path) -> None:
+    store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
+    config = replace(FAST, stream_buffer_bytes=12, stream_batch_bytes=12)  # awrite waits for room often
+
+    async def wf(ctx: DurableContext, input: dict[str, Any]) -> None:
+        out = ctx.stream("story")
+
+        async def write_part(part: int) -> None:
+            for i in range(10):
+                await out.awrite(streaming.word(part, i))
+                await asyncio.sleep(0)
+
+        await ctx.gather(*(ctx.step(f"part-{part}", write_part, part) for part in range(3)))
+
+    result = attempt(store, wf, config=config)
+    assert result.outcome == Outcome.COMPLETED, result.message
+    reads = _reads(store, final=True)
+    for part in range(3):
+        mine = [r for r in reads if r.chunk.step == f"part-{part}"]
+        assert _text(mine) == streaming.expected(part + 1, 10)[len(streaming.expected(part, 10)):]
+        assert all(set(r.chunk.text.split()) <= {streaming.word(part, i).strip() for i in range(10)} for r in mine)
+    assert [r.chunk.offset for r in reads] == list(range(len(reads)))
 
 
 # --- supersession inside one attempt ------------------------------------------------------------
