@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,39 @@ def test_approve_wait_journal_logs_and_events_are_write_once(
     assert headers == [f"==> pod {p['metadata']['name']} (attempt {p['metadata']['labels'][api.LABEL_EPOCH]}, "
                        f"{p['status']['phase']}) <==" for p in sorted(
                            runs.pods("review"), key=lambda p: int(p["metadata"]["labels"][api.LABEL_EPOCH]))]
+
+
+def test_stream_follows_a_runs_output_across_its_pods(
+    operator: Operator, runs: RunEnv, plugin: Plugin, tmp_path: Path
+) -> None:
+    """`kubectl durablerun stream RUN -f` reads the run's store live: what the first pod wrote, then (after the
+    wait ended that pod) what the second wrote, and ends by itself once the run has Succeeded."""
+    runs.apply(runs.manifest("narrator", "optest_flows:narrator"))
+    waiting = plugin.dr("wait", "narrator", "--for", "Waiting", "--timeout", "60s")
+    assert waiting.returncode == 0, waiting.stdout + waiting.stderr
+    out = tmp_path / "stream.jsonl"
+    with out.open("w") as sink:
+        follower = subprocess.Popen(
+            ["kubectl", "durablerun", "-n", runs.namespace, "stream", "narrator", "-f", "--final",
+             "--credentials-from-secret", "--json"], env=plugin.env, stdout=sink, stderr=subprocess.PIPE, text=True)
+    try:
+        def chunks() -> list[dict[str, object]]:
+            return [json.loads(line) for line in out.read_text().splitlines()]
+
+        procs.wait_for(lambda: "".join(str(c["text"]) for c in chunks()) == "before0 before1 before2 ",
+                       timeout=60, what="the first pod's chunks, read live")
+        assert follower.poll() is None  # the run waits: the follower goes on
+        assert plugin.dr("event", "narrator", "go").returncode == 0
+        assert follower.wait(timeout=120) == 0, follower.stderr.read() if follower.stderr else ""
+        told = chunks()
+        assert "".join(str(c["text"]) for c in told) == "before0 before1 before2 after0 after1 after2 "
+        assert [c["offset"] for c in told] == list(range(len(told)))
+        assert len({c["attempt"] for c in told}) == 2  # two pods, one stream
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert runs.get("narrator")["status"]["phase"] == "Succeeded"
 
 
 def test_the_journal_is_read_from_the_endpoint_the_credentials_secret_names(

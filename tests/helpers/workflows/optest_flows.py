@@ -87,6 +87,21 @@ async def approval(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]
     return {"draft": draft, "decision": decision, "final": final}
 
 
+async def narrator(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Writes stream "story" before and after event "go": the wait ends the first pod, a second writes on."""
+    out = ctx.stream("story")
+
+    def tell(part: str) -> str:
+        for i in range(3):
+            out.write(f"{part}{i} ")
+        return part
+
+    await ctx.step("before", tell, "before")
+    await ctx.wait_for_event("go", timeout=timedelta(hours=1))
+    await ctx.step("after", tell, "after")
+    return {"told": True}
+
+
 async def sleeper(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     """A durable sleep long enough to end the attempt."""
     await ctx.step("before", work, "before", 0.05)
