@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from durablerun import DurableContext, NonRetryableError, WorkflowError
+from durablerun._private.engine.halts import Halt, HaltKind
 from durablerun._private.engine.replay import STEP, StepFrame
 from durablerun._private.engine.streams import Streams
 from durablerun._private.records import layout
@@ -283,6 +284,30 @@ def test_two_attempts_never_own_one_offset(durable_store_spec: StoreSpec, monkey
         (0, "old", "a"), (1, "old", "b"), (2, "new", "c")]
 
 
+def test_a_fenced_attempt_writes_no_chunk_and_its_step_is_not_journaled(tmp_path: Path) -> None:
+    store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
+    streams = Streams(StreamObjects(store.backend, REF), "fenced", FAST, lambda: True)
+    out = streams.open("story")
+    token = STEP.set(StepFrame("0", "write", tries=1))
+    try:
+        out.write("never stored")
+        with pytest.raises(Halt) as halted:
+            asyncio.run(streams.drain())
+        assert halted.value.kind == HaltKind.FENCE
+        with pytest.raises(Halt):
+            out.write("nor this")
+    finally:
+        STEP.reset(token)
+    streams.close()
+    assert _reads(store) == []
+
+
+def test_reading_a_run_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    done = cli(["stream", "story", "--run-id", "nope", "--store", f"file://{tmp_path / 'store'}", "--follow"])
+    assert done.returncode == 2
+    assert "no run _local/nope in this store" in done.stderr
+
+
 def test_unit_limits_of_the_writer_outside_a_run(tmp_path: Path) -> None:
     store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
     streams = Streams(StreamObjects(store.backend, REF), "a1", FAST, lambda: False)
@@ -355,7 +380,7 @@ def test_a_step_killed_mid_write_is_superseded_when_it_runs_again(durable_store_
     shown = cli([*args, "--final"], env=durable_store_spec.env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == streaming.expected(3, 8)
-    plain = cli(args, env=durable_store_spec.env)
+    plain = cli([a for a in args if a != "story"], env=durable_store_spec.env)  # the run's only stream
     assert plain.stdout == streaming.expected(3, 8)
     assert plain.stderr.count("[superseded: offset") == len(superseded)
 

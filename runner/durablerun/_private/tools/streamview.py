@@ -18,12 +18,9 @@ from durablerun._private.storage.streams import StreamObjects
 from durablerun._private.tools import arguments
 
 
-def pick(store: RunStore, name: str | None) -> str:
-    """The stream to read: ``name`` if valid, else the run's only stream; else a usage error naming them."""
+def _pick(store: RunStore, name: str | None) -> str:
+    """The stream to read: ``name``, else the run's only stream; else a usage error naming them."""
     if name is not None:
-        problem = layout.stream_name_error(name)
-        if problem is not None:
-            raise arguments.UsageError(problem)
         return name
     names = StreamObjects(store.backend, store.ref).names()
     if len(names) == 1:
@@ -34,9 +31,14 @@ def pick(store: RunStore, name: str | None) -> str:
 
 def show(store: RunStore, name: str | None, *, start: int, final: bool, follow: bool, as_json: bool) -> int:
     """Print stream ``name`` of the run from offset ``start`` (following it until the run has finished)."""
+    problem = None if name is None else layout.stream_name_error(name)
+    if problem is not None:
+        raise arguments.UsageError(problem)
     if start < 0:
         raise arguments.UsageError(f"--from {start}: offsets count from 0")
-    reader = StreamReader(store, pick(store, name), start=start, final=final)
+    if store.read_manifest() is None:  # else a follower would wait for a run that is not there
+        raise arguments.UsageError(f"no run {store.ref} in this store: check the run's id (or name) and the store")
+    reader = StreamReader(store, _pick(store, name), start=start, final=final)
     try:
         for read in reader.follow() if follow else reader.read():
             _print(read, as_json)
