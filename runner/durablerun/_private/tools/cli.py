@@ -520,14 +520,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     found = _local_or_kubernetes_run(args)
     if found is None:
         return 1
-    store, ref = found
-    rs = store.run_store(ref)
-    try:
-        return streamview.show(rs, args.name, start=args.from_offset, final=args.final, follow=args.follow,
-                               as_json=args.json)
-    finally:
-        rs.close()
-        store.close()
+    return streamview.show_run(*found, args)
 
 
 def main(argv: list[str] | None = None) -> int:

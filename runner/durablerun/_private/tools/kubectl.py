@@ -233,14 +233,8 @@ def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
 
 
 def cmd_stream(kube: Kubectl, args: argparse.Namespace) -> int:
-    store, ref = kubeapi.open_journal(kube, kube.run(args.run), credentials_from_secret=args.credentials_from_secret)
-    rs = store.run_store(ref)
-    try:
-        return streamview.show(rs, args.name, start=args.from_offset, final=args.final, follow=args.follow,
-                               as_json=args.json)
-    finally:
-        rs.close()
-        store.close()
+    found = kubeapi.open_journal(kube, kube.run(args.run), credentials_from_secret=args.credentials_from_secret)
+    return streamview.show_run(*found, args)
 
 
 def _origin(kube: Kubectl) -> reruns.Origin:

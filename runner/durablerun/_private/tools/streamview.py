@@ -8,11 +8,13 @@ chunk with its offset and standing instead. Reading and deciding are the reader'
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from durablerun._private.records import layout
 from durablerun._private.storage.journal import RunStore
+from durablerun._private.storage.stores import Store
 from durablerun._private.storage.stream_reader import Read, Standing, StreamReader
 from durablerun._private.storage.streams import StreamObjects
 from durablerun._private.tools import arguments
@@ -27,6 +29,17 @@ def _pick(store: RunStore, name: str | None) -> str:
         return names[0]
     have = f"its streams: {', '.join(names)}" if names else "it has written none yet"
     raise arguments.UsageError(f"name the stream to read of run {store.ref} ({have})")
+
+
+def show_run(store: Store, ref: layout.RunRef, args: argparse.Namespace) -> int:
+    """Both commands' ``stream``: the stream ``args`` name (name, from_offset, final, follow, json) of run
+    ``ref``; closes ``store``."""
+    rs = store.run_store(ref)
+    try:
+        return show(rs, args.name, start=args.from_offset, final=args.final, follow=args.follow, as_json=args.json)
+    finally:
+        rs.close()
+        store.close()
 
 
 def show(store: RunStore, name: str | None, *, start: int, final: bool, follow: bool, as_json: bool) -> int:
