@@ -7,6 +7,7 @@ On the filesystem store and on S3 (MinIO of the test bed); the kill-and-resume a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import queue
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from durablerun import DurableContext, NonRetryableError, WorkflowError
+from durablerun import DurableContext, NonRetryableError, StepError, WorkflowError
 from durablerun._private.engine.halts import Halt, HaltKind
 from durablerun._private.engine.replay import STEP, StepFrame
 from durablerun._private.engine.streams import Streams
@@ -202,6 +203,28 @@ def test_a_stream_past_its_chunk_limit_fails_the_step_naming_the_limit(tmp_path:
     assert [r.chunk.offset for r in _reads(store)] == [0, 1, 2]
 
 
+def test_a_stream_past_its_limit_fails_only_the_steps_that_wrote_to_it(tmp_path: Path) -> None:
+    store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
+    config = replace(FAST, stream_max_chunks=1, stream_batch_bytes=1)
+
+    async def wf(ctx: DurableContext, input: dict[str, Any]) -> str:
+        full, other = ctx.stream("full"), ctx.stream("other")
+
+        def too_much() -> None:
+            full.write("a")
+            full.write("b")
+
+        with contextlib.suppress(StepError):
+            await ctx.step("too-much", too_much)
+        await ctx.step("elsewhere", other.write, "fine")
+        return await ctx.step("nothing", lambda: "written")
+
+    result = attempt(store, wf, config=config)
+    assert result.outcome == Outcome.COMPLETED, result.message
+    assert _text(_reads(store, "other", final=True)) == "fine"
+    assert [r.chunk.text for r in _reads(store, "full")] == ["a"]
+
+
 @pytest.mark.parametrize("name", ["", "a/b", "-x", "x" * 129, "sp ace"])
 def test_a_bad_stream_name_is_refused(tmp_path: Path, name: str) -> None:
     store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
@@ -292,7 +315,7 @@ def test_a_fenced_attempt_writes_no_chunk_and_its_step_is_not_journaled(tmp_path
     try:
         out.write("never stored")
         with pytest.raises(Halt) as halted:
-            asyncio.run(streams.drain())
+            asyncio.run(streams.drain(STEP.get()))  # type: ignore[arg-type]
         assert halted.value.kind == HaltKind.FENCE
         with pytest.raises(Halt):
             out.write("nor this")

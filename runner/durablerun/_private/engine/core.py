@@ -396,7 +396,7 @@ class AttemptCore:
                 try:
                     result = await self._step_threads.invoke(fn, args, kwargs)
                     payload, value = await self.results.encode(result, what)
-                    await self.streams.drain()  # a journaled step's chunks are durable
+                    await self.streams.drain(frame)  # a journaled step's chunks are durable
                     failure = None
                     break
                 except (Halt, asyncio.CancelledError):

@@ -50,6 +50,8 @@ class _Buffer:
     durable: int = 0
     #: Why this stream takes no more writes (a limit, a fence, a store error), once it does not.
     failed: Halt | None = None
+    #: The steps whose writes that failure lost (their drain raises it, other steps' do not).
+    lost: list[StepFrame] = field(default_factory=list)
 
 
 class Stream:
@@ -129,7 +131,7 @@ class Streams:
         """Buffer ``piece`` if there is room now (True), else leave it (False); raise what refuses it."""
         with self._cond:
             buf = self._usable(name)
-            if buf.held and buf.held + piece.size > self._config.stream_buffer_bytes:
+            if self._full(buf, piece):
                 return False
             self._buffer(buf, piece)
             return True
@@ -138,12 +140,16 @@ class Streams:
         """Buffer ``piece``, waiting while the buffer is full (bounded memory: the store sets the pace)."""
         with self._cond:
             buf = self._usable(name)
-            while buf.held and buf.held + piece.size > self._config.stream_buffer_bytes:
+            while self._full(buf, piece):
                 self._urgent = True
                 self._cond.notify_all()
                 self._cond.wait()
                 buf = self._usable(name)
             self._buffer(buf, piece)
+
+    def _full(self, buf: _Buffer, piece: _Piece) -> bool:
+        """No room for ``piece`` (one piece always fits an empty buffer: the largest write is limited)."""
+        return bool(buf.held) and buf.held + piece.size > self._config.stream_buffer_bytes
 
     def _usable(self, name: str) -> _Buffer:
         buf = self._buffers[name]
@@ -163,27 +169,28 @@ class Streams:
             self._cond.notify_all()
 
     # --- the attempt's side -------------------------------------------------------------------
-    async def drain(self) -> None:
-        """Return once everything written so far is durable (before a step's record is journaled);
-        raise the Halt that stopped a stream."""
+    async def drain(self, frame: StepFrame) -> None:
+        """Return once everything written so far is durable (before step ``frame``'s record is journaled);
+        raise what stopped a stream: a fence or a store error always, a limit if it lost this step's writes."""
         with self._cond:
             targets = {name: buf.queued for name, buf in self._buffers.items() if buf.durable < buf.queued}
             if not targets:
-                self._raise_failed()
+                self._raise_failed(frame)
                 return
             self._urgent = True
             self._cond.notify_all()
-        await asyncio.to_thread(self._wait_durable, targets)
+        await asyncio.to_thread(self._wait_durable, targets, frame)
 
-    def _wait_durable(self, targets: dict[str, int]) -> None:
+    def _wait_durable(self, targets: dict[str, int], frame: StepFrame) -> None:
         with self._cond:
             while not all(self._buffers[n].durable >= seq or self._buffers[n].failed for n, seq in targets.items()):
                 self._cond.wait()
-            self._raise_failed()
+            self._raise_failed(frame)
 
-    def _raise_failed(self) -> None:
+    def _raise_failed(self, frame: StepFrame) -> None:
         for buf in self._buffers.values():
-            _raise(buf.failed)
+            if buf.failed is not None and (buf.failed.kind != HaltKind.FAIL or any(f is frame for f in buf.lost)):
+                _raise(buf.failed)
 
     def close(self) -> None:
         """Write what is buffered (a later try supersedes it if its step was not journaled), then stop."""
@@ -241,6 +248,7 @@ class Streams:
             if failed is not None and buf.failed is None:
                 buf.failed = failed
             if buf.failed is not None:  # nothing more of this stream is written: free its writers
+                buf.lost += [p.frame for p in pieces + buf.pending]
                 buf.held -= sum(p.size for p in buf.pending)
                 buf.pending = []
             self._cond.notify_all()
