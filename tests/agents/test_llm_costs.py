@@ -17,6 +17,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from durablerun import ConfigError, DurableContext, Outcome, Policy, api, llm
 from durablerun._private.agents import llm as llm_impl
 from durablerun._private.agents import quota_setup
+from durablerun._private.storage.stream_reader import StreamReader
 from durablerun.integrations.pydantic_ai import DurableRunDurability, run
 from durablerun.testing import WorkflowTest
 
@@ -116,6 +117,38 @@ def test_streamed_calls_charge_their_step_and_settle_their_share_when_the_stream
         wait = limits.try_take(model, 1)
         assert isinstance(wait, float)
         assert wait > 20
+
+
+def test_a_streamed_answer_goes_to_an_output_stream_as_it_arrives(llm_server: Any) -> None:
+    """A metered stream's tokens written to ``ctx.stream`` as they come (docs/agents.md): a reader gets the answer
+    the step returns, and the step is charged the usage the stream reported at its end."""
+    answer = "durable answers stream to their readers token by token"
+    server = llm_server([{"text": answer, "input_tokens": 100, "output_tokens": 9}])
+    oai = llm.metered(openai.OpenAI(base_url=server.openai_base_url, api_key="k", max_retries=0))
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        out = ctx.stream("answer")
+
+        def ask() -> str:
+            said = []
+            with oai.chat.completions.create(model="gpt-4o-2024-08-06", stream=True,
+                                             messages=[{"role": "user", "content": "hi"}]) as stream:
+                for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        out.write(chunk.choices[0].delta.content)
+                        said.append(chunk.choices[0].delta.content)
+            return "".join(said)
+
+        return await ctx.step("ask", ask)
+
+    test = WorkflowTest(wf)
+    done = test.attempt()
+    assert done.outcome == Outcome.COMPLETED, done.message
+    assert len(server.requests) == 1
+    run_store = test.store.run_store(test.ref)
+    reads = list(StreamReader(run_store, "answer", final=True).read())
+    assert "".join(r.chunk.text for r in reads) == done.result == answer
+    assert done.totals.tokens == 109
 
 
 def test_a_metered_call_outside_a_step_is_refused_before_it_is_made(llm_server: Any) -> None:
