@@ -32,8 +32,15 @@ given when only the local CLI named runs.) Inside a run's root::
     archive/<time>/...         a copy of every object above as it was before a rerun dropped records
                                (:mod:`durablerun._private.tools.reruns`; readers of layout 1 ignore these
                                three)
+    logs/<attempt:06d>/<part:06d>.log.gz
+                               what an attempt's runner wrote to stdout and stderr, in the order it was
+                               written, as gzip parts to concatenate in order (first write wins); the
+                               attempt is the pod's epoch (``kubectl durablerun logs --attempt``). At most
+                               LOG_ATTEMPT_BYTES of text per attempt, then one line says what was dropped
+                               (:mod:`durablerun._private.storage.logs`). Kept and deleted with the run;
+                               never read back by a runner, never archived by a rerun.
 
-Every object is sealed (see :mod:`durablerun._private.records.codec`).
+Every object is sealed (see :mod:`durablerun._private.records.codec`), but the logs: plain text, gzipped.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ SEGMENT_RECORDS = 4096
 # At most this many records share one journal object (S3 group commit; part of layout v1): a reader
 # looking for record n finds it in an object named n - GROUP_RECORDS + 1 .. n.
 GROUP_RECORDS = 64
+
+# An attempt keeps at most this much of its stdout and stderr (raw text, before gzip; part of layout v1).
+LOG_ATTEMPT_BYTES = 8 * 1024 * 1024
 
 LOCAL_NAMESPACE = api.LOCAL_NAMESPACE
 
@@ -125,6 +135,7 @@ EVENTS_DIR = "events/"
 HISTORY_DIR = "history/"
 CHILDREN_DIR = "children/"
 ARCHIVE_DIR = "archive/"
+LOGS_DIR = "logs/"
 
 
 def journal_key(seq: int) -> str:
@@ -189,3 +200,19 @@ def child_request_key(child: str) -> str:
 
 def event_key(name: str) -> str:
     return f"{EVENTS_DIR}{api.check_event_name(name)}.json"
+
+
+def log_part_key(attempt: int, part: int) -> str:
+    return f"{LOGS_DIR}{attempt:06d}/{part:06d}.log.gz"
+
+
+def log_attempt_dir(attempt: int) -> str:
+    return f"{LOGS_DIR}{attempt:06d}/"
+
+
+def attempt_of_log_key(name: str) -> int | None:
+    """The attempt of ``logs/<attempt>/<part>.log.gz`` (relative key), else None."""
+    if not name.startswith(LOGS_DIR) or not name.endswith(".log.gz"):
+        return None
+    attempt, _, part = name[len(LOGS_DIR):].partition("/")
+    return int(attempt) if attempt.isdigit() and part[:-len(".log.gz")].isdigit() else None

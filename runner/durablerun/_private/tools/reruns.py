@@ -138,7 +138,7 @@ def rerun(store: Store, ref: layout.RunRef, step: str, origin: Origin) -> Cut:
         first = first_record_of(rs.read_all(), step, ref)  # again, now that no attempt can append
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         archive = f"{layout.ARCHIVE_DIR}{stamp}/"
-        skip = (layout.OWNER, layout.ARCHIVE_DIR, layout.HISTORY_DIR)
+        skip = (layout.OWNER, layout.ARCHIVE_DIR, layout.HISTORY_DIR, layout.LOGS_DIR)  # logs: not the journal's
         for key in store.backend.list_keys(rs.root):
             rel = key[len(rs.root):]
             body = None if rel.startswith(skip) else store.backend.get(key)
