@@ -20,6 +20,8 @@ from durablerun._private.records import layout
 from durablerun._private.storage import logs
 from tests.helpers.local_runs import StoreSpec, sub_env, wait_until
 
+from .helpers import cli
+
 
 def run_ref() -> layout.RunRef:
     return layout.RunRef.kubernetes("team-a", "logged", uuid.uuid4().hex)
@@ -119,3 +121,23 @@ def test_the_pods_shipper_keeps_what_the_runner_wrote(durable_store_spec: StoreS
         assert stored(), logs.read_attempt(store.backend, ref, 1)
     else:  # the shipper outlives the killed runner by the moment it takes to store the rest
         wait_until(stored, timeout=30, what="the killed runner's lines in the store", interval=0.05)
+
+
+def test_durablerun_logs_reads_a_run_ids_stored_attempts(durable_store_spec: StoreSpec) -> None:
+    """A DurableRun with spec.checkpoint.runId keeps its pods' logs under _local/<run-id>/: the local CLI
+    reads them with the options that name any run id's journal."""
+    store, run_id = durable_store_spec.open(), f"logged-{uuid.uuid4().hex[:8]}"
+    for attempt in (1, 2):
+        log = logs.AttemptLog()
+        log.attach(store.backend, layout.RunRef.local(run_id), attempt)
+        log.feed(1, b"attempt %d says hello\n" % attempt)
+        log.ship()
+    where = ["--run-id", run_id, "--store", durable_store_spec.uri, *durable_store_spec.cli_args]
+    listed = cli(["logs", *where], env=durable_store_spec.env)
+    assert (listed.returncode, listed.stdout) == (0, "the store keeps the logs of attempts 1, 2 (--attempt N)\n"), \
+        listed.stderr
+    one = cli(["logs", *where, "--attempt", "1"], env=durable_store_spec.env)
+    assert (one.returncode, one.stdout) == (0, "attempt 1 says hello\n"), one.stderr
+    missing = cli(["logs", *where, "--attempt", "3"], env=durable_store_spec.env)
+    assert missing.returncode == 1
+    assert "no logs of attempt 3: the store keeps the logs of attempts 1, 2" in missing.stderr
