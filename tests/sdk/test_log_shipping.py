@@ -80,7 +80,7 @@ def test_an_attempt_keeps_its_bound_and_says_what_it_dropped(durable_store_spec:
 
 
 RUNNER = textwrap.dedent("""
-    import os, signal, subprocess, sys
+    import os, signal, subprocess, sys, time
     from durablerun import resource
     from durablerun._private.pod import logship
     from durablerun._private.records import layout
@@ -94,6 +94,12 @@ RUNNER = textwrap.dedent("""
     subprocess.run([sys.executable, "-c", "print('from a step subprocess')"], check=True)
     if sys.argv[4] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[4] == "shipper-dies":
+        shipper.process.kill()
+        deadline = time.monotonic() + 30
+        while shipper.saved is not None and time.monotonic() < deadline:  # its watcher gives the fds back
+            time.sleep(0.01)
+        print("after the shipper", flush=True)
     shipper.close()
     sys.exit(7)
 """)
@@ -141,3 +147,14 @@ def test_durablerun_logs_reads_a_run_ids_stored_attempts(durable_store_spec: Sto
     missing = cli(["logs", *where, "--attempt", "3"], env=durable_store_spec.env)
     assert missing.returncode == 1
     assert "no logs of attempt 3: the store keeps the logs of attempts 1, 2" in missing.stderr
+
+
+def test_a_shipper_that_dies_first_does_not_break_the_runners_writes(durable_store_spec: StoreSpec) -> None:
+    ref = run_ref()
+    assert ref.uid
+    endpoint = durable_store_spec.options.get("endpoint_url", "")
+    proc = subprocess.run([sys.executable, "-c", RUNNER, durable_store_spec.uri, endpoint, ref.uid, "shipper-dies"],
+                          env=sub_env(durable_store_spec.env), capture_output=True, timeout=60, check=False)
+    assert proc.returncode == 7, proc.stderr
+    assert b"after the shipper" in proc.stdout
+    assert b"the log shipper exited (-9); the rest of this attempt's logs are not stored" in proc.stderr

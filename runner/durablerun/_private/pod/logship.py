@@ -54,7 +54,9 @@ class Shipper:
     def __init__(self, process: subprocess.Popen[bytes], control: int, saved: tuple[int, int]) -> None:
         self.process = process
         self.control: int | None = control
-        self.saved = saved
+        self.saved: tuple[int, int] | None = saved
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="log-shipper-watch", daemon=True).start()
 
     def ship_to(self, checkpoint: resource.Checkpoint, run: layout.RunRef, attempt: int) -> None:
         """From now on, store the logs as ``attempt`` of ``run`` in ``checkpoint``'s store."""
@@ -67,14 +69,7 @@ class Shipper:
 
     def close(self) -> None:
         """The runner ends: give the container's stdout and stderr back, let the shipper store the rest."""
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        # Back to the container's own fds (late lines, an exit traceback, still reach kubectl logs); the
-        # pipes' last write ends are now a step's leftover children's, if any (the shipper's DRAIN_GRACE).
-        for fd, saved in zip((1, 2), self.saved, strict=True):
-            os.dup2(saved, fd)
-            os.close(saved)
+        self._restore()
         if self.control is not None:
             os.close(self.control)
             self.control = None
@@ -83,6 +78,29 @@ class Shipper:
         except subprocess.TimeoutExpired:
             print(f"durablerun: the log shipper did not finish within {EXIT_WAIT:g}s; the attempt's last "
                   "lines may be missing from its stored logs", file=sys.stderr)
+
+    def _watch(self) -> None:
+        # A shipper gone before the runner (killed on its own) would turn every print into a BrokenPipeError:
+        # the runner writes to the container's own fds again.
+        self.process.wait()
+        if self._restore():
+            print(f"durablerun: the log shipper exited ({self.process.returncode}); the rest of this attempt's "
+                  "logs are not stored", file=sys.stderr)
+
+    def _restore(self) -> bool:
+        """Fds 1 and 2 back to the container's own (late lines, an exit traceback, still reach kubectl logs);
+        the pipes' last write ends are then a step's leftover children's, if any (the shipper's DRAIN_GRACE)."""
+        with self._lock:
+            if self.saved is None:
+                return False
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            for fd, saved in zip((1, 2), self.saved, strict=True):
+                os.dup2(saved, fd)
+                os.close(saved)
+            self.saved = None
+            return True
 
 
 def start() -> Shipper | None:
