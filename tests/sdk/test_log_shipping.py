@@ -1,4 +1,4 @@
-"""An attempt's stdout and stderr kept in the run's store (logs/<attempt>/), shipped from outside the runner.
+"""An attempt's stdout and stderr kept in the run's store (logs/<attempt>-<uid>/), shipped from outside the runner.
 
 The parts and their bounds on the filesystem and on MinIO; then the pod's shipper in a real process tree: a
 "runner" that prints and then SIGKILLs itself still has every line it wrote in the store, and one that exits
@@ -33,7 +33,7 @@ def test_parts_keep_whole_lines_of_both_streams_and_first_write_wins(durable_sto
     log.feed(1, b"before the store is known\nhalf a ")
     log.feed(2, b"an error line\n")
     assert log.ship() == 0, "nothing is stored before attach"
-    log.attach(store.backend, ref, 3)
+    log.attach(store.backend, ref, 3, "uid-a")
     log.feed(1, b"line\n")
     assert log.ship() == len(b"before the store is known\nan error line\nhalf a line\n")
     log.feed(1, b"no newline at the end")
@@ -42,18 +42,27 @@ def test_parts_keep_whole_lines_of_both_streams_and_first_write_wins(durable_sto
     assert logs.read_attempt(store.backend, ref, 3) == \
         b"before the store is known\nan error line\nhalf a line\nno newline at the end\n"
     keys = store.backend.list_keys(f"{ref.path}/logs/")
-    assert [k[len(ref.path) + 1:] for k in keys] == ["logs/000003/000000.log.gz", "logs/000003/000001.log.gz"]
+    assert [k[len(ref.path) + 1:] for k in keys] == ["logs/000003-uid-a/000000.log.gz",
+                                                     "logs/000003-uid-a/000001.log.gz"]
     assert logs.archived_attempts(store.backend, ref) == [3]
     assert logs.read_attempt(store.backend, ref, 2) is None
 
-    # Another writer of attempt 3 (a fenced pod of the same epoch cannot exist, but a store is shared) finds
-    # its first part taken: it stores nothing over it.
+    # Another writer of attempt 3 of the same DurableRun (none should exist: an epoch is one pod's) finds its
+    # first part taken: it stores nothing over it.
     other = logs.AttemptLog()
-    other.attach(store.backend, ref, 3)
+    other.attach(store.backend, ref, 3, "uid-a")
     other.feed(1, b"somebody else\n")
     with pytest.raises(logs.PartTaken):
         other.ship()
     assert b"somebody else" not in (logs.read_attempt(store.backend, ref, 3) or b"")
+    # Another DurableRun continuing the same run id counts its own attempts: its attempt 3 is kept apart.
+    continuer = logs.AttemptLog()
+    continuer.attach(store.backend, ref, 3, "uid-b")
+    continuer.feed(1, b"the other cluster's attempt 3\n")
+    continuer.ship()
+    assert logs.read_attempt(store.backend, ref, 3) == (
+        b"==> attempt 3 of DurableRun uid uid-a <==\nbefore the store is known\nan error line\nhalf a line\n"
+        b"no newline at the end\n==> attempt 3 of DurableRun uid uid-b <==\nthe other cluster's attempt 3\n")
     # The deletion of the run deletes its logs: they have the journal's retention.
     store.delete_run(run=ref)
     assert logs.archived_attempts(store.backend, ref) == []
@@ -62,7 +71,7 @@ def test_parts_keep_whole_lines_of_both_streams_and_first_write_wins(durable_sto
 def test_an_attempt_keeps_its_bound_and_says_what_it_dropped(durable_store_spec: StoreSpec) -> None:
     store, ref = durable_store_spec.open(), run_ref()
     log = logs.AttemptLog(limit=100)
-    log.attach(store.backend, ref, 1)
+    log.attach(store.backend, ref, 1, "uid-a")
     for i in range(30):
         log.feed(1, b"line %02d\n" % i)  # 8 bytes each: 12 lines fit
     log.feed(2, b"x" * (logs.LINE_PIECE + 10))  # a runaway line without a newline: stored in pieces
@@ -88,7 +97,7 @@ RUNNER = textwrap.dedent("""
     shipper = logship.start()
     print("early line, before the store is known", flush=True)
     shipper.ship_to(resource.Checkpoint(uri=sys.argv[1], endpoint=sys.argv[2] or None),
-                    layout.RunRef("team-a", "logged", sys.argv[3]), 1)
+                    layout.RunRef("team-a", "logged", sys.argv[3]), 1, sys.argv[3])
     print("to stdout", flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-c", "print('from a step subprocess')"], check=True)
@@ -135,7 +144,7 @@ def test_durablerun_logs_reads_a_run_ids_stored_attempts(durable_store_spec: Sto
     store, run_id = durable_store_spec.open(), f"logged-{uuid.uuid4().hex[:8]}"
     for attempt in (1, 2):
         log = logs.AttemptLog()
-        log.attach(store.backend, layout.RunRef.local(run_id), attempt)
+        log.attach(store.backend, layout.RunRef.local(run_id), attempt, "uid-a")
         log.feed(1, b"attempt %d says hello\n" % attempt)
         log.ship()
     where = ["--run-id", run_id, "--store", durable_store_spec.uri, *durable_store_spec.cli_args]

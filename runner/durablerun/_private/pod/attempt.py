@@ -233,8 +233,8 @@ def _attempt(identity: Identity, shipper: logship.Shipper | None) -> int:
     try:
         store = _store(spec)
         ref = _run_ref(spec, identity)
-        if shipper is not None:  # the logs so far, and from now on, go to logs/<epoch>/ in the run's root
-            shipper.ship_to(spec.checkpoint, ref, identity.epoch)
+        if shipper is not None:  # the logs so far and from now on: logs/<epoch>-<uid>/ in the run's root
+            shipper.ship_to(spec.checkpoint, ref, identity.epoch, identity.uid)
         if spec.checkpoint.runId:
             # Hold the store's owner record before anything is written.
             owner = _owner(store, ref, identity, spec)

@@ -58,11 +58,12 @@ class Shipper:
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="log-shipper-watch", daemon=True).start()
 
-    def ship_to(self, checkpoint: resource.Checkpoint, run: layout.RunRef, attempt: int) -> None:
-        """From now on, store the logs as ``attempt`` of ``run`` in ``checkpoint``'s store."""
+    def ship_to(self, checkpoint: resource.Checkpoint, run: layout.RunRef, attempt: int, writer: str) -> None:
+        """From now on, store the logs as ``attempt`` of DurableRun ``writer`` (its uid) in ``run``'s root in
+        ``checkpoint``'s store."""
         if self.control is None:
             return
-        message = {"checkpoint": checkpoint.model_dump(mode="json"), "attempt": attempt,
+        message = {"checkpoint": checkpoint.model_dump(mode="json"), "attempt": attempt, "writer": writer,
                    "run": {"namespace": run.namespace, "name": run.name, "uid": run.uid}}
         with contextlib.suppress(OSError):  # a shipper that died must not fail the attempt
             os.write(self.control, json.dumps(message).encode() + b"\n")
@@ -190,7 +191,7 @@ class _Store(threading.Thread):
                 secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
                 session_token=os.environ.get("AWS_SESSION_TOKEN"),
                 endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3"))
-            self.log.attach(store.backend, run, int(message["attempt"]))
+            self.log.attach(store.backend, run, int(message["attempt"]), str(message["writer"]))
         except Exception as error:
             self.given_up = True
             _say(f"cannot open the store for the logs ({type(error).__name__}: {error}); they are not stored")

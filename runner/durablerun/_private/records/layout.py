@@ -32,10 +32,12 @@ given when only the local CLI named runs.) Inside a run's root::
     archive/<time>/...         a copy of every object above as it was before a rerun dropped records
                                (:mod:`durablerun._private.tools.reruns`; readers of layout 1 ignore these
                                three)
-    logs/<attempt:06d>/<part:06d>.log.gz
+    logs/<attempt:06d>-<uid>/<part:06d>.log.gz
                                what an attempt's runner wrote to stdout and stderr, in the order it was
                                written, as gzip parts to concatenate in order (first write wins); the
-                               attempt is the pod's epoch (``kubectl durablerun logs --attempt``). At most
+                               attempt is the pod's epoch (``kubectl durablerun logs --attempt``), the uid
+                               its DurableRun's (a run id's journal may be continued by several, each
+                               counting its own epochs; a fenced attempt writes only its own). At most
                                LOG_ATTEMPT_BYTES of text per attempt, then one line says what was dropped
                                (:mod:`durablerun._private.storage.logs`). Kept and deleted with the run;
                                never read back by a runner, never archived by a rerun.
@@ -202,17 +204,21 @@ def event_key(name: str) -> str:
     return f"{EVENTS_DIR}{api.check_event_name(name)}.json"
 
 
-def log_part_key(attempt: int, part: int) -> str:
-    return f"{LOGS_DIR}{attempt:06d}/{part:06d}.log.gz"
+def log_part_key(attempt: int, writer: str, part: int) -> str:
+    return f"{log_attempt_dir(attempt, writer)}{part:06d}.log.gz"
 
 
-def log_attempt_dir(attempt: int) -> str:
-    return f"{LOGS_DIR}{attempt:06d}/"
+def log_attempt_dir(attempt: int, writer: str) -> str:
+    """The folder of attempt ``attempt``'s logs, written by DurableRun ``writer`` (its uid)."""
+    return f"{LOGS_DIR}{attempt:06d}-{writer}/"
 
 
-def attempt_of_log_key(name: str) -> int | None:
-    """The attempt of ``logs/<attempt>/<part>.log.gz`` (relative key), else None."""
+def log_dir_of_key(name: str) -> tuple[int, str] | None:
+    """The attempt and writer of ``logs/<attempt>-<uid>/<part>.log.gz`` (relative key), else None."""
     if not name.startswith(LOGS_DIR) or not name.endswith(".log.gz"):
         return None
-    attempt, _, part = name[len(LOGS_DIR):].partition("/")
-    return int(attempt) if attempt.isdigit() and part[:-len(".log.gz")].isdigit() else None
+    folder, _, part = name[len(LOGS_DIR):].partition("/")
+    attempt, _, writer = folder.partition("-")
+    if not (attempt.isdigit() and writer and part[:-len(".log.gz")].isdigit()):
+        return None
+    return int(attempt), writer

@@ -1,4 +1,4 @@
-"""An attempt's stdout and stderr in the run's store: ``logs/<attempt>/<part>.log.gz`` (layout.py).
+"""An attempt's stdout and stderr in the run's store: ``logs/<attempt>-<uid>/<part>.log.gz`` (layout.py).
 
 :class:`AttemptLog` gathers what the runner writes, whole lines at a time so that stdout and stderr
 never interleave inside a line, and stores it as numbered gzip parts, each written once with
@@ -40,13 +40,14 @@ class AttemptLog:
         self._lock = threading.Lock()
         self._backend: base.Backend | None = None
         self._root = ""
-        self._attempt = 0
+        self._root = ""
+        self._attempt: tuple[int, str] = (0, "")
         self._part = 0
 
-    def attach(self, backend: base.Backend, run: layout.RunRef, attempt: int) -> None:
-        """Where the parts go: the run's root in ``backend``, as attempt ``attempt``."""
+    def attach(self, backend: base.Backend, run: layout.RunRef, attempt: int, writer: str) -> None:
+        """Where the parts go: the run's root in ``backend``, as attempt ``attempt`` of DurableRun ``writer``."""
         with self._lock:
-            self._backend, self._root, self._attempt = backend, f"{run.path}/", attempt
+            self._backend, self._root, self._attempt = backend, f"{run.path}/", (attempt, writer)
 
     @property
     def attached(self) -> bool:
@@ -88,8 +89,8 @@ class AttemptLog:
         with self._lock:
             if self._backend is None or not self._pending:
                 return 0
-            data, backend, key = bytes(self._pending), self._backend, \
-                self._root + layout.log_part_key(self._attempt, self._part)
+            data, backend = bytes(self._pending), self._backend
+            key = self._root + layout.log_part_key(*self._attempt, self._part)
         # Outside the lock: a slow store must not stop the feeder. mtime=0: a retried part is the same bytes.
         if not backend.create(key, gzip.compress(data, mtime=0)):
             raise PartTaken(f"{key} holds other logs")
@@ -107,17 +108,30 @@ class AttemptLog:
         self._pending += text
 
 
+def _folders(backend: base.Backend, run: layout.RunRef) -> dict[tuple[int, str], list[str]]:
+    root = f"{run.path}/"
+    found: dict[tuple[int, str], list[str]] = {}
+    for key in backend.list_keys(root + layout.LOGS_DIR):
+        folder = layout.log_dir_of_key(key[len(root):])
+        if folder is not None:
+            found.setdefault(folder, []).append(key)
+    return found
+
+
 def archived_attempts(backend: base.Backend, run: layout.RunRef) -> list[int]:
     """The attempts whose logs the store keeps, in order."""
-    root = f"{run.path}/"
-    found = {layout.attempt_of_log_key(key[len(root):]) for key in backend.list_keys(root + layout.LOGS_DIR)}
-    return sorted(a for a in found if a is not None)
+    return sorted({attempt for attempt, _ in _folders(backend, run)})
 
 
 def read_attempt(backend: base.Backend, run: layout.RunRef, attempt: int) -> bytes | None:
-    """Attempt ``attempt``'s stored logs, or None when the store has none of it."""
-    keys = backend.list_keys(f"{run.path}/{layout.log_attempt_dir(attempt)}")
-    if not keys:
+    """Attempt ``attempt``'s stored logs, or None when the store has none of it. A run id's journal continued
+    by several DurableRuns may have an attempt ``attempt`` of each: each comes under a line naming its uid."""
+    folders = sorted((writer, keys) for (n, writer), keys in _folders(backend, run).items() if n == attempt)
+    if not folders:
         return None
-    parts = backend.get_many(keys)
-    return b"".join(gzip.decompress(p) for p in parts if p is not None)
+    out = []
+    for writer, keys in folders:
+        if len(folders) > 1:
+            out.append(b"==> attempt %d of DurableRun uid %s <==\n" % (attempt, writer.encode()))
+        out.extend(gzip.decompress(p) for p in backend.get_many(sorted(keys)) if p is not None)
+    return b"".join(out)
