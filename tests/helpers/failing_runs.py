@@ -22,7 +22,7 @@ def failed(runs: RunEnv, name: str, *, restarts: int = 0, timeout: float = 120) 
     assert conditions["Failed"]["status"] == "True"
     assert conditions["Failed"]["message"] == status["message"][:1024]
     assert conditions["Progressing"]["status"] == "False"
-    assert status["restarts"] == restarts
+    assert status["restarts"] == restarts, [f"{e['reason']}: {e['message']}" for e in runs.events(name)]
     # The operator writes the status first and posts the run's Events after it: wait for the Event, then count.
     procs.wait_for(lambda: events(runs, name)["Failed"] >= 1, timeout=30, what=f"the Failed Event of {name}")
     assert events(runs, name)["Failed"] == 1
