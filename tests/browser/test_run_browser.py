@@ -116,8 +116,10 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
                     if row["data"]["kind"] in ("restart", "resume")]
     assert [kind for kind, _ in new_attempts] == ["restart", "resume"], new_attempts
     assert "after its wait for event 'review'" in new_attempts[1][1], new_attempts
-    colour = {kind: chrome.find_element(By.CSS_SELECTOR, f"#timeline tr.kind-{kind} .bar")
-              .value_of_css_property("background-color") for kind in ("restart", "resume")}
+    # Read again if the page redraws the timeline between finding a bar and asking its colour.
+    colour = until(chrome, lambda: {kind: chrome.find_element(By.CSS_SELECTOR, f"#timeline tr.kind-{kind} .bar")
+                                    .value_of_css_property("background-color") for kind in ("restart", "resume")},
+                   "the timeline's bars")
     assert colour["restart"] == "rgba(207, 34, 46, 1)", colour  # --bad: the crash
     assert colour["resume"] != colour["restart"], colour
     # A finished run is offered nothing the operator would refuse or ignore: no event, suspend, abort or retry.
