@@ -396,7 +396,8 @@ class AttemptCore:
                 try:
                     result = await self._step_threads.invoke(fn, args, kwargs)
                     payload, value = await self.results.encode(result, what)
-                    await self.streams.drain(frame)  # a journaled step's chunks are durable
+                    if self.streams.opened:  # a journaled step's chunks are durable (no await per step without)
+                        await self.streams.drain(frame)
                     failure = None
                     break
                 except (Halt, asyncio.CancelledError):

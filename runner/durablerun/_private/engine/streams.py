@@ -94,6 +94,11 @@ class Streams:
         self._urgent = False
         self._thread: threading.Thread | None = None
 
+    @property
+    def opened(self) -> bool:
+        """Whether the attempt opened any stream (only then is there anything to drain)."""
+        return bool(self._buffers)
+
     def open(self, name: str) -> Stream:
         problem = layout.stream_name_error(name)
         if problem is not None:
