@@ -41,6 +41,7 @@ from durablerun_bench import (
     resume,
     scale,
     steps,
+    streams,
     timelines,
     tracing,
     webhooks,
@@ -54,7 +55,8 @@ from durablerun_testbed.testbed import TestBed
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
-SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "kueue", "quotas")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "streams", "kueue",
+            "quotas")
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             log("the run browser's timeline: one page of a long journal, beside the whole journal")
             results["timelines"] = timelines.bench(tmp=str(tmp), s3=s3_params, records=sizes.timeline_records,
                                                    repeats=sizes.replay_repeats, log=log)
+        if "streams" in sections:
+            log("output streams: throughput, a live reader's delay, a write's cost to a step")
+            results["streams"] = streams.bench(tmp=str(tmp), s3=s3_params, log=log)
         if "quotas" in sections:
             log("model quotas: a fleet of runs of three namespaces on one model's limit, without and with a quota")
             results["quotas"] = quotas.bench(root, run_id)

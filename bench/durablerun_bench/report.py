@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import kueue, quotas, timelines, tracing
+from durablerun_bench import kueue, quotas, streams, timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -71,6 +71,8 @@ def render(r: dict[str, Any]) -> str:
                         f"{r['tracing']['overhead'] * 100:.1f}%", _yes(r["tracing"]["overhead"] <= 0.10)])
     if "timelines" in r:
         lines += timelines.section(r["timelines"])
+    if "streams" in r:
+        lines += streams.section(r["streams"])
     if "kueue" in r:
         lines += kueue.section(r["kueue"])
         targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",
