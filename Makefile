@@ -3,16 +3,25 @@
 PY := .venv/bin/python
 SETUP := hack/setup.sh
 
-.PHONY: setup demo test lint generate sandbox-up sandbox-down sandbox-status sandbox-image
+.PHONY: setup demo tour test lint generate sandbox-up sandbox-down sandbox-status sandbox-image
 # The sandbox's node: real (kubelet + containerd, the default where the machine runs it) or process.
 NODE_FLAG := $(if $(NODE),--node $(NODE),)
+# TOUR=1: the sandbox also runs Kueue and Jaeger (built first; the real node only).
+TOUR_FLAG := $(if $(TOUR),--tour,)
+TOUR_BINARIES := $(if $(TOUR),hack/build-binaries.sh kueue jaeger)
 
 setup:
 	@$(SETUP)
 
 ## The main job: the local sandbox and an example run, then tear down (NODE=process for the process node).
 demo: setup
-	$(PY) -m durablerun_testbed sandbox demo $(NODE_FLAG)
+	$(TOUR_BINARIES)
+	$(PY) -m durablerun_testbed sandbox demo $(NODE_FLAG) $(TOUR_FLAG)
+
+## The demo with every part: Kueue admitting a queue of runs, and the crashed run's trace in Jaeger (their first
+## builds take 10-15 minutes more; the README says what each part shows).
+tour:
+	$(MAKE) demo TOUR=1
 
 ## The whole test suite against the real test bed (what CI runs), on TEST_WORKERS pytest workers (2: the suite
 ## mostly waits on leases, pods and timers; each worker starts its own test bed; a file's tests stay on one worker).
@@ -48,7 +57,8 @@ clean:
 	$(PY) -m durablerun_testbed reap
 
 sandbox-up: setup
-	$(PY) -m durablerun_testbed sandbox up $(NODE_FLAG)
+	$(TOUR_BINARIES)
+	$(PY) -m durablerun_testbed sandbox up $(NODE_FLAG) $(TOUR_FLAG)
 
 sandbox-down: setup
 	$(PY) -m durablerun_testbed sandbox down

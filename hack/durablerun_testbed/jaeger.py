@@ -1,7 +1,9 @@
-"""Jaeger v2 (all-in-one, in-memory storage) on loopback: an OTLP collector and its query API for the tracing tests.
+"""Jaeger v2 (all-in-one, in-memory storage) on loopback: an OTLP collector and its query API for the tracing tests
+and the sandbox's tour.
 
-Every listener is on 127.0.0.1 on a free port: OTLP over HTTP and gRPC, the query service's HTTP API
-(``/api/traces/<id>``) and gRPC, and the health check. Jaeger's own telemetry is off, so nothing else
+Every listener is on 127.0.0.1 on a free port: OTLP over HTTP and gRPC (or, for the real node's pods, the
+pod bridge's address: ``otlp_host``), the query service's HTTP API (``/api/traces/<id>``) and gRPC, and the
+health check. Jaeger's own telemetry is off, so nothing else
 listens and the only traces stored are the ones the tests send.
 """
 
@@ -28,11 +30,13 @@ class Jaeger:
     otlp_grpc_port: int = 0
     query_port: int = 0
     health_port: int = 0
+    #: Where the OTLP receivers listen: loopback, or the real node's bridge address for its pods to reach.
+    otlp_host: str = "127.0.0.1"
 
     @property
     def otlp_endpoint(self) -> str:
         """What ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set to (OTLP over HTTP)."""
-        return f"http://127.0.0.1:{self.otlp_http_port}"
+        return f"http://{self.otlp_host}:{self.otlp_http_port}"
 
     @property
     def query_url(self) -> str:
@@ -57,8 +61,9 @@ class Jaeger:
                                  "http": {"endpoint": at(self.query_port)}, "grpc": {"endpoint": at(grpc_query)}},
                 "healthcheckv2": {"use_v2": True, "http": {"endpoint": at(self.health_port)}},
             },
-            "receivers": {"otlp": {"protocols": {"http": {"endpoint": at(self.otlp_http_port)},
-                                                 "grpc": {"endpoint": at(self.otlp_grpc_port)}}}},
+            "receivers": {"otlp": {"protocols": {
+                "http": {"endpoint": f"{self.otlp_host}:{self.otlp_http_port}"},
+                "grpc": {"endpoint": f"{self.otlp_host}:{self.otlp_grpc_port}"}}}},
             # Spans reach storage within a tenth of a second of arriving.
             "processors": {"batch": {"timeout": "100ms"}},
             "exporters": {"jaeger_storage_exporter": {"trace_storage": "memory_store"}},

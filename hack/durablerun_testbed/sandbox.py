@@ -12,6 +12,8 @@ commands (up, down, status, demo, image, node faults) share the saved
   python -m durablerun_testbed sandbox node kill NAMESPACE POD       SIGKILL a runner container
   python -m durablerun_testbed sandbox node oom|pause|continue|lose NAMESPACE POD   (process node only)
   python -m durablerun_testbed sandbox demo    up, the example story, down
+  ... up --tour / demo --tour                  and Kueue, with a queue of runs, and Jaeger with the
+                                               chart's traces (real node; `make tour`)
 
 `--node real` (the default where the machine can run it: root, containerd,
 runc, the built images) runs a kubelet and containerd, and the chart's
@@ -38,8 +40,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from durablerun import api
 from durablerun_testbed import binaries, procs, realnode
+from durablerun_testbed.jaeger import Jaeger
+from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.testbed import NodeClient, TestBed
 
@@ -47,6 +53,9 @@ DEFAULT_DIR = binaries.REPO_ROOT / ".sandbox"
 EXAMPLE = binaries.REPO_ROOT / "deploy" / "samples" / "review-agent.yaml"
 #: What the example prints before its review's URL (examples/review_agent, with the webhook ingress on).
 REVIEW_URL_SAYS = "review: POST JSON to "
+#: The tour's queue: Kueue's sample queues (docs/install.md), their ClusterQueue given room for one runner.
+QUEUES = binaries.REPO_ROOT / "deploy" / "samples" / "kueue" / "queues.yaml"
+QUEUED_RUNS = 3
 RULES = binaries.REPO_ROOT / "deploy" / "monitoring" / "durablerun-rules.yaml"
 BUCKET = "durable-runs"
 OPERATOR_NAMESPACE = "durable-run-system"
@@ -75,6 +84,10 @@ class SandboxState:
     prometheus_url: str = ""
     #: the webhook ingress's base URL (real node: the chart's webhooks.url, a forwarder on the bridge)
     webhooks_url: str = ""
+    #: the tour's parts: Jaeger's query API (the chart's tracing points at its collector) and Kueue (the chart's
+    #: kueue.enabled), both empty/False without --tour
+    jaeger_url: str = ""
+    kueue: bool = False
 
 
 def _state_path(directory: Path) -> Path:
@@ -98,7 +111,7 @@ def default_node() -> tuple[str, str]:
     return "real", "this machine runs a kubelet and containerd"
 
 
-def up(directory: Path, node: str, bed_id: str = "") -> SandboxState:
+def up(directory: Path, node: str, bed_id: str = "", tour: bool = False) -> SandboxState:
     existing = load_state(directory)
     if existing and procs.processes_with_marker(existing.id):
         print(f"the sandbox is already running (state in {directory}); `make sandbox-down` stops it")
@@ -106,15 +119,21 @@ def up(directory: Path, node: str, bed_id: str = "") -> SandboxState:
     directory.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(directory / "bed", ignore_errors=True)  # a fresh cluster and store every time
     bed_id = bed_id or "sandbox-" + os.urandom(4).hex()
+    if tour and node != "real":
+        raise SystemExit("the tour needs the real node (the chart's operator in a pod, Kueue admitting its pods); "
+                         f"this machine runs the process node only: {default_node()[1]}")
     bed = TestBed(directory / "bed", id=bed_id).start(real_node=node == "real")
     try:
-        return _provision(bed, directory)
+        return _provision(bed, directory, tour)
     except BaseException:
         bed.stop()
+        for pid, _ in procs.processes_with_marker(bed.id):  # the sandbox's own parts: Prometheus, Kueue, Jaeger
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         raise
 
 
-def _provision(bed: TestBed, directory: Path) -> SandboxState:
+def _provision(bed: TestBed, directory: Path, tour: bool) -> SandboxState:
     assert bed.s3
     assert bed.controlplane
     bed.s3.create_bucket(BUCKET)
@@ -133,7 +152,15 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
         # the bridge's address on this machine, forwarded to the ingress pod (no kube-proxy, no Service IPs).
         webhooks_port = procs.free_port()
         webhooks_url = f"http://{bed.network.gateway}:{webhooks_port}"
-        metrics_url = _install_chart(bed, directory, webhooks_url)
+        tour_values: list[str] = []
+        tour_state: dict[str, Any] = {}
+        if tour:  # Kueue before the chart (its operator then watches Workloads); Jaeger's collector on the bridge
+            kueue = Kueue(directory / "bed" / "kueue", bed.id, bed.kubeconfig).start(bed.kubectl)
+            jaeger = Jaeger(directory / "bed" / "jaeger", bed.id, otlp_host=str(bed.network.gateway)).start()
+            parts += [kueue.process, jaeger.process]
+            tour_values = ["--set", "kueue.enabled=true", "--set", f"tracing.endpoint={jaeger.otlp_endpoint}"]
+            tour_state = {"jaeger_url": jaeger.query_url, "kueue": True}
+        metrics_url = _install_chart(bed, directory, webhooks_url, tour_values)
         ingress = _pod_ip(bed, f"{api.LABEL_COMPONENT}=webhooks")
         forwarder = procs.ManagedProcess(
             "webhooks-forward", [sys.executable, "-m", "durablerun_testbed", "forward",
@@ -142,7 +169,7 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
             log_path=directory / "bed" / "logs" / "webhooks-forward.log", testbed_id=bed.id)
         parts += [bed.real_node.containerd, bed.real_node.kubelet, forwarder]
         node_url, extra = "", {"node": "real", "subnet": str(bed.network.subnet), "bridge": bed.network.bridge,
-                               "node_dir": str(bed.real_node.workdir), "webhooks_url": webhooks_url}
+                               "node_dir": str(bed.real_node.workdir), "webhooks_url": webhooks_url, **tour_state}
     else:
         assert bed.node
         bed.install_crds()
@@ -166,9 +193,9 @@ def _provision(bed: TestBed, directory: Path) -> SandboxState:
     return state
 
 
-def _install_chart(bed: TestBed, directory: Path, webhooks_url: str) -> str:
+def _install_chart(bed: TestBed, directory: Path, webhooks_url: str, values: list[str]) -> str:
     """`helm install` as docs/install.md says (the chart brings the CRD); runs default to the examples image,
-    and the webhook ingress serves the default namespace at ``webhooks_url``."""
+    and the webhook ingress serves the default namespace at ``webhooks_url``; ``values``: the tour's."""
     assert bed.real_node
     examples = bed.real_node.images["examples"].rsplit(":", 1)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(directory), "KUBECONFIG": str(bed.kubeconfig),
@@ -178,7 +205,7 @@ def _install_chart(bed: TestBed, directory: Path, webhooks_url: str) -> str:
                     "durable-run"), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                     "--set", f"runner.image.repository={examples[0]}", "--set", f"runner.image.tag={examples[1]}",
                     "--set", "resyncSeconds=1", "--set", "webhooks.enabled=true",
-                    "--set", "webhooks.namespaces={default}", "--set", f"webhooks.url={webhooks_url}",
+                    "--set", "webhooks.namespaces={default}", "--set", f"webhooks.url={webhooks_url}", *values,
                     "--wait", "--timeout=180s"], env=env, check=True)
     return f"http://{_pod_ip(bed, api.OPERATOR_SELECTOR)}:9090/metrics"
 
@@ -231,6 +258,9 @@ def describe(state: SandboxState) -> str:
         f"  Prometheus:   {state.prometheus_url} (the shipped alerting rules at /alerts)",
         *([f"  webhooks:     {state.webhooks_url} (the ingress; ctx.webhook_url's URLs are under it)"]
           if state.webhooks_url else []),
+        *([f"  traces:       Jaeger's API at {state.jaeger_url}/api/traces/<status.traceID> (one trace per run)",
+           "  Kueue:        the chart's kueue.enabled; queues: kubectl apply -f deploy/samples/kueue/queues.yaml,"
+           " then label a run kueue.x-k8s.io/queue-name=agents"] if state.kueue else []),
         node,
         f"  logs:         kubectl logs POD; the parts' own in {state.dir}/bed/**/*.log"
         if state.node == "real" else
@@ -311,14 +341,33 @@ class Story:
     reviewed_through: str
     #: the alerting rules the sandbox's Prometheus evaluated once it had scraped the operator
     alerting_rules: list[str]
+    #: the tour's: the queue's runs, and the run's trace as Jaeger holds it (None without --tour)
+    queue: QueueStory | None = None
+    trace: dict[str, Any] | None = None
 
 
-def demo(directory: Path, node: str, bed_id: str = "") -> Story:
-    """The README's first command: the whole story with kubectl, then tear down."""
-    state = up(directory, node, bed_id)
+@dataclass
+class QueueStory:
+    """The tour's queue, as the API server showed it: QUEUED_RUNS runs in a queue with room for one runner."""
+
+    #: the most runner pods of these runs that were live (not ended) at once
+    most_pods: int
+    #: the runs seen Queued (waiting for Kueue's admission) while another had the slot
+    seen_queued: list[str]
+    #: each run's phase at the end
+    phases: dict[str, str]
+
+
+def demo(directory: Path, node: str, bed_id: str = "", tour: bool = False) -> Story:
+    """The README's first command: the whole story with kubectl, then tear down. The tour adds a queue of runs
+    through Kueue and the crashed run's trace from Jaeger."""
+    state = up(directory, node, bed_id, tour)
     print(describe(state), flush=True)
     try:
         story = _story(state)
+        if state.kueue:
+            story.trace = _trace_story(state, story.status)
+            story.queue = _queue_story(state)
     finally:
         down(directory)
     return story
@@ -441,6 +490,87 @@ def _story(state: SandboxState) -> Story:
                  list(events["items"]), final, "webhook" if urls else "kubectl", alerting)
 
 
+def _queue_story(state: SandboxState) -> QueueStory:
+    """Kueue's sample queues, given room for one runner of 1 CPU, and QUEUED_RUNS runs asking 1 CPU each: one has
+    a pod at a time, the others show Queued until Kueue admits them."""
+    env = dict(os.environ, KUBECONFIG=state.kubeconfig)
+    kubectl = str(binaries.kubectl())
+    print("\n# a fleet through Kueue: its sample queues, the ClusterQueue given room for one runner of 1 CPU",
+          flush=True)
+    _show(env, kubectl, "apply", "-f", str(QUEUES))
+    room = {"spec": {"resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{
+        "name": "durablerun-default", "resources": [{"name": "cpu", "nominalQuota": "1"},
+                                                    {"name": "memory", "nominalQuota": "8Gi"}]}]}]}}
+    _show(env, kubectl, "patch", "clusterqueue", "durablerun-runners", "--type", "merge", "-p", json.dumps(room))
+    procs.wait_for(lambda: "True" in subprocess.run(
+        [kubectl, "get", "localqueue", "agents", "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}"],
+        env=env, capture_output=True, text=True).stdout, timeout=60, interval=1, what="the LocalQueue to be active")
+    names = [f"digest-{i}" for i in range(1, QUEUED_RUNS + 1)]
+    example = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    runs = [{"apiVersion": api.API_VERSION, "kind": api.KIND,
+             "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "agents"}},
+             "spec": {"workflow": "fake_llm_research:research", "input": {"topic": f"durable execution {i}"},
+                      "checkpoint": example["checkpoint"], "policy": {"leaseDuration": "15s"},
+                      "template": {"spec": {"containers": [{"name": "runner", "resources": {
+                          "requests": {"cpu": "1", "memory": "256Mi"}}}]}}}}
+            for i, name in enumerate(names, 1)]
+    print(f"\n$ kubectl apply -f -   # {QUEUED_RUNS} research runs labelled kueue.x-k8s.io/queue-name=agents, "
+          "each asking 1 CPU", flush=True)
+    subprocess.run([kubectl, "apply", "-f", "-"], env=env, input=json.dumps({"apiVersion": "v1", "kind": "List",
+                   "items": runs}), text=True, check=True)
+    print("\n# waiting until all have succeeded (kubectl get dr, every second)", flush=True)
+    most_pods, queued, last, shown = 0, set[str](), "", False
+    deadline = time.monotonic() + 240
+    while True:
+        listed = json.loads(subprocess.run([kubectl, "get", "dr", "-l", "kueue.x-k8s.io/queue-name=agents", "-o",
+                                            "json"], env=env, capture_output=True, text=True, check=True).stdout)
+        phases = {r["metadata"]["name"]: (r.get("status") or {}).get("phase", "") for r in listed["items"]}
+        pods = json.loads(subprocess.run([kubectl, "get", "pods", "-l", f"{api.LABEL_RUN} in ({','.join(names)})",
+                                          "-o", "json"], env=env, capture_output=True, text=True, check=True).stdout)
+        live = [pod for pod in pods["items"] if pod["status"].get("phase") not in ("Succeeded", "Failed")]
+        most_pods = max(most_pods, len(live))
+        queued |= {name for name, phase in phases.items() if phase == api.Phase.QUEUED}
+        row = "  ".join(f"{name} {phase or '-'}" for name, phase in sorted(phases.items()))
+        if row != last:
+            print(f"  {row}", flush=True)
+            last = row
+            if not shown and {api.Phase.RUNNING, api.Phase.QUEUED} <= set(phases.values()):
+                _show(env, kubectl, "get", "workloads")  # one admitted, the others pending
+                shown = True
+        if len(phases) == QUEUED_RUNS and all(phase and api.Phase(phase).finished for phase in phases.values()):
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit("demo: timed out waiting for the queued runs")
+        time.sleep(1)
+    print(f"\n# at most {most_pods} live runner pod(s) at once; seen Queued: {', '.join(sorted(queued)) or 'none'}",
+          flush=True)
+    return QueueStory(most_pods, sorted(queued), phases)
+
+
+def _trace_story(state: SandboxState, status: dict[str, Any]) -> dict[str, Any]:
+    """The run's trace as Jaeger holds it: both attempts' steps (the crashed one's journaled steps too) and the
+    operator's decisions, in one trace named in status.traceID."""
+    url = f"{state.jaeger_url}/api/traces/{status['traceID']}"
+    print(f"\n# the run's trace: one per run, every attempt and the operator's decisions\n$ curl -s {url}", flush=True)
+
+    def trace() -> dict[str, Any] | None:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            data = json.load(reply).get("data") or []
+        spans = data[0]["spans"] if data else []
+        # The crashed attempt's span is ended by the next attempt, from the journal the crashed one left.
+        attempts = [span for span in spans if span["operationName"] == "attempt"]
+        done = any(span["operationName"].startswith("operator ") for span in spans) and len(attempts) >= 2
+        return dict(data[0]) if done else None
+
+    found = procs.wait_for(trace, timeout=60, interval=1, what="the run's trace in Jaeger")
+    spans = sorted(found["spans"], key=lambda span: span["startTime"])  # µs since the epoch
+    print("  start    took  span")
+    for span in spans:
+        print(f"  {(span['startTime'] - spans[0]['startTime']) / 1e6:6.1f}s {span['duration'] / 1e6:6.1f}s  "
+              f"{span['operationName']}")
+    return found
+
+
 def _prometheus_sees_the_operator(state: SandboxState) -> list[str]:
     """Waits until Prometheus has scraped the operator; prints and returns the alerting rules it evaluates."""
     def get(path: str) -> Any:
@@ -496,6 +626,8 @@ def main(argv: list[str]) -> int:
         started.add_argument("--node", choices=["real", "process"],
                              help="the kubelet and containerd, or the process node (default: real where the "
                                   "machine runs it)")
+        started.add_argument("--tour", action="store_true",
+                             help="also Kueue and Jaeger (real node; hack/build-binaries.sh kueue jaeger first)")
     sub.add_parser("down")
     sub.add_parser("status")
     built = sub.add_parser("image", help="your workflows in an image FROM the runner image, on the node")
@@ -515,9 +647,9 @@ def main(argv: list[str]) -> int:
         print(f"sandbox node: {kind} ({why})" if kind == "real" or not args.node else f"sandbox node: {kind}",
               flush=True)
         if args.command == "demo":
-            demo(directory, kind)
+            demo(directory, kind, tour=args.tour)
             return 0
-        print(describe(up(directory, kind)))
+        print(describe(up(directory, kind, tour=args.tour)))
     elif args.command == "down":
         down(directory)
     else:

@@ -1,8 +1,11 @@
-"""The main job, `make demo`: its story on the real node, through the code the demo runs, and nothing left after.
+"""The main job, `make demo`, as `make tour` tells it: its story on the real node with every part, through the code
+the demo runs, and nothing left after.
 
 `sandbox.demo` brings the sandbox up (control plane, MinIO, kubelet and containerd, the chart's operator
-installed with helm), applies the example run, SIGKILLs its runner container, waits until the run has
-resumed and waits for its review, approves it, waits until it succeeds and brings the sandbox down. The
+installed with helm; with the tour, Kueue and Jaeger), applies the example run, SIGKILLs its runner container,
+waits until the run has resumed and waits for its review, approves it through its webhook URL, waits until it
+succeeds; the tour then reads the run's trace and sends a queue of runs through Kueue; and it brings the
+sandbox down. The
 test checks what the story showed, as facts (phases, the steps' executions, Events, the status), not its
 wording; then that the sandbox left no process (its own or its pods' containers), cgroup, mount or bridge.
 """
@@ -20,11 +23,12 @@ from tests.helpers.session import SESSION_ID, skip_real_node_if_asked
 
 pytestmark = pytest.mark.testbed
 
-STEPS = ["plan", *(f"research durable execution: question {i}" for i in range(6)), "publish"]
+STEPS = ["plan", *(f"research durable execution: question {i}" for i in range(6)), "publish"]  # as they log
+STEP_NAMES = ["plan", *(f"research-{i}" for i in range(6)), "publish"]  # as they are journaled and traced
 
 
 @pytest.mark.timeout(600)
-def test_demo_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path) -> None:
+def test_tour_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path) -> None:
     skip_real_node_if_asked()
     try:
         realnode.check_machine()
@@ -32,7 +36,7 @@ def test_demo_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path)
     except realnode.RealNodeUnavailable as error:
         pytest.fail(str(error), pytrace=False)
 
-    story = sandbox.demo(testbed_root / "sandbox", "real", bed_id=f"{SESSION_ID}-sandbox")
+    story = sandbox.demo(testbed_root / "sandbox", "real", bed_id=f"{SESSION_ID}-sandbox", tour=True)
 
     status = story.status
     assert status["phase"] == "Succeeded", status
@@ -66,6 +70,18 @@ def test_demo_story_on_the_real_node_and_nothing_outlives_it(testbed_root: Path)
                if "alert" in r]
     assert sorted(story.alerting_rules) == sorted(shipped)
     assert "DurableRunAborted" in shipped
+    # Jaeger (the chart's tracing endpoint) holds one trace for the run: its three attempts, the steps the killed
+    # attempt had journaled among them, and the operator's decisions.
+    assert story.trace
+    spans = [span["operationName"] for span in story.trace["spans"]]
+    assert spans.count("attempt") == 3, spans
+    assert all(f"step {step}" in spans for step in STEP_NAMES[:story.journaled_before_crash]), spans
+    assert any(name.startswith("operator ") for name in spans), spans
+    # Kueue admitted the queue's runs one at a time (room for one runner): the others waited Queued, no pod.
+    assert story.queue
+    assert story.queue.most_pods == 1, story.queue
+    assert story.queue.seen_queued, story.queue
+    assert set(story.queue.phases.values()) == {"Succeeded"}, story.queue
 
     # `sandbox down` checked this before it said nothing is running; check it again independently.
     state = story.state
