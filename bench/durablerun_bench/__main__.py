@@ -40,6 +40,7 @@ from durablerun_bench import (
     report,
     resume,
     scale,
+    schedules,
     steps,
     streams,
     timelines,
@@ -55,8 +56,8 @@ from durablerun_testbed.testbed import TestBed
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
-SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "streams", "kueue",
-            "quotas")
+SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "streams",
+            "schedules", "kueue", "quotas")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Sizes:
     timeline_records: int = 100_000
     kueue_runs: int = 100
     kueue_quota: int = 10
+    schedules: int = 100
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -92,7 +94,8 @@ class Sizes:
                        export_from=10_000, dbos_steps=1_000, resume_repeats=1, scale_runs=(60,), scale_lease=15,
                        write_cost_writes=50, write_cost_rounds=1, children=100, events=50, waiting_runs=60,
                        through_runners=30, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
-                       timeline_records=20_000, kueue_runs=20, kueue_quota=4)
+                       timeline_records=20_000, kueue_runs=20, kueue_quota=4,
+                       schedules=20)
         runs = tuple(int(n) for n in os.environ.get("BENCH_SCALE_RUNS", "1000").split(","))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    repeats=1 if quick() else tracing.REPEATS, log=log)
             finally:
                 jaeger.stop()
-        if {"resume", "scale", "writecost", "webhooks", "kueue"} & set(sections):
+        if {"resume", "scale", "writecost", "webhooks", "schedules", "kueue"} & set(sections):
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:
                 results["kubernetes"] = bed.kubectl("version", "-o", "json").stdout and json.loads(
@@ -232,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 if "webhooks" in sections:
                     log("the webhook ingress: 1,000 capability-URL POSTs to 100 runs")
                     results["webhooks"] = webhooks.bench(bed, root, run_id, runs=100, requests=1000)
+                if "schedules" in sections:
+                    log(f"scheduled runs: {sizes.schedules} schedules firing in the same minute")
+                    results["schedules"] = schedules.bench(bed, root, run_id, count=sizes.schedules, log=log)
                 if "kueue" in sections:  # before scale, which stops the process node
                     log(f"admission through Kueue: {sizes.kueue_runs} runs, quota for {sizes.kueue_quota}")
                     results["kueue"] = kueue.bench(bed, root, run_id, runs=sizes.kueue_runs, quota=sizes.kueue_quota,

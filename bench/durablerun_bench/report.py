@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import kueue, quotas, streams, timelines, tracing
+from durablerun_bench import kueue, quotas, schedules, streams, timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -73,6 +73,11 @@ def render(r: dict[str, Any]) -> str:
         lines += timelines.section(r["timelines"])
     if "streams" in r:
         lines += streams.section(r["streams"])
+    if "schedules" in r:
+        lines += schedules.section(r["schedules"])
+        targets.append(["every schedule fires once at its tick (100 in one minute)",
+                        f"{r['schedules']['fired_on_first_tick']} of {r['schedules']['schedules']}",
+                        _yes(r["schedules"]["fired_on_first_tick"] == r["schedules"]["schedules"])])
     if "kueue" in r:
         lines += kueue.section(r["kueue"])
         targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",

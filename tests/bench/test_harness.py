@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durablerun_bench import dr_flows, report, systems, tracing, util
+from durablerun_bench import dr_flows, report, streams, systems, tracing, util
 
 
 def test_payload_is_one_kilobyte_and_differs_per_step() -> None:
@@ -202,6 +202,36 @@ def test_report_judges_kueue_admission_against_its_quota() -> None:
     assert "| never more than the quota's 10 runner pods at once (Kueue) | 10 | **met** |" in text
     over = report.render({**_results(), "kueue": {**k, "most_live_pods": 11}})
     assert "| never more than the quota's 10 runner pods at once (Kueue) | 11 | **missed** |" in over
+
+
+def test_the_streams_section_measures_real_runs_and_their_reader(tmp_path: Path) -> None:
+    from durablerun.stores import open_store
+
+    store = open_store(f"file://{tmp_path}/s")
+    thr = streams.throughput(store, writes=200)
+    assert thr["chunks"] >= 1
+    assert thr["chunks_per_s"] > 0
+    lat = streams.latency(store, lines=10)  # every line read, each after it was written
+    assert lat["lines"] == 10
+    assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    cost = streams.step_cost(store, steps=10, repeats=1)
+    assert cost["with_us"] > 0
+    assert cost["ratio"] == cost["with_us"] / cost["without_us"]
+    text = report.render({**_results(), "streams": {"rows": [{"store": "filesystem", "throughput": thr,
+                                                               "latency": lat, "cost": cost}],
+                                                     "batch_bytes": 65536, "batch_seconds": 0.25}})
+    assert "## Output streams" in text
+    assert f"| filesystem | {thr['writes_per_s']:,.0f}/s |" in text
+
+
+def test_report_judges_the_schedules_against_firing_once_each() -> None:
+    p = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0}
+    s = {"schedules": 100, "applied_s": 3.0, "fired_on_first_tick": 100, "tick_to_run": p, "tick_to_pod": p}
+    text = report.render({**_results(), "schedules": s})
+    assert "| its pod created | 1 s | 2 s | 3 s | 4 s |" in text
+    assert "| every schedule fires once at its tick (100 in one minute) | 100 of 100 | **met** |" in text
+    missed = report.render({**_results(), "schedules": {**s, "fired_on_first_tick": 99}})
+    assert "| 99 of 100 | **missed** |" in missed
 
 
 def test_report_skips_sections_that_did_not_run() -> None:

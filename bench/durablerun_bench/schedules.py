@@ -1,0 +1,132 @@
+"""Scheduled runs at once: N DurableRunSchedules of ``* * * * *`` applied together, so that all fire at the same
+minute, on the test bed with the operator and the process node.
+
+Each schedule's run is a short workflow. Latencies come from the API objects' own timestamps (to the second):
+the tick (the run's scheduled-time annotation) to the run's creation, and to its first pod's creation. Every
+schedule must fire exactly once for that tick (one run per schedule named after it), a target. The schedules
+are deleted afterwards, their runs with them (owner references).
+
+``python -m durablerun_bench.schedules [--schedules N]`` runs this section alone and prints its RESULTS.md section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from durablerun import api
+from durablerun_bench import machine, resume
+from durablerun_bench.kueue import _items, _percentiles, _time
+from durablerun_bench.util import quick
+from durablerun_testbed import procs
+from durablerun_testbed.s3 import S3Server
+from durablerun_testbed.testbed import TestBed
+
+POLL = 1.0
+
+
+def bench(bed: TestBed, root: Path, run_id: str, *, count: int, log: Any = print) -> dict[str, Any]:
+    namespace, bucket = "bench-schedules", "bench-schedules-" + uuid.uuid4().hex[:8]
+    resume.prepare_namespace(bed, namespace, bucket)
+    marks = root / "schedule-marks"
+    marks.mkdir(parents=True, exist_ok=True)
+    run = resume.manifest(bed, namespace, "unused", bucket, marks, {"n": 2, "sleep": 0})
+    bodies = [{"apiVersion": api.API_VERSION, "kind": api.SCHEDULE_KIND,
+               "metadata": {"name": f"s{i:03d}", "namespace": namespace},
+               "spec": {"schedule": "* * * * *", "runTemplate": {"spec": run["spec"]}}} for i in range(count)]
+    with resume.operator(bed, namespace, root, run_id):
+        # Applied early in a minute, so that every schedule exists well before the next tick.
+        procs.wait_for(lambda: 2 <= datetime.now().second <= 20, timeout=70, interval=0.2,
+                       what="the start of a minute")
+        began = time.monotonic()
+        bed.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(b) for b in bodies), timeout=300)
+        applied = time.monotonic() - began
+        log(f"  {count} schedules applied in {applied:.1f} s; waiting for their first tick")
+
+        def first_runs() -> list[dict[str, Any]] | None:
+            runs = _items(bed, "dr", namespace)
+            with_pods = {(pod["metadata"].get("labels") or {}).get(api.LABEL_RUN) for pod in _items(bed, "pods",
+                                                                                                   namespace)}
+            done = {r["metadata"]["labels"].get(api.LABEL_SCHEDULE) for r in runs
+                    if r["metadata"]["name"] in with_pods}
+            return runs if len(done) >= count else None
+
+        runs = procs.wait_for(first_runs, timeout=240, interval=POLL, what=f"a run with a pod for each of {count}")
+        pods = _items(bed, "pods", namespace)
+        bed.kubectl("delete", api.SCHEDULE_PLURAL, "--all", "-n", namespace, "--wait=false")
+    ticks: dict[str, datetime] = {}
+    created: dict[str, datetime] = {}
+    for r in runs:
+        meta = r["metadata"]
+        tick = _time(meta["annotations"][api.ANNOTATION_SCHEDULED_TIME])
+        ticks[meta["name"]], created[meta["name"]] = tick, _time(meta["creationTimestamp"])
+    first_pod: dict[str, datetime] = {}
+    for pod in pods:
+        owner = (pod["metadata"].get("labels") or {}).get(api.LABEL_RUN)
+        if owner in ticks:
+            at = _time(pod["metadata"]["creationTimestamp"])
+            first_pod[owner] = min(first_pod.get(owner, at), at)
+    first_tick = min(ticks.values())
+    on_first = [n for n, t in ticks.items() if t == first_tick]
+
+    def since_tick(later: dict[str, datetime]) -> list[float]:
+        return [(later[n] - ticks[n]).total_seconds() for n in on_first if n in later]
+
+    # A run is named after its schedule and tick, so a tick cannot fire twice; one missed would show here.
+    return {"schedules": count, "applied_s": applied, "fired_on_first_tick": len(on_first),
+            "tick_to_run": _percentiles(since_tick(created)), "tick_to_pod": _percentiles(since_tick(first_pod))}
+
+
+def section(s: dict[str, Any], load: str | None = None) -> list[str]:
+    def row(name: str, p: dict[str, float]) -> str:
+        return f"| {name} | {p['p50']:.0f} s | {p['p90']:.0f} s | {p['p99']:.0f} s | {p['max']:.0f} s |"
+
+    return [
+        f"## Scheduled runs: {s['schedules']} schedules firing in the same minute",
+        "",
+        *([f"Load before: {load}.", ""] if load else []),
+        f"{s['schedules']} DurableRunSchedules of `* * * * *` applied at once ({s['applied_s']:.1f} s), the operator "
+        "and the process node on the test bed; timestamps are the API server's, to the second "
+        "(`python -m durablerun_bench.schedules`). "
+        f"{s['fired_on_first_tick']} of {s['schedules']} fired at the first tick (a run is named after its tick: "
+        "none can fire twice).",
+        "",
+        "| from the tick to | p50 | p90 | p99 | max |",
+        "|---|---|---|---|---|",
+        row("the run created", s["tick_to_run"]),
+        row("its pod created", s["tick_to_pod"]),
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m durablerun_bench.schedules", description=__doc__.splitlines()[0])
+    parser.add_argument("--schedules", type=int, default=20 if quick() else 100)
+    args = parser.parse_args(argv)
+    from durablerun_bench.__main__ import testbed
+
+    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-schedules-"))
+    run_id = "bench-" + uuid.uuid4().hex[:8]
+    load = machine.load()
+    s3 = S3Server(root / "s3", run_id).start()
+    try:
+        with testbed(root, run_id, s3) as bed:
+            result = bench(bed, root, run_id, count=args.schedules, log=lambda m: print(m, file=sys.stderr))
+    finally:
+        s3.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print("\n".join(section(result, str(load))))
+    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
