@@ -63,10 +63,20 @@ def pytest_configure(config: pytest.Config) -> None:
 # work unit, run first on one worker, so that only one worker starts a real node, builds the workflow image and
 # installs the chart (about 100 s each), and the longest unit does not start last.
 REAL_NODE_TESTS = "tests/realnode/"
+#: Then the longest of the other files (CI's durations: 80-250 s each), so that the session does not end with one
+#: worker on a long file while the other has nothing left. The rest keep their collection order.
+LONG_FILES = ("tests/testbed/test_sandbox.py", "tests/operator/test_schedules.py",
+              "tests/testbed/test_interrupted_session.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(REAL_NODE_TESTS))  # stable: the rest keep their order
+    def unit_order(item: pytest.Item) -> int:
+        if item.nodeid.startswith(REAL_NODE_TESTS):
+            return 0
+        path = item.nodeid.split("::")[0]
+        return 1 + LONG_FILES.index(path) if path in LONG_FILES else 1 + len(LONG_FILES)
+
+    items.sort(key=unit_order)  # stable: within a rank, the collection order
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,25 @@ QUICK = "optest_flows:steps"
 class Fleet:
     runs: RunEnv
     operator: Operator
+    #: Every run of each schedule the API server has held since they were applied, as last read, by schedule
+    #: and name: the tests prove what happened to runs that the schedules' history limits have deleted since,
+    #: while earlier tests waited on their ticks.
+    seen: dict[str, dict[str, dict[str, Any]]]
+
+    def seen_runs(self, schedule: str) -> dict[str, dict[str, Any]]:
+        return dict(self.seen.get(schedule, {}))  # a copy: the fixture's thread adds to it meanwhile
+
+
+SCHEDULES = ("allow", "forbid", "replace", "history")
+
+
+def _watch(runs: RunEnv, seen: dict[str, dict[str, dict[str, Any]]], stop: threading.Event) -> None:
+    while not stop.wait(POLL):
+        for schedule in SCHEDULES:
+            try:
+                seen.setdefault(schedule, {}).update(scheduled_runs(runs, schedule))
+            except Exception:  # a read that failed on a loaded machine is tried again at the next poll
+                continue
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +100,15 @@ def fleet(testbed: TestBed, testbed_root: Path, s3_server: S3Server,
                 manifest(runs, "history", QUICK, {"steps": 1, "sleep": 0.05}, successfulRunsHistoryLimit=1),
             ):
                 testbed.kubectl("apply", "-f", "-", input=json.dumps(body))
-            yield Fleet(runs, operator)
+            seen: dict[str, dict[str, dict[str, Any]]] = {}
+            stop = threading.Event()
+            watcher = threading.Thread(target=_watch, args=(runs, seen, stop), daemon=True)
+            watcher.start()
+            try:
+                yield Fleet(runs, operator, seen)
+            finally:
+                stop.set()
+                watcher.join(timeout=30)
         finally:
             operator.stop()
     finally:
@@ -172,9 +201,18 @@ def test_forbid_skips_the_tick_while_its_run_has_not_finished(fleet: Fleet) -> N
 
 def test_replace_aborts_the_running_run_and_creates_the_next(fleet: Fleet) -> None:
     runs = fleet.runs
-    first, second = first_two_ticks(runs, "replace")
+
+    def replaced() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        # A run seen Aborted and the run of the next tick (the failed-runs history may have deleted the first since).
+        mine = sorted(fleet.seen_runs("replace").values(), key=tick_of)
+        return next(((a, b) for a, b in pairwise(mine) if phase(a) == "Aborted"), None)
+
+    ended, second = procs.wait_for(replaced, timeout=TICKS, interval=POLL,
+                                   what="a run of the replace schedule aborted by the next tick's")
+    for run in (ended, second):
+        check_named_after_its_tick("replace", run)
+    assert (tick_of(second) - tick_of(ended)).total_seconds() == 60
     # The earlier run was ended by the later one's tick, through the abort annotation (its runner's grace).
-    ended = runs.wait_phase(first["metadata"]["name"], "Aborted", timeout=60)
     assert f"replaced by {second['metadata']['name']}" in ended["status"]["message"], ended["status"]
     assert "Replacing" in schedule_events(runs, "replace")
     # At any moment at most the newest run is left unfinished: every older one is Aborted (or being aborted).
@@ -192,7 +230,7 @@ def test_history_keeps_only_the_newest_succeeded_run(fleet: Fleet) -> None:
 
     def pruned() -> bool:
         now = scheduled_runs(runs, "history")
-        seen.update(now)
+        seen.update(fleet.seen_runs("history"), **now)
         done = [r for r in now.values() if phase(r) == "Succeeded"]
         return len(seen) >= 3 and len(done) <= 1 and set(now) != set(seen)
 
