@@ -35,6 +35,7 @@ from durablerun_bench import (
     machine,
     objsize,
     postgres,
+    preemption,
     quotas,
     replay,
     report,
@@ -57,7 +58,7 @@ from durablerun_testbed.testbed import TestBed
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "streams",
-            "schedules", "kueue", "quotas")
+            "schedules", "kueue", "preemption", "quotas")
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Sizes:
     kueue_runs: int = 100
     kueue_quota: int = 10
     schedules: int = 100
+    preemptions: int = 5
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -95,7 +97,7 @@ class Sizes:
                        write_cost_writes=50, write_cost_rounds=1, children=100, events=50, waiting_runs=60,
                        through_runners=30, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
                        timeline_records=20_000, kueue_runs=20, kueue_quota=4,
-                       schedules=20)
+                       schedules=20, preemptions=2)
         runs = tuple(int(n) for n in os.environ.get("BENCH_SCALE_RUNS", "1000").split(","))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
@@ -118,28 +120,47 @@ def testbed(root: Path, run_id: str, s3: S3Server) -> Iterator[TestBed]:
         bed.stop()
 
 
-def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: Any) -> dict[str, Any] | None:
-    """The resume section again on a kubelet and containerd, with dr_flows in a workflow image."""
-    try:
-        realnode.check_machine()
-        realnode.image_archives()
-    except realnode.RealNodeUnavailable as reason:
-        log(f"resume on the real node: skipped ({reason})")
-        return None
-    staged = tmp / "bench-image"
+@contextlib.contextmanager
+def real_node_bed(root: Path, run_id: str, tmp: Path) -> Iterator[tuple[TestBed, str]]:
+    """A test bed on a kubelet and containerd, with dr_flows in a workflow image imported into it: (bed, image).
+    Raises RealNodeUnavailable where the machine cannot run it."""
+    realnode.check_machine()
+    realnode.image_archives()
+    staged = tmp / f"bench-image-{uuid.uuid4().hex[:6]}"
     shutil.copytree(BENCH_DIR / "durablerun_bench", staged / "durablerun_bench",
                     ignore=shutil.ignore_patterns("__pycache__"))
     archive, image = realnode.build_workflow_image(staged)
-    log("resume after SIGKILL on the real node (kubelet, containerd)")
-    bed = TestBed(root / "k8s-real", id=run_id).start(real_node=True)
+    bed = TestBed(root / f"k8s-real-{uuid.uuid4().hex[:6]}", id=run_id).start(real_node=True)
     try:
         assert bed.real_node
         bed.real_node.import_image(archive)
         bed.install_crds(timeout=60)
-        return resume.bench(bed, root, run_id, repeats=repeats, steps=400, kill_after=200, sleep=0.01, log=log,
-                            kill=resume.kill_container, image=image)
+        yield bed, image
     finally:
         bed.stop()
+
+
+def _resume_on_real_node(root: Path, run_id: str, tmp: Path, repeats: int, log: Any) -> dict[str, Any] | None:
+    """The resume section again on a kubelet and containerd, with dr_flows in a workflow image."""
+    try:
+        with real_node_bed(root, run_id, tmp) as (bed, image):
+            log("resume after SIGKILL on the real node (kubelet, containerd)")
+            return resume.bench(bed, root, run_id, repeats=repeats, steps=400, kill_after=200, sleep=0.01, log=log,
+                                kill=resume.kill_container, image=image)
+    except realnode.RealNodeUnavailable as reason:
+        log(f"resume on the real node: skipped ({reason})")
+        return None
+
+
+def _preemption_on_real_node(root: Path, run_id: str, tmp: Path, preemptions: int,
+                             log: Any) -> dict[str, Any] | None:
+    try:
+        with real_node_bed(root, run_id, tmp) as (bed, image):
+            return preemption.bench(bed, root, run_id, image=image, steps=4 + 2 * preemptions, seconds=4.0,
+                                    preemptions=preemptions, log=log)
+    except realnode.RealNodeUnavailable as reason:
+        log(f"preemption on the real node: skipped ({reason})")
+        return None
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -203,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         if "streams" in sections:
             log("output streams: throughput, a live reader's delay, a write's cost to a step")
             results["streams"] = streams.bench(tmp=str(tmp), s3=s3_params, log=log)
+        if "preemption" in sections:
+            log(f"preemption through Kueue on the real node: {sizes.preemptions} preemptions, cut off or at a step "
+                "boundary")
+            results["preemption"] = _preemption_on_real_node(root, run_id, tmp, sizes.preemptions, log)
         if "quotas" in sections:
             log("model quotas: a fleet of runs of three namespaces on one model's limit, without and with a quota")
             results["quotas"] = quotas.bench(root, run_id)

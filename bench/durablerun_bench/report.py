@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import kueue, quotas, schedules, streams, timelines, tracing
+from durablerun_bench import kueue, preemption, quotas, schedules, streams, timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -82,6 +82,11 @@ def render(r: dict[str, Any]) -> str:
         lines += kueue.section(r["kueue"])
         targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",
                         str(r["kueue"]["most_live_pods"]), _yes(r["kueue"]["most_live_pods"] <= r["kueue"]["quota"])])
+    if r.get("preemption"):
+        lines += preemption.section(r["preemption"])
+        at_boundary = r["preemption"]["rows"][-1]
+        targets.append(["no step executed again per preemption, steps shorter than the grace (real node, Kueue)",
+                        f"{at_boundary['again_per_preemption']:.2f}", _yes(at_boundary["executed_again"] == 0)])
     if "quotas" in r:
         lines += quotas.section(r["quotas"])
     if targets:

@@ -234,6 +234,24 @@ def test_report_judges_the_schedules_against_firing_once_each() -> None:
     assert "| 99 of 100 | **missed** |" in missed
 
 
+def test_report_judges_preemption_at_a_step_boundary_beside_cut_off_steps() -> None:
+    def row(label: str, again: int) -> dict[str, Any]:
+        return {"label": label, "grace": None, "preemptions": 5, "disruptions": 5, "restarts": 0, "steps_run": 14,
+                "executed_again": again, "again_per_preemption": again / 5, "seconds_lost": again * 4.0,
+                "high_to_pod_s": [3.0, 5.0, 4.0]}
+
+    p: dict[str, Any] = {"steps": 14, "seconds": 4.0, "preemptions": 5,
+                         "rows": [row("cut off mid-step (stopGracePeriod 0s)", 5),
+                                  row("at a step boundary (the default)", 0)]}
+    text = report.render({**_results(), "preemption": p})
+    assert "| cut off mid-step (stopGracePeriod 0s) | 5 (5) | 5 | 1.00 | 20 s | 4 s |" in text
+    assert "| at a step boundary (the default) | 5 (5) | 0 | 0.00 | 0 s | 4 s |" in text
+    assert "(real node, Kueue) | 0.00 | **met** |" in text
+    p["rows"][-1] = row("at a step boundary (the default)", 1)
+    assert "(real node, Kueue) | 0.20 | **missed** |" in report.render({**_results(), "preemption": p})
+    assert "Preemption through Kueue" not in report.render({**_results(), "preemption": None})  # no real node
+
+
 def test_report_skips_sections_that_did_not_run() -> None:
     results = _results()
     for section in ("steps", "replay", "resume", "scale"):
