@@ -364,6 +364,9 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
         row("ramp-up: create all runs until every one is Running with its lease held",
             lambda m: f"{_f(m.get('ramp_up_s'), 1)} s ({m.get('held_after_ramp')} held), operator "
                       f"{_f(m.get('ramp_cpu_cores'))} cores"),
+        row("… API requests per run started, all clients (the bench's create, the stand-in's lease acquisition "
+            "and renewals during the ramp included)",
+            lambda m: ", ".join(f"{k} {v:.2f}" for k, v in list(m.get("ramp_requests_per_run", {}).items())[:10])),
         row("measured window (steady state, stops, restarts)", lambda m: f"{_f(m['window_s'], 0)} s"),
         row("operator CPU", lambda m: f"{_f(m['cpu_cores'])} cores"),
         row("operator memory (RSS max in window / VmHWM)",

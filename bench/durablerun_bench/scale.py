@@ -91,6 +91,15 @@ def apiserver_requests(bed: TestBed) -> dict[tuple[str, str], float]:
     return dict(totals)
 
 
+def per_run(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float],
+            runs: int) -> dict[str, float]:
+    """The API requests between two reads of ``apiserver_request_total``, by verb and resource, per run (those
+    of at least 0.05 per run, most first): all clients, the stand-ins' lease writes and the bench's creates too."""
+    per = {f"{verb} {res}": (after.get((verb, res), 0) - before.get((verb, res), 0)) / runs
+           for verb, res in set(before) | set(after)}
+    return {k: v for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+
+
 def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     status = obj.get("status") or {}
     if kind == "dr":
@@ -225,6 +234,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
     out: dict[str, Any] = {"runs": runs, "lease_seconds": lease_seconds, "stopped": stopped, "standins": shards}
     with resume.operator(bed, namespace, root, run_id, env=FLEET_CLIENT) as op:
         cpu0, t0 = proc_cpu_seconds(op.pid), time.time()
+        requests0 = apiserver_requests(bed)
         create_runs(bed, namespace, names, lease_seconds, shards)
         created = time.time()
         log(f"  created {runs} DurableRuns in {created - t0:.1f}s")
@@ -244,6 +254,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
         out["ramp_up_s"] = ramp - t0
         out["ramp_cpu_cores"] = (cpu1 - cpu0) / (ramp - t0)
         out["held_after_ramp"] = _count(renew_log, "acquired")
+        out["ramp_requests_per_run"] = per_run(requests0, apiserver_requests(bed), runs)
         log(f"  ramp-up: {out['held_after_ramp']} runs Running with leases held after {ramp - t0:.1f}s "
             f"(operator {out['ramp_cpu_cores']:.2f} cores)")
         # The stand-ins read their plan once: restart them with the stops (they re-acquire every lease they see).

@@ -252,6 +252,16 @@ def test_report_judges_preemption_at_a_step_boundary_beside_cut_off_steps() -> N
     assert "Preemption through Kueue" not in report.render({**_results(), "preemption": None})  # no real node
 
 
+def test_requests_per_run_are_the_counters_difference_divided_by_the_runs() -> None:
+    from durablerun_bench import scale
+
+    before = {("create", "pods"): 10.0, ("patch", "durableruns/status"): 5.0, ("list", "pods"): 3.0}
+    after = {("create", "pods"): 110.0, ("patch", "durableruns/status"): 305.0, ("list", "pods"): 4.0,
+             ("create", "events"): 100.0}
+    assert scale.per_run(before, after, 100) == {"patch durableruns/status": 3.0, "create pods": 1.0,
+                                                 "create events": 1.0}  # most first; 0.01 LISTs a run left out
+
+
 def test_report_skips_sections_that_did_not_run() -> None:
     results = _results()
     for section in ("steps", "replay", "resume", "scale"):
