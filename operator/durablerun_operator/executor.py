@@ -60,10 +60,11 @@ class Settled:
 
 
 class PodCache:
-    """Each run's pods as the pod watch delivered them (managedFields dropped): what a decision reads instead of
-    a LIST. A pass settles on them only when they ask for nothing; a plan that would act is decided again on a
-    fresh LIST, which also replaces the run's entry. So a pod the watch has not delivered yet, or a deletion it
-    missed, never moves a run, and a run whose pods changed as the operator expects costs no read."""
+    """Each run's pods as the pod watch delivered them (managedFields dropped), and an attempt's pod as the API
+    server answered its creation: what a decision reads instead of a LIST. A pass settles on them only when
+    they ask for nothing; a plan that would act is decided again on a fresh LIST, which also replaces the run's
+    entry. So a pod the watch has not delivered yet, or a deletion it missed, never moves a run, and a run whose
+    pods changed as the operator expects costs no read (a start: one LIST, before it acts)."""
 
     def __init__(self) -> None:
         self._pods: dict[Key, dict[str, dict[str, Any]]] = {}
@@ -218,7 +219,9 @@ class Executor:
             if not self._mine(key, run.uid):  # fencing: the shard was lost while we decided
                 return Dropped.NOT_MINE
             if plan.touches_pods and not plan.add_run_finalizer:  # a finalizer is applied alone (apply)
-                pods = None
+                # A plan that only started the attempt's pod left it in the cache as created: settle on the
+                # cache if that asks for nothing; any other change to pods is read afresh.
+                pods, cached = None, plan.only_starts_a_pod
             if (plan.touches_runs or plan.add_events) and not plan.add_run_finalizer:
                 related = None
             for i, state in engaged:
@@ -332,6 +335,8 @@ class Executor:
             for integration in self.integrations:
                 pod = await integration.place(pod, plan)
             created = await self._call(self._kube.create_pod, pod)
+            if created is not None:
+                self.pods.seen(key, created, deleted=False)
         except Exception as error:
             self._rbac_ready.pop(made, None)  # perhaps someone deleted the ServiceAccount: make sure next time
             message, permanent = self._kube.create_error(error)

@@ -145,15 +145,16 @@ class Kube:
         reply = self.core.list_namespaced_pod(namespace, label_selector=f"{api.LABEL_RUN}={run_name}")
         return [self.client.sanitize_for_serialization(p) for p in reply.items]
 
-    def create_pod(self, pod: dict[str, Any]) -> bool:
-        """Create the pod; False if it already exists (a repeated create of one attempt)."""
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the pod: as the API server made it, or None if it already exists (a repeated create of one
+        attempt)."""
         try:
-            self.core.create_namespaced_pod(pod["metadata"]["namespace"], pod)
-            return True
+            made = self.core.create_namespaced_pod(pod["metadata"]["namespace"], pod)
         except ApiException as error:
             if error.status == 409:
-                return False
+                return None
             raise
+        return dict(self.client.sanitize_for_serialization(made))
 
     @staticmethod
     def create_error(error: Exception) -> tuple[str, bool]:

@@ -61,6 +61,12 @@ class Plan:
                     or self.delete_pods or self.release_pods)
 
     @property
+    def only_starts_a_pod(self) -> bool:
+        """The plan's only pod action is creating the attempt's pod."""
+        return bool(self.create_pod_epoch is not None and not (self.create_purge_pod or self.create_check_pod
+                                                               or self.delete_pods or self.release_pods))
+
+    @property
     def empty(self) -> bool:
         return not (self.patch or self.touches_pods or self.add_run_finalizer or self.remove_run_finalizer
                     or self.delete_run or self.add_events or self.touches_runs or self.touches_workload)
