@@ -45,7 +45,7 @@ from durablerun._private.pod.lease import Fenced, Identity, Lease, StatusClient,
 from durablerun._private.records.layout import RunRef
 from durablerun._private.records.model import AttemptResult, EngineConfig
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease
-from durablerun._private.storage.stores import Store, store_from_checkpoint
+from durablerun._private.storage.stores import Store, runner_store
 from durablerun._private.telemetry import tracing
 
 log = logging.getLogger("durablerun.pod")
@@ -54,14 +54,7 @@ CRASH_EXIT = 70  # not an outcome: the operator counts it as a crash and restart
 
 
 def _store(spec: resource.DurableRunSpec) -> Store:
-    # The credentials Secret's keys, as the operator put them in the environment (builders.runner_env).
-    return store_from_checkpoint(
-        spec.checkpoint,
-        access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
-        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-        session_token=os.environ.get("AWS_SESSION_TOKEN"),
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3"),
-    )
+    return runner_store(spec.checkpoint)
 
 
 def _engine_config(spec: resource.DurableRunSpec) -> EngineConfig:
