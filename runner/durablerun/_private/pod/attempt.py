@@ -42,7 +42,7 @@ from durablerun._private.engine.run import Run, tuned_from_env
 from durablerun._private.engine.sinks import JsonLinesSink
 from durablerun._private.pod import logship
 from durablerun._private.pod.lease import Fenced, Identity, Lease, StatusClient, StatusSink, progress_of
-from durablerun._private.records.layout import RunRef
+from durablerun._private.records.layout import LOG_ATTEMPT_BYTES, RunRef
 from durablerun._private.records.model import AttemptResult, EngineConfig
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease
 from durablerun._private.storage.stores import Store, runner_store
@@ -133,8 +133,9 @@ def _early_sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # First, so that everything this process and its steps write passes through it; never in purge mode,
-    # which has no attempt to keep logs of.
-    shipper = None if os.environ.get(api.Env.MODE) == api.Env.MODE_PURGE else logship.start()
+    # which has no attempt to keep logs of. (It starts light and niced: logship.py.)
+    off = os.environ.get(api.Env.MODE) == api.Env.MODE_PURGE or os.environ.get(api.Env.SHIP_LOGS, "1") == "0"
+    shipper = None if off else logship.start(LOG_ATTEMPT_BYTES)
     try:
         return _main(shipper)
     finally:
