@@ -255,6 +255,8 @@ class Env:
     # policy.stopGracePeriod, or the pod's grace less resource.STOP_MARGIN.
     STOP_GRACE_SECONDS = "DURABLERUN_STOP_GRACE_SECONDS"
 
+    # "0": the runner does not keep its stdout and stderr in the store (logs/ in the run's root; on by default).
+    SHIP_LOGS = "DURABLERUN_SHIP_LOGS"
     # Logging level of the runner (and of the operator: OperatorEnv.LOG_LEVEL), e.g. DEBUG.
     LOG_LEVEL = "DURABLERUN_LOG_LEVEL"
     # Durable sleeps up to this many seconds are slept in the pod instead of ending the attempt.

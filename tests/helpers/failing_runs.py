@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from durablerun._private.records import layout
 from durablerun_testbed import procs
 from tests.helpers.journal_checks import list_objects, run_root
 from tests.helpers.runs import RunEnv, events
@@ -53,6 +54,12 @@ def root_of(runs: RunEnv, name: str) -> str:
 def objects(runs: RunEnv, name: str) -> dict[str, str]:
     assert runs.testbed.s3
     return list_objects(runs.testbed.s3.client(), runs.bucket, root_of(runs, name))
+
+
+def journal(objects: dict[str, str]) -> dict[str, str]:
+    """A run's objects as :func:`objects` gives them (keys relative to its root) but its status and its attempts'
+    logs, which every attempt writes, a failing one too."""
+    return {k: v for k, v in objects.items() if k != "status.json" and not k.startswith(layout.LOGS_DIR)}
 
 
 def check_all(cases: dict[str, Callable[[], None]]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api
+from durablerun._private.records import layout
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
@@ -145,6 +146,12 @@ class RunEnv:
 
         return list(json.loads(client.CoreV1Api(self._api()).list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False).data)["items"])
+
+
+def without_logs(objects: dict[str, str]) -> dict[str, str]:
+    """Store objects (RunEnv.store_objects) but the attempts' logs: a fenced attempt writes nothing else, but
+    still its own logs (a folder no other attempt writes, layout.py)."""
+    return {k: v for k, v in objects.items() if f"/{layout.LOGS_DIR}" not in k}
 
 
 def events(runs: RunEnv, name: str) -> Counter[str]:

@@ -12,6 +12,7 @@ import pytest
 
 from durablerun import api
 from durablerun._private.records import layout
+from durablerun._private.storage import logs
 from durablerun._private.tools import kubeapi
 from durablerun_testbed import procs
 from tests.helpers.kubectl_plugin import Plugin
@@ -137,6 +138,50 @@ def test_the_journal_is_read_from_the_endpoint_the_credentials_secret_names(
     assert journal.returncode == 0, journal.stderr
     assert json.loads(journal.stdout)["completed"] is True
     assert [r["name"] for r in json.loads(journal.stdout)["records"] if r["kind"] == "step"] == ["s0", "s1"]
+
+
+def test_a_sigkilled_attempts_logs_are_read_from_the_store_after_its_pod_is_gone(
+    operator: Operator, runs: RunEnv, plugin: Plugin
+) -> None:
+    """Issue 43: a step prints a line and SIGKILLs its own runner; the operator deletes that pod and starts
+    attempt 2. The pod's shipper had stored the line from outside the runner: --attempt 1 shows it."""
+    marker = f"marker-{runs.namespace}"
+    runs.apply(runs.manifest("shouter", "optest_flows:shouter", {"marker": marker}))
+    done = runs.wait_phase("shouter", "Succeeded", "Failed", timeout=120)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    assert done["status"]["restarts"] == 1
+    last = int(done["status"]["attempt"])  # the second pod, epoch 2 (status.epoch moved on: the run is over)
+    procs.wait_for(lambda: "1" not in [p["metadata"]["labels"][api.LABEL_EPOCH] for p in runs.pods("shouter")],
+                   timeout=60, what="attempt 1's pod to be deleted")
+
+    one = plugin.dr("logs", "shouter", "--attempt", "1", "--credentials-from-secret")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert one.stdout.startswith("==> attempt 1 of shouter, from its store (the pod is gone) <==\n"), one.stdout
+    assert f"{marker}: the first attempt, about to die" in one.stdout
+    assert "lease acquired" in one.stdout, "the runner's own log lines (stderr) are kept too"
+    assert "the next attempt" not in one.stdout
+
+    # The last attempt's logs (its pod may be kept, and the node serves no logs) are its own.
+    kube = kubeapi.Kubectl(argparse.Namespace(namespace=runs.namespace, context=None,
+                                              kubeconfig=str(runs.testbed.kubeconfig)))
+    kube.binary = str(plugin.kubectl)
+    store, ref = kubeapi.open_journal(kube, done, credentials_from_secret=True)
+    try:
+        assert logs.archived_attempts(store.backend, ref) == [1, last]
+        stored = (logs.read_attempt(store.backend, ref, last) or b"").decode()
+    finally:
+        store.close()
+    assert f"{marker}: the next attempt, done" in stored
+    assert "about to die" not in stored
+
+    # No pods any more: the plugin says which attempts the store keeps.
+    runs.testbed.kubectl("delete", "pod", "-n", runs.namespace, "-l", f"{api.LABEL_RUN}=shouter", "--wait=true")
+    listed = plugin.dr("logs", "shouter", "--credentials-from-secret")
+    assert listed.returncode == 0, listed.stderr
+    assert f"the store keeps the logs of attempts 1, {last} (--attempt N)" in listed.stderr, listed.stderr
+    missing = plugin.dr("logs", "shouter", "--attempt", "9", "--credentials-from-secret")
+    assert missing.returncode == 1
+    assert f"no logs of attempt 9: the store keeps the logs of attempts 1, {last}" in missing.stderr
 
 
 def test_a_runs_events_are_its_own_not_those_of_an_earlier_run_of_the_same_name(

@@ -71,6 +71,23 @@ def die(name: str) -> str:
     return name
 
 
+def shout_once_then_die(marker: str) -> str:
+    """Prints a line with ``marker``; the first time, then SIGKILLs its own runner (a file beside the ledger
+    remembers it); the next time it returns."""
+    died = os.path.join(os.path.dirname(LEDGER), f"died-{marker}")
+    if not os.path.exists(died):
+        print(f"{marker}: the first attempt, about to die", flush=True)
+        open(died, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    print(f"{marker}: the next attempt, done", flush=True)
+    return marker
+
+
+async def shouter(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Its step prints ``input.marker`` and SIGKILLs its runner once (its logs must outlive the pod)."""
+    return {"marker": await ctx.step("shout", shout_once_then_die, input["marker"])}
+
+
 async def crasher(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
     """Crashes (SIGKILL) in its second step on every attempt."""
     await ctx.step("ok", work, "ok", 0.05)

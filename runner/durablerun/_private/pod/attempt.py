@@ -40,11 +40,12 @@ from durablerun import api, errors, resource
 from durablerun._private.engine.children import PodBroker
 from durablerun._private.engine.run import Run, tuned_from_env
 from durablerun._private.engine.sinks import JsonLinesSink
+from durablerun._private.pod import logship
 from durablerun._private.pod.lease import Fenced, Identity, Lease, StatusClient, StatusSink, progress_of
-from durablerun._private.records.layout import RunRef
+from durablerun._private.records.layout import LOG_ATTEMPT_BYTES, RunRef
 from durablerun._private.records.model import AttemptResult, EngineConfig
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease
-from durablerun._private.storage.stores import Store, store_from_checkpoint
+from durablerun._private.storage.stores import Store, runner_store
 from durablerun._private.telemetry import tracing
 
 log = logging.getLogger("durablerun.pod")
@@ -53,14 +54,7 @@ CRASH_EXIT = 70  # not an outcome: the operator counts it as a crash and restart
 
 
 def _store(spec: resource.DurableRunSpec) -> Store:
-    # The credentials Secret's keys, as the operator put them in the environment (builders.runner_env).
-    return store_from_checkpoint(
-        spec.checkpoint,
-        access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
-        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-        session_token=os.environ.get("AWS_SESSION_TOKEN"),
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3"),
-    )
+    return runner_store(spec.checkpoint)
 
 
 def _engine_config(spec: resource.DurableRunSpec) -> EngineConfig:
@@ -138,6 +132,18 @@ def _early_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First, so that everything this process and its steps write passes through it; never in purge mode,
+    # which has no attempt to keep logs of. (It starts light and niced: logship.py.)
+    off = os.environ.get(api.Env.MODE) == api.Env.MODE_PURGE or os.environ.get(api.Env.SHIP_LOGS, "1") == "0"
+    shipper = None if off else logship.start(LOG_ATTEMPT_BYTES)
+    try:
+        return _main(shipper)
+    finally:
+        if shipper is not None:
+            shipper.close()
+
+
+def _main(shipper: logship.Shipper | None) -> int:
     logging.basicConfig(level=os.environ.get(api.Env.LOG_LEVEL, "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Until the attempt takes SIGTERM over (stop at the next step boundary), a SIGTERM is remembered
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         identity = Identity(dict(os.environ))
         if os.environ.get(api.Env.MODE) == api.Env.MODE_PURGE:
             return _purge(identity)
-        return _attempt(identity)
+        return _attempt(identity, shipper)
     except errors.ConfigError as error:
         log.error("%s", error)
         return _terminate(identity, _report(api.Outcome.USAGE_ERROR, str(error)), api.Outcome.USAGE_ERROR.exit_code)
@@ -204,7 +210,7 @@ def _wait_for_holder(identity: Identity, lease: Lease, held: HeldElsewhere) -> i
     return _terminate(identity, report, api.Outcome.WAITING.exit_code)
 
 
-def _attempt(identity: Identity) -> int:
+def _attempt(identity: Identity, shipper: logship.Shipper | None) -> int:
     status = StatusClient(identity)
     body = status.get()
     if body["metadata"]["uid"] != identity.uid:
@@ -221,6 +227,8 @@ def _attempt(identity: Identity) -> int:
     try:
         store = _store(spec)
         ref = _run_ref(spec, identity)
+        if shipper is not None:  # the logs so far and from now on: logs/<epoch>-<uid>/ in the run's root
+            shipper.ship_to(spec.checkpoint, ref, identity.epoch, identity.uid)
         if spec.checkpoint.runId:
             # Hold the store's owner record before anything is written.
             owner = _owner(store, ref, identity, spec)

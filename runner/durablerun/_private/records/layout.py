@@ -35,10 +35,19 @@ given when only the local CLI named runs.) Inside a run's root::
     archive/<time>/...         a copy of every object above (streams/ aside) as it was before a rerun dropped records
                                (:mod:`durablerun._private.tools.reruns`; readers of layout 1 ignore these
                                three)
+    logs/<attempt:06d>-<uid>/<part:06d>.log.gz
+                               what an attempt's runner wrote to stdout and stderr, in the order it was
+                               written, as gzip parts to concatenate in order (first write wins); the
+                               attempt is the pod's epoch (``kubectl durablerun logs --attempt``), the uid
+                               its DurableRun's (a run id's journal may be continued by several, each
+                               counting its own epochs; a fenced attempt writes only its own). At most
+                               LOG_ATTEMPT_BYTES of text per attempt, then one line says what was dropped
+                               (:mod:`durablerun._private.storage.logs`). Kept and deleted with the run;
+                               never read back by a runner, never archived by a rerun.
 
-Every object is sealed (see :mod:`durablerun._private.records.codec`).
+Every object is sealed (see :mod:`durablerun._private.records.codec`), but the logs: plain text, gzipped.
 
-Retention: nothing here expires on its own. A run's objects, its streams included, live as long as
+Retention: nothing here expires on its own. A run's objects, its streams and logs included, live as long as
 its root does: until ``durablerun delete``, or on Kubernetes the DurableRun's deletion under
 ``checkpoint.retention: Delete`` (``Retain``, the default, keeps them), or the bucket's own lifecycle rules.
 """
@@ -59,6 +68,9 @@ SEGMENT_RECORDS = 4096
 # At most this many records share one journal object (S3 group commit; part of layout v1): a reader
 # looking for record n finds it in an object named n - GROUP_RECORDS + 1 .. n.
 GROUP_RECORDS = 64
+
+# An attempt keeps at most this much of its stdout and stderr (raw text, before gzip; part of layout v1).
+LOG_ATTEMPT_BYTES = 8 * 1024 * 1024
 
 LOCAL_NAMESPACE = api.LOCAL_NAMESPACE
 
@@ -137,6 +149,8 @@ STREAMS_DIR = "streams/"
 #: A stream's name: a path segment of its keys, so no '/' and nothing a shell or URL must quote.
 STREAM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _STREAM_NAME_RE = re.compile(STREAM_NAME_PATTERN)
+
+LOGS_DIR = "logs/"
 
 
 def journal_key(seq: int) -> str:
@@ -224,3 +238,23 @@ def offset_of_stream_key(name: str, key: str) -> int | None:
     head = stream_dir(name)
     digits = key[len(head):-len(".json")] if key.startswith(head) and key.endswith(".json") else ""
     return int(digits) if len(digits) == SEQ_DIGITS and digits.isdigit() else None
+
+
+def log_part_key(attempt: int, writer: str, part: int) -> str:
+    return f"{log_attempt_dir(attempt, writer)}{part:06d}.log.gz"
+
+
+def log_attempt_dir(attempt: int, writer: str) -> str:
+    """The folder of attempt ``attempt``'s logs, written by DurableRun ``writer`` (its uid)."""
+    return f"{LOGS_DIR}{attempt:06d}-{writer}/"
+
+
+def log_dir_of_key(name: str) -> tuple[int, str] | None:
+    """The attempt and writer of ``logs/<attempt>-<uid>/<part>.log.gz`` (relative key), else None."""
+    if not name.startswith(LOGS_DIR) or not name.endswith(".log.gz"):
+        return None
+    folder, _, part = name[len(LOGS_DIR):].partition("/")
+    attempt, _, writer = folder.partition("-")
+    if not (attempt.isdigit() and writer and part[:-len(".log.gz")].isdigit()):
+        return None
+    return int(attempt), writer

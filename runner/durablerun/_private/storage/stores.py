@@ -260,3 +260,15 @@ def store_from_checkpoint(
         secret_key=secret_key,
         session_token=session_token,
     )
+
+
+def runner_store(checkpoint: Checkpoint) -> Store:
+    """The store of a DurableRun's ``spec.checkpoint``, with the credentials the operator put in the runner pod's
+    environment (the credentials Secret's keys, builders.runner_env): the runner's and its log shipper's."""
+    return store_from_checkpoint(
+        checkpoint,
+        access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
+        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        session_token=os.environ.get("AWS_SESSION_TOKEN"),
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3"),
+    )

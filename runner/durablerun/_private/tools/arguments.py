@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(timeline)
     timeline.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: for scripts")
 
+    logs = sub.add_parser("logs", help="print an attempt's stdout and stderr as its pod stored them in the run's "
+                                       "store (a DurableRun's, by --kubernetes or its spec.checkpoint.runId)")
+    kubernetes_run_args(logs)
+    logs.add_argument("--attempt", type=int, help="the attempt (the pod's epoch); without it, list the attempts "
+                                                  "whose logs are kept")
+
     sub.add_parser("pod", help="the in-pod runner entrypoint", add_help=False)
     return parser
 

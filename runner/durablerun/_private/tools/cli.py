@@ -11,6 +11,7 @@
     durablerun delete --run-id ID [--store URI]
     durablerun timeline --run-id ID [--store URI] [--output json]
     durablerun stream [NAME] (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [-f] [--from N] [--final]
+    durablerun logs (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--attempt N]  # pods' stored logs
     durablerun rerun --run-id ID --from STEP [--store URI] [run flags]
     durablerun fork --run-id ID --from STEP --to NEW_ID [--store URI] [--input JSON|@file] [run flags]
     durablerun replay MODULE:FUNC (--run-id ID | --kubernetes NAMESPACE/NAME) [--store URI] [--json]
@@ -49,7 +50,7 @@ from durablerun._private.storage.journal import RunStore
 from durablerun._private.storage.owner import HeldElsewhere, Holder, OwnerLease, read_owner
 from durablerun._private.storage.stores import Store, open_store, store_from_checkpoint
 from durablerun._private.telemetry import tracing
-from durablerun._private.tools import arguments, inspection, replayer, reruns, streamview, timeline
+from durablerun._private.tools import arguments, inspection, logview, replayer, reruns, streamview, timeline
 from durablerun._private.tools.display import PlainProgress, TtyProgress
 from durablerun.api import AbortReason, Outcome, parse_duration, parse_time
 from durablerun.resource import Policy
@@ -512,6 +513,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return replayer.show(replayer.replay_run(store, ref, args.workflow), as_json=args.json)
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    found = _local_or_kubernetes_run(args)
+    if found is None:
+        return 1
+    store, ref = found
+    try:
+        if args.attempt is None:
+            print(logview.describe_archived(store, ref))
+            return 0
+        return logview.show(store, ref, args.attempt)
+    finally:
+        store.close()
+
+
 def cmd_timeline(args: argparse.Namespace) -> int:
     return timeline.show(_open(args), layout.RunRef.local(args.run_id), as_json=args.output == "json")
 
@@ -538,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         handler = {"run": cmd_run, "resume": cmd_run, "retry": cmd_run, "send-event": cmd_send_event,
                    "inspect": cmd_inspect, "list": cmd_list, "delete": cmd_delete,
-                   "timeline": cmd_timeline, "replay": cmd_replay, "stream": cmd_stream,
+                   "timeline": cmd_timeline, "replay": cmd_replay, "stream": cmd_stream, "logs": cmd_logs,
                    "rerun": cmd_rerun, "fork": cmd_rerun}[args.command]
         return handler(args)
     except BrokenPipeError:

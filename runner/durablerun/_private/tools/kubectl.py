@@ -12,7 +12,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun retry RUN                                    # annotation durablerun.dev/retry (lifts abort)
     kubectl durablerun wait RUN [--for PHASE,...] [--timeout 10m]
     kubectl durablerun status RUN                                   # phase, message, Kueue queue and position
-    kubectl durablerun logs RUN [-f]                                # every attempt's pod, in order
+    kubectl durablerun logs RUN [-f] [--attempt N]                  # every attempt's pod, in order; N's from the store
     kubectl durablerun journal RUN [--json] [--all] [--credentials-from-secret]
     kubectl durablerun stream RUN [NAME] [-f] [--from N] [--final] [--json]  # the run's output stream
     kubectl durablerun tree RUN                                     # child runs (label durablerun.dev/parent)
@@ -43,6 +43,7 @@ from durablerun._private.tools import (
     browser,
     inspection,
     kubeapi,
+    logview,
     reruns,
     streamview,
     timeline,
@@ -198,11 +199,20 @@ def attempt_pods(kube: Kubectl, run: str) -> list[dict[str, Any]]:
 
 
 def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
-    kube.run(args.run)  # a clear error when the run does not exist
+    body = kube.run(args.run)  # a clear error when the run does not exist
     pods = attempt_pods(kube, args.run)
+    if args.attempt is not None:
+        pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(api.LABEL_EPOCH) == str(args.attempt)]
+        if not pods:  # its pod is gone (the operator deletes an ended attempt's): what the pod stored
+            store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=args.credentials_from_secret)
+            try:
+                print(f"==> attempt {args.attempt} of {args.run}, from its store (the pod is gone) <==", flush=True)
+                return logview.show(store, ref, args.attempt)
+            finally:
+                store.close()
     if not pods:
-        print(f"{args.run} has no pods (yet, or any more: finished attempts' pods may have been deleted)",
-              file=sys.stderr)
+        print(f"{args.run} has no pods (yet, or any more: finished attempts' pods may have been deleted); "
+              f"{_archived(kube, body, args)}", file=sys.stderr)
         return 0
     for i, pod in enumerate(pods):
         name = pod["metadata"]["name"]
@@ -218,6 +228,19 @@ def cmd_logs(kube: Kubectl, args: argparse.Namespace) -> int:
             print(f"(no logs: {result.stderr.strip()})")
         sys.stdout.flush()
     return 0
+
+
+def _archived(kube: Kubectl, body: dict[str, Any], args: argparse.Namespace) -> str:
+    """Which attempts' logs the run's store keeps; a store this user cannot read says so, and how to."""
+    try:
+        store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=args.credentials_from_secret)
+        try:
+            return logview.describe_archived(store, ref)
+        finally:
+            store.close()
+    except (errors.DurableRunError, PluginError) as error:
+        return f"the store's logs could not be listed ({error}; --credentials-from-secret reads with the run's " \
+               "credentials)"
 
 
 def cmd_journal(kube: Kubectl, args: argparse.Namespace) -> int:
@@ -441,8 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", default="10m", help="give up after this long (e.g. 30s, 10m, 2h; default 10m)")
     command("status", "show the run's phase and message and, for a run in a Kueue queue, the queue and (while "
                       "Queued) its position there, from Kueue's visibility API")
-    p = command("logs", "print the logs of every attempt's pod, oldest first")
+    p = command("logs", "print the logs of every attempt's pod, oldest first; with --attempt, one attempt's, from "
+                        "the run's store once its pod is gone")
     p.add_argument("-f", "--follow", action="store_true", help="follow the latest attempt's log")
+    p.add_argument("--attempt", type=int, metavar="N",
+                   help="attempt N only (the pod's epoch): its pod's log while the pod exists, else what the pod "
+                        "stored in the run's store")
+    p.add_argument("--credentials-from-secret", action="store_true", help="as for journal (for the stored logs)")
     p = command("journal", "print the run's journal from its store (as `durablerun inspect` does)")
     p.add_argument("--json", action="store_true", help="everything as JSON")
     p.add_argument("--all", action="store_true", help="every generation's records")

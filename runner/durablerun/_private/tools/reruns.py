@@ -139,7 +139,8 @@ def rerun(store: Store, ref: layout.RunRef, step: str, origin: Origin) -> Cut:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         archive = f"{layout.ARCHIVE_DIR}{stamp}/"
         # Streams are kept as they are (a step run again supersedes what it wrote): a copy would only double them.
-        skip = (layout.OWNER, layout.ARCHIVE_DIR, layout.HISTORY_DIR, layout.STREAMS_DIR)
+        # Logs are the pods', not the journal's.
+        skip = (layout.OWNER, layout.ARCHIVE_DIR, layout.HISTORY_DIR, layout.STREAMS_DIR, layout.LOGS_DIR)
         for key in store.backend.list_keys(rs.root):
             rel = key[len(rs.root):]
             body = None if rel.startswith(skip) else store.backend.get(key)
