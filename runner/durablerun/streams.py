@@ -15,7 +15,7 @@ body and the entries of its credentials Secret, so the operator's side needs no 
 """
 
 from durablerun._private.records.layout import stream_name_error
-from durablerun._private.storage.stream_access import RunStream, open_run_stream
+from durablerun._private.storage.stream_access import RunStream, StoreCache, open_run_stream
 from durablerun._private.storage.stream_reader import (
     POLL_FIRST_SECONDS,
     POLL_MAX_SECONDS,
@@ -34,6 +34,7 @@ __all__ = [
     "Read",
     "RunStream",
     "Standing",
+    "StoreCache",
     "next_wait",
     "open_run_stream",
     "stream_name_error",

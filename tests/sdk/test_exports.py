@@ -24,8 +24,8 @@ PUBLIC = {
         "Store", "Totals", "open_store", "store_from_checkpoint",
     ],
     "durablerun.streams": [
-        "POLL_FIRST_SECONDS", "POLL_MAX_SECONDS", "Advance", "Chunk", "Read", "RunStream", "Standing", "next_wait",
-        "open_run_stream", "stream_name_error",
+        "POLL_FIRST_SECONDS", "POLL_MAX_SECONDS", "Advance", "Chunk", "Read", "RunStream", "Standing", "StoreCache",
+        "next_wait", "open_run_stream", "stream_name_error",
     ],
     "durablerun.sinks": ["EventKind", "JsonLinesSink", "ProgressEvent", "ProgressSink"],
     "durablerun.cli": ["main"],

@@ -116,6 +116,8 @@ class Ingress:
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = {}
         #: Open stream connections per run (namespace/name/uid); a run's entry goes with its last connection.
         self._streams: dict[str, int] = {}
+        #: The runs' stores, shared by the connections reading runs with the same store and credentials.
+        self.stores = streams.StoreCache()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1)
@@ -124,7 +126,11 @@ class Ingress:
         app.router.add_post("/v1/namespaces/{namespace}/runs/{run}/events/{event}", self._answering(self.signed))
         app.router.add_get(webhooks.STREAMS_ROUTE + "{token}", self.stream)
         app.router.add_get("/healthz", self.healthz)
+        app.on_cleanup.append(self._close_stores)
         return app
+
+    async def _close_stores(self, app: web.Application) -> None:
+        await asyncio.to_thread(self.stores.close)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -366,7 +372,8 @@ class Ingress:
                 raise _Answer(503, "error", "the ingress cannot read this run's store; its log says why")
         try:
             reader = await asyncio.to_thread(streams.open_run_stream, run, claims.event, start=start, final=final,
-                                             secret=entries, window=self.settings.stream_window)
+                                             secret=entries, window=self.settings.stream_window,
+                                             stores=self.stores)
         except Exception as error:
             log.warning("%s: the run's store does not open: %s", where, error)
             raise _Answer(503, "error", "the ingress cannot read this run's store; its log says why") from None
