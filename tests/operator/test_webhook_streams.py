@@ -8,12 +8,13 @@ the run's store.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -251,3 +252,63 @@ def test_a_client_that_never_reads_is_dropped_and_costs_bounded_memory(
         pass
     idle.close()
     assert received < chunks * size / 2, received
+
+
+def test_connection_caps_answer_before_any_read(tmp_path: Path) -> None:
+    """The caps are taken before the run or its store is read: past one run's share a reader gets 429, past the
+    ingress's 503, both with Retry-After; a closed connection gives its slot back. In process: the real ingress
+    over real HTTP, its runs' store on the filesystem (the runs have written nothing yet, so each reader waits)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from durablerun_operator.ingress.server import Ingress, Settings
+
+    key = b"n" * 32
+    runs = {f"run-{i}": {"metadata": {"namespace": "team", "name": f"run-{i}", "uid": f"uid-{i}"},
+                         "spec": {"workflow": "m:f", "checkpoint": {"uri": f"file://{tmp_path}"}}} for i in range(3)}
+
+    class Cluster:  # what the ingress reads of the API server: the keys Secret and the runs
+        reads: list[str] = []
+
+        def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes]:
+            return {"current": b"k1", "k1": key}
+
+        def get_run(self, namespace: str, name: str) -> dict[str, object]:
+            Cluster.reads.append(name)
+            return runs[name]
+
+    def path(run: str) -> str:
+        claims = webhooks.Claims(namespace="team", run=run, uid=runs[run]["metadata"]["uid"], event="notes",
+                                 expires=int(time.time()) + 600, key_id="k1", use=webhooks.USE_STREAM)
+        run_key = webhooks.derive_run_key(key, "team", run, claims.uid)
+        return webhooks.STREAMS_ROUTE + webhooks.sign(claims, webhooks.derive_stream_key(run_key))
+
+    ingress = Ingress(Cluster(), Settings(namespaces=frozenset({"team"}), stream_max_per_run=1,  # type: ignore[arg-type]
+                                          stream_max_total=2))
+
+    async def crowd() -> list[tuple[int, str | None]]:
+        async with TestClient(TestServer(ingress.app(), host="127.0.0.1")) as client:
+            first = await client.get(path("run-0"))
+            answers = [(first.status, None)]
+            for run in ("run-0", "run-1", "run-2"):
+                reply = await client.get(path(run))
+                answers.append((reply.status, reply.headers.get("Retry-After")))
+                if reply.status != 200:
+                    continue
+                held = reply
+            first.close()
+            await released(lambda: sum(ingress._streams.values()) == 1)
+            again = await client.get(path("run-2"))
+            answers.append((again.status, None))
+            again.close()
+            held.close()
+            return answers
+
+    async def released(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, "a closed connection never gave its slot back"
+            await asyncio.sleep(0.05)
+
+    answers = asyncio.run(crowd())
+    assert answers == [(200, None), (429, "5"), (200, None), (503, "5"), (200, None)], answers
+    assert Cluster.reads == ["run-0", "run-1", "run-2"]  # the refused readers cost no API read
