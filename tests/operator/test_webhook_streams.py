@@ -12,7 +12,10 @@ import asyncio
 import base64
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -312,3 +315,52 @@ def test_connection_caps_answer_before_any_read(tmp_path: Path) -> None:
     answers = asyncio.run(crowd())
     assert answers == [(200, None), (429, "5"), (200, None), (503, "5"), (200, None)], answers
     assert Cluster.reads == ["run-0", "run-1", "run-2"]  # the refused readers cost no API read
+
+
+def test_superseded_chunks_are_marked_and_a_final_reader_gets_only_the_surviving_try(tmp_path: Path) -> None:
+    """A step whose first try failed and was retried wrote two chunks; the first did not count. A plain reader
+    gets it as an ``event: superseded`` (which EventSource's onmessage does not see), a ``?final=true`` reader
+    not at all. In process: the real ingress, a run made by ``durablerun run`` in a filesystem store."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from durablerun_operator.ingress.server import Ingress, Settings
+    from tests.helpers.runs import WORKFLOWS
+
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-m", "durablerun", "run", "optest_flows:reteller", "--run-id", "told",
+                           "--store", f"file://{store}", "--quiet"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(WORKFLOWS), "LEDGER": str(tmp_path / "ledger")})
+    assert done.returncode == 4, done  # Waiting: for event "go", after the step
+    key = b"n" * 32
+    run = {"metadata": {"namespace": "team", "name": "teller", "uid": "uid-1"},
+           "spec": {"workflow": "optest_flows:reteller", "checkpoint": {"uri": f"file://{store}", "runId": "told"}}}
+
+    class Cluster:
+        def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes]:
+            return {"current": b"k1", "k1": key}
+
+        def get_run(self, namespace: str, name: str) -> dict[str, object]:
+            return run
+
+    claims = webhooks.Claims(namespace="team", run="teller", uid="uid-1", event="story",
+                             expires=int(time.time()) + 600, key_id="k1", use=webhooks.USE_STREAM)
+    path = webhooks.STREAMS_ROUTE + webhooks.sign(claims, webhooks.derive_stream_key(
+        webhooks.derive_run_key(key, "team", "teller", "uid-1")))
+    ingress = Ingress(Cluster(), Settings(namespaces=frozenset({"team"})))  # type: ignore[arg-type]
+
+    async def read(query: str, count: int) -> bytes:
+        async with TestClient(TestServer(ingress.app(), host="127.0.0.1")) as client:
+            reply = await client.get(path + query)
+            assert reply.status == 200
+            wire = b""
+            while wire.count(b"\n\n") < 1 + count:  # the retry field, then whole events; the run waits, so the
+                # stream stays open: read what is due
+                wire += await asyncio.wait_for(reply.content.readany(), 30)
+            reply.close()
+            return wire
+
+    plain = asyncio.run(read("", 2))
+    assert plain.startswith(b"retry: 2000\n\nid: 0\nevent: superseded\ndata: try 1\ndata: \n\nid: 1\ndata: try 2\n")
+    final = asyncio.run(read("?final=true", 1))
+    assert final.startswith(b"retry: 2000\n\nid: 1\ndata: try 2\ndata: \n\n")
+    assert b"try 1" not in final
