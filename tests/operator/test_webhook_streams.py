@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -257,6 +258,35 @@ def test_a_client_that_never_reads_is_dropped_and_costs_bounded_memory(
     assert received < chunks * size / 2, received
 
 
+# --- in process: the real ingress over HTTP, runs in a filesystem store --------------------------------------
+
+NAMESPACE_KEY = b"n" * 32
+
+
+class Cluster:
+    """What the ingress reads of the API server, for in-process tests: the keys Secret and ``runs`` (by name)."""
+
+    def __init__(self, runs: dict[str, dict[str, Any]]) -> None:
+        self.runs = runs
+        self.reads: list[str] = []  # the runs read, in order
+
+    def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes]:
+        return {"current": b"k1", "k1": NAMESPACE_KEY}
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads.append(name)
+        return self.runs[name]
+
+
+def stream_path(run: dict[str, Any], stream: str) -> str:
+    """The path of a stream URL for ``run``, signed as a runner pod signs it."""
+    meta = run["metadata"]
+    claims = webhooks.Claims(namespace=meta["namespace"], run=meta["name"], uid=meta["uid"], event=stream,
+                             expires=int(time.time()) + 600, key_id="k1", use=webhooks.USE_STREAM)
+    run_key = webhooks.derive_run_key(NAMESPACE_KEY, meta["namespace"], meta["name"], meta["uid"])
+    return webhooks.STREAMS_ROUTE + webhooks.sign(claims, webhooks.derive_stream_key(run_key))
+
+
 def test_connection_caps_answer_before_any_read(tmp_path: Path) -> None:
     """The caps are taken before the run or its store is read: past one run's share a reader gets 429, past the
     ingress's 503, both with Retry-After; a closed connection gives its slot back. In process: the real ingress
@@ -265,28 +295,14 @@ def test_connection_caps_answer_before_any_read(tmp_path: Path) -> None:
 
     from durablerun_operator.ingress.server import Ingress, Settings
 
-    key = b"n" * 32
     runs = {f"run-{i}": {"metadata": {"namespace": "team", "name": f"run-{i}", "uid": f"uid-{i}"},
                          "spec": {"workflow": "m:f", "checkpoint": {"uri": f"file://{tmp_path}"}}} for i in range(3)}
+    cluster = Cluster(runs)
+    ingress = Ingress(cluster, Settings(namespaces=frozenset({"team"}), stream_max_per_run=1,  # type: ignore[arg-type]
+                                        stream_max_total=2))
 
-    class Cluster:  # what the ingress reads of the API server: the keys Secret and the runs
-        reads: list[str] = []
-
-        def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes]:
-            return {"current": b"k1", "k1": key}
-
-        def get_run(self, namespace: str, name: str) -> dict[str, object]:
-            Cluster.reads.append(name)
-            return runs[name]
-
-    def path(run: str) -> str:
-        claims = webhooks.Claims(namespace="team", run=run, uid=runs[run]["metadata"]["uid"], event="notes",
-                                 expires=int(time.time()) + 600, key_id="k1", use=webhooks.USE_STREAM)
-        run_key = webhooks.derive_run_key(key, "team", run, claims.uid)
-        return webhooks.STREAMS_ROUTE + webhooks.sign(claims, webhooks.derive_stream_key(run_key))
-
-    ingress = Ingress(Cluster(), Settings(namespaces=frozenset({"team"}), stream_max_per_run=1,  # type: ignore[arg-type]
-                                          stream_max_total=2))
+    def path(name: str) -> str:
+        return stream_path(runs[name], "notes")
 
     async def crowd() -> list[tuple[int, str | None]]:
         async with TestClient(TestServer(ingress.app(), host="127.0.0.1")) as client:
@@ -314,7 +330,7 @@ def test_connection_caps_answer_before_any_read(tmp_path: Path) -> None:
 
     answers = asyncio.run(crowd())
     assert answers == [(200, None), (429, "5"), (200, None), (503, "5"), (200, None)], answers
-    assert Cluster.reads == ["run-0", "run-1", "run-2"]  # the refused readers cost no API read
+    assert cluster.reads == ["run-0", "run-1", "run-2"]  # the refused readers cost no API read
 
 
 def test_superseded_chunks_are_marked_and_a_final_reader_gets_only_the_surviving_try(tmp_path: Path) -> None:
@@ -331,22 +347,10 @@ def test_superseded_chunks_are_marked_and_a_final_reader_gets_only_the_surviving
                            "--store", f"file://{store}", "--quiet"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(WORKFLOWS), "LEDGER": str(tmp_path / "ledger")})
     assert done.returncode == 4, done  # Waiting: for event "go", after the step
-    key = b"n" * 32
     run = {"metadata": {"namespace": "team", "name": "teller", "uid": "uid-1"},
            "spec": {"workflow": "optest_flows:reteller", "checkpoint": {"uri": f"file://{store}", "runId": "told"}}}
-
-    class Cluster:
-        def get_secret_data(self, namespace: str, name: str) -> dict[str, bytes]:
-            return {"current": b"k1", "k1": key}
-
-        def get_run(self, namespace: str, name: str) -> dict[str, object]:
-            return run
-
-    claims = webhooks.Claims(namespace="team", run="teller", uid="uid-1", event="story",
-                             expires=int(time.time()) + 600, key_id="k1", use=webhooks.USE_STREAM)
-    path = webhooks.STREAMS_ROUTE + webhooks.sign(claims, webhooks.derive_stream_key(
-        webhooks.derive_run_key(key, "team", "teller", "uid-1")))
-    ingress = Ingress(Cluster(), Settings(namespaces=frozenset({"team"})))  # type: ignore[arg-type]
+    path = stream_path(run, "story")
+    ingress = Ingress(Cluster({"teller": run}), Settings(namespaces=frozenset({"team"})))  # type: ignore[arg-type]
 
     async def read(query: str, count: int) -> bytes:
         async with TestClient(TestServer(ingress.app(), host="127.0.0.1")) as client:
