@@ -20,7 +20,7 @@ COPY pyproject.toml README.md LICENSE ./
 COPY hack/constraints.txt hack/constraints.txt
 COPY runner/ runner/
 COPY operator/ operator/
-RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[operator,otel,quotas]"
+RUN /opt/durable-run/bin/pip install --constraint hack/constraints.txt ".[operator,otel,quotas,s3]"
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/durable-run /opt/durable-run

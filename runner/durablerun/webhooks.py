@@ -1,4 +1,5 @@
-"""Capability URLs: a token that lets whoever holds it send one event to one run, until it expires.
+"""Capability URLs: a token that lets whoever holds it send one event to one run, or read one of its output
+streams, until it expires.
 
 The token format has one definition, here: the SDK signs (``ctx.webhook_url``) and the webhook
 ingress verifies (``durablerun_operator.ingress``). A token is ``<claims>.<signature>``, both
@@ -12,6 +13,12 @@ A runner never holds those keys: it signs with a key derived for its run (``deri
 the namespace's key over the run's namespace, name and uid), which it gets from the ingress by
 presenting its pod's ServiceAccount token (docs/security.md). Its workflow can therefore sign for its
 own run only; the ingress derives the same key to verify.
+
+Two scopes, which cannot stand in for each other: an event token (``ctx.webhook_url``, POSTed to) and a
+stream token (``ctx.stream_url``, read with a GET as Server-Sent Events). A stream token says so in its
+claims (``"use": "stream"``, its ``ev`` naming the stream) *and* is signed with a key derived once more
+from the run's key (``derive_stream_key``): an ingress that checked only the signature, as one from
+before stream tokens did, still refuses it as an event token.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from urllib.parse import quote
 CURRENT = "current"
 #: The ingress's route where a runner pod gets its run's key.
 KEYS_ROUTE = "/v1/run-keys"
+#: A token's scopes: an event to send (no ``use`` claim, as tokens were first made), a stream to read.
+USE_EVENT = "event"
+USE_STREAM = "stream"
 # A key id is a Secret entry's name that is not ``current``.
 _KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 
@@ -49,10 +59,14 @@ class Claims:
     event: str
     expires: int  # Unix seconds
     key_id: str
+    #: USE_EVENT (``event`` names the event) or USE_STREAM (``event`` names the stream).
+    use: str = USE_EVENT
 
     def encode(self) -> bytes:
-        fields = {"ns": self.namespace, "run": self.run, "uid": self.uid, "ev": self.event, "exp": self.expires,
-                  "kid": self.key_id}
+        fields: dict[str, str | int] = {"ns": self.namespace, "run": self.run, "uid": self.uid, "ev": self.event,
+                                        "exp": self.expires, "kid": self.key_id}
+        if self.use != USE_EVENT:  # an event token's bytes stay what they were before scopes
+            fields["use"] = self.use
         return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
 
 
@@ -82,8 +96,11 @@ def read_claims(token: str) -> Claims:
     names = {"ns": str, "run": str, "uid": str, "ev": str, "exp": int, "kid": str}
     if not isinstance(fields, dict) or any(type(fields.get(name)) is not kind for name, kind in names.items()):
         raise TokenError("not a token")
+    use = fields.get("use", USE_EVENT)
+    if use not in (USE_EVENT, USE_STREAM):
+        raise TokenError("not a token")
     return Claims(namespace=fields["ns"], run=fields["run"], uid=fields["uid"], event=fields["ev"],
-                  expires=fields["exp"], key_id=fields["kid"])
+                  expires=fields["exp"], key_id=fields["kid"], use=use)
 
 
 def verify(token: str, keys: dict[str, bytes], now: datetime) -> Claims:
@@ -113,6 +130,12 @@ def derive_run_key(key: bytes, namespace: str, run: str, uid: str) -> bytes:
     return hkdf_sha256(key, b"durablerun.dev/webhook-run-key", info)
 
 
+def derive_stream_key(run_key: bytes) -> bytes:
+    """The key a run's stream tokens are signed with: derived from its run key, so a stream token's signature
+    never verifies as an event token's (and the other way round), whatever the claims say."""
+    return hkdf_sha256(run_key, b"durablerun.dev/stream-read-key", b"stream")
+
+
 def load_keys(entries: dict[str, bytes]) -> tuple[str, dict[str, bytes]]:
     """(current key id, key id → key) from a keys Secret's entries; ValueError naming what is wrong."""
     current = entries.get(CURRENT, b"").decode().strip()
@@ -138,3 +161,12 @@ def decode_key(text: str) -> bytes:
 def url(base: str, token: str) -> str:
     """The capability URL the ingress serves for ``token``."""
     return f"{base.rstrip('/')}/v1/hooks/{quote(token, safe='.-_')}"
+
+
+#: The ingress's route for a stream token (a GET answered as Server-Sent Events).
+STREAMS_ROUTE = "/v1/streams/"
+
+
+def stream_url(base: str, token: str) -> str:
+    """The URL the ingress serves stream ``token``'s stream at."""
+    return f"{base.rstrip('/')}{STREAMS_ROUTE}{quote(token, safe='.-_')}"

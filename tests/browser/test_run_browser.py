@@ -195,3 +195,35 @@ def test_a_run_waiting_on_its_budget_goes_on_with_one_click(operator: Operator, 
     assert "without asking again" in confirm(chrome)
     until(chrome, lambda: text(chrome, "#phase") == "Succeeded", "the run Succeeded", timeout=90)
     assert [runs.executions(f"s{i}") for i in range(5)] == [1] * 5
+
+
+def shown_chunks(chrome: webdriver.Remote) -> list[list[str]]:
+    """The stream panel's chunks as they are now: offset, standing and text of each."""
+    return list(chrome.execute_script(
+        "return [...document.querySelectorAll('#stream li')]"
+        ".map(li => [li.dataset.offset, li.dataset.standing, li.textContent])"))
+
+
+def test_a_runs_stream_is_listed_and_followed_live_with_superseded_output_marked(
+        operator: Operator, runs: RunEnv, testbed: TestBed, start_ui: StartUI, chrome: webdriver.Remote) -> None:
+    runs.apply(runs.manifest("teller", "optest_flows:reteller"))
+    runs.wait_phase("teller", "Waiting", timeout=90)
+    url = start_ui(testbed.kubeconfig, "-n", runs.namespace, "--credentials-from-secret")
+    chrome.get(f"{url}runs/{runs.namespace}/teller")
+    # The step's first try failed and was retried: what it wrote is there, marked as not counting.
+    until(chrome, lambda: shown_chunks(chrome) == [["0", "superseded", "try 1\n"], ["1", "final", "try 2\n"]],
+          "the stream's two chunks, the failed try's superseded")
+    assert text(chrome, "#stream-names") == "story"
+    assert "following" in text(chrome, "#stream-summary")
+    superseded = chrome.find_element(By.CSS_SELECTOR, "#stream li[data-standing=superseded]")
+    assert "line-through" in superseded.value_of_css_property("text-decoration")
+
+    # Live: what the next attempt writes appears without a reload, and the panel stops following at the end.
+    testbed.kubectl("patch", "dr", "teller", "-n", runs.namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {"events": {"go": True}}}))
+    until(chrome, lambda: shown_chunks(chrome)[2:] == [["2", "final", "after the event\n"]],
+          "the chunk written after the event", timeout=90)
+    until(chrome, lambda: "finished" in text(chrome, "#stream-summary"), "the stream finished with its run",
+          timeout=90)
+    assert runs.get("teller")["status"]["phase"] == "Succeeded"
+    assert len(shown_chunks(chrome)) == 3

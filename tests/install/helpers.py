@@ -123,6 +123,8 @@ def full_values(watch_namespaces: list[str]) -> Manifest:
         "webhooks": {
             "enabled": True, "url": "https://hooks.example.com", "namespaces": watch_namespaces, "replicas": 2,
             "sourceSecrets": ["ci-hooks"],
+            "streams": {"storeSecrets": ["s3-credentials", "ci-hooks"], "maxPerRun": 4, "maxTotal": 40,
+                        "writeTimeoutSeconds": 5},
             "port": 9443, "metricsPort": 19091, "tls": {"secretName": "hooks-tls"}, "maxBodyBytes": 65536,
             "rate": 5, "burst": 10, "failureRate": 0.5, "failureBurst": 5, "trustedProxies": ["10.0.0.0/8"],
             "service": {"type": "LoadBalancer", "port": 8443},

@@ -114,12 +114,14 @@ def test_full_values_render_is_accepted_by_the_api_server(
     ingress = one(webhooks, "Deployment")["spec"]
     assert ingress["replicas"] == 2
     assert f"--namespace={namespace}" in ingress["template"]["spec"]["containers"][0]["args"]
-    assert {"--failure-rate=0.5", "--failure-burst=5", "--trusted-proxy=10.0.0.0/8"} <= set(
+    assert {"--failure-rate=0.5", "--failure-burst=5", "--trusted-proxy=10.0.0.0/8", "--stream-max-per-run=4",
+            "--stream-max-total=40", "--stream-write-timeout=5"} <= set(
         ingress["template"]["spec"]["containers"][0]["args"])
     assert one(webhooks, "Role")["metadata"]["namespace"] == namespace
     secrets_rule = next(r for r in one(webhooks, "Role")["rules"] if r["resources"] == ["secrets"])
     assert secrets_rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [
-        api.WEBHOOK_KEYS_SECRET, api.WEBHOOK_SOURCES_SECRET, "ci-hooks"]}  # webhooks.sourceSecrets, by name only
+        api.WEBHOOK_KEYS_SECRET, api.WEBHOOK_SOURCES_SECRET, "ci-hooks", "s3-credentials"]}
+    # webhooks.sourceSecrets and webhooks.streams.storeSecrets (the runs' store credentials), by name only, once each
     assert one(webhooks, "Secret")["metadata"]["name"] == api.WEBHOOK_KEYS_SECRET
     # Runner pods trade their pod's ServiceAccount token for their run's key: the ingress reviews tokens, no more.
     assert one(webhooks, "ClusterRole")["rules"] == [{"apiGroups": ["authentication.k8s.io"],

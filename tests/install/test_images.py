@@ -59,7 +59,7 @@ def test_image_is_pinned_small_and_non_root(name: str) -> None:
 
 def test_operator_image_installs_the_operator_and_runs_what_the_chart_runs() -> None:
     steps = instructions("operator.Dockerfile")
-    assert any(k == "RUN" and '".[operator,otel,quotas]"' in rest and "--constraint hack/constraints.txt" in rest
+    assert any(k == "RUN" and '".[operator,otel,quotas,s3]"' in rest and "--constraint hack/constraints.txt" in rest
                for k, rest in steps)
     entrypoint = next(rest for k, rest in final_stage("operator.Dockerfile") if k == "ENTRYPOINT")
     deployment = (CHART / "templates" / "deployment.yaml").read_text()

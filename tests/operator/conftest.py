@@ -20,6 +20,7 @@ from durablerun_testbed.testbed import TestBed
 from tests.helpers.bed import launch_operator
 from tests.helpers.kubectl_plugin import Plugin
 from tests.helpers.runs import Operator, create_namespaces
+from tests.operator.ingress_bed import Ingress, run_ingress
 
 
 @pytest.fixture
@@ -81,3 +82,12 @@ def operator(request: pytest.FixtureRequest, namespace: str) -> Iterator[Operato
     shared.operator.process.check_alive()
     yield shared.operator
     shared.operator.process.check_alive()
+
+
+@pytest.fixture
+def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[Ingress]:
+    """The webhook ingress as the chart deploys it, with the flags a test passes as its ``indirect`` parameter
+    (else generous rate limits)."""
+    yield from run_ingress(testbed, testbed_root, namespace, tmp_path,
+                           getattr(request, "param", None) or ["--rate", "1000", "--burst", "2000"])

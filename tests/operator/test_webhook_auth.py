@@ -187,3 +187,55 @@ def test_signed_requests_naming_ever_other_runs_are_limited_per_namespace() -> N
     answers = asyncio.run(post_to_many_runs())
     assert answers == [401] * 6 + [429] * 14, answers
     assert Runs.reads == 6
+
+
+def test_a_stream_token_is_no_event_token_and_the_other_way_round() -> None:
+    """The scope is in the claims and in the key: a stream token is signed with a key derived from the run's,
+    so even a verifier that looks at the signature only (an ingress from before stream tokens) refuses it."""
+    run_key = webhooks.derive_run_key(KEY, "team-a", "review", "u-1")
+    stream_key = webhooks.derive_stream_key(run_key)
+    assert stream_key not in (KEY, run_key)
+    stream = webhooks.Claims(**{**CLAIMS.__dict__, "event": "notes", "use": webhooks.USE_STREAM})
+    token = webhooks.sign(stream, stream_key)
+    assert webhooks.verify(token, {"k1": stream_key}, NOW) == stream
+    assert webhooks.read_claims(token).use == webhooks.USE_STREAM
+    with pytest.raises(webhooks.TokenError, match="bad signature"):
+        webhooks.verify(token, {"k1": run_key}, NOW)
+    # An event token's bytes are what they were before scopes (no "use" claim), and read as an event token.
+    event = webhooks.sign(CLAIMS, run_key)
+    assert b"use" not in webhooks._unb64(event.split(".")[0])
+    assert webhooks.read_claims(event).use == webhooks.USE_EVENT
+    with pytest.raises(webhooks.TokenError, match="not a token"):
+        webhooks.read_claims(_other(use="admin"))
+
+
+def test_stream_url_outside_a_pod_says_what_to_configure() -> None:
+    from durablerun import errors
+    with pytest.raises(errors.WorkflowError, match=r"ctx\.stream_url needs the webhook ingress"):
+        webhook_urls.stream_capability_url("notes", timedelta(hours=1), {}, NOW)
+
+
+@pytest.mark.parametrize(("text", "wire"), [
+    ("hello", b"id: 7\ndata: hello\n\n"),
+    ("two\nlines\n", b"id: 7\ndata: two\ndata: lines\ndata: \n\n"),
+    ("crlf\r\nand cr\rend", b"id: 7\ndata: crlf\ndata: and cr\ndata: end\n\n"),
+    ("  indented", b"id: 7\ndata:   indented\n\n"),  # the one space after the colon is the format's
+    ("", b"id: 7\ndata: \n\n"),
+])
+def test_a_chunk_is_one_event_with_a_data_line_per_line(text: str, wire: bytes) -> None:
+    from durablerun_operator.ingress import sse
+    assert sse.event(7, text) == wire
+    assert sse.event(7, text, "superseded") == wire.replace(b"id: 7\n", b"id: 7\nevent: superseded\n")
+
+
+@pytest.mark.parametrize(("header", "start"), [(None, 0), ("", 0), ("0", 1), (" 41 ", 42), ("999999999999", 10**12)])
+def test_a_reader_resumes_after_its_last_event_id(header: str | None, start: int) -> None:
+    from durablerun_operator.ingress import sse
+    assert sse.start_after(header) == start
+
+
+@pytest.mark.parametrize("header", ["-1", "1.5", "x", "1e3", "9" * 13, "0x10"])
+def test_a_last_event_id_the_stream_never_sent_is_refused_naming_the_header(header: str) -> None:
+    from durablerun_operator.ingress import sse
+    with pytest.raises(sse.BadLastEventId, match="Last-Event-ID"):
+        sse.start_after(header)

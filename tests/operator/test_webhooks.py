@@ -1,7 +1,7 @@
 """The webhook ingress on the test bed: real HTTP over loopback, the chart's RBAC and admission policy.
 
-The ingress runs as the chart renders it would (its ServiceAccount, Role, keys Secret and
-ValidatingAdmissionPolicy applied from `helm template`), with a real token of that ServiceAccount;
+The ingress (tests/operator/ingress_bed.py) runs as the chart renders it would (its ServiceAccount, Role, keys
+Secret and ValidatingAdmissionPolicy applied from `helm template`), with a real token of that ServiceAccount;
 the operator hands runners the ingress's URL, and a workflow's ``ctx.webhook_url`` is POSTed to.
 """
 
@@ -11,15 +11,10 @@ import base64
 import hashlib
 import hmac
 import json
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,90 +23,9 @@ from durablerun import api, webhooks
 from durablerun_operator.ingress import auth
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
-from tests.helpers.clis import Helm, Kubectl, dump, service_account_kubectl
+from tests.helpers.clis import Kubectl
 from tests.helpers.runs import RunEnv, StartOperator
-from tests.helpers.session import SESSION_ID
-
-RUN_SECRET = "run-hooks"  # the Secret a run names in spec.webhook: the chart's webhooks.sourceSecrets
-
-
-@dataclass
-class Ingress:
-    url: str
-    metrics_url: str
-    account: str
-    namespace: str
-    kubeconfig: Path
-
-    def post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-        request = urllib.request.Request(self.url + path, data=body, method="POST",
-                                         headers={"Content-Type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
-
-    def outcomes(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as reply:
-            text = reply.read().decode()
-        found: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("durablerun_webhook_requests_total{"):
-                outcome = line.split('outcome="')[1].split('"')[0]
-                found[outcome] = float(line.rsplit(" ", 1)[1])
-        return found
-
-
-@pytest.fixture
-def ingress(testbed: TestBed, testbed_root: Path, namespace: str, tmp_path: Path,
-            request: pytest.FixtureRequest) -> Iterator[Ingress]:
-    """The chart's webhook objects applied to the test bed, and the ingress running as its ServiceAccount
-    (with the rate limits a test passes as its ``indirect`` parameter, else generous ones)."""
-    limits = getattr(request, "param", None) or ["--rate", "1000", "--burst", "2000"]
-    port, metrics_port = procs.free_port(), procs.free_port()
-    url = f"http://127.0.0.1:{port}"
-    release = "wh-" + uuid.uuid4().hex[:6]
-    helm = Helm(tmp_path / "helm")
-    (tmp_path / "helm").mkdir()
-    rendered = helm.template(release, namespace, {"webhooks": {"enabled": True, "url": url,
-                                                               "namespaces": [namespace],
-                                                               "sourceSecrets": [RUN_SECRET]}},
-                             "--show-only", "templates/webhooks.yaml")
-    wanted = [o for o in rendered if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Secret",
-                                                    "ClusterRole", "ClusterRoleBinding",
-                                                    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
-    testbed.kubectl("apply", "-f", "-", input=dump(wanted))
-    account = next(o for o in wanted if o["kind"] == "ServiceAccount")["metadata"]["name"]
-    as_ingress = service_account_kubectl(testbed, account, namespace, tmp_path)
-    process = procs.ManagedProcess(
-        "webhooks", [sys.executable, "-m", "durablerun_operator.ingress", "--namespace", namespace,
-                     "--address", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-                     *limits],
-        log_path=testbed_root / "logs" / f"webhooks-{release}.log",
-        env={**testbed.env(), "KUBECONFIG": str(as_ingress.kubeconfig)}, testbed_id=SESSION_ID)
-    server = Ingress(url, f"http://127.0.0.1:{metrics_port}/metrics", account, namespace, as_ingress.kubeconfig)
-
-    def healthy() -> bool:
-        process.check_alive()
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as reply:
-                return bool(reply.status == 200)
-        except OSError:
-            return False
-
-    procs.wait_for(healthy, timeout=30, what="the webhook ingress's /healthz")
-    yield server
-    process.stop()
-    for policy in ("validatingadmissionpolicybinding", "validatingadmissionpolicy", "clusterrolebinding",
-                   "clusterrole"):
-        testbed.kubectl("delete", policy, f"{release}-durable-run-webhooks", "--ignore-not-found", check=False)
-
-
-def _keys(testbed: TestBed, namespace: str) -> tuple[str, dict[str, bytes]]:
-    secret = json.loads(testbed.kubectl("get", "secret", "durablerun-webhook-keys", "-n", namespace,
-                                        "-o", "json").stdout)
-    return webhooks.load_keys({k: base64.b64decode(v) for k, v in secret["data"].items()})
+from tests.operator.ingress_bed import RUN_SECRET, Ingress, keys_of
 
 
 def _url_of(runs: RunEnv) -> str:
@@ -132,7 +46,7 @@ def test_a_capability_url_wakes_its_waiting_run_once(
     assert (claims.namespace, claims.run, claims.event) == (runs.namespace, "hooked", "done")
 
     # Refused alike, whatever is wrong: tampered, expired, for another run, unknown key.
-    current, keys = _keys(testbed, runs.namespace)
+    current, keys = keys_of(testbed, runs.namespace)
     expired = webhooks.sign(webhooks.Claims(**{**claims.__dict__, "expires": int(time.time()) - 1}), keys[current])
     body, signature = token.split(".")
     other = webhooks.sign(webhooks.Claims(**{**claims.__dict__, "run": "payroll"}), b"x" * 32).split(".")[0]
@@ -338,7 +252,7 @@ def test_a_runner_signs_urls_for_its_own_run_only(
 
     # Nothing of the namespace's keys in the runner's pod: no Secret volume, no variable.
     assert api.WEBHOOK_KEYS_SECRET not in json.dumps(pod["spec"])
-    current, keys = _keys(testbed, runs.namespace)
+    current, keys = keys_of(testbed, runs.namespace)
     assert all(base64.b64encode(k).decode() not in json.dumps(pod) and k.decode() not in json.dumps(pod)
                for k in keys.values())
 

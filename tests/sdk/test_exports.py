@@ -23,6 +23,10 @@ PUBLIC = {
         "LAYOUT_VERSION", "CheckpointInfo", "EventInfo", "RunInfo", "RunRef", "S3Options",
         "Store", "Totals", "open_store", "store_from_checkpoint",
     ],
+    "durablerun.streams": [
+        "POLL_FIRST_SECONDS", "POLL_MAX_SECONDS", "Advance", "Chunk", "Read", "RunStream", "Standing", "StoreCache",
+        "next_wait", "open_run_stream", "stream_name_error",
+    ],
     "durablerun.sinks": ["EventKind", "JsonLinesSink", "ProgressEvent", "ProgressSink"],
     "durablerun.cli": ["main"],
     "durablerun.pod": ["main"],
@@ -51,8 +55,8 @@ INTEGRATIONS = {
 
 CONTEXT_METHODS = [
     "add_cost", "continue_as_new", "gather", "idempotency_key", "now", "patched", "run_id",
-    "run_child", "set_total_steps", "signal", "sleep", "start_child", "step", "stream", "uuid", "wait_for_event",
-    "webhook_url",
+    "run_child", "set_total_steps", "signal", "sleep", "start_child", "step", "stream", "stream_url", "uuid",
+    "wait_for_event", "webhook_url",
 ]
 
 
@@ -85,7 +89,8 @@ def test_public_modules_are_thin_and_internals_private() -> None:
             origin = getattr(obj, "__module__", module_name) or module_name
             assert origin.startswith(("durablerun._private", "durablerun.api", "durablerun.relations",
                                       "durablerun.resource", "durablerun.errors", "builtins")) or name in (
-                "__version__", "SDK_VERSION", "LAYOUT_VERSION", "PRICES", "PRICES_AS_OF"), (module_name, name, origin)
+                "__version__", "SDK_VERSION", "LAYOUT_VERSION", "PRICES", "PRICES_AS_OF", "POLL_FIRST_SECONDS",
+                "POLL_MAX_SECONDS"), (module_name, name, origin)
 
 
 def test_public_modules_are_facades() -> None:

@@ -28,7 +28,7 @@ from durablerun._private.engine.replay import STEP, StepFrame
 from durablerun._private.engine.streams import Streams
 from durablerun._private.records import layout
 from durablerun._private.storage.stream_reader import Read, Standing, StreamReader
-from durablerun._private.storage.streams import StreamObjects
+from durablerun._private.storage.streams import Chunk, StreamObjects
 from durablerun._private.tools import kubectl
 from durablerun.api import Outcome
 from durablerun.stores import RunRef, Store
@@ -117,6 +117,32 @@ def test_a_reader_far_behind_reads_every_window(durable_store_spec: StoreSpec) -
     reads = _reads(store)
     assert len(reads) == 150  # more than two read windows
     assert _text(reads) == streaming.expected(1, 150)
+
+
+def test_a_final_reader_holds_at_most_a_window_of_undecided_chunks(tmp_path: Path) -> None:
+    """A step still running (nothing journaled) that wrote ten chunks: a final reader shows none of them and holds
+    three (its window), not ten; the rest stay in the store. Once the run has written them all and finished, a
+    final reader with the same window reads every chunk, in order, window by window."""
+    store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
+    pending = RunRef.local("pending")
+    objects = StreamObjects(store.backend, pending)
+    for offset in range(10):
+        assert objects.create("story", Chunk(offset=offset, text=f"{offset} ", attempt="a1", pos="0", step="s",
+                                             tries=1, at=0.0))
+    rs = store.run_store(pending)
+    reader = StreamReader(rs, "story", final=True, window=3)
+    assert reader.advance().behind  # a whole window came: read on at once...
+    step = reader.advance()  # ...which fetches nothing more while the window is undecided: the follower waits
+    assert (step.reads, step.fresh, step.behind, step.done, reader.next_offset) == ([], False, False, False, 0)
+    assert len(reader._held) == 3  # what the reader keeps in memory: a window, not the stream
+    rs.close()
+
+    attempt(store, _writer(10), config=replace(FAST, stream_batch_bytes=1))  # one chunk a write, journaled
+    rs = store.run_store(REF)
+    reads = list(StreamReader(rs, "story", final=True, window=3).read())
+    assert [r.chunk.offset for r in reads] == list(range(10))
+    assert {r.standing for r in reads} == {Standing.FINAL}
+    rs.close()
 
 
 def test_async_steps_await_their_writes_and_gathered_steps_never_share_a_chunk(tmp_path: Path) -> None:

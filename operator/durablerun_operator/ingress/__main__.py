@@ -38,7 +38,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trusted-proxy", action="append", default=[],
                         help="an address or network (CIDR) of a proxy whose X-Forwarded-For names the client "
                              "(repeat for several)")
+    parser.add_argument("--stream-max-per-run", type=int, default=Settings.stream_max_per_run,
+                        help="Server-Sent Events connections at once to one run's streams (more: 429)")
+    parser.add_argument("--stream-max-total", type=int, default=Settings.stream_max_total,
+                        help="Server-Sent Events connections at once in all (more: 503)")
+    parser.add_argument("--stream-write-timeout", type=float, default=Settings.stream_write_timeout,
+                        help="seconds a stream's client may take no data before it is dropped")
     args = parser.parse_args(argv)
+    for flag, value in (("--stream-max-per-run", args.stream_max_per_run),
+                        ("--stream-max-total", args.stream_max_total),
+                        ("--stream-write-timeout", args.stream_write_timeout)):
+        if value <= 0:
+            parser.error(f"{flag} must be positive, got {value}")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_reload_seconds <= 0:
@@ -61,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         start_http_server(args.metrics_port, addr=args.address)
     settings = Settings(namespaces=frozenset(args.namespace), max_body=args.max_body_bytes, rate=args.rate,
                         burst=args.burst, failure_rate=args.failure_rate, failure_burst=args.failure_burst,
-                        trusted_proxies=proxies)
+                        trusted_proxies=proxies, stream_max_per_run=args.stream_max_per_run,
+                        stream_max_total=args.stream_max_total, stream_write_timeout=args.stream_write_timeout)
     app = Ingress(kube.Kube(), settings).app()
     if tls:
         app.cleanup_ctx.append(tls.watching(args.tls_reload_seconds))

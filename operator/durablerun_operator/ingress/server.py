@@ -1,4 +1,5 @@
-"""The webhook ingress's HTTP server: two routes that each write one event on one run.
+"""The webhook ingress's HTTP server: two routes that each write one event on one run, and one that reads a
+run's output stream.
 
 ``POST /v1/hooks/{token}``: a capability URL (``ctx.webhook_url``); the token names the run and the
 event. ``POST /v1/namespaces/{ns}/runs/{run}/events/{event}[?source=<scheme>.<name>]``: a per-source
@@ -7,6 +8,12 @@ and a Secret entry) or else with the entry of the namespace's sources Secret ``?
 Either way the body (JSON, or the part ``?path=a.b`` selects) becomes ``spec.events.<event>``, first
 write wins, as ``kubectl durablerun event`` does. Whoever fails authentication gets one answer,
 whatever failed: a missing run, a wrong signature and an expired token look the same.
+
+``GET /v1/streams/{token}``: a stream token (``ctx.stream_url``) names a run and one of its output streams;
+the answer is Server-Sent Events, one per chunk, read from the run's store with the SDK's reader and
+resumed after ``Last-Event-ID``. Connections are capped per run and in all, and one whose client does not
+take what is written within ``stream_write_timeout`` is dropped: a client that never reads costs a
+bounded buffer, not memory that grows.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from durablerun import api, webhooks
+from durablerun import api, streams, webhooks
 from durablerun_operator import kube
-from durablerun_operator.ingress import auth, limits
+from durablerun_operator.ingress import auth, limits, sse
 
 log = logging.getLogger("durablerun.ingress")
 
@@ -33,7 +40,8 @@ REQUESTS = Counter("durablerun_webhook_requests", "Webhook requests by outcome."
 LATENCY = Histogram("durablerun_webhook_request_seconds", "Time to answer a webhook request.",
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 OUTCOMES = ("delivered", "duplicate", "unauthorized", "gone", "conflict", "bad_request", "too_large",
-            "rate_limited", "error", "key_issued")
+            "rate_limited", "error", "key_issued", "streamed", "stream_busy", "slow_reader")
+STREAMS_OPEN = Gauge("durablerun_stream_connections", "Server-Sent Events connections open now.")
 #: The pod a bound ServiceAccount token was made for, as a TokenReview reports it.
 POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
 for _outcome in OUTCOMES:
@@ -64,12 +72,30 @@ class Settings:
     max_buckets: int = 20_000
     #: Seconds a Secret read is reused: a rotated key or a new source is seen within this long.
     secret_ttl: float = 10.0
+    #: Stream (Server-Sent Events) connections open at once to one run, and in all; more are answered 429
+    #: (this run) or 503 (the ingress) with Retry-After.
+    stream_max_per_run: int = 10
+    stream_max_total: int = 100
+    #: Seconds a client may take to accept what is written to it before its connection is dropped: with
+    #: aiohttp's bounded write buffer, what one client that never reads costs is about 128 KiB of buffer
+    #: and ``stream_window`` chunks (64 KiB each by default, a write's 256 KiB at most).
+    stream_write_timeout: float = 10.0
+    #: Chunks a stream connection reads from the store at once (held in memory until written).
+    stream_window: int = 8
+    #: Seconds between comments sent while a stream is idle (keeps proxies from closing it, finds gone clients).
+    stream_heartbeat: float = 15.0
+    #: Retry-After (seconds) of a stream refused for the caps.
+    stream_retry_after: int = 5
 
 
 class _Answer(Exception):
     def __init__(self, status: int, outcome: str, reason: str) -> None:
         super().__init__(reason)
         self.status, self.outcome, self.reason = status, outcome, reason
+
+
+class _SlowReader(Exception):
+    """The client took nothing for ``stream_write_timeout`` while the buffer was full."""
 
 
 _UNAUTHORIZED = _Answer(401, "unauthorized", "unauthorized")
@@ -88,14 +114,23 @@ class Ingress:
         self.namespace_failures = limits.RateLimits(settings.rate * settings.namespace_share,
                                                     settings.burst * settings.namespace_share, cap)
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = {}
+        #: Open stream connections per run (namespace/name/uid); a run's entry goes with its last connection.
+        self._streams: dict[str, int] = {}
+        #: The runs' stores, shared by the connections reading runs with the same store and credentials.
+        self.stores = streams.StoreCache()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1)
         app.router.add_post("/v1/hooks/{token}", self._answering(self.capability))
         app.router.add_post(webhooks.KEYS_ROUTE, self._answering(self.run_key))
         app.router.add_post("/v1/namespaces/{namespace}/runs/{run}/events/{event}", self._answering(self.signed))
+        app.router.add_get(webhooks.STREAMS_ROUTE + "{token}", self.stream)
         app.router.add_get("/healthz", self.healthz)
+        app.on_cleanup.append(self._close_stores)
         return app
+
+    async def _close_stores(self, app: web.Application) -> None:
+        await asyncio.to_thread(self.stores.close)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -121,7 +156,16 @@ class Ingress:
         """The token is checked before anything is counted against its run: a forger spends only its own
         address's allowance, and checking costs no API read (the served namespaces' keys are cached)."""
         client = self._client(request)
-        token = request.match_info["token"]
+        claims = await self._authentic(request.match_info["token"], webhooks.USE_EVENT, client)
+        self._limit(f"{claims.namespace}/{claims.run}/{claims.uid}", "this run's capability URLs")
+        body = await self._body(request)
+        value = self._value(body, request)
+        return await self._deliver(claims.namespace, claims.run, claims.event, value,
+                                   "a capability URL", uid=claims.uid)
+
+    async def _authentic(self, token: str, use: str, client: str) -> webhooks.Claims:
+        """The claims of ``token`` if it is authentic, unexpired, for a served namespace and of scope ``use``;
+        else the one refusal every bad token gets (a token of the other scope is just a bad token)."""
         try:
             claims = webhooks.read_claims(token)
         except webhooks.TokenError:
@@ -131,23 +175,25 @@ class Ingress:
         entries = await self._secret(claims.namespace, api.WEBHOOK_KEYS_SECRET)
         try:
             _, keys = webhooks.load_keys(entries or {})
+            if claims.use != use:
+                raise webhooks.TokenError(f"a {claims.use} token where a {use} token is needed")
             self._verify(token, claims, keys)
         except (ValueError, webhooks.TokenError) as error:
             log.info("capability URL refused for %s/%s from %s: %s", claims.namespace, claims.run, client, error)
             raise self._failed(client) from None
-        self._limit(f"{claims.namespace}/{claims.run}/{claims.uid}", "this run's capability URLs")
-        body = await self._body(request)
-        value = self._value(body, request)
-        return await self._deliver(claims.namespace, claims.run, claims.event, value,
-                                   "a capability URL", uid=claims.uid)
+        return claims
 
     def _verify(self, token: str, claims: webhooks.Claims, keys: dict[str, bytes]) -> None:
         """A token signed with its run's key (derived from the namespace's), or else one signed with the namespace's
-        key itself, as runners did before they got keys of their own (docs/security.md, "Webhook keys")."""
+        key itself, as runners did before they got keys of their own (docs/security.md, "Webhook keys"). A
+        stream token is signed with the run's stream key, and only with it."""
         now = datetime.fromtimestamp(self.clock(), UTC)
         if claims.key_id not in keys:
             raise webhooks.TokenError("unknown key")
         derived = webhooks.derive_run_key(keys[claims.key_id], claims.namespace, claims.run, claims.uid)
+        if claims.use == webhooks.USE_STREAM:
+            webhooks.verify(token, {claims.key_id: webhooks.derive_stream_key(derived)}, now)
+            return
         try:
             webhooks.verify(token, {claims.key_id: derived}, now)
         except webhooks.TokenError as error:
@@ -248,6 +294,157 @@ class Ingress:
         except Exception as error:
             raise _Answer(400, "bad_request", str(error)) from None
         return await self._deliver(namespace, run, event, self._value(body, request), label)
+
+    # --- reading a stream ----------------------------------------------------------------------
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """A run's output stream as Server-Sent Events, from after ``Last-Event-ID`` until the run has finished
+        and the stream is read to its end (or the token expires). ``?final=true``: only the chunks of step tries
+        that were journaled (``durablerun stream --final``). Refusals are JSON, as the POST routes' are."""
+        started = time.monotonic()
+        try:
+            claims, run, key = await self._stream_request(request)
+        except _Answer as answer:
+            REQUESTS.labels(answer.outcome).inc()
+            LATENCY.observe(time.monotonic() - started)
+            headers = {"Retry-After": str(self.settings.stream_retry_after)} if answer.outcome == "stream_busy" else {}
+            return web.json_response({"error": answer.reason}, status=answer.status, headers=headers)
+        try:
+            return await self._serve_stream(request, claims, run, started)
+        finally:
+            self._release(key)
+
+    async def _stream_request(self, request: web.Request) -> tuple[webhooks.Claims, dict[str, Any], str]:
+        """The claims and the run of an authentic stream request that got a connection slot (release it)."""
+        client = self._client(request)
+        claims = await self._authentic(request.match_info["token"], webhooks.USE_STREAM, client)
+        key = f"{claims.namespace}/{claims.run}/{claims.uid}"
+        self._limit(key, "this run's capability URLs")
+        problem = streams.stream_name_error(claims.event)
+        if problem is not None:  # signed, so only a namespace key's holder can get here: still no key built from it
+            raise _Answer(400, "bad_request", problem)
+        try:
+            start = sse.start_after(request.headers.get("Last-Event-ID"))
+        except sse.BadLastEventId as error:
+            raise _Answer(400, "bad_request", str(error)) from None
+        final = request.query.get("final", "false").lower()
+        if final not in ("true", "false", "1", "0"):
+            raise _Answer(400, "bad_request", f"?final={final[:20]!r}: use true (only final chunks) or false")
+        request["stream_start"], request["stream_final"] = start, final in ("true", "1")
+        # Slots before any read: a crowd of readers costs no API call and no store connection past the caps.
+        if sum(self._streams.values()) >= self.settings.stream_max_total:
+            raise _Answer(503, "stream_busy", f"the ingress serves {self.settings.stream_max_total} streams at "
+                                              "once; retry later")
+        if self._streams.get(key, 0) >= self.settings.stream_max_per_run:
+            raise _Answer(429, "stream_busy", f"this run's streams are read by {self.settings.stream_max_per_run} "
+                                              "connections at once; retry later")
+        self._streams[key] = self._streams.get(key, 0) + 1
+        STREAMS_OPEN.inc()
+        try:
+            run = await asyncio.to_thread(self.kube.get_run, claims.namespace, claims.run)
+            if run is None or run["metadata"]["uid"] != claims.uid:
+                raise _Answer(410, "gone", f"run {claims.namespace}/{claims.run} no longer exists")
+        except BaseException:
+            self._release(key)
+            raise
+        return claims, run, key
+
+    def _release(self, key: str) -> None:
+        left = self._streams.get(key, 0) - 1
+        if left > 0:
+            self._streams[key] = left
+        else:
+            self._streams.pop(key, None)
+        STREAMS_OPEN.dec()
+
+    async def _open_stream(self, claims: webhooks.Claims, run: dict[str, Any], start: int,
+                           final: bool) -> tuple[streams.RunStream, streams.Advance]:
+        """The run's stream opened on its store with its credentials Secret, and its first read: a store the
+        ingress cannot read is a 503 before anything is streamed (the reason in the log, not to the caller)."""
+        where = f"{claims.namespace}/{claims.run} stream {claims.event!r}"
+        secret_name = ((run.get("spec") or {}).get("checkpoint") or {}).get("credentialsSecret")
+        entries = None
+        if secret_name:
+            entries = await self._secret(claims.namespace, secret_name)
+            if entries is None:
+                log.warning("%s: the ingress may not read Secret %s/%s (the run's store credentials): add it to "
+                            "the chart's webhooks.streams.storeSecrets", where, claims.namespace, secret_name)
+                raise _Answer(503, "error", "the ingress cannot read this run's store; its log says why")
+        try:
+            reader = await asyncio.to_thread(streams.open_run_stream, run, claims.event, start=start, final=final,
+                                             secret=entries, window=self.settings.stream_window,
+                                             stores=self.stores)
+        except Exception as error:
+            log.warning("%s: the run's store does not open: %s", where, error)
+            raise _Answer(503, "error", "the ingress cannot read this run's store; its log says why") from None
+        try:
+            return reader, await asyncio.to_thread(reader.advance)
+        except Exception as error:
+            await asyncio.to_thread(reader.close)
+            log.warning("%s: reading the run's store failed: %s: %s", where, type(error).__name__, error)
+            raise _Answer(503, "error", "the ingress cannot read this run's store; its log says why") from None
+
+    async def _serve_stream(self, request: web.Request, claims: webhooks.Claims, run: dict[str, Any],
+                            started: float) -> web.StreamResponse:
+        try:
+            reader, step = await self._open_stream(claims, run, request["stream_start"], request["stream_final"])
+        except _Answer as answer:
+            REQUESTS.labels(answer.outcome).inc()
+            return web.json_response({"error": answer.reason}, status=answer.status)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                               "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        outcome = "streamed"
+        try:
+            await response.prepare(request)
+            REQUESTS.labels(outcome).inc()
+            LATENCY.observe(time.monotonic() - started)  # time to the first byte: the rest is the client's
+            await self._send(request, response, sse.opening())
+            await self._pump(request, response, reader, step, claims.expires)
+        except _SlowReader:
+            REQUESTS.labels("slow_reader").inc()
+            log.info("stream %r of %s/%s: dropped a client that took no data for %.0f s", claims.event,
+                     claims.namespace, claims.run, self.settings.stream_write_timeout)
+            if request.transport is not None:
+                request.transport.abort()  # its buffered bytes go with it
+        except ConnectionResetError:
+            pass  # the client went away
+        except Exception:
+            log.exception("stream %r of %s/%s failed; its client may reconnect with Last-Event-ID", claims.event,
+                          claims.namespace, claims.run)
+            if request.transport is not None:
+                request.transport.abort()  # not an end event: the client resumes where it was
+        finally:
+            await asyncio.to_thread(reader.close)
+        return response
+
+    async def _pump(self, request: web.Request, response: web.StreamResponse, reader: streams.RunStream,
+                    step: streams.Advance, expires: int) -> None:
+        wait, quiet_since = streams.POLL_FIRST_SECONDS, time.monotonic()
+        while True:
+            for read in step.reads:
+                kind = "superseded" if read.standing == streams.Standing.SUPERSEDED else None
+                await self._send(request, response, sse.event(read.chunk.offset, read.chunk.text, kind))
+                quiet_since = time.monotonic()
+            if step.done:
+                await self._send(request, response, sse.end(reader.next_offset))
+                await response.write_eof()
+                return
+            if self.clock() >= expires or request.transport is None or request.transport.is_closing():
+                return  # an expired token reads no more (a reconnect is refused); a gone client needs nothing
+            if not step.behind:
+                wait = streams.next_wait(wait, step)
+                if time.monotonic() - quiet_since >= self.settings.stream_heartbeat:
+                    await self._send(request, response, sse.HEARTBEAT)
+                    quiet_since = time.monotonic()
+                await asyncio.sleep(wait)
+            step = await asyncio.to_thread(reader.advance)
+
+    async def _send(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+        """Write ``data``, waiting for the client to take what is buffered at most ``stream_write_timeout``."""
+        try:
+            await asyncio.wait_for(response.write(data), self.settings.stream_write_timeout)
+        except TimeoutError:
+            raise _SlowReader() from None
 
     # --- shared -----------------------------------------------------------------------------------
 

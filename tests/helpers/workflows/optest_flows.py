@@ -188,3 +188,22 @@ async def restart_then_approve(ctx: DurableContext, input: dict[str, Any]) -> di
     decision = await ctx.wait_for_event("review", timeout=timedelta(hours=1))
     await ctx.step("publish", work, "publish", 0.05)
     return {"decision": decision}
+
+
+async def reteller(ctx: DurableContext, input: dict[str, Any]) -> dict[str, Any]:
+    """Writes stream "story" from a step whose first try fails (what it wrote is superseded by the second's),
+    waits for event "go", then writes once more."""
+    out = ctx.stream("story")
+    tries: list[int] = []
+
+    def tell() -> str:
+        tries.append(1)
+        out.write(f"try {len(tries)}\n")
+        if len(tries) == 1:
+            raise RuntimeError("the first try fails")
+        return "told"
+
+    await ctx.step("tell", tell, retries=1)
+    await ctx.wait_for_event("go", timeout=timedelta(hours=1))
+    await ctx.step("after", out.write, "after the event\n")
+    return {"told": True}

@@ -40,3 +40,34 @@ async def forger(ctx: DurableContext, input: dict[str, Any]) -> Any:
     _record("url " + ctx.webhook_url("done", ttl=600))
     await ctx.step("probe", _probe, input["victim"], input["uid"])
     return await ctx.wait_for_event("done")
+
+
+async def streamed(ctx: DurableContext, input: dict[str, Any]) -> Any:
+    """Hands out a URL that reads its stream ``notes``, writes one two-line chunk a step, and waits for event
+    ``more`` after step ``pause_at`` (its pod ends: the rest is written by the next attempt's)."""
+    _record("stream " + ctx.stream_url("notes", ttl=600))
+    notes = ctx.stream("notes")
+
+    def say(i: int) -> int:
+        notes.write(f"note {i}\n  indented line of note {i}\n")
+        return i
+
+    for i in range(int(input["steps"])):
+        await ctx.step(f"say-{i}", say, i)
+        if i == int(input["pause_at"]):
+            await ctx.wait_for_event("more")
+    return "done"
+
+
+async def flood(ctx: DurableContext, input: dict[str, Any]) -> Any:
+    """Writes ``chunks`` chunks of ``size`` bytes to stream ``bulk`` in one step, then waits for event
+    ``done`` (so the run is live while a reader is tested against it)."""
+    _record("stream " + ctx.stream_url("bulk", ttl=600))
+    bulk = ctx.stream("bulk")
+
+    def pour() -> None:
+        for i in range(int(input["chunks"])):
+            bulk.write(f"{i:08d}".ljust(int(input["size"]), "x"))
+
+    await ctx.step("pour", pour)
+    return await ctx.wait_for_event("done")

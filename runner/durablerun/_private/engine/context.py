@@ -13,6 +13,7 @@ from durablerun import api, errors
 from durablerun._private.engine import children, core, replay, webhook_urls
 from durablerun._private.engine.seams import ContextFace
 from durablerun._private.engine.streams import Stream
+from durablerun._private.records import layout
 from durablerun.api import format_time, parse_time
 
 T = TypeVar("T")
@@ -200,6 +201,24 @@ class DurableContext:
             "webhook_url", lambda: webhook_urls.capability_url(event, lifetime, os.environ, datetime.now(UTC)))
 
     # --- output ---------------------------------------------------------------------------------
+    def stream_url(self, name: str, ttl: timedelta | float = timedelta(days=7)) -> str:
+        """A URL that reads output stream ``name`` of this run from outside the cluster, until ``ttl``.
+
+        A GET answers Server-Sent Events through the webhook ingress: one event per chunk, its offset as
+        the event's id, resumable with ``Last-Event-ID`` (docs/sdk.md, "Reading a stream over HTTP"). The
+        token in it reads that one stream of this run only; it cannot send an event, nor an event URL
+        read a stream. Recorded once: a replay returns the same URL. Needs the chart's webhook ingress
+        (``webhooks.enabled``) with read access to the run's store (``webhooks.streams.storeSecrets``).
+        """
+        problem = layout.stream_name_error(name)
+        if problem is not None:
+            raise errors.WorkflowError(f"ctx.stream_url: {problem}")
+        lifetime = ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+        if lifetime <= timedelta(0):
+            raise errors.WorkflowError(f"ctx.stream_url: ttl must be positive, got {ttl!r}")
+        return self._core.value("stream_url", lambda: webhook_urls.stream_capability_url(
+            name, lifetime, os.environ, datetime.now(UTC)))
+
     def stream(self, name: str) -> Stream:
         """The run's output stream ``name``: append-only text its steps write as they go (docs/sdk.md,
         "Output streams").

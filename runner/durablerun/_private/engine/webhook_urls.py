@@ -1,6 +1,6 @@
-"""Signing capability URLs in a runner pod (``ctx.webhook_url``): the run's own key, fetched from the webhook
-ingress with the pod's ServiceAccount token, and the URL signed with it. The token format is the contract's
-(:mod:`durablerun.webhooks`); this is the pod's side of it, with its file and network IO."""
+"""Signing capability URLs in a runner pod (``ctx.webhook_url``, ``ctx.stream_url``): the run's own key, fetched
+from the webhook ingress with the pod's ServiceAccount token, and the URL signed with it. The token format is
+the contract's (:mod:`durablerun.webhooks`); this is the pod's side of it, with its file and network IO."""
 
 from __future__ import annotations
 
@@ -14,7 +14,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from durablerun import api, errors
-from durablerun.webhooks import KEYS_ROUTE, Claims, decode_key, load_keys, sign, url
+from durablerun.webhooks import (
+    KEYS_ROUTE,
+    USE_STREAM,
+    Claims,
+    decode_key,
+    derive_run_key,
+    derive_stream_key,
+    load_keys,
+    sign,
+    stream_url,
+    url,
+)
 
 
 def read_key_dir(directory: Path) -> tuple[str, dict[str, bytes]]:
@@ -49,17 +60,15 @@ def fetch_run_key(base: str, token: str, run: str, timeout: float = 5.0) -> tupl
                                f"run's key: {last}")
 
 
-def capability_url(event: str, lifetime: timedelta, environ: Mapping[str, str], now: datetime) -> str:
-    """A capability URL for ``event`` of the run this pod runs, signed with the run's own key.
-
-    Raises ``WorkflowError`` saying what to set when the webhook ingress is not configured here.
-    """
+def _run_key(what: str, environ: Mapping[str, str]) -> tuple[str, str, str, str, str, bytes]:
+    """(base URL, namespace, run, uid, key id, run key) of the run this pod runs, for ``what`` (the call that
+    signs); ``WorkflowError`` saying what to set when the webhook ingress is not configured here."""
     base = environ.get(api.Env.WEBHOOK_URL, "")
     namespace, run = environ.get(api.Env.NAMESPACE, ""), environ.get(api.Env.NAME, "")
     uid = environ.get(api.Env.UID, "")
     if not base or not namespace or not run or not uid:
         raise errors.WorkflowError(
-            "ctx.webhook_url needs the webhook ingress: run the workflow as a DurableRun with the chart's "
+            f"{what} needs the webhook ingress: run the workflow as a DurableRun with the chart's "
             f"webhooks.enabled=true and webhooks.url set (the operator then sets {api.Env.WEBHOOK_URL})")
     token_path, keys_dir = Path(api.WEBHOOK_TOKEN_PATH), Path(api.WEBHOOK_KEYS_PATH)
     if token_path.is_file():
@@ -68,12 +77,32 @@ def capability_url(event: str, lifetime: timedelta, environ: Mapping[str, str], 
         try:
             key_id, keys = read_key_dir(keys_dir)
         except ValueError as error:
-            raise errors.WorkflowError(f"ctx.webhook_url: Secret {api.WEBHOOK_KEYS_SECRET!r}: {error}") from None
+            raise errors.WorkflowError(f"{what}: Secret {api.WEBHOOK_KEYS_SECRET!r}: {error}") from None
         key = keys[key_id]
+        if what != "ctx.webhook_url":  # stream tokens have no namespace-key fallback: sign as the ingress derives
+            key = derive_run_key(key, namespace, run, uid)
     else:
         raise errors.WorkflowError(
-            f"ctx.webhook_url: no ServiceAccount token for the webhook ingress at {token_path}: this pod was not "
+            f"{what}: no ServiceAccount token for the webhook ingress at {token_path}: this pod was not "
             "made by the durable-run operator with the chart's webhooks.enabled=true")
+    return base, namespace, run, uid, key_id, key
+
+
+def capability_url(event: str, lifetime: timedelta, environ: Mapping[str, str], now: datetime) -> str:
+    """A capability URL for ``event`` of the run this pod runs, signed with the run's own key.
+
+    Raises ``WorkflowError`` saying what to set when the webhook ingress is not configured here.
+    """
+    base, namespace, run, uid, key_id, key = _run_key("ctx.webhook_url", environ)
     claims = Claims(namespace=namespace, run=run, uid=uid, event=event, expires=int((now + lifetime).timestamp()),
                     key_id=key_id)
     return url(base, sign(claims, key))
+
+
+def stream_capability_url(stream: str, lifetime: timedelta, environ: Mapping[str, str], now: datetime) -> str:
+    """A URL that reads output stream ``stream`` of the run this pod runs (Server-Sent Events), signed with the
+    run's stream key: it reads that stream only, and sends no event."""
+    base, namespace, run, uid, key_id, key = _run_key("ctx.stream_url", environ)
+    claims = Claims(namespace=namespace, run=run, uid=uid, event=stream, expires=int((now + lifetime).timestamp()),
+                    key_id=key_id, use=USE_STREAM)
+    return stream_url(base, sign(claims, derive_stream_key(key)))

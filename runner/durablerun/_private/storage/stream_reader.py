@@ -50,11 +50,31 @@ class Read:
     standing: Standing
 
 
+@dataclass(frozen=True)
+class Advance:
+    """One poll of a follower: the chunks read, whether any came (``fresh``), whether a whole window came
+    (``behind``: read on at once), and whether the stream is over (``done``: the run finished, all read)."""
+
+    reads: list[Read]
+    fresh: bool
+    behind: bool
+    done: bool
+
+
+def next_wait(wait: float, step: Advance) -> float:
+    """A follower's next pause after ``step``: short again once something came, else doubled up to the
+    longest."""
+    return POLL_FIRST_SECONDS if step.fresh else min(wait * 2, POLL_MAX_SECONDS)
+
+
 class StreamReader:
     """Stream ``name`` of the run in ``store``, read from offset ``start`` on."""
 
-    def __init__(self, store: RunStore, name: str, *, start: int = 0, final: bool = False) -> None:
+    def __init__(self, store: RunStore, name: str, *, start: int = 0, final: bool = False,
+                 window: int = READ_WINDOW) -> None:
         self._store = store
+        #: Chunks fetched at most per poll: what one reader holds in memory at once.
+        self._window = window
         self._objects = StreamObjects(store.backend, store.ref)
         self.name = name
         self.final = final
@@ -62,21 +82,29 @@ class StreamReader:
         self.next_offset = start
         self._fetched = start
         self._held: list[Chunk] = []
+        self._full = False
         #: The journaled try of each step position: (attempt, tries) of its last step record.
         self._journaled: dict[str, tuple[str, int]] = {}
         self._journal_read = 0
         #: The last try seen writing at each position (attempt, tries).
         self._latest: dict[str, tuple[str, int]] = {}
+        self._latest_at: dict[str, int] = {}
         self.finished = False
 
     def poll(self) -> list[Read]:
         """What is readable now, from :attr:`next_offset` on (a window at a time: call again while it
         returns a full one)."""
-        fresh = self._objects.read(self.name, self._fetched)
+        # A final reader holds undecided chunks; it fetches no more than a window of them, so a long step's
+        # output waits in the store, not in this reader's memory.
+        room = self._window - len(self._held) if self.final else self._window
+        fresh = self._objects.read(self.name, self._fetched, room) if room > 0 else []
+        #: Whether this poll fetched all it asked for (there may be more right behind it).
+        self._full = room > 0 and len(fresh) >= room
         self._fetched += len(fresh)
         self._held += fresh
         for chunk in fresh:
-            self._latest[chunk.pos] = (chunk.attempt, chunk.tries)
+            if chunk.offset >= self._latest_at.get(chunk.pos, -1):  # a read again (seek) knows no less
+                self._latest[chunk.pos], self._latest_at[chunk.pos] = (chunk.attempt, chunk.tries), chunk.offset
         if any(c.pos not in self._journaled for c in self._held):
             self._read_journal()
         out: list[Read] = []
@@ -90,14 +118,19 @@ class StreamReader:
                 out.append(Read(chunk, standing))
         return out
 
+    def seek(self, start: int) -> None:
+        """Read on from offset ``start`` (again: a page that shows pending chunks asks for them once more),
+        keeping what the reader knows of the journal, so a poll reads only the records since its last."""
+        self.next_offset = self._fetched = start
+        self._held = []
+
     def read(self) -> Iterator[Read]:
         """Everything readable now, from :attr:`next_offset` on (a finished run's undecided chunks are
         superseded)."""
         self._run_finished()
         while True:
-            before = self._fetched
             yield from self.poll()
-            if self._fetched - before < READ_WINDOW:
+            if not self._full:
                 return
 
     def follow(self, *, stop: Callable[[], bool] = lambda: False,
@@ -106,15 +139,24 @@ class StreamReader:
         stream is drained (or ``stop`` says so). Polls back off while nothing new comes."""
         wait = POLL_FIRST_SECONDS
         while not stop():
-            was_finished = self._run_finished()  # asked first: what it wrote before finishing is read below
-            before = self._fetched
-            yield from self.poll()
-            if self._fetched - before >= READ_WINDOW:
-                continue  # behind: read on at once
-            if was_finished and self._fetched == before and not self._held:
+            step = self.advance()
+            yield from step.reads
+            if step.behind:
+                continue  # read on at once
+            if step.done:
                 return
-            wait = POLL_FIRST_SECONDS if self._fetched > before else min(wait * 2, POLL_MAX_SECONDS)
+            wait = next_wait(wait, step)
             sleep(wait)
+
+    def advance(self) -> Advance:
+        """One poll of a follower (:meth:`follow`'s loop, for a caller that waits its own way, e.g. on an
+        event loop): what is readable now, and whether to read on at once, wait, or stop."""
+        was_finished = self._run_finished()  # asked first: what it wrote before finishing is read below
+        before = self._fetched
+        reads = self.poll()
+        fetched = self._fetched - before
+        return Advance(reads, fresh=fetched > 0, behind=self._full,
+                       done=was_finished and fetched == 0 and not self._held)
 
     def _run_finished(self) -> bool:
         if not self.finished:

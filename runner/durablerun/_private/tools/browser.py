@@ -4,7 +4,8 @@ Like ``kubectl proxy`` it listens on 127.0.0.1 only and makes every call with th
 (kubeconfig, context): Kubernetes RBAC decides what each person sees and changes. The runs list is a watch
 (``kubectl get --watch``) kept in memory; the pages poll a cheap endpoint that answers "unchanged" until the
 watch saw something. A run's timeline is read from its journal with the credentials ``kubectl durablerun
-journal`` uses, a page at a time: a page reads its own records, never the journal whole. Actions are the
+journal`` uses, a page at a time: a page reads its own records, never the journal whole; its output streams
+are read the same way, with the reader ``durablerun stream`` uses, from the offset the page got to. Actions are the
 plugin's own (``kubeapi``), by POST with this server's token only (CSRF), and a request naming another host
 is refused (DNS rebinding).
 """
@@ -12,6 +13,7 @@ is refused (DNS rebinding).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import secrets
@@ -28,8 +30,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from durablerun import api, errors, resource
-from durablerun._private.records.layout import RunRef
+from durablerun._private.records.layout import RunRef, stream_name_error
 from durablerun._private.storage.stores import Store
+from durablerun._private.storage.stream_reader import StreamReader
+from durablerun._private.storage.streams import StreamObjects
 from durablerun._private.tools import kubeapi, reruns, timeline
 from durablerun._private.tools.kubeapi import Kubectl, PluginError
 
@@ -37,6 +41,7 @@ ASSETS = Path(__file__).parent / "browser_assets"
 STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
 RUNS_PAGE = 100  # runs per page of the list
 TIMELINE_PAGE = 200  # timeline entries per page: a run of 100,000 steps is never sent whole
+STREAM_PAGE = 200  # stream chunks per answer: the page asks again at once while there are more
 TOKEN_HEADER = "X-Durablerun-Token"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's own label naming a workload's LocalQueue
 PERMISSION_TTL = 30.0  # seconds an answer of the API server's SelfSubjectAccessReview is reused
@@ -196,19 +201,8 @@ class Timelines:
 
     def page(self, kube: Kubectl, body: dict[str, Any], offset: int, size: int) -> tuple[timeline.Timeline,
                                                                                            dict[str, Any]]:
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"], meta["uid"])
         with self.lock:  # one page at a time: a page is a few milliseconds, and a store is not shared
-            journal = self.open.pop(key, None)
-            if journal is not None and time.monotonic() - journal.opened > self.REOPEN_SECONDS:
-                journal.close()
-                journal = None
-            if journal is None:
-                journal = _Journal(*kubeapi.open_journal(kube, body,
-                                                         credentials_from_secret=self.credentials_from_secret))
-            self.open[key] = journal
-            while len(self.open) > self.keep:
-                self.open.popitem(last=False)[1].close()
+            journal = self._journal(kube, body)
             if time.monotonic() - journal.indexed > self.REMEMBER_SECONDS:
                 journal.attempts, journal.indexed = timeline.Attempts(journal.runs), time.monotonic()
             if not journal.checked:
@@ -217,6 +211,43 @@ class Timelines:
             return timeline.page(journal.runs, journal.ref.key, offset, size, now=time.time(),
                                  attempts=journal.attempts, count_attempts=False,  # status.attempt counts them
                                  history=reruns.read_history(journal.runs))  # a rerun's attempt drawn as one
+
+    def stream(self, kube: Kubectl, body: dict[str, Any], name: str | None, start: int,
+               limit: int) -> dict[str, Any]:
+        """The run's stream names, and with ``name`` up to ``limit`` of its chunks from offset ``start`` on, each
+        with its standing now (the reader ``durablerun stream`` uses: a pending chunk may be superseded later,
+        so the page asks again from its first pending one)."""
+        with self.lock:
+            journal = self._journal(kube, body)
+            names = StreamObjects(journal.runs.backend, journal.runs.ref).names()
+            if name is None:
+                return {"streams": names}
+            reader = journal.readers.get(name)
+            if reader is None:  # kept with the open store: the journal is indexed once, then read on
+                reader = journal.readers[name] = StreamReader(journal.runs, name, start=start)
+            reader.seek(start)
+            reads = list(itertools.islice(reader.read(), limit))
+            more = len(reads) == limit
+            return {"streams": names, "stream": name, "from": start, "more": more, "finished": reader.finished,
+                    "next": reads[-1].chunk.offset + 1 if reads else start,
+                    "chunks": [{"offset": r.chunk.offset, "text": r.chunk.text, "standing": r.standing.value,
+                                "step": r.chunk.step, "pos": r.chunk.pos, "attempt": r.chunk.attempt,
+                                "tries": r.chunk.tries, "at": r.chunk.at} for r in reads]}
+
+    def _journal(self, kube: Kubectl, body: dict[str, Any]) -> _Journal:
+        """The run's open store (opened again past ``REOPEN_SECONDS``); call with the lock held."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"], meta["uid"])
+        journal = self.open.pop(key, None)
+        if journal is not None and time.monotonic() - journal.opened > self.REOPEN_SECONDS:
+            journal.close()
+            journal = None
+        if journal is None:
+            journal = _Journal(*kubeapi.open_journal(kube, body, credentials_from_secret=self.credentials_from_secret))
+        self.open[key] = journal
+        while len(self.open) > self.keep:
+            self.open.popitem(last=False)[1].close()
+        return journal
 
     def close(self) -> None:
         with self.lock:
@@ -229,6 +260,7 @@ class _Journal:
         self.store, self.ref = store, ref
         self.runs = store.run_store(ref)
         self.attempts = timeline.Attempts(self.runs)
+        self.readers: dict[str, StreamReader] = {}  # the run's streams as the page last read them
         self.opened, self.indexed, self.checked = time.monotonic(), time.monotonic(), False
 
     def close(self) -> None:
@@ -284,6 +316,14 @@ class Browser:
         return {**page, "total": whole["total"], "attemptCount": attempt_count, "offset": offset,
                 "pageSize": TIMELINE_PAGE}
 
+    def stream_page(self, namespace: str, name: str, stream: str | None, start: int) -> dict[str, Any]:
+        """The run's output streams, and stream ``stream``'s chunks from offset ``start`` (``STREAM_PAGE`` at most),
+        read from its store with the credentials the timeline uses."""
+        if stream is not None and (problem := stream_name_error(stream)) is not None:
+            raise ValueError(f"stream: {problem}")
+        kube = self.kube.in_namespace(namespace)
+        return self.timelines.stream(kube, kube.run(name), stream, start, STREAM_PAGE)
+
     def act(self, namespace: str, name: str, action: str, form: dict[str, Any]) -> str:
         """One of the plugin's changes, as the user (their RBAC refuses what they may not do)."""
         kube = self.kube.in_namespace(namespace)
@@ -315,6 +355,8 @@ PATHS = [  # (method, pattern, handler name)
     ("GET", re.compile(r"/api/runs"), "api_runs"),
     ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)"), "api_run"),
     ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/timeline"), "api_timeline"),
+    ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/streams"), "api_streams"),
+    ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/streams/(?P<stream>[^/]+)"), "api_stream"),
     ("POST", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/(?P<action>[a-z]+)"), "api_act"),
 ]
 
@@ -389,6 +431,12 @@ class Handler(BaseHTTPRequestHandler):
     def api_timeline(self, query: dict[str, list[str]], ns: str, name: str) -> None:
         self._send(HTTPStatus.OK, self.browser.timeline_page(ns, name, _offset(query)))
 
+    def api_streams(self, query: dict[str, list[str]], ns: str, name: str) -> None:
+        self._send(HTTPStatus.OK, self.browser.stream_page(ns, name, None, 0))
+
+    def api_stream(self, query: dict[str, list[str]], ns: str, name: str, stream: str) -> None:
+        self._send(HTTPStatus.OK, self.browser.stream_page(ns, name, stream, _offset(query, "from")))
+
     def api_act(self, query: dict[str, list[str]], ns: str, name: str, action: str) -> None:
         # Only this server's pages know the token: another site can make the browser POST here, not read it.
         if not secrets.compare_digest(self.headers.get(TOKEN_HEADER) or "", self.browser.token):
@@ -408,10 +456,10 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, {"message": message})
 
 
-def _offset(query: dict[str, list[str]]) -> int:
-    text = (query.get("offset") or ["0"])[0]
+def _offset(query: dict[str, list[str]], field: str = "offset") -> int:
+    text = (query.get(field) or ["0"])[0]
     if not text.isdigit():
-        raise ValueError(f"offset: {text!r} is not a whole number")
+        raise ValueError(f"{field}: {text!r} is not a whole number")
     return int(text)
 
 

@@ -120,6 +120,7 @@ function runPage() {
     try {
       show(await getJSON(base));
       await showTimeline();
+      await showStreams();
     } catch (e) {
       result(e.message, true);
     }
@@ -213,6 +214,69 @@ function runPage() {
     document.getElementById("tl-next").disabled = last >= t.total;
     document.getElementById("tl-prev").onclick = () => { tlOffset = Math.max(0, tlOffset - t.pageSize); showTimeline(); };
     document.getElementById("tl-next").onclick = () => { tlOffset += t.pageSize; showTimeline(); };
+  }
+
+  // The output streams: the names now and then, and the chosen one followed from where the page got to. A
+  // pending chunk may yet be superseded, so each poll asks again from the first pending one.
+  const KEEP_CHUNKS = 2000;  // the page keeps the newest ones: a long stream is read whole with `durablerun stream`
+  let streamName = null, streamFrom = 0, streamDone = false, streamPolls = 0, streamDropped = 0;
+
+  async function showStreams() {
+    const error = document.getElementById("stream-error");
+    try {
+      if (streamName === null || streamPolls++ % 5 === 0) {
+        const found = await getJSON(`${base}/streams`);
+        if (streamName === null && found.streams.length) choose(found.streams[0]);
+        names(found.streams);
+      }
+      for (let rounds = 0; streamName !== null && !streamDone && rounds < 5; rounds++) {
+        const page = await getJSON(`${base}/streams/${encodeURIComponent(streamName)}?from=${streamFrom}`);
+        if (page.stream !== streamName) return;  // another stream was chosen meanwhile
+        follow(page);
+        if (!page.more) break;
+      }
+      error.hidden = true;
+    } catch (e) {
+      error.hidden = false;
+      error.textContent = `The streams could not be read: ${e.message}`;
+    }
+  }
+
+  function names(all) {
+    document.getElementById("stream-names").replaceChildren(...all.map(n => {
+      const button = el("button", {type: "button", "data-stream": n, class: n === streamName ? "selected" : ""}, n);
+      button.onclick = () => { choose(n); names(all); showStreams(); };
+      return button;
+    }));
+    if (!all.length) document.getElementById("stream-summary").textContent = "none written";
+  }
+
+  function choose(name) {
+    streamName = name;
+    streamFrom = 0;
+    streamDone = false;
+    streamDropped = 0;
+    document.getElementById("stream").replaceChildren();
+  }
+
+  function follow(page) {
+    const list = document.getElementById("stream");
+    const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 80;  // else the reader scrolled up
+    for (const item of [...list.children]) if (Number(item.dataset.offset) >= page.from) item.remove();
+    for (const c of page.chunks) {
+      list.append(el("li", {class: `chunk standing-${c.standing}`, "data-offset": c.offset, "data-standing": c.standing,
+        title: `offset ${c.offset}: step ${c.step} (position ${c.pos}), try ${c.tries} of attempt ${c.attempt}, ${c.standing}`},
+        c.text));
+    }
+    while (list.children.length > KEEP_CHUNKS) { list.firstElementChild.remove(); streamDropped++; }
+    const pending = page.chunks.find(c => c.standing === "pending");
+    streamFrom = pending ? pending.offset : page.next;
+    streamDone = page.finished && !page.more && !pending;
+    const count = list.children.length + streamDropped;
+    document.getElementById("stream-summary").textContent = `${streamName}: ${count} chunk${count === 1 ? "" : "s"}` +
+      (streamDropped ? ` (the first ${streamDropped} no longer shown)` : "") +
+      (streamDone ? ", finished" : ", following");
+    if (atBottom) list.scrollTop = list.scrollHeight;
   }
 
   function result(text, failed) {
