@@ -17,16 +17,11 @@ pods until every run has succeeded.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -35,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api
-from durablerun_bench import machine, resume
+from durablerun_bench import resume
+from durablerun_bench.alone import alone
 from durablerun_bench.util import quick
 from durablerun_operator import kueue as operator_kueue
-from durablerun_testbed import binaries, procs
+from durablerun_testbed import binaries
 from durablerun_testbed.kueue import Kueue
-from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 
 GROUP = "kueue.x-k8s.io/v1beta2"
@@ -224,31 +219,18 @@ def section(k: dict[str, Any], load: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from durablerun_bench.__main__ import testbed
+
     parser = argparse.ArgumentParser(prog="python -m durablerun_bench.kueue", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20 if quick() else 100)
     parser.add_argument("--quota", type=int, default=4 if quick() else 10)
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-kueue-"))
-    run_id = "bench-" + uuid.uuid4().hex[:8]
-    load = machine.load()
-    s3 = S3Server(root / "s3", run_id).start()
-    try:
-        bed = TestBed(root / "k8s", id=run_id).start(s3=s3)
-        try:
-            bed.install_crds(timeout=60)
-            result = bench(bed, root, run_id, runs=args.runs, quota=args.quota, steps=5, sleep=0.5,
+    with alone("kueue", s3=True) as run:
+        assert run.s3
+        with testbed(run.root, run.run_id, run.s3) as bed:
+            result = bench(bed, run.root, run.run_id, runs=args.runs, quota=args.quota, steps=5, sleep=0.5,
                            log=lambda m: print(m, file=sys.stderr))
-        finally:
-            bed.stop()
-    finally:
-        s3.stop()
-        for pid, _ in procs.processes_with_marker(run_id):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if not os.environ.get("BENCH_KEEP"):
-            shutil.rmtree(root, ignore_errors=True)
-    print("\n".join(section(result, str(load))))
-    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+        run.report(section(result, str(run.load)), result)
     return 0
 
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -33,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api
-from durablerun_bench import machine, resume
+from durablerun_bench import resume
+from durablerun_bench.alone import alone
 from durablerun_bench.kueue import GROUP, _items, _time
 from durablerun_bench.util import quick
 from durablerun_testbed import procs, realnode
@@ -168,26 +167,21 @@ def section(p: dict[str, Any], load: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from durablerun_bench.__main__ import real_node_bed
+
     parser = argparse.ArgumentParser(prog="python -m durablerun_bench.preemption", description=__doc__.splitlines()[0])
     parser.add_argument("--preemptions", type=int, default=2 if quick() else 5)
     args = parser.parse_args(argv)
-    from durablerun_bench.__main__ import real_node_bed
-
-    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-preemption-"))
-    run_id = "bench-" + uuid.uuid4().hex[:8]
-    load = machine.load()
-    (root / "tmp").mkdir()
-    try:
-        with real_node_bed(root, run_id, root / "tmp") as (bed, image):
-            result = bench(bed, root, run_id, image=image, steps=4 + 2 * args.preemptions, seconds=4.0,
-                           preemptions=args.preemptions, log=lambda m: print(m, file=sys.stderr))
-    except realnode.RealNodeUnavailable as reason:
-        print(f"preemption on the real node: cannot run here ({reason})", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    print("\n".join(section(result, str(load))))
-    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+    with alone("preemption") as run:
+        (run.root / "tmp").mkdir()
+        try:
+            with real_node_bed(run.root, run.run_id, run.root / "tmp") as (bed, image):
+                result = bench(bed, run.root, run.run_id, image=image, steps=4 + 2 * args.preemptions, seconds=4.0,
+                               preemptions=args.preemptions, log=lambda m: print(m, file=sys.stderr))
+        except realnode.RealNodeUnavailable as reason:
+            print(f"preemption on the real node: cannot run here ({reason})", file=sys.stderr)
+            return 1
+        run.report(section(result, str(run.load)), result)
     return 0
 
 

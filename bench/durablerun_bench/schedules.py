@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from datetime import datetime
@@ -23,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api
-from durablerun_bench import machine, resume
+from durablerun_bench import resume
+from durablerun_bench.alone import alone
 from durablerun_bench.kueue import _items, _percentiles, _time
 from durablerun_bench.util import quick
 from durablerun_testbed import procs
-from durablerun_testbed.s3 import S3Server
 from durablerun_testbed.testbed import TestBed
 
 POLL = 1.0
@@ -108,23 +106,16 @@ def section(s: dict[str, Any], load: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from durablerun_bench.__main__ import testbed
+
     parser = argparse.ArgumentParser(prog="python -m durablerun_bench.schedules", description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", type=int, default=20 if quick() else 100)
     args = parser.parse_args(argv)
-    from durablerun_bench.__main__ import testbed
-
-    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-schedules-"))
-    run_id = "bench-" + uuid.uuid4().hex[:8]
-    load = machine.load()
-    s3 = S3Server(root / "s3", run_id).start()
-    try:
-        with testbed(root, run_id, s3) as bed:
-            result = bench(bed, root, run_id, count=args.schedules, log=lambda m: print(m, file=sys.stderr))
-    finally:
-        s3.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    print("\n".join(section(result, str(load))))
-    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+    with alone("schedules", s3=True) as run:
+        assert run.s3
+        with testbed(run.root, run.run_id, run.s3) as bed:
+            result = bench(bed, run.root, run.run_id, count=args.schedules, log=lambda m: print(m, file=sys.stderr))
+        run.report(section(result, str(run.load)), result)
     return 0
 
 

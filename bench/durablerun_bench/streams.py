@@ -19,15 +19,12 @@ it; the reader on this one, as ``durablerun stream -f`` reads):
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from durablerun import api
@@ -36,7 +33,7 @@ from durablerun._private.storage.stream_reader import StreamReader
 from durablerun._private.storage.streams import StreamObjects
 from durablerun.engine import Run
 from durablerun.stores import RunRef, Store, open_store
-from durablerun_bench import machine
+from durablerun_bench.alone import alone
 from durablerun_bench.util import percentile, quick
 
 LINE_EVERY = 0.02
@@ -185,23 +182,11 @@ def section(t: dict[str, Any], load: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from durablerun_testbed.s3 import S3Server
-
     argparse.ArgumentParser(prog="python -m durablerun_bench.streams", description=__doc__.splitlines()[0]
                             ).parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-streams-"))
-    load = machine.load()
-    s3 = S3Server(root / "s3", "bench-" + uuid.uuid4().hex[:8]).start()
-    try:
-        s3.create_bucket("bench")
-        params = {"endpoint": s3.endpoint_url, "access_key": s3.access_key, "secret_key": s3.secret_key,
-                  "bucket": "bench"}
-        result = bench(tmp=str(root), s3=params, log=lambda m: print(m, file=sys.stderr))
-    finally:
-        s3.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    print("\n".join(section(result, str(load))))
-    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+    with alone("streams", s3=True) as run:
+        result = bench(tmp=str(run.root), s3=run.s3_params, log=lambda m: print(m, file=sys.stderr))
+        run.report(section(result, str(run.load)), result)
     return 0
 
 

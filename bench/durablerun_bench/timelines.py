@@ -13,11 +13,8 @@ the browser has after a rerun or on its first look). Time is the median of the r
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import tracemalloc
 import uuid
@@ -31,7 +28,7 @@ from durablerun._private.records.model import EventRecord, Record, StepRecord, T
 from durablerun._private.storage.journal import RunStore
 from durablerun._private.tools import timeline
 from durablerun.stores import RunRef, open_store
-from durablerun_bench import machine
+from durablerun_bench.alone import alone
 from durablerun_bench.systems import s3_client
 from durablerun_bench.util import put_objects, quick
 
@@ -165,25 +162,13 @@ def section(t: dict[str, Any], load: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from durablerun_testbed.s3 import S3Server
-
     argparse.ArgumentParser(prog="python -m durablerun_bench.timelines", description=__doc__.splitlines()[0]
                             ).parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="durablerun-bench-timelines-"))
-    load = machine.load()
-    s3 = S3Server(root / "s3", "bench-" + uuid.uuid4().hex[:8]).start()
-    try:
-        s3.create_bucket("bench")
-        params = {"endpoint": s3.endpoint_url, "access_key": s3.access_key, "secret_key": s3.secret_key,
-                  "bucket": "bench"}
+    with alone("timelines", s3=True) as run:
         records, repeats = (20_000, 1) if quick() else (100_000, 3)
-        result = bench(tmp=str(root), s3=params, records=records, repeats=repeats,
+        result = bench(tmp=str(run.root), s3=run.s3_params, records=records, repeats=repeats,
                        log=lambda m: print(m, file=sys.stderr))
-    finally:
-        s3.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    print("\n".join(section(result, str(load))))
-    print(json.dumps({**result, "load_before": load, "load_after": machine.load()}))
+        run.report(section(result, str(run.load)), result)
     return 0
 
 
