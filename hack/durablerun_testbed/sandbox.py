@@ -527,7 +527,8 @@ def _queue_story(state: SandboxState) -> QueueStory:
         phases = {r["metadata"]["name"]: (r.get("status") or {}).get("phase", "") for r in listed["items"]}
         pods = json.loads(subprocess.run([kubectl, "get", "pods", "-l", f"{api.LABEL_RUN} in ({','.join(names)})",
                                           "-o", "json"], env=env, capture_output=True, text=True, check=True).stdout)
-        live = [pod for pod in pods["items"] if pod["status"].get("phase") not in ("Succeeded", "Failed")]
+        live = [pod for pod in pods["items"]
+                if pod["status"].get("phase") not in ("Succeeded", "Failed")]  # literal-ok: the pods' phases
         most_pods = max(most_pods, len(live))
         queued |= {name for name, phase in phases.items() if phase == api.Phase.QUEUED}
         row = "  ".join(f"{name} {phase or '-'}" for name, phase in sorted(phases.items()))
