@@ -225,5 +225,6 @@ def test_a_runs_stream_is_listed_and_followed_live_with_superseded_output_marked
           "the chunk written after the event", timeout=90)
     until(chrome, lambda: "finished" in text(chrome, "#stream-summary"), "the stream finished with its run",
           timeout=90)
-    assert runs.get("teller")["status"]["phase"] == "Succeeded"
+    # The stream finishes once the runner's outcome is in the store, which is before the operator sets the phase.
+    runs.wait_phase("teller", "Succeeded", timeout=60)
     assert len(shown_chunks(chrome)) == 3
