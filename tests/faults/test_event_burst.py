@@ -10,7 +10,8 @@ started again, and the killed replica comes back (the shards are handed back).
 Each run must wake exactly once: one new attempt (attempt up by one, at the
 epoch its wait bumped, in one new pod), none lost, none doubled.
 
-100 runs in ``make test``, 1,000 in ``make faults`` (FAULT_TRIALS=120).
+50 runs in ``make test`` (enough to spread over both replicas' shards), 1,000 in ``make faults``
+(FAULT_TRIALS=120).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 from durablerun_bench import resume, scale  # noqa: E402
 
-BURST = 1000 if int(os.environ.get("FAULT_TRIALS", "8")) >= 100 else 100
-PACE = 20.0 if BURST <= 100 else 60.0  # seconds the burst of event patches is spread over
+BURST = 1000 if int(os.environ.get("FAULT_TRIALS", "8")) >= 100 else 50
+PACE = 10.0 if BURST <= 100 else 60.0  # seconds the burst of event patches is spread over
 SHARDS, SHARD_LEASE = 8, 10
 LEASE = 300  # the runs' lease: no attempt may lapse while the test looks
 

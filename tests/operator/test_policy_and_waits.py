@@ -95,17 +95,17 @@ def test_event_sent_while_the_runner_decides_to_wait_is_not_lost(operator: Opera
 
 def test_a_wait_longer_than_max_duration_does_not_abort_the_run(operator: Operator, runs: RunEnv) -> None:
     # maxDuration counts the time the run has a pod; a human may take longer than that to answer.
-    runs.apply(runs.manifest("patient", "optest_flows:approval", policy={"maxDuration": "20s"}))
+    runs.apply(runs.manifest("patient", "optest_flows:approval", policy={"maxDuration": "12s"}))
     run = runs.wait_phase("patient", "Waiting", timeout=60)
     started = datetime.fromisoformat(run["status"]["startTime"])
-    procs.wait_for(lambda: datetime.now(UTC) > started + timedelta(seconds=25), timeout=60,
-                   what="25s since the first start, past maxDuration")
+    procs.wait_for(lambda: datetime.now(UTC) > started + timedelta(seconds=15), timeout=60,
+                   what="15s since the first start, past maxDuration")
     assert runs.get("patient")["status"]["phase"] == "Waiting"
     runs.testbed.kubectl("patch", "dr", "patient", "-n", runs.namespace, "--type=merge",
                          "-p", '{"spec": {"events": {"review": {"ok": true}}}}')
     run = runs.wait_phase("patient", "Succeeded", "Aborted", "Failed", timeout=60)
     assert run["status"]["phase"] == "Succeeded", run["status"].get("message")
-    assert 0 < run["status"]["activeSeconds"] < 20
+    assert 0 < run["status"]["activeSeconds"] < 12
     assert runs.executions("publish") == 1
 
 
