@@ -24,20 +24,15 @@ import time
 import uuid
 from typing import Any
 
-from durablerun_bench.util import payload, run_json
+from durablerun_bench.util import payload, percentile, run_json
 
 #: What a step does: about a millisecond of waiting (an I/O call), then returns 1 KB.
 STEP_SECONDS = 0.001
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _summary(wall: float, latencies: list[float], extra: dict[str, Any]) -> dict[str, Any]:
     return {"wall_ms": 1000 * wall, "steps": len(latencies), "steps_per_s": len(latencies) / wall,
-            "p50_ms": 1000 * _percentile(latencies, 0.5), "p99_ms": 1000 * _percentile(latencies, 0.99), **extra}
+            "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99), **extra}
 
 
 def durablerun(p: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 from durablerun import api
 from durablerun_bench import resume
 from durablerun_bench.alone import alone
-from durablerun_bench.util import quick
+from durablerun_bench.util import api_time, kube_items, latencies, quick
 from durablerun_operator import kueue as operator_kueue
 from durablerun_testbed import binaries
 from durablerun_testbed.kueue import Kueue
@@ -64,7 +63,7 @@ class Admissions:
         for line in self.process.stdout:
             name, status, at = [*line.split(), "", ""][:3]
             if status == "True" and name not in self.at:
-                self.at[name] = _time(at)
+                self.at[name] = api_time(at)
 
     def __enter__(self) -> Admissions:
         return self
@@ -86,16 +85,6 @@ def _queues(namespace: str, quota: int) -> list[dict[str, Any]]:
         {"apiVersion": GROUP, "kind": "LocalQueue", "metadata": {"name": "bench-lq", "namespace": namespace},
          "spec": {"clusterQueue": "bench-cq"}},
     ]
-
-
-def _items(bed: TestBed, resource: str, namespace: str) -> list[dict[str, Any]]:
-    return list(json.loads(bed.kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"])
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {"p50": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))],
-            "p99": ordered[int(0.99 * (len(ordered) - 1))], "max": ordered[-1]}
 
 
 def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, quota: int, steps: int, sleep: float,
@@ -129,10 +118,10 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, quota: int, steps
                 while len(done) < runs:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{runs - len(done)} of {runs} runs did not succeed in time")
-                    phases = [(p.get("status") or {}).get("phase") for p in _items(bed, "pods", namespace)]
+                    phases = [(p.get("status") or {}).get("phase") for p in kube_items(bed, "pods", namespace)]
                     live = [p for p in phases if p in ("Pending", "Running")]  # literal-ok: the pods' phases
                     most_live = max(most_live, len(live))
-                    done |= {r["metadata"]["name"] for r in _items(bed, "dr", namespace)
+                    done |= {r["metadata"]["name"] for r in kube_items(bed, "dr", namespace)
                              if (r.get("status") or {}).get("phase") == api.Phase.SUCCEEDED}
                     time.sleep(POLL)
             if admissions.ended_early:
@@ -145,41 +134,35 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, quota: int, steps
             "kueue_start_s": kueue_start, "most_live_pods": most_live, **timing}
 
 
-def _time(value: str | None) -> datetime:
-    parsed = api.parse_time(value)
-    assert parsed is not None, value
-    return parsed
-
-
 def _timing(bed: TestBed, namespace: str, admissions: dict[str, datetime]) -> dict[str, Any]:
     """Latencies from the API objects' own timestamps (to the second): each run's creation, its Workload's first
     admission (``admissions``, by Workload name), its first pod's creation, and the last pod's end. Polling at
     this load would be coarser than that."""
     created: dict[str, datetime] = {}
     workloads: dict[str, str] = {}
-    for body in _items(bed, "dr", namespace):
+    for body in kube_items(bed, "dr", namespace):
         meta = body["metadata"]
-        created[meta["name"]] = _time(meta["creationTimestamp"])
+        created[meta["name"]] = api_time(meta["creationTimestamp"])
         workloads[operator_kueue.workload_name(meta["name"], meta["uid"])] = meta["name"]
     pods: dict[str, datetime] = {}
     ended = []
-    for pod in _items(bed, "pods", namespace):
+    for pod in kube_items(bed, "pods", namespace):
         owner = str((pod["metadata"].get("labels") or {}).get(api.LABEL_RUN))
         if owner in created:
-            at = _time(pod["metadata"]["creationTimestamp"])
+            at = api_time(pod["metadata"]["creationTimestamp"])
             pods[owner] = min(pods.get(owner, at), at)
             for container in (pod.get("status") or {}).get("containerStatuses") or []:
                 if finished := ((container.get("state") or {}).get("terminated") or {}).get("finishedAt"):
-                    ended.append(_time(finished))
+                    ended.append(api_time(finished))
     admitted = {workloads[name]: at for name, at in admissions.items() if name in workloads}
     first = min(created.values())
 
     def seconds(later: dict[str, datetime], earlier: dict[str, datetime]) -> list[float]:
         return [(later[n] - earlier[n]).total_seconds() for n in later if n in earlier]
 
-    return {"create_to_admitted": _percentiles(seconds(admitted, created)),
-            "create_to_pod": _percentiles(seconds(pods, created)),
-            "admitted_to_pod": _percentiles(seconds(pods, admitted)),
+    return {"create_to_admitted": latencies(seconds(admitted, created)),
+            "create_to_pod": latencies(seconds(pods, created)),
+            "admitted_to_pod": latencies(seconds(pods, admitted)),
             "makespan_s": (max(ended) - first).total_seconds() if ended else math.nan,
             "missed_admissions": len(created) - len(admitted)}
 

@@ -33,8 +33,8 @@ from typing import Any
 from durablerun import api
 from durablerun_bench import resume
 from durablerun_bench.alone import alone
-from durablerun_bench.kueue import GROUP, _items, _time
-from durablerun_bench.util import quick
+from durablerun_bench.kueue import GROUP
+from durablerun_bench.util import api_time, kube_items, quick
 from durablerun_testbed import procs, realnode
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.testbed import TestBed
@@ -123,9 +123,9 @@ def _preempt(bed: TestBed, namespace: str, bucket: str, root: Path, suffix: str,
     procs.wait_for(lambda: _phase(bed, namespace, high) == api.Phase.SUCCEEDED, timeout=300, interval=0.5,
                    what=f"{high} to succeed")
     run = json.loads(bed.kubectl("get", "dr", high, "-n", namespace, "-o", "json").stdout)
-    pods = [p for p in _items(bed, "pods", namespace)
+    pods = [p for p in kube_items(bed, "pods", namespace)
             if (p["metadata"].get("labels") or {}).get(api.LABEL_RUN) == high]
-    to_pod.append(min((_time(p["metadata"]["creationTimestamp"]) - _time(run["metadata"]["creationTimestamp"])
+    to_pod.append(min((api_time(p["metadata"]["creationTimestamp"]) - api_time(run["metadata"]["creationTimestamp"])
                        ).total_seconds() for p in pods))
 
 

@@ -23,8 +23,7 @@ from typing import Any
 from durablerun import api
 from durablerun_bench import resume
 from durablerun_bench.alone import alone
-from durablerun_bench.kueue import _items, _percentiles, _time
-from durablerun_bench.util import quick
+from durablerun_bench.util import api_time, kube_items, latencies, quick
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
@@ -50,27 +49,27 @@ def bench(bed: TestBed, root: Path, run_id: str, *, count: int, log: Any = print
         log(f"  {count} schedules applied in {applied:.1f} s; waiting for their first tick")
 
         def first_runs() -> list[dict[str, Any]] | None:
-            runs = _items(bed, "dr", namespace)
-            with_pods = {(pod["metadata"].get("labels") or {}).get(api.LABEL_RUN) for pod in _items(bed, "pods",
+            runs = kube_items(bed, "dr", namespace)
+            with_pods = {(pod["metadata"].get("labels") or {}).get(api.LABEL_RUN) for pod in kube_items(bed, "pods",
                                                                                                    namespace)}
             done = {r["metadata"]["labels"].get(api.LABEL_SCHEDULE) for r in runs
                     if r["metadata"]["name"] in with_pods}
             return runs if len(done) >= count else None
 
         runs = procs.wait_for(first_runs, timeout=240, interval=POLL, what=f"a run with a pod for each of {count}")
-        pods = _items(bed, "pods", namespace)
+        pods = kube_items(bed, "pods", namespace)
         bed.kubectl("delete", api.SCHEDULE_PLURAL, "--all", "-n", namespace, "--wait=false")
     ticks: dict[str, datetime] = {}
     created: dict[str, datetime] = {}
     for r in runs:
         meta = r["metadata"]
-        tick = _time(meta["annotations"][api.ANNOTATION_SCHEDULED_TIME])
-        ticks[meta["name"]], created[meta["name"]] = tick, _time(meta["creationTimestamp"])
+        tick = api_time(meta["annotations"][api.ANNOTATION_SCHEDULED_TIME])
+        ticks[meta["name"]], created[meta["name"]] = tick, api_time(meta["creationTimestamp"])
     first_pod: dict[str, datetime] = {}
     for pod in pods:
         owner = (pod["metadata"].get("labels") or {}).get(api.LABEL_RUN)
         if owner in ticks:
-            at = _time(pod["metadata"]["creationTimestamp"])
+            at = api_time(pod["metadata"]["creationTimestamp"])
             first_pod[owner] = min(first_pod.get(owner, at), at)
     first_tick = min(ticks.values())
     on_first = [n for n, t in ticks.items() if t == first_tick]
@@ -80,7 +79,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, count: int, log: Any = print
 
     # A run is named after its schedule and tick, so a tick cannot fire twice; one missed would show here.
     return {"schedules": count, "applied_s": applied, "fired_on_first_tick": len(on_first),
-            "tick_to_run": _percentiles(since_tick(created)), "tick_to_pod": _percentiles(since_tick(first_pod))}
+            "tick_to_run": latencies(since_tick(created)), "tick_to_pod": latencies(since_tick(first_pod))}
 
 
 def section(s: dict[str, Any], load: str | None = None) -> list[str]:

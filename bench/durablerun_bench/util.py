@@ -12,8 +12,14 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from durablerun import api
+
+if TYPE_CHECKING:
+    from durablerun_testbed.testbed import TestBed
 
 RESULT_BYTES = 1024
 _FILLER = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ-_"
@@ -38,6 +44,24 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
+
+
+def latencies(values: Sequence[float]) -> dict[str, float]:
+    """p50, p90, p99 and max of ``values`` (seconds), nearest-rank."""
+    return {"p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99),
+            "max": max(values) if values else math.nan}
+
+
+def kube_items(bed: TestBed, resource: str, namespace: str) -> list[dict[str, Any]]:
+    """Every object of ``resource`` in ``namespace``, read with the bed's kubectl."""
+    return list(json.loads(bed.kubectl("get", resource, "-n", namespace, "-o", "json").stdout)["items"])
+
+
+def api_time(value: str | None) -> datetime:
+    """A timestamp of an API object (RFC 3339, to the second), which must be there."""
+    parsed = api.parse_time(value)
+    assert parsed is not None, value
+    return parsed
 
 
 @dataclass
