@@ -89,15 +89,7 @@ class Jaeger:
 
     def trace(self, trace_id: str) -> dict[str, Any] | None:
         """GET /api/traces/<id>: the trace (its ``spans`` and ``processes``), None while Jaeger has none."""
-        try:
-            with urllib.request.urlopen(f"{self.query_url}/api/traces/{trace_id}", timeout=5) as response:
-                body = json.load(response)
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise
-        data = body.get("data") or []
-        return dict(data[0]) if data else None
+        return read_trace(self.query_url, trace_id)
 
     def raw_trace(self, trace_id: str) -> bytes:
         """The query API's answer for a trace, as Jaeger sends it (for scanning)."""
@@ -107,3 +99,17 @@ class Jaeger:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+def read_trace(query_url: str, trace_id: str) -> dict[str, Any] | None:
+    """A trace from the Jaeger query API at ``query_url`` (one this process started or not, as the sandbox's),
+    None while Jaeger has none."""
+    try:
+        with urllib.request.urlopen(f"{query_url}/api/traces/{trace_id}", timeout=5) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise
+    data = body.get("data") or []
+    return dict(data[0]) if data else None

@@ -38,13 +38,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from durablerun import api
 from durablerun_testbed import binaries, procs, realnode
-from durablerun_testbed.jaeger import Jaeger
+from durablerun_testbed.jaeger import Jaeger, read_trace
 from durablerun_testbed.kueue import Kueue
 from durablerun_testbed.prometheus import Prometheus
 from durablerun_testbed.testbed import NodeClient, TestBed
@@ -60,6 +60,7 @@ RULES = binaries.REPO_ROOT / "deploy" / "monitoring" / "durablerun-rules.yaml"
 BUCKET = "durable-runs"
 OPERATOR_NAMESPACE = "durable-run-system"
 PYTHON = f"{binaries.REPO_ROOT / '.venv' / 'bin' / 'python'} -m durablerun_testbed"
+T = TypeVar("T")
 
 
 @dataclass
@@ -421,23 +422,18 @@ def _story(state: SandboxState) -> Story:
     def status() -> dict[str, Any]:
         return dict(run().get("status") or {})
 
-    def watch_until(what: str, done: Callable[[dict[str, Any]], bool], timeout: float = 180) -> dict[str, Any]:
+    def watch_until(what: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         print(f"\n# waiting until {what} (kubectl get dr, every 2s)", flush=True)
-        deadline, last = time.monotonic() + timeout, ""
-        while True:
+
+        def look() -> tuple[str, dict[str, Any]]:
             row = subprocess.run([kubectl, "get", "dr", name, "--no-headers"], env=env, capture_output=True,
                                  text=True).stdout.strip()
-            if row != last:
-                print(f"  {row}", flush=True)
-                last = row
             current = status()
             if current.get("phase") and current["phase"] not in phases[-1:]:
                 phases.append(current["phase"])
-            if done(current):
-                return current
-            if time.monotonic() > deadline:
-                raise SystemExit(f"demo: timed out waiting until {what}")
-            time.sleep(2)
+            return row, current
+
+        return _watch(what, look, done, timeout=180, every=2)
 
     _show(env, kubectl, "apply", "-f", str(EXAMPLE))
     # The runner reports progress with its lease renewals (every leaseDuration/3), so the status can lag the
@@ -519,9 +515,10 @@ def _queue_story(state: SandboxState) -> QueueStory:
     subprocess.run([kubectl, "apply", "-f", "-"], env=env, input=json.dumps({"apiVersion": "v1", "kind": "List",
                    "items": runs}), text=True, check=True)
     print("\n# waiting until all have succeeded (kubectl get dr, every second)", flush=True)
-    most_pods, queued, last, shown = 0, set[str](), "", False
-    deadline = time.monotonic() + 240
-    while True:
+    most_pods, queued, shown = 0, set[str](), False
+
+    def look() -> tuple[str, dict[str, str]]:
+        nonlocal most_pods, shown
         listed = json.loads(subprocess.run([kubectl, "get", "dr", "-l", "kueue.x-k8s.io/queue-name=agents", "-o",
                                             "json"], env=env, capture_output=True, text=True, check=True).stdout)
         phases = {r["metadata"]["name"]: (r.get("status") or {}).get("phase", "") for r in listed["items"]}
@@ -530,22 +527,35 @@ def _queue_story(state: SandboxState) -> QueueStory:
         live = [pod for pod in pods["items"]
                 if pod["status"].get("phase") not in ("Succeeded", "Failed")]  # literal-ok: the pods' phases
         most_pods = max(most_pods, len(live))
-        queued |= {name for name, phase in phases.items() if phase == api.Phase.QUEUED}
-        row = "  ".join(f"{name} {phase or '-'}" for name, phase in sorted(phases.items()))
-        if row != last:
-            print(f"  {row}", flush=True)
-            last = row
-            if not shown and {api.Phase.RUNNING, api.Phase.QUEUED} <= set(phases.values()):
-                _show(env, kubectl, "get", "workloads")  # one admitted, the others pending
-                shown = True
-        if len(phases) == QUEUED_RUNS and all(phase and api.Phase(phase).finished for phase in phases.values()):
-            break
-        if time.monotonic() > deadline:
-            raise SystemExit("demo: timed out waiting for the queued runs")
-        time.sleep(1)
+        queued.update(name for name, phase in phases.items() if phase == api.Phase.QUEUED)
+        if not shown and {api.Phase.RUNNING, api.Phase.QUEUED} <= set(phases.values()):
+            _show(env, kubectl, "get", "workloads")  # one admitted, the others pending
+            shown = True
+        return "  ".join(f"{name} {phase or '-'}" for name, phase in sorted(phases.items())), phases
+
+    phases = _watch("the queued runs have finished", look,
+                    lambda now: len(now) == QUEUED_RUNS and all(p and api.Phase(p).finished for p in now.values()),
+                    timeout=240, every=1)
     print(f"\n# at most {most_pods} live runner pod(s) at once; seen Queued: {', '.join(sorted(queued)) or 'none'}",
           flush=True)
     return QueueStory(most_pods, sorted(queued), phases)
+
+
+def _watch(what: str, look: Callable[[], tuple[str, T]], done: Callable[[T], bool], *, timeout: float,
+           every: float) -> T:
+    """Print the row ``look`` shows each time it changes, until ``done`` holds for what it found; a clear
+    SystemExit after ``timeout`` seconds (the sandbox's commands print no traceback)."""
+    deadline, last = time.monotonic() + timeout, ""
+    while True:
+        row, found = look()
+        if row != last:
+            print(f"  {row}", flush=True)
+            last = row
+        if done(found):
+            return found
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: timed out waiting until {what}")
+        time.sleep(every)
 
 
 def _trace_story(state: SandboxState, status: dict[str, Any]) -> dict[str, Any]:
@@ -555,13 +565,12 @@ def _trace_story(state: SandboxState, status: dict[str, Any]) -> dict[str, Any]:
     print(f"\n# the run's trace: one per run, every attempt and the operator's decisions\n$ curl -s {url}", flush=True)
 
     def trace() -> dict[str, Any] | None:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            data = json.load(reply).get("data") or []
-        spans = data[0]["spans"] if data else []
+        found = read_trace(state.jaeger_url, status["traceID"])
+        spans = found["spans"] if found else []
         # The crashed attempt's span is ended by the next attempt, from the journal the crashed one left.
         attempts = [span for span in spans if span["operationName"] == "attempt"]
         done = any(span["operationName"].startswith("operator ") for span in spans) and len(attempts) >= 2
-        return dict(data[0]) if done else None
+        return found if done else None
 
     found = procs.wait_for(trace, timeout=60, interval=1, what="the run's trace in Jaeger")
     spans = sorted(found["spans"], key=lambda span: span["startTime"])  # µs since the epoch
