@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from durablerun import api, resource
 from durablerun_operator import metrics
-from durablerun_operator.ingress import server
+from durablerun_operator.ingress import counters
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "monitoring" / "durablerun-dashboard.json"
@@ -61,7 +61,7 @@ def exposed_names() -> set[str]:
     run_metrics.observe_quota_counts("gpt-4o", (3, (1, 1, 0, 0, 0, 0, 0, 0), 0.5))
     names = {sample.name for family in registry.collect() for sample in family.samples}
     # The webhook ingress's series (its own process and registry).
-    return names | {sample.name for metric in (server.REQUESTS, server.LATENCY)
+    return names | {sample.name for metric in (counters.REQUESTS, counters.LATENCY)
                     for family in metric.collect() for sample in family.samples}
 
 

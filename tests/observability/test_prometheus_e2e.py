@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 
 from durablerun import resource
 from durablerun_operator import metrics
-from durablerun_operator.ingress import server as ingress
+from durablerun_operator.ingress import counters
 from durablerun_testbed import procs
 from tests.helpers.prometheus import (
     DASHBOARD,
@@ -53,8 +53,8 @@ def served(tmp_path: Path) -> Iterator[tuple[metrics.RunMetrics, FakeOperator]]:
 def ingress_served() -> Iterator[int]:
     """The webhook ingress's series (its Counter and Histogram, as its process serves them) on a port."""
     registry = CollectorRegistry()
-    registry.register(ingress.REQUESTS)
-    registry.register(ingress.LATENCY)
+    registry.register(counters.REQUESTS)
+    registry.register(counters.LATENCY)
     http, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     yield int(http.server_port)
     http.shutdown()
@@ -101,8 +101,8 @@ def test_prometheus_scrapes_alerts_and_answers_every_dashboard_query(
     procs.wait_for(lambda: prometheus.query(f'up{{instance="127.0.0.1:{ingress_served}"}} == 1'),
                    timeout=WAIT, what="the ingress's first scrape")
     for outcome, seconds in (("delivered", 0.004), ("delivered", 0.03), ("unauthorized", 0.002)):  # webhooks
-        ingress.REQUESTS.labels(outcome).inc()
-        ingress.LATENCY.observe(seconds)
+        counters.REQUESTS.labels(outcome).inc()
+        counters.LATENCY.observe(seconds)
 
     # ml/flaky crashes, is OOM-killed and evicted; each time a new attempt resumes it.
     for epoch, (reason, latency, completed) in enumerate(

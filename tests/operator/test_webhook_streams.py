@@ -315,7 +315,7 @@ def test_connection_caps_answer_before_any_read(tmp_path: Path) -> None:
                     continue
                 held = reply
             first.close()
-            await released(lambda: sum(ingress._streams.values()) == 1)
+            await released(lambda: ingress.streams.total == 1)
             again = await client.get(path("run-2"))
             answers.append((again.status, None))
             again.close()

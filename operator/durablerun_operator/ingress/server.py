@@ -28,24 +28,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge, Histogram
 
 from durablerun import api, streams, webhooks
 from durablerun_operator import kube
-from durablerun_operator.ingress import auth, limits, sse
+from durablerun_operator.ingress import auth, limits, sse, stream_serving
+from durablerun_operator.ingress.counters import LATENCY, REQUESTS
 
 log = logging.getLogger("durablerun.ingress")
 
-REQUESTS = Counter("durablerun_webhook_requests", "Webhook requests by outcome.", ["outcome"])
-LATENCY = Histogram("durablerun_webhook_request_seconds", "Time to answer a webhook request.",
-                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
-OUTCOMES = ("delivered", "duplicate", "unauthorized", "gone", "conflict", "bad_request", "too_large",
-            "rate_limited", "error", "key_issued", "streamed", "stream_busy", "slow_reader")
-STREAMS_OPEN = Gauge("durablerun_stream_connections", "Server-Sent Events connections open now.")
 #: The pod a bound ServiceAccount token was made for, as a TokenReview reports it.
 POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
-for _outcome in OUTCOMES:
-    REQUESTS.labels(_outcome)
 
 
 @dataclass
@@ -94,17 +86,13 @@ class _Answer(Exception):
         self.status, self.outcome, self.reason = status, outcome, reason
 
 
-class _SlowReader(Exception):
-    """The client took nothing for ``stream_write_timeout`` while the buffer was full."""
-
-
 _UNAUTHORIZED = _Answer(401, "unauthorized", "unauthorized")
 _TOO_MANY_FAILURES = _Answer(429, "rate_limited", "too many failed requests from this address; retry later")
 
 
 # Over 300 lines: every route (capability events, signed sources, run keys, streams) goes through one token
-# check, one set of rate limits and one Secret cache, kept here so no route can skip them. The stream routes'
-# serving (its connection caps, pump and slow-reader cut-off) is the part to move to sse.py next.
+# check, one set of rate limits and one Secret cache, kept here so no route can skip them. Serving a stream
+# once its request is checked is stream_serving's.
 class Ingress:
     def __init__(self, client: kube.Kube, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.kube, self.settings, self.clock = client, settings, clock
@@ -117,8 +105,7 @@ class Ingress:
         self.namespace_failures = limits.RateLimits(settings.rate * settings.namespace_share,
                                                     settings.burst * settings.namespace_share, cap)
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = {}
-        #: Open stream connections per run (namespace/name/uid); a run's entry goes with its last connection.
-        self._streams: dict[str, int] = {}
+        self.streams = stream_serving.Connections(settings.stream_max_per_run, settings.stream_max_total)
         #: The runs' stores, shared by the connections reading runs with the same store and credentials.
         self.stores = streams.StoreCache()
 
@@ -313,9 +300,18 @@ class Ingress:
             headers = {"Retry-After": str(self.settings.stream_retry_after)} if answer.outcome == "stream_busy" else {}
             return web.json_response({"error": answer.reason}, status=answer.status, headers=headers)
         try:
-            return await self._serve_stream(request, claims, run, started)
+            try:
+                reader, first = await self._open_stream(claims, run, request["stream_start"],
+                                                        request["stream_final"])
+            except _Answer as answer:
+                REQUESTS.labels(answer.outcome).inc()
+                return web.json_response({"error": answer.reason}, status=answer.status)
+            return await stream_serving.serve(
+                request, reader, first, expires=claims.expires, clock=self.clock, started=started,
+                pacing=stream_serving.Pacing(self.settings.stream_write_timeout, self.settings.stream_heartbeat),
+                where=f"stream {claims.event!r} of {claims.namespace}/{claims.run}")
         finally:
-            self._release(key)
+            self.streams.release(key)
 
     async def _stream_request(self, request: web.Request) -> tuple[webhooks.Claims, dict[str, Any], str]:
         """The claims and the run of an authentic stream request that got a connection slot (release it)."""
@@ -335,30 +331,18 @@ class Ingress:
             raise _Answer(400, "bad_request", f"?final={final[:20]!r}: use true (only final chunks) or false")
         request["stream_start"], request["stream_final"] = start, final in ("true", "1")
         # Slots before any read: a crowd of readers costs no API call and no store connection past the caps.
-        if sum(self._streams.values()) >= self.settings.stream_max_total:
-            raise _Answer(503, "stream_busy", f"the ingress serves {self.settings.stream_max_total} streams at "
-                                              "once; retry later")
-        if self._streams.get(key, 0) >= self.settings.stream_max_per_run:
-            raise _Answer(429, "stream_busy", f"this run's streams are read by {self.settings.stream_max_per_run} "
-                                              "connections at once; retry later")
-        self._streams[key] = self._streams.get(key, 0) + 1
-        STREAMS_OPEN.inc()
+        try:
+            self.streams.take(key)
+        except stream_serving.Busy as busy:
+            raise _Answer(busy.status, "stream_busy", busy.reason) from None
         try:
             run = await asyncio.to_thread(self.kube.get_run, claims.namespace, claims.run)
             if run is None or run["metadata"]["uid"] != claims.uid:
                 raise _Answer(410, "gone", f"run {claims.namespace}/{claims.run} no longer exists")
         except BaseException:
-            self._release(key)
+            self.streams.release(key)
             raise
         return claims, run, key
-
-    def _release(self, key: str) -> None:
-        left = self._streams.get(key, 0) - 1
-        if left > 0:
-            self._streams[key] = left
-        else:
-            self._streams.pop(key, None)
-        STREAMS_OPEN.dec()
 
     async def _open_stream(self, claims: webhooks.Claims, run: dict[str, Any], start: int,
                            final: bool) -> tuple[streams.RunStream, streams.Advance]:
@@ -386,68 +370,6 @@ class Ingress:
             await asyncio.to_thread(reader.close)
             log.warning("%s: reading the run's store failed: %s: %s", where, type(error).__name__, error)
             raise _Answer(503, "error", "the ingress cannot read this run's store; its log says why") from None
-
-    async def _serve_stream(self, request: web.Request, claims: webhooks.Claims, run: dict[str, Any],
-                            started: float) -> web.StreamResponse:
-        try:
-            reader, step = await self._open_stream(claims, run, request["stream_start"], request["stream_final"])
-        except _Answer as answer:
-            REQUESTS.labels(answer.outcome).inc()
-            return web.json_response({"error": answer.reason}, status=answer.status)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        outcome = "streamed"
-        try:
-            await response.prepare(request)
-            REQUESTS.labels(outcome).inc()
-            LATENCY.observe(time.monotonic() - started)  # time to the first byte: the rest is the client's
-            await self._send(request, response, sse.opening())
-            await self._pump(request, response, reader, step, claims.expires)
-        except _SlowReader:
-            REQUESTS.labels("slow_reader").inc()
-            log.info("stream %r of %s/%s: dropped a client that took no data for %.0f s", claims.event,
-                     claims.namespace, claims.run, self.settings.stream_write_timeout)
-            if request.transport is not None:
-                request.transport.abort()  # its buffered bytes go with it
-        except ConnectionResetError:
-            pass  # the client went away
-        except Exception:
-            log.exception("stream %r of %s/%s failed; its client may reconnect with Last-Event-ID", claims.event,
-                          claims.namespace, claims.run)
-            if request.transport is not None:
-                request.transport.abort()  # not an end event: the client resumes where it was
-        finally:
-            await asyncio.to_thread(reader.close)
-        return response
-
-    async def _pump(self, request: web.Request, response: web.StreamResponse, reader: streams.RunStream,
-                    step: streams.Advance, expires: int) -> None:
-        wait, quiet_since = streams.POLL_FIRST_SECONDS, time.monotonic()
-        while True:
-            for read in step.reads:
-                kind = "superseded" if read.standing == streams.Standing.SUPERSEDED else None
-                await self._send(request, response, sse.event(read.chunk.offset, read.chunk.text, kind))
-                quiet_since = time.monotonic()
-            if step.done:
-                await self._send(request, response, sse.end(reader.next_offset))
-                await response.write_eof()
-                return
-            if self.clock() >= expires or request.transport is None or request.transport.is_closing():
-                return  # an expired token reads no more (a reconnect is refused); a gone client needs nothing
-            if not step.behind:
-                wait = streams.next_wait(wait, step)
-                if time.monotonic() - quiet_since >= self.settings.stream_heartbeat:
-                    await self._send(request, response, sse.HEARTBEAT)
-                    quiet_since = time.monotonic()
-                await asyncio.sleep(wait)
-            step = await asyncio.to_thread(reader.advance)
-
-    async def _send(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
-        """Write ``data``, waiting for the client to take what is buffered at most ``stream_write_timeout``."""
-        try:
-            await asyncio.wait_for(response.write(data), self.settings.stream_write_timeout)
-        except TimeoutError:
-            raise _SlowReader() from None
 
     # --- shared -----------------------------------------------------------------------------------
 
