@@ -7,7 +7,8 @@ and Anthropic messages (``POST /v1/messages``) from one script: turn *n* of a
 conversation (the number of assistant messages the request already holds) gets
 ``script[n]``, either tool calls or a final text, with the token usage the
 script gives. So a replayed or resumed agent gets the same answer for the same
-turn, as from a deterministic model. Both can also stream, whole, as
+turn, as from a deterministic model. Both can also stream, whole or word by
+word (a turn's ``stream_pause`` apart, to kill a run mid-answer), as
 server-sent events: Anthropic's events (clients such as pydantic-ai's always
 stream), and OpenAI's chunks with the usage in a last chunk when the request
 asks for it (``stream_options.include_usage``).
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,10 +52,13 @@ class Turn:
     input_tokens: int | None = None
     output_tokens: int = DEFAULT_OUTPUT_TOKENS
     cached_tokens: int = 0
+    #: Streamed, the text comes word by word, this many seconds apart (0: in one chunk), so that a test can
+    #: kill a run while its answer is still arriving.
+    stream_pause: float = 0.0
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Turn:
-        unknown = set(raw) - {"text", "tool_calls", "input_tokens", "output_tokens", "cached_tokens"}
+        unknown = set(raw) - {"text", "tool_calls", "input_tokens", "output_tokens", "cached_tokens", "stream_pause"}
         if unknown:
             raise ValueError(f"script turn has unknown keys {sorted(unknown)}: {raw}")
         if ("text" in raw) == ("tool_calls" in raw):
@@ -151,8 +156,8 @@ class LLMServer:
             self.requests.append(entry)
             self._cond.notify_all()
 
-    def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """The status, body and extra headers of the answer to ``body``."""
+    def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str], float]:
+        """The status, body and extra headers of the answer to ``body``, and its turn's ``stream_pause``."""
         messages = body.get("messages") or []
         n = sum(1 for m in messages if m.get("role") == "assistant")
         self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
@@ -162,14 +167,14 @@ class LLMServer:
         try:
             turn = self._turn(n)
         except LookupError as e:
-            return 400, _error(api, str(e)), {}
+            return 400, _error(api, str(e)), {}, 0.0
         usage_in = turn.input_tokens if turn.input_tokens is not None else DEFAULT_INPUT_TOKENS + 100 * n
         refused = self._over_limit(str(body.get("model")), usage_in + turn.output_tokens)
         if refused is not None:
-            return refused
+            return (*refused, 0.0)
         if api == "openai":
-            return 200, _openai_response(body, n, turn, usage_in), {}
-        return 200, _anthropic_response(body, n, turn, usage_in), {}
+            return 200, _openai_response(body, n, turn, usage_in), {}, turn.stream_pause
+        return 200, _anthropic_response(body, n, turn, usage_in), {}, turn.stream_pause
 
     def _over_limit(self, model: str, tokens: int) -> tuple[int, dict[str, Any], dict[str, str]] | None:
         """The 429 a provider would answer when ``model``'s bucket cannot take ``tokens`` now; else charge it."""
@@ -204,16 +209,16 @@ class LLMServer:
                     return
                 path = self.path.split("?", 1)[0]
                 if path.endswith("/chat/completions"):
-                    status, payload, headers = server.answer("openai", body)
+                    status, payload, headers, pause = server.answer("openai", body)
                     if body.get("stream") and status == 200:
                         usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                        self._stream(_openai_chunks(payload, usage), openai=True)
+                        self._stream(_openai_chunks(payload, usage, by_word=pause > 0), pause, openai=True)
                     else:
                         self._send(status, payload, headers)
                 elif path.endswith("/messages"):
-                    status, payload, headers = server.answer("anthropic", body)
+                    status, payload, headers, pause = server.answer("anthropic", body)
                     if body.get("stream") and status == 200:
-                        self._stream(_anthropic_events(payload))
+                        self._stream(_anthropic_events(payload, by_word=pause > 0), pause)
                     else:
                         self._send(status, payload, headers)
                 else:
@@ -232,19 +237,24 @@ class LLMServer:
                 except OSError:
                     pass  # the client was killed while its request was held
 
-            def _stream(self, events: list[dict[str, Any]], openai: bool = False) -> None:
+            def _stream(self, events: list[dict[str, Any]], pause: float, openai: bool = False) -> None:
                 if openai:  # data lines only, ended by [DONE]
-                    data = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+                    parts = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
                 else:
-                    data = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+                    parts = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events]
                 try:
                     self.send_response(200)
                     self.send_header("content-type", "text/event-stream")
-                    self.send_header("content-length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    if not pause:
+                        self.send_header("content-length", str(sum(map(len, parts))))
+                    self.end_headers()  # paced: no length, the answer ends when the connection closes (HTTP/1.0)
+                    for part in parts:
+                        self.wfile.write(part)
+                        if pause:
+                            self.wfile.flush()
+                            time.sleep(pause)
                 except OSError:
-                    pass
+                    pass  # the client was killed mid-stream
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -303,31 +313,38 @@ def _anthropic_response(body: dict[str, Any], n: int, turn: Turn, usage_in: int)
     }
 
 
-def _openai_chunks(completion: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+def _words(text: str | None, by_word: bool) -> list[str | None]:
+    """The pieces a streamed ``text`` comes in: word by word (each with the spaces after it), or whole."""
+    return re.findall(r"\S+\s*|\s+", text) if by_word and text else [text]
+
+
+def _openai_chunks(completion: dict[str, Any], include_usage: bool, by_word: bool = False) -> list[dict[str, Any]]:
     """A whole chat completion as OpenAI's stream of chunks: its usage only in a last chunk with no choices, and
     only when the request asked for it (``stream_options.include_usage``), as OpenAI does."""
     head = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
     choice, message = completion["choices"][0], completion["choices"][0]["message"]
-    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    first, *rest = _words(message.get("content"), by_word)
+    delta: dict[str, Any] = {"role": "assistant", "content": first}
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-    chunks = [head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-              head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+    chunks = [head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}]
+    chunks += [head | {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]} for word in rest]
+    chunks += [head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
     if include_usage:
         chunks.append(head | {"choices": [], "usage": completion["usage"]})
     return chunks
 
 
-def _anthropic_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+def _anthropic_events(message: dict[str, Any], by_word: bool = False) -> list[dict[str, Any]]:
     """A whole message as Anthropic's server-sent events (clients that always stream, like pydantic-ai's)."""
     usage = message["usage"]
     start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
     events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
-            events += [{"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
-                       {"type": "content_block_delta", "index": i,
-                        "delta": {"type": "text_delta", "text": block["text"]}}]
+            events.append({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})
+            events += [{"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": word}}
+                       for word in _words(block["text"], by_word)]
         else:
             events += [{"type": "content_block_start", "index": i,
                         "content_block": {**block, "input": {}}},

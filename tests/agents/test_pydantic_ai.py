@@ -20,7 +20,8 @@ from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from durablerun import DurableContext, Outcome, Policy, api
-from durablerun.integrations.pydantic_ai import DurableRunDurability, run
+from durablerun._private.storage.stream_reader import StreamReader
+from durablerun.integrations.pydantic_ai import DurableRunDurability, run, stream_text
 from durablerun.testing import WorkflowTest
 from durablerun_testbed import procs
 from durablerun_testbed.jaeger import Jaeger
@@ -214,3 +215,37 @@ def test_a_resumed_agent_run_keeps_its_run_id(llm_server: Any) -> None:
     assert seen[0] == seen[1]
     assert seen[0][0] == seen[0][1]
     assert len(server.requests) == 1
+
+
+def test_a_streamed_answer_is_written_to_an_output_stream_word_by_word_and_charged(llm_server: Any) -> None:
+    """``stream_text``: each model request streams inside its step and its text reaches the output stream as the
+    model sends it; the step is named for a streamed request and charged the stream's usage. A tool call between
+    the turns reaches the handler as pydantic-ai delivers it to every engine, and writes nothing."""
+    answer = "streamed answers reach their readers word by word"
+    server = llm_server([{"tool_calls": [{"name": "lookup", "args": {"topic": "streams"}}]},
+                         {"text": answer, "input_tokens": 100, "output_tokens": 8, "stream_pause": 0.1}])
+    model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.openai_base_url, api_key="k"))
+    agent = Agent(model, name="streamer",
+                  capabilities=[DurableRunDurability(event_stream_handler=stream_text("answer"))])
+
+    @agent.tool_plain
+    def lookup(topic: str) -> str:
+        return f"notes on {topic}"
+
+    async def wf(ctx: DurableContext, input: Any) -> Any:
+        return (await run(ctx, agent, "explain streams")).output
+
+    test = WorkflowTest(wf)
+    done = test.attempt()
+    assert done.outcome == Outcome.COMPLETED, done.message
+    assert done.result == answer
+    journal = test.store.run_store(test.ref)
+    reads = list(StreamReader(journal, "answer", final=True).read())
+    assert "".join(r.chunk.text for r in reads) == answer
+    assert len(reads) > 1  # as it came, not whole at the end
+    steps = [r.name for r in journal.read_all() if r.kind == "step"]
+    model, events, tool = ("streamer__model.request_stream", "streamer__event_stream_handler",
+                           "streamer__function_toolset__<agent>.call_tool:lookup")
+    assert steps == [model, events, tool, events, model]  # the tool's call and result events, a step each
+    assert done.totals.tokens == (1000 + 200) + (100 + 8)  # the first turn's default usage, then the script's
+    assert server.turns() == [0, 1]

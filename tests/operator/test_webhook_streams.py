@@ -27,6 +27,7 @@ import pytest
 
 from durablerun import streams, webhooks
 from durablerun_testbed import procs
+from durablerun_testbed.llmserver import LLMServer, Turn
 from durablerun_testbed.testbed import TestBed
 from tests.helpers.clis import Kubectl
 from tests.helpers.runs import RunEnv, StartOperator
@@ -159,6 +160,56 @@ def test_a_stream_url_reads_a_live_stream_and_resumes_without_gap_or_duplicate(
     status, _, body = _get(url, {"Last-Event-ID": "twelve"})
     assert status == 400
     assert "Last-Event-ID" in json.loads(body)["error"]
+
+
+#: The agent's answer, streamed word by word STREAM_PAUSE seconds apart: long enough to kill the run mid-answer.
+ANSWER = ("Durable runs keep their answers: a reader outside the cluster gets every word of the surviving "
+          "attempt once and in order, whatever happened to the pods that wrote them.")
+STREAM_PAUSE = 0.25
+
+
+def test_an_agents_streamed_answer_reaches_a_reader_outside_once_through_a_kill(
+        runs: RunEnv, ingress: Ingress, start_operator: StartOperator, testbed: TestBed) -> None:
+    """A pydantic-ai agent streams its answer to output stream ``answer`` as the model sends it; a reader of
+    final chunks through the ingress is connected from before the first word, and the runner's pod is killed
+    mid-answer. The step runs again in the next pod; the reader gets the surviving attempt's answer, each
+    word once and in order, and the killed attempt's words only as superseded chunks of a plain read."""
+    start_operator(DURABLERUN_WEBHOOK_URL=ingress.url)
+    with LLMServer([Turn(text=ANSWER, stream_pause=STREAM_PAUSE)]) as model:
+        runs.apply(runs.manifest("agent", "optest_agents:streamed_answer",
+                                 {"llm": model.openai_base_url, "question": "what do durable runs keep?"}))
+        url = _stream_url_of(runs)
+        final = SSE(url, timeout=120)
+        assert final.reply.status == 200
+        # A plain reader sees the words as they come: once a few have, the pod is killed mid-answer.
+        live = SSE(url.removesuffix("?final=true"))
+        seen = [event for event, _ in zip(live.events(), range(4), strict=False)]
+        live.close()
+        assert [e.kind for e in seen] == ["message"] * 4, seen
+        pod = runs.get("agent")["status"]["pod"]
+        testbed.node.kill(runs.namespace, pod)
+        got: list[Event] = []
+        for event in final.events():
+            if event.kind == "end":
+                break
+            got.append(event)
+        final.close()
+        runs.wait_phase("agent", "Succeeded", timeout=60)
+        assert model.turns() == [0, 0], "the killed request is asked again, once"
+
+    assert runs.get("agent")["status"]["attempt"] >= 2
+    assert {e.kind for e in got} == {"message"}
+    assert "".join(e.data for e in got) == ANSWER  # every word of the surviving attempt, once, in order
+    offsets = [int(e.id or -1) for e in got]
+    assert offsets == sorted(set(offsets))
+    # A plain read after the run shows what the killed attempt wrote, marked superseded, before the answer.
+    plain = SSE(url.removesuffix("?final=true"))
+    everything = list(plain.events())
+    plain.close()
+    superseded = [e for e in everything if e.kind == "superseded"]
+    assert superseded, everything
+    assert ANSWER.startswith("".join(e.data for e in superseded)), superseded
+    assert [e for e in everything if e.kind == "message"] == got
 
 
 def test_stream_and_event_tokens_cannot_stand_in_for_each_other(

@@ -145,6 +145,42 @@ def test_a_final_reader_holds_at_most_a_window_of_undecided_chunks(tmp_path: Pat
     rs.close()
 
 
+class _Undecided:
+    """A run's store as a reader sees it while the step that wrote its chunks still runs: no journal record and no
+    outcome yet, until ``decided``."""
+
+    def __init__(self, store: Any) -> None:
+        self._store, self.decided = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def count(self) -> int:
+        return int(self._store.count()) if self.decided else 0
+
+    def read_status(self) -> Any:
+        return self._store.read_status() if self.decided else None
+
+
+def test_a_final_reader_whose_window_was_undecided_when_the_run_finished_reads_to_the_end(tmp_path: Path) -> None:
+    """A final reader that holds a whole window of undecided chunks when the step is journaled and the run
+    finishes reads on to the last chunk: the poll that decided the window fetched nothing for want of room,
+    which is not the end of the stream."""
+    store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
+    attempt(store, _writer(10), config=replace(FAST, stream_batch_bytes=1))  # one chunk a write, journaled
+    rs = store.run_store(REF)
+    seen = _Undecided(rs)
+    reader = StreamReader(seen, "story", final=True, window=3)  # type: ignore[arg-type]
+    assert reader.advance().reads == []
+    assert reader.advance().reads == []
+    assert len(reader._held) == 3
+    seen.decided = True
+    reads = list(reader.follow(sleep=lambda _: None))
+    assert [r.chunk.offset for r in reads] == list(range(10))
+    assert {r.standing for r in reads} == {Standing.FINAL}
+    rs.close()
+
+
 def test_async_steps_await_their_writes_and_gathered_steps_never_share_a_chunk(tmp_path: Path) -> None:
     store = StoreSpec("fs", f"file://{tmp_path / 'store'}", {}, [], {}).open()
     config = replace(FAST, stream_buffer_bytes=12, stream_batch_bytes=12)  # awrite waits for room often

@@ -23,6 +23,15 @@ budgets stop a runaway agent, and takes its share of its model's quota before
 it is sent (docs/agents.md, "Model quotas"). Tool calls run one at a time inside a durable
 run (their journal positions must not depend on timing).
 
+An answer can be streamed to the run's output stream as it arrives, for readers outside the pod
+(``durablerun stream``, ``ctx.stream_url``)::
+
+    agent = Agent(..., capabilities=[DurableRunDurability(event_stream_handler=stream_text("answer"))])
+
+The model request is then streamed inside its step and its text written to stream ``answer`` word by word
+as the model sends it. A step killed mid-answer runs again; what the killed try wrote is marked superseded,
+so a reader of final chunks (``--final``, ``?final=true``) gets the surviving answer once.
+
 Outside :func:`run` the capability does nothing: the agent runs as usual.
 Needs ``pip install 'durable-run[pydantic-ai]'``.
 """
@@ -30,7 +39,7 @@ Needs ``pip install 'durable-run[pydantic-ai]'``.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +47,8 @@ from durablerun._private.storage.extras import require
 
 require("pydantic-ai", "the pydantic-ai integration", "pydantic_ai")
 
+from pydantic_ai import AgentStreamEvent, PartDeltaEvent, PartStartEvent, RunContext, TextPart, TextPartDelta  # noqa: E402
+from pydantic_ai.agent import EventStreamHandler  # noqa: E402
 from pydantic_ai.agent.abstract import AbstractAgent  # noqa: E402
 from pydantic_ai.durable_exec import (  # noqa: E402
     JSON_CODEC,
@@ -58,7 +69,7 @@ from durablerun._private.agents import llm, quota  # noqa: E402
 from durablerun._private.engine.context import DurableContext  # noqa: E402
 from durablerun.integrations._bridge import CURRENT, Bridge  # noqa: E402
 
-__all__ = ["DurableRunDurability", "run"]
+__all__ = ["DurableRunDurability", "run", "stream_text"]
 
 
 def _serialization_failure(exc: Exception) -> BaseException:
@@ -136,6 +147,10 @@ class DurableRunDurability(BaseDurabilityCapability[AgentDepsT]):
         model_retries, tool_retries: retries of a failing model request / tool call step
             (default: the run's ``policy.maxRetries``). pydantic-ai's own retries (a tool raising
             ``ModelRetry``) are answers to the model, not step failures.
+        event_stream_handler: pydantic-ai's handler of the agent's events (``stream_text(name)`` writes the
+            answer's text to an output stream). With one, each model request streams inside its step and
+            the handler sees its events live; the agent's other events (tool calls and results) reach it
+            as steps of their own, as pydantic-ai delivers them with every durable engine.
     """
 
     engine_spec = DurabilityEngineSpec(
@@ -153,8 +168,9 @@ class DurableRunDurability(BaseDurabilityCapability[AgentDepsT]):
     )
 
     def __init__(self, *, name: str | None = None, model_retries: int | None = None,
-                 tool_retries: int | None = None) -> None:
-        super().__init__(name=name)
+                 tool_retries: int | None = None,
+                 event_stream_handler: EventStreamHandler[AgentDepsT] | None = None) -> None:
+        super().__init__(name=name, event_stream_handler=event_stream_handler)
         self._model_retries = model_retries
         self._tool_retries = tool_retries
         self._backend: _Backend | None = None
@@ -198,3 +214,24 @@ async def run(ctx: DurableContext, agent: AbstractAgent[Any, Any], *args: Any, *
             f"agent {getattr(agent, 'name', None)!r} has no DurableRunDurability capability: build it with "
             "Agent(..., capabilities=[DurableRunDurability()]) so its model requests and tool calls are steps")
     return await _AgentBridge(ctx).run(agent.run(*args, **kwargs))
+
+
+def stream_text(name: str) -> EventStreamHandler[Any]:
+    """An ``event_stream_handler`` that writes the text the model streams to the run's output stream ``name``
+    (``ctx.stream(name)``), each piece as it arrives; other events are left alone. Inside a durable run only:
+    elsewhere there is no run to write to, and the events go by unwritten."""
+    async def handler(run_context: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+        bridge = _agent_bridge()
+        out = bridge.ctx.stream(name) if bridge is not None else None
+        async for event in events:
+            if out is None:
+                continue
+            if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                text = event.part.content
+            elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                text = event.delta.content_delta
+            else:
+                continue
+            if text:
+                await out.awrite(text)
+    return handler

@@ -82,7 +82,11 @@ class StreamReader:
         self.next_offset = start
         self._fetched = start
         self._held: list[Chunk] = []
-        self._full = False
+        #: Whether the last poll may have left chunks in the store: it filled its window, or (a final reader
+        #: whose window was all undecided) it had no room to fetch and has room again.
+        self._more = False
+        #: Whether the last poll fetched with room to spare: nothing was left in the store then.
+        self._at_end = False
         #: The journaled try of each step position: (attempt, tries) of its last step record.
         self._journaled: dict[str, tuple[str, int]] = {}
         self._journal_read = 0
@@ -98,8 +102,8 @@ class StreamReader:
         # output waits in the store, not in this reader's memory.
         room = self._window - len(self._held) if self.final else self._window
         fresh = self._objects.read(self.name, self._fetched, room) if room > 0 else []
-        #: Whether this poll fetched all it asked for (there may be more right behind it).
-        self._full = room > 0 and len(fresh) >= room
+        filled = room > 0 and len(fresh) >= room
+        self._at_end = room > 0 and not filled
         self._fetched += len(fresh)
         self._held += fresh
         for chunk in fresh:
@@ -116,6 +120,7 @@ class StreamReader:
             self.next_offset = chunk.offset + 1
             if not self.final or standing == Standing.FINAL:
                 out.append(Read(chunk, standing))
+        self._more = filled or (room <= 0 and not self._held)
         return out
 
     def seek(self, start: int) -> None:
@@ -130,7 +135,7 @@ class StreamReader:
         self._run_finished()
         while True:
             yield from self.poll()
-            if not self._full:
+            if not self._more:
                 return
 
     def follow(self, *, stop: Callable[[], bool] = lambda: False,
@@ -155,8 +160,8 @@ class StreamReader:
         before = self._fetched
         reads = self.poll()
         fetched = self._fetched - before
-        return Advance(reads, fresh=fetched > 0, behind=self._full,
-                       done=was_finished and fetched == 0 and not self._held)
+        return Advance(reads, fresh=fetched > 0, behind=self._more,
+                       done=was_finished and fetched == 0 and self._at_end and not self._held)
 
     def _run_finished(self) -> bool:
         if not self.finished:
