@@ -1,6 +1,7 @@
 """One pass over a DurableRunSchedule (durablerun_operator.scheduled) against a stand-in for kube, no test bed:
 the order it acts in, a create refused with 409 told as nothing new, its runs' changes that wake it and those
-that do not, and its timer at the next tick. The test bed's test_schedules.py proves the same end to end."""
+that do not, and its timer at the next tick; the work queue's urgent lane, which the timers use. The test
+bed's test_schedules.py proves the same end to end."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from durablerun import api, schedules
 from durablerun_operator import builders, scheduled
-from durablerun_operator.workqueue import Calls
+from durablerun_operator.workqueue import Calls, WorkQueue
 
 
 class StandIn:
@@ -136,3 +137,27 @@ def test_a_runs_phase_change_wakes_its_schedule_and_a_renewal_does_not() -> None
     runs.run_changed(other)
     assert not runs.queue.busy(("team", "x"))
     assert schedules.run_selector("digest").endswith("=digest")
+
+
+def test_the_urgent_lane_keeps_one_entry_and_one_worker_per_key() -> None:
+    async def body() -> list[tuple[str, str]]:
+        queue = WorkQueue()
+        a, b, c = ("ns", "a"), ("ns", "b"), ("ns", "c")
+        queue.add(a)
+        queue.add(b)
+        queue.add(b, urgent=True)  # moves ahead; still once
+        queue.add(b)  # already ahead: stays there
+        served = [await queue.get()]
+        queue.add(b, urgent=True)  # while b is worked on: after it is done, and once
+        queue.add(c)
+        served.append(await queue.get())
+        queue.done(b)
+        served.append(await queue.get())
+        served.append(await queue.get())
+        queue.done(a)
+        queue.done(b)
+        queue.done(c)
+        assert not any(queue.busy(key) for key in (a, b, c))
+        return served
+
+    assert asyncio.run(body()) == [("ns", "b"), ("ns", "a"), ("ns", "b"), ("ns", "c")]
