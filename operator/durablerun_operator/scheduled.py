@@ -4,9 +4,10 @@ its next tick, its plan (``ticks.decide``, pure) carried out through ``kube``.
 One pass over a schedule reads it and the runs it owns, decides, then acts in a fixed order: abort the runs
 Replace ends, create the tick's run (a create refused with 409 means the tick already fired: its name is the
 tick's), delete the runs past the history limits, write the status, post the Events. Then one timer, at the
-next tick. A pass that fails is tried again after a backoff. An operator that starts (or restarts) lists every
-schedule through its watch, and each is looked at once: the most recent tick it missed fires then, once.
-With shards, a schedule is decided by the replica holding its uid's shard.
+next tick; a timer's pass goes ahead of those queued by runs' changes. A pass that fails is tried again after a
+backoff. An operator that starts (or restarts) lists every schedule through its watch, and each is looked at
+once: the most recent tick it missed fires then, once. With shards, a schedule is decided by the replica
+holding its uid's shard.
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ class ScheduledRuns:
             self._wake(key, (plan.wake - api.now()).total_seconds() + TIMER_MARGIN_SECONDS)
 
     def _wake(self, key: Key, delay: float) -> None:
-        """One timer per schedule: look at it again in ``delay`` seconds."""
+        """One timer per schedule: look at it again in ``delay`` seconds, ahead of the schedules queued by their
+        runs' changes (a tick is due then: its run is what a pass is late for)."""
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
-        self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0.0), self.queue.add, key)
+        self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0.0), self.queue.add, key, True)

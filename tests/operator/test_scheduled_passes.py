@@ -10,6 +10,8 @@ import copy
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from durablerun import api, schedules
 from durablerun_operator import builders, scheduled
 from durablerun_operator.workqueue import Calls, WorkQueue
@@ -137,6 +139,29 @@ def test_a_runs_phase_change_wakes_its_schedule_and_a_renewal_does_not() -> None
     runs.run_changed(other)
     assert not runs.queue.busy(("team", "x"))
     assert schedules.run_selector("digest").endswith("=digest")
+
+
+def test_a_schedule_whose_tick_is_due_is_served_before_those_its_runs_changes_queued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body() -> list[tuple[str, str]]:
+        runs, timed = scheduled.ScheduledRuns(StandIn(a_schedule()), Calls(100, 100, 2)), asyncio.Event()
+        add = runs.queue.add
+
+        def told(key: tuple[str, str], urgent: bool = False) -> None:
+            add(key, urgent)
+            timed.set()
+
+        for schedule in ("a", "b"):  # runs of a and b changed phase
+            run = builders.scheduled_run({**a_schedule(), "metadata": {**a_schedule()["metadata"],
+                                                                       "name": schedule}}, api.now())
+            run["status"] = {"phase": "Running"}
+            runs.run_changed(run)
+        monkeypatch.setattr(runs.queue, "add", told)
+        runs._wake(("team", "ticking"), 0)  # its timer: the tick is due
+        await asyncio.wait_for(timed.wait(), 10)
+        return [await runs.queue.get() for _ in range(3)]
+
+    assert asyncio.run(body()) == [("team", "ticking"), ("team", "a"), ("team", "b")]
 
 
 def test_the_urgent_lane_keeps_one_entry_and_one_worker_per_key() -> None:
