@@ -1,19 +1,19 @@
-"""DurableRunSchedules (durablerun.schedules): watched, each looked at when it or one of its runs changes and at
-its next tick, its plan (``ticks.decide``, pure) carried out through ``kube``.
+"""DurableRunSchedules (durablerun.schedules): watched, each looked at when it or one of its runs changes and at its
+next tick, its plan (``ticks.decide``, pure) carried out through ``kube``.
 
-A pass does not read what the watches tell: it decides from the schedule's latest body from its watch (with
-the status the last pass wrote, until the watch tells that write) and from an index of the schedule's runs
-(the runs' watch, by namespace and schedule label, deletions included, and the pass's own creates and
-deletes). Only the first pass of a schedule since the operator started (or since a pass of it failed) LISTs its
-runs, as the runs' watch may not have told them all yet; a schedule no watch event told, or one told deleted,
-is not looked at. The pass then acts in a fixed order: abort the runs Replace ends, create the tick's run (a
-create refused with 409 means the tick already fired: its name is the tick's), delete the runs past the
-history limits, write the status, set one timer at the next tick, post the Events. A timer's pass goes ahead
-of those queued by runs' changes (the work queue's urgent lane): at a tick of many schedules, the new runs'
-phase changes must not delay the next schedules' creates. A pass that fails is tried again after a backoff.
-An operator that starts (or restarts) lists every schedule through its watch, and each is looked at once:
-the most recent tick it missed fires then, once. With shards, a schedule is decided by the replica holding
-its uid's shard.
+A pass does not read what the watches tell: it decides from the schedule's latest body from its watch (with the
+status the last pass wrote, until the watch tells that write) and from an index of the schedule's runs (the runs'
+watch, by namespace and schedule label, deletions included, and the pass's own creates and deletes). Only the first
+pass of a schedule since the operator started (or since a pass of it failed) LISTs its runs, as the runs' watch may
+not have told them all yet, and so does the next pass after the resync found a run's version the watch had not told
+(the resync's bodies are not kept: its LIST may predate what the watch told while it was read); a schedule no watch
+event told, or one told deleted, is not looked at. The pass then acts in a fixed order: abort the runs Replace ends,
+create the tick's run (a create refused with 409 means the tick already fired: its name is the tick's), delete the
+runs past the history limits, write the status, set one timer at the next tick, post the Events. A timer's pass goes
+ahead of those queued by runs' changes (the work queue's urgent lane): at a tick of many schedules, the new runs'
+phase changes must not delay the next schedules' creates. A pass that fails is tried again after a backoff. An
+operator that starts (or restarts) lists every schedule through its watch, and each is looked at once: the most
+recent tick it missed fires then, once. With shards, a schedule is decided by the replica holding its uid's shard.
 """
 
 from __future__ import annotations
@@ -73,12 +73,21 @@ class ScheduledRuns:
         self._schedules[key] = body
         self.queue.add(key)
 
-    def run_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
+    def run_changed(self, body: dict[str, Any], deleted: bool = False, relisted: bool = False) -> None:
         """A run changed: kept in its schedule's runs; its schedule, if it has one, is looked at when the run's
-        phase changed or it went."""
+        phase changed or it went.
+
+        ``relisted``: the body is the resync's, from a LIST that may predate what the watch told while it was
+        read: not kept; if it is not the version the watch told, the schedule's next pass LISTs its runs."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         schedule = (meta.get("labels") or {}).get(api.LABEL_SCHEDULE)
+        if relisted:
+            if schedule and meta.get("resourceVersion") != self._runs.get((namespace, schedule), {}).get(
+                    name, {}).get("metadata", {}).get("resourceVersion"):
+                self._listed.discard((namespace, schedule))
+                self.queue.add((namespace, schedule))
+            return
         before = self._runs_seen.get((namespace, name))
         if before is not None and before[0] != schedule:  # its label changed: no longer that schedule's
             self._runs.get((namespace, before[0]), {}).pop(name, None)

@@ -377,3 +377,27 @@ def test_a_run_the_pass_deleted_is_not_deleted_again_before_the_watch_tells() ->
     kube.calls.clear()
     one_pass(kube, runs)
     assert [c[0] for c in kube.calls] == ["status"]  # the created run's uid; no delete, no RunDeleted again
+
+
+def test_a_resyncs_older_run_is_not_believed_and_the_next_pass_lists() -> None:
+    kube = StandIn(a_schedule(concurrencyPolicy="Forbid"))
+    running = a_run(kube.schedule, api.now() - timedelta(minutes=3), api.Phase.RUNNING)
+    running["metadata"]["resourceVersion"] = "5"
+    runs = operator(kube)
+    runs.run_changed(copy.deepcopy(running))
+    # The watch tells it finished; then the resync's LIST, read before that, tells it running.
+    done = copy.deepcopy(running)
+    done["metadata"]["resourceVersion"] = "6"
+    done["status"] = {"phase": api.Phase.SUCCEEDED, "completionTime": api.format_time(api.now())}
+    kube.runs[done["metadata"]["name"]] = done
+    runs.run_changed(copy.deepcopy(done))
+    runs._listed.add(KEY)  # its first pass was long ago
+    runs.run_changed(copy.deepcopy(running), relisted=True)
+    one_pass(kube, runs)
+    assert kube.reads == [("list", "digest")]
+    assert ("event", "RunCreated") in kube.calls  # Forbid held by nothing: the run finished
+    # A resync that agrees with the watch costs nothing.
+    runs.run_changed(copy.deepcopy(done), relisted=True)
+    kube.calls.clear()
+    one_pass(kube, runs)
+    assert kube.reads == [("list", "digest")]
