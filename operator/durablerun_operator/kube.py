@@ -76,15 +76,15 @@ class Kube:
                                                           label_selector=f"{api.LABEL_PARENT}={parent}")
         return list(reply["items"])
 
-    def create_run(self, run: dict[str, Any]) -> bool:
-        """Create a DurableRun (a child); False if one of that name exists."""
+    def create_run(self, run: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a DurableRun (a child, a schedule's): the run as the API server made it; None if one of that
+        name exists."""
         try:
-            self.custom.create_namespaced_custom_object(
-                api.GROUP, api.VERSION, run["metadata"]["namespace"], api.PLURAL, run)
-            return True
+            return dict(self.custom.create_namespaced_custom_object(
+                api.GROUP, api.VERSION, run["metadata"]["namespace"], api.PLURAL, run))
         except ApiException as error:
             if error.status == 409:
-                return False
+                return None
             raise
 
     def merge_patch_run(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
@@ -260,30 +260,22 @@ class Kube:
 
     # --- DurableRunSchedules ---------------------------------------------------------
 
-    def get_schedule(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.SCHEDULE_PLURAL, name))
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
     def list_scheduled_runs(self, namespace: str, schedule: str) -> list[dict[str, Any]]:
         """The runs labelled as ``schedule``'s (the caller keeps those it owns)."""
         reply = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
                                                           label_selector=schedules.run_selector(schedule))
         return list(reply["items"])
 
-    def patch_schedule_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """A merge patch of a DurableRunSchedule's status (nothing if the schedule is gone)."""
+    def patch_schedule_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """A merge patch of a DurableRunSchedule's status: the schedule as written (None if it is gone)."""
         try:
-            self.custom.patch_namespaced_custom_object_status(
+            return dict(self.custom.patch_namespaced_custom_object_status(
                 api.GROUP, api.VERSION, namespace, api.SCHEDULE_PLURAL, name, {"status": status},
-                _content_type="application/merge-patch+json")
+                _content_type="application/merge-patch+json"))
         except ApiException as error:
             if error.status != 404:
                 raise
+            return None
 
     # --- per-run RBAC --------------------------------------------------------------
 

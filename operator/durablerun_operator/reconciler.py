@@ -76,7 +76,7 @@ class Reconciler:
                     while True:  # a page is decided before the next is read: one page held at a time
                         runs, token = await self._call(self.kube.list_runs_page, namespace, token)
                         for run in runs:
-                            self.run_changed(run)
+                            self.run_changed(run, relisted=True)
                         del runs
                         if token is None:
                             break
@@ -85,9 +85,10 @@ class Reconciler:
 
     # --- what to reconcile, and when -------------------------------------------------
 
-    def run_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
-        """A new version of a run (from the watch or the resync): reconcile it now, or when its clock runs out."""
-        self.schedules.run_changed(body, deleted)  # a scheduled run's phase tells its schedule
+    def run_changed(self, body: dict[str, Any], deleted: bool = False, relisted: bool = False) -> None:
+        """A new version of a run (from the watch, or ``relisted`` by the resync): reconcile it now, or when its
+        clock runs out."""
+        self.schedules.run_changed(body, deleted, relisted)  # a scheduled run's phase tells its schedule
         schedule = self.schedule
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         version = body["metadata"].get("resourceVersion")

@@ -10,6 +10,7 @@ attempt per epoch.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,31 +52,47 @@ class Calls:
 
 
 class WorkQueue:
-    """Deduplicating queue: a key queued twice is reconciled once; one worker per key at a time."""
+    """Deduplicating queue: a key queued twice is reconciled once; one worker per key at a time.
+
+    Two lanes: a key added ``urgent`` is served before every key added without (the schedules' timers: a tick
+    due goes ahead of passes that only re-read a run's phase change). Within a lane, first come first served.
+    A key already queued and added urgent moves to the urgent lane (its earlier entry is skipped when met).
+    """
+
+    URGENT, NORMAL = 0, 1
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._dirty: set[Key] = set()
+        # (lane, arrival, key): an entry only says "look at key"; ``_dirty`` says whether it is still queued.
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
+        self._arrivals = itertools.count()
+        self._dirty: dict[Key, int] = {}  # queued key -> its lane
         self._active: set[Key] = set()
 
-    def add(self, key: Key) -> None:
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
+    def add(self, key: Key, urgent: bool = False) -> None:
+        lane = self.URGENT if urgent else self.NORMAL
+        if self._dirty.get(key, self.NORMAL + 1) <= lane:
+            return  # queued already, in this lane or ahead of it
+        self._dirty[key] = lane
         if key not in self._active:
-            self._queue.put_nowait(key)
+            self._put(key)
 
     def busy(self, key: Key) -> bool:
         """Queued or being reconciled."""
         return key in self._dirty or key in self._active
 
     async def get(self) -> Key:
-        key = await self._queue.get()
-        self._dirty.discard(key)
+        while True:
+            _, _, key = await self._queue.get()
+            if key in self._dirty and key not in self._active:
+                break  # else an entry left behind by a move to the urgent lane, or by a key served since
+        del self._dirty[key]
         self._active.add(key)
         return key
 
     def done(self, key: Key) -> None:
         self._active.discard(key)
         if key in self._dirty:  # changed again while we worked on it
-            self._queue.put_nowait(key)
+            self._put(key)
+
+    def _put(self, key: Key) -> None:
+        self._queue.put_nowait((self._dirty[key], next(self._arrivals), key))
