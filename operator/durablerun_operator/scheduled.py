@@ -10,8 +10,9 @@ not have told them all yet, and so does the next pass after the resync found a r
 event told, or one told deleted, is not looked at. The pass then acts in a fixed order: abort the runs Replace ends,
 create the tick's run (a create refused with 409 means the tick already fired: its name is the tick's), delete the
 runs past the history limits, write the status, set one timer at the next tick, post the Events. A timer's pass goes
-ahead of those queued by runs' changes (the work queue's urgent lane): at a tick of many schedules, the new runs'
-phase changes must not delay the next schedules' creates. A pass that fails is tried again after a backoff. An
+ahead of those queued by runs' changes (the work queue's urgent lane), and a pass's API calls go ahead of the run
+reconciler's that wait for the rate limit with them: at a tick of many schedules, the new runs' phase changes and
+pod starts must not delay the next schedules' creates. A pass that fails is tried again after a backoff. An
 operator that starts (or restarts) lists every schedule through its watch, and each is looked at once: the most
 recent tick it missed fires then, once. With shards, a schedule is decided by the replica holding its uid's shard.
 """
@@ -19,6 +20,7 @@ recent tick it missed fires then, once. With shards, a schedule is decided by th
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -40,7 +42,10 @@ TIMER_MARGIN_SECONDS = 0.05
 class ScheduledRuns:
     def __init__(self, kube: Kube, call: Calls, keeper: shards.Keeper | None = None) -> None:
         """``keeper``: the shard keeper with more than one replica (None: this replica decides every schedule)."""
-        self._kube, self._call, self._keeper = kube, call, keeper
+        self._kube, self._keeper = kube, keeper
+        # A schedule's calls go before the run reconciler's that wait with them: at a tick of many schedules,
+        # their runs' creates must not queue behind the pod starts of the runs created first.
+        self._call = functools.partial(call, urgent=True)
         self.queue = WorkQueue()
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._failures: dict[Key, int] = {}

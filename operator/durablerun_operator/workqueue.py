@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -34,21 +35,51 @@ class RateLimiter:
         self._last = now
         return max(0.0, -self._tokens / self.qps)
 
+    def take_now(self) -> bool:
+        """Take one token if there is one now (True); else take none."""
+        now = self._clock()
+        self._tokens, self._last = min(float(self.burst), self._tokens + (now - self._last) * self.qps), now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
 
 class Calls:
     """The reconciler's API calls, paced by one :class:`RateLimiter`. They block: they run on ``threads`` threads
     of our own, as many as the workers (the default pool has cpu+4 threads, shared with everything else in the
-    process)."""
+    process).
+
+    While calls wait for the limiter, an ``urgent`` one goes before every other that waits (then first come,
+    first served): a call that is late the moment it waits (a schedule's tick) is not held behind a fleet's
+    pod starts."""
 
     def __init__(self, qps: float, burst: int, threads: int) -> None:
         self._limiter = RateLimiter(qps, burst)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="durablerun-kube")
+        self._waiting: dict[bool, deque[asyncio.Future[None]]] = {True: deque(), False: deque()}
+        self._pacer: asyncio.Task[None] | None = None
 
-    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        delay = self._limiter.reserve()
-        if delay:
-            await asyncio.sleep(delay)
+    async def __call__(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
+        if self._waiting[True] or self._waiting[False] or not self._limiter.take_now():
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting[urgent].append(turn)
+            if self._pacer is None or self._pacer.done():
+                self._pacer = asyncio.ensure_future(self._pace())
+            await turn
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _pace(self) -> None:
+        """Let the waiting calls go one token at a time, the urgent ones first."""
+        while self._waiting[True] or self._waiting[False]:
+            delay = self._limiter.reserve()
+            if delay:
+                await asyncio.sleep(delay)
+            waiting = self._waiting[True] or self._waiting[False]
+            while waiting and waiting[0].cancelled():
+                waiting.popleft()  # its caller was cancelled: the token goes to the next
+            if waiting:
+                waiting.popleft().set_result(None)
 
 
 class WorkQueue:

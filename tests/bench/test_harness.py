@@ -232,6 +232,10 @@ def test_report_judges_the_schedules_against_firing_once_each() -> None:
     assert "| every schedule fires once at its tick (100 in one minute) | 100 of 100 | **met** |" in text
     missed = report.render({**_results(), "schedules": {**s, "fired_on_first_tick": 99}})
     assert "| 99 of 100 | **missed** |" in missed
+    alone = report.render({**_results(), "schedules": {**s, "controller_alone": {
+        "fired_on_first_tick": 100, "tick_to_run": {**p, "max": 12.0}}}})
+    assert "| the run created, its runs suspended (the schedule controller alone) | 1 s | 2 s | 3 s | 12 s |" in alone
+    assert "(the schedule controller alone) | 12 s | **missed** |" in alone
 
 
 def test_report_judges_preemption_at_a_step_boundary_beside_cut_off_steps() -> None:

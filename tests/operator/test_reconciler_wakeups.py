@@ -21,7 +21,7 @@ from durablerun import api
 from durablerun_operator import decide, metrics, overload
 from durablerun_operator.config import Settings
 from durablerun_operator.reconciler import Reconciler
-from durablerun_operator.workqueue import RateLimiter
+from durablerun_operator.workqueue import Calls, RateLimiter
 from tests.operator.reconciler_runs import RUN, at
 
 WAITING: dict[str, Any] = {
@@ -115,6 +115,29 @@ def test_the_rate_limiter_lets_a_burst_through_then_paces_at_qps() -> None:
     assert [round(limiter.reserve(), 3) for _ in range(2)] == [0.1, 0.2]
     clock[0] = 10.0  # a lull refills the bucket, up to the burst
     assert [limiter.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
+def test_an_urgent_call_goes_before_the_calls_that_wait_with_it_and_the_pace_holds() -> None:
+    """The schedules' calls are urgent: one that comes while others wait for the rate limiter goes first; the
+    others keep their order, and all of them together keep to the limiter's pace."""
+    calls = Calls(qps=20, burst=1, threads=1)
+    sent: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        def send(name: str) -> None:
+            sent.append((name, loop.time() - start))
+
+        waiting = [asyncio.ensure_future(calls(send, f"run-{i}")) for i in range(4)]
+        await asyncio.sleep(0)  # run-0 took the one token; the others wait
+        waiting.append(asyncio.ensure_future(calls(send, "tick", urgent=True)))
+        await asyncio.gather(*waiting)
+
+    asyncio.run(scenario())
+    assert [name for name, _ in sent] == ["run-0", "tick", "run-1", "run-2", "run-3"]
+    assert sent[-1][1] >= 4 / 20 - 0.01  # four calls past the burst, at 20 a second
 
 
 def expired() -> dict[str, Any]:
