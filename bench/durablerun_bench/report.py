@@ -78,6 +78,11 @@ def render(r: dict[str, Any]) -> str:
         targets.append(["every schedule fires once at its tick (100 in one minute)",
                         f"{r['schedules']['fired_on_first_tick']} of {r['schedules']['schedules']}",
                         _yes(r["schedules"]["fired_on_first_tick"] == r["schedules"]["schedules"])])
+        if "controller_alone" in r["schedules"]:
+            late = r["schedules"]["controller_alone"]["tick_to_run"]["max"]
+            targets.append([f"every tick's run created within {schedules.CREATE_TARGET_S:.0f} s of its tick "
+                            "(the schedule controller alone)", f"{late:.0f} s",
+                            _yes(late <= schedules.CREATE_TARGET_S)])
     if "kueue" in r:
         lines += kueue.section(r["kueue"])
         targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",

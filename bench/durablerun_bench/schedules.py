@@ -28,17 +28,33 @@ from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
 POLL = 1.0
+#: Target: with the runs suspended, every tick's run exists this long after its tick at the latest.
+CREATE_TARGET_S = 10.0
 
 
 def bench(bed: TestBed, root: Path, run_id: str, *, count: int, log: Any = print) -> dict[str, Any]:
-    namespace, bucket = "bench-schedules", "bench-schedules-" + uuid.uuid4().hex[:8]
+    """The schedules' ticks twice, side by side: first with their runs created suspended (no pod starts: the
+    schedule controller alone), then as usual, each run's pod started on the same two cores (on a cluster the
+    runners run on other nodes than the operator and the control plane)."""
+    log("  the controller alone: the runs created suspended")
+    alone = _fire(bed, root, run_id, count=count, start_pods=False, log=log)
+    log("  the runs started as usual")
+    result = _fire(bed, root, run_id, count=count, start_pods=True, log=log)
+    result["controller_alone"] = {k: alone[k] for k in ("fired_on_first_tick", "tick_to_run")}
+    return result
+
+
+def _fire(bed: TestBed, root: Path, run_id: str, *, count: int, start_pods: bool, log: Any) -> dict[str, Any]:
+    suffix = "" if start_pods else "-alone"
+    namespace, bucket = f"bench-schedules{suffix}", "bench-schedules-" + uuid.uuid4().hex[:8]
     resume.prepare_namespace(bed, namespace, bucket)
     marks = root / "schedule-marks"
     marks.mkdir(parents=True, exist_ok=True)
     run = resume.manifest(bed, namespace, "unused", bucket, marks, {"n": 2, "sleep": 0})
+    template = {"spec": {**run["spec"], "suspend": not start_pods}}
     bodies = [{"apiVersion": api.API_VERSION, "kind": api.SCHEDULE_KIND,
                "metadata": {"name": f"s{i:03d}", "namespace": namespace},
-               "spec": {"schedule": "* * * * *", "runTemplate": {"spec": run["spec"]}}} for i in range(count)]
+               "spec": {"schedule": "* * * * *", "runTemplate": template}} for i in range(count)]
     with resume.operator(bed, namespace, root, run_id):
         # Applied early in a minute, so that every schedule exists well before the next tick.
         procs.wait_for(lambda: 2 <= datetime.now().second <= 20, timeout=70, interval=0.2,
@@ -54,6 +70,8 @@ def bench(bed: TestBed, root: Path, run_id: str, *, count: int, log: Any = print
                                                                                                    namespace)}
             done = {r["metadata"]["labels"].get(api.LABEL_SCHEDULE) for r in runs
                     if r["metadata"]["name"] in with_pods}
+            if not start_pods:
+                done = {r["metadata"]["labels"].get(api.LABEL_SCHEDULE) for r in runs}
             return runs if len(done) >= count else None
 
         runs = procs.wait_for(first_runs, timeout=240, interval=POLL, what=f"a run with a pod for each of {count}")
@@ -94,12 +112,20 @@ def section(s: dict[str, Any], load: str | None = None) -> list[str]:
         "and the process node on the test bed; timestamps are the API server's, to the second "
         "(`python -m durablerun_bench.schedules`). "
         f"{s['fired_on_first_tick']} of {s['schedules']} fired at the first tick (a run is named after its tick: "
-        "none can fire twice).",
+        "none can fire twice)"
+        + (f"; {s['controller_alone']['fired_on_first_tick']} of {s['schedules']} with the runs suspended."
+           if "controller_alone" in s else "."),
         "",
         "| from the tick to | p50 | p90 | p99 | max |",
         "|---|---|---|---|---|",
+        *([row("the run created, its runs suspended (the schedule controller alone)",
+               s["controller_alone"]["tick_to_run"])] if "controller_alone" in s else []),
         row("the run created", s["tick_to_run"]),
         row("its pod created", s["tick_to_pod"]),
+        "",
+        "In the last two rows the runs' pods start on the same two cores as the operator and the control plane, "
+        "and a hundred runners starting at once take most of the machine (on a cluster they run on other nodes): "
+        "the first row is the schedule controller's own figure.",
         "",
     ]
 
