@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun import api
+from durablerun._private.records.layout import LOGS_DIR
 from durablerun.engine import Run
 from durablerun.stores import RunRef, open_store
 from durablerun_testbed.testbed import TestBed
@@ -120,12 +121,14 @@ def check_woken_and_silent(runs: RunEnv, pods: PodRecorder, trial: Paused, root:
     assert trial.exit, "the continued runner did not end"
     check_woken_fenced(trial.exit, Path(trial.log), trial.paused_at)
     if trial.mode == "after-finish":
-        # Not one object changes. The one exception is a snapshot that was under way when the runner froze: it
-        # may finish writing its chunks, but they stay unreferenced (the pointer has moved on and its swap is
-        # refused), so nothing reads them.
+        # Not one object changes. The exceptions: a snapshot that was under way when the runner froze may finish
+        # writing its chunks, but they stay unreferenced (the pointer has moved on and its swap is refused), so
+        # nothing reads them; and the pod's log shipper may store the woken runner's last lines (its "fenced"),
+        # as new parts of the attempt's own logs: never an object that was there, never run state.
         changed = {k for k, v in trial.listing_after.items() if trial.listing_before.get(k) != v}
         referenced = {c["key"] for c in (journal.pointer or {}).get("chunks", [])}
-        orphans = {k for k in changed if k.startswith("chunks/") and k not in referenced}
+        orphans = {k for k in changed if (k.startswith("chunks/") and k not in referenced)
+                   or (k.startswith(LOGS_DIR) and k not in trial.listing_before)}
         assert changed == orphans, f"the fenced runner changed the store after waking: {sorted(changed - orphans)}"
         assert set(trial.listing_before) <= set(trial.listing_after), "the fenced runner removed objects"
         assert trial.status_after == trial.status_before, "the fenced runner changed the run's status after waking"

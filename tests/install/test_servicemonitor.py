@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
 from durablerun_operator import metrics
-from durablerun_operator.ingress import server as ingress
+from durablerun_operator.ingress import counters
 from durablerun_testbed import procs
 from durablerun_testbed.prometheus import Prometheus, ServiceMonitorTarget
 from tests.helpers.clis import Helm, Manifest
@@ -115,14 +115,14 @@ def test_the_webhook_ingress_is_scraped_by_its_own_service_monitor(
     hooks = [o for o in objects if o["metadata"]["name"].endswith("-webhooks")]
     target = ServiceMonitorTarget(one(hooks, "ServiceMonitor"), one(hooks, "Service"), pod="durable-run-webhooks-x",
                                   container="webhooks")
-    ingress.REQUESTS.labels("delivered").inc()  # the ingress's own series, as its process serves them
+    counters.REQUESTS.labels("delivered").inc()  # the ingress's own series, as its process serves them
     served, thread = start_http_server(0, addr="127.0.0.1")
     try:
         prometheus = start_prometheus([f"127.0.0.1:{served.server_port}"], service_monitor=target)
         procs.wait_for(lambda: prometheus.query("durablerun_webhook_requests_total"), timeout=WAIT,
                        what="the first scrape of the ingress")
         outcomes = series(prometheus, "durablerun_webhook_requests_total")
-        assert {s["outcome"] for s in outcomes} == set(ingress.OUTCOMES)
+        assert {s["outcome"] for s in outcomes} == set(counters.OUTCOMES)
         assert {s["job"] for s in outcomes} == {"durable-run-webhooks"}  # not the operator's job
         assert series(prometheus, 'durablerun_webhook_requests_total{outcome="delivered"} > 0')
     finally:

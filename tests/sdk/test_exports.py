@@ -49,7 +49,7 @@ PUBLIC = {
 # The agent-framework adapters (extras): their classes subclass the frameworks' own, so they live
 # in their modules rather than behind a thin one; their surface is pinned all the same.
 INTEGRATIONS = {
-    "durablerun.integrations.pydantic_ai": ["DurableRunDurability", "run"],
+    "durablerun.integrations.pydantic_ai": ["DurableRunDurability", "run", "stream_text"],
     "durablerun.integrations.langgraph": ["run_graph"],
 }
 
