@@ -52,3 +52,12 @@ def confirm(chrome: webdriver.Remote) -> str:
     question = str(alert.text)
     alert.accept()
     return question
+
+
+def answer(chrome: webdriver.Remote, reply: str) -> str:
+    """Answer the page's prompt with ``reply``; its question."""
+    alert = WebDriverWait(chrome, 10).until(lambda c: c.switch_to.alert)
+    question = str(alert.text)
+    alert.send_keys(reply)
+    alert.accept()
+    return question

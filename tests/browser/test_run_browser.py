@@ -21,9 +21,9 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 
-from durablerun_testbed import binaries, chromium
+from durablerun_testbed import binaries, chromium, procs
 from durablerun_testbed.testbed import TestBed
-from tests.browser.pages import StartUI, confirm, listed, open_link, rows, text, until
+from tests.browser.pages import StartUI, answer, confirm, listed, open_link, rows, text, until
 from tests.helpers.runs import Operator, RunEnv
 
 pytestmark = pytest.mark.testbed
@@ -69,6 +69,21 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     chrome.find_element(By.NAME, "age").clear()
     chrome.find_element(By.NAME, "label").send_keys("team\n")  # a label key alone: runs that have it
     until(chrome, lambda: {f"{ns}/review", f"{ns}/long"} <= listed(chrome), "both runs again")
+    # Search (the words in a run's name or message) and sort.
+    search = chrome.find_element(By.NAME, "q")
+    search.send_keys(f"{ns} revi\n")
+    until(chrome, lambda: listed(chrome) == {f"{ns}/review"}, "only the run the search names")
+    search.clear()
+    search.send_keys("\n")
+    until(chrome, lambda: {f"{ns}/review", f"{ns}/long"} <= listed(chrome), "both runs once the search is cleared")
+
+    def order() -> list[str]:
+        return [row["data"]["run"] for row in rows(chrome, "runs")]
+
+    Select(chrome.find_element(By.NAME, "sort")).select_by_visible_text("restarts, most first")
+    until(chrome, lambda: order() == [f"{ns}/review", f"{ns}/long"], "the restarted run first")
+    Select(chrome.find_element(By.NAME, "sort")).select_by_visible_text("name")
+    until(chrome, lambda: order() == [f"{ns}/long", f"{ns}/review"], "by name")
     screenshot(chrome, "run-browser-list.png", 480)
 
     # The run's page: where it waits, the restart and the wait on its timeline, its Events and conditions.
@@ -109,6 +124,12 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert '"by": "dana"' in text(chrome, "#output")
     assert runs.executions("flaky") == 2  # the crash and the restart
     assert runs.executions("prepare") == 1  # replayed from the journal, not run again
+    # The crashed attempt's logs, from the run's store (its pod is gone): the runner's own lines, kept by the
+    # pod's shipper from outside the runner.
+    until(chrome, lambda: chrome.find_element(By.CSS_SELECTOR, "#log-attempts [data-attempt='1']").click() or True,
+          "attempt 1's logs listed")
+    until(chrome, lambda: "lease acquired" in text(chrome, "#logs"), "attempt 1's stored logs")
+    assert text(chrome, "#logs-summary").startswith("attempt 1: ")
     # The attempt that took the event in is drawn as a resume, not as a second red crash beside the real one.
     until(chrome, lambda: "resume" in {row["data"]["kind"] for row in rows(chrome, "timeline")} or None,
           "the resume after the wait on the timeline", timeout=60)
@@ -126,6 +147,21 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     until(chrome, lambda: not chrome.find_element(By.ID, "event-form").is_displayed(), "no event form once done")
     assert offered(chrome) == []
 
+    # Fork from a step: a new run with this one's journal up to the step, which executes it on.
+    from_step(chrome, "publish", "fork")
+    assert 'before step "publish"' in answer(chrome, "review-fork")
+    until(chrome, lambda: "forked from review before step 'publish'" in text(chrome, "#result"), "the fork's answer")
+    forked = runs.wait_phase("review-fork", "Succeeded", "Failed", "Aborted", timeout=120)
+    assert forked["status"]["phase"] == "Succeeded", forked["status"].get("message")
+    assert (runs.executions("prepare"), runs.executions("publish")) == (1, 2)  # the fork ran publish, not prepare
+    # Rerun the finished run itself from the step: its journal from there on dropped, the step run again.
+    from_step(chrome, "publish", "rerun")
+    assert "archived and dropped" in confirm(chrome)
+    until(chrome, lambda: "rerun from step 'publish'" in text(chrome, "#result"), "the rerun's answer")
+    procs.wait_for(lambda: runs.executions("publish") == 3, timeout=120, what="publish run again by the rerun")
+    assert runs.wait_phase("review", "Succeeded", timeout=120)["status"]["phase"] == "Succeeded"
+    assert runs.executions("prepare") == 1
+
     # Abort the other from its page: the question says the Saga grace applies.
     chrome.get(f"{url}runs/{ns}/long")
     until(chrome, lambda: text(chrome, "#phase") == "Running", "the long run Running")
@@ -140,6 +176,13 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     addresses = chromium.listening(chromedriver.pids())
     assert addresses, "chromedriver listens somewhere"
     assert all(a.startswith(("127.0.0.1:", "::1:")) for a in addresses), addresses
+
+
+def from_step(chrome: webdriver.Remote, step: str, how: str) -> None:
+    """Click the timeline's button to rerun or fork from ``step`` (again if the timeline was redrawn under it)."""
+    until(chrome, lambda: chrome.find_element(
+        By.CSS_SELECTOR, f"#timeline [data-from-step='{step}'][data-how='{how}']").click() or True,
+        f"{how} from step {step}")
 
 
 def offered(chrome: webdriver.Remote) -> list[str]:

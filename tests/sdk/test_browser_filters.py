@@ -33,6 +33,9 @@ RUNS = [run("a", "Waiting", labels={"team": "x", browser.QUEUE_LABEL: "gpu"}, us
     ({"queue": ["gpu"]}, ["a"]),
     ({"age": ["2h"]}, ["a", "c"]),
     ({"cost": ["0.25"]}, ["a"]),
+    ({"q": ["NS/B"]}, ["b"]),  # any case, in namespace/name
+    ({"q": ["ns c"]}, ["c"]),  # every word
+    ({"q": ["ns z"]}, []),
 ])
 def test_filters(query: dict[str, list[str]], names: list[str]) -> None:
     keep = browser.Filters(query)
@@ -43,6 +46,7 @@ def test_filters(query: dict[str, list[str]], names: list[str]) -> None:
     ({"phase": ["Sleeping"]}, "phase: Sleeping is not a phase"),
     ({"age": ["two hours"]}, "age: "),
     ({"cost": ["lots"]}, "cost: 'lots' is not a number"),
+    ({"sort": ["age"]}, "sort: 'age' is not one of newest, oldest, name, cost, restarts"),
 ])
 def test_a_bad_filter_names_its_field(query: dict[str, list[str]], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -52,3 +56,16 @@ def test_a_bad_filter_names_its_field(query: dict[str, list[str]], message: str)
 def test_summary_shows_what_the_list_needs() -> None:
     (a, *_) = RUNS
     assert (a["queue"], a["usd"], a["tokens"], a["parent"]) == ("gpu", "0.5", 3, "")
+
+
+@pytest.mark.parametrize(("sort", "names"), [
+    ("", ["a", "c", "b"]),  # newest first (a and c were created at the same time: then by name)
+    ("oldest", ["b", "a", "c"]),
+    ("name", ["a", "b", "c"]),
+    ("cost", ["a", "b", "c"]),  # the highest first; ties by namespace and name
+])
+def test_the_list_sorts(sort: str, names: list[str]) -> None:
+    watch = browser.RunWatch(None, all_namespaces=True)  # type: ignore[arg-type]  # never started: no kubectl
+    watch.runs = {("ns", r["name"]): r for r in RUNS}
+    page = watch.page(browser.Filters({"sort": [sort]} if sort else {}), 0)
+    assert [r["name"] for r in page["runs"]] == names

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from durablerun import api, errors, resource
 from durablerun._private.records.layout import RunRef, stream_name_error
+from durablerun._private.storage import logs
 from durablerun._private.storage.stores import Store
 from durablerun._private.storage.stream_reader import StreamReader
 from durablerun._private.storage.streams import StreamObjects
@@ -42,6 +43,7 @@ STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charse
 RUNS_PAGE = 100  # runs per page of the list
 TIMELINE_PAGE = 200  # timeline entries per page: a run of 100,000 steps is never sent whole
 STREAM_PAGE = 200  # stream chunks per answer: the page asks again at once while there are more
+LOG_TAIL_BYTES = 256 * 1024  # of an attempt's logs, the page shows the end (the CLI prints them whole)
 TOKEN_HEADER = "X-Durablerun-Token"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's own label naming a workload's LocalQueue
 PERMISSION_TTL = 30.0  # seconds an answer of the API server's SelfSubjectAccessReview is reused
@@ -83,6 +85,11 @@ class Filters:
                 self.max_age = api.parse_duration(one("age")).total_seconds()
             except ValueError as e:
                 raise ValueError(f"age: {e} (e.g. 30m, 2h, 7d)") from None
+        #: Words every run shown has in its namespace, name or message (any case).
+        self.words = one("q").lower().split()
+        self.sort = one("sort") or "newest"
+        if self.sort not in SORTS:
+            raise ValueError(f"sort: {self.sort!r} is not one of {', '.join(SORTS)}")
         self.min_usd: Decimal | None = None
         if one("cost"):
             try:
@@ -98,10 +105,24 @@ class Filters:
                 return False
         if self.queue and run["queue"] != self.queue:
             return False
+        if self.words:
+            searched = f"{run['namespace']}/{run['name']} {run['message']}".lower()
+            if not all(word in searched for word in self.words):
+                return False
         if self.max_age is not None and (not run["created"]
                                          or now - api.parse_time(run["created"]).timestamp() > self.max_age):
             return False
         return self.min_usd is None or Decimal(run["usd"]) >= self.min_usd
+
+
+#: The list's orders: ``sort=`` name -> (key, descending). Ties are in namespace and name order.
+SORTS: dict[str, tuple[Any, bool]] = {
+    "newest": (lambda r: r["created"], True),
+    "oldest": (lambda r: r["created"], False),
+    "name": (lambda r: r["name"], False),
+    "cost": (lambda r: (Decimal(r["usd"]), r["tokens"]), True),
+    "restarts": (lambda r: r["restarts"], True),
+}
 
 
 class RunWatch:
@@ -172,7 +193,9 @@ class RunWatch:
         with self.lock:
             found = [r for r in self.runs.values() if filters(r, now)]
             version, error = self.version, self.error
-        found.sort(key=lambda r: (r["created"], r["namespace"], r["name"]), reverse=True)
+        key, descending = SORTS[filters.sort]
+        found.sort(key=lambda r: (r["namespace"], r["name"]))
+        found.sort(key=key, reverse=descending)  # stable: ties keep the order above
         return {"version": version, "error": error, "total": len(found), "offset": offset,
                 "runs": found[offset:offset + RUNS_PAGE]}
 
@@ -233,6 +256,22 @@ class Timelines:
                     "chunks": [{"offset": r.chunk.offset, "text": r.chunk.text, "standing": r.standing.value,
                                 "step": r.chunk.step, "pos": r.chunk.pos, "attempt": r.chunk.attempt,
                                 "tries": r.chunk.tries, "at": r.chunk.at} for r in reads]}
+
+    def logs(self, kube: Kubectl, body: dict[str, Any], attempt: int | None) -> dict[str, Any]:
+        """The attempts whose stdout and stderr the run's store keeps, and with ``attempt`` the last
+        ``LOG_TAIL_BYTES`` of that attempt's (what ``kubectl durablerun logs --attempt`` prints)."""
+        with self.lock:
+            journal = self._journal(kube, body)
+            kept = logs.archived_attempts(journal.runs.backend, journal.ref)
+            if attempt is None:
+                return {"attempts": kept}
+            if attempt not in kept:
+                raise LookupError(f"attempt {attempt}: the store keeps no logs of it (kept: "
+                                  f"{', '.join(map(str, kept)) or 'none'})")
+            data = logs.read_attempt(journal.runs.backend, journal.ref, attempt) or b""
+        tail = data[-LOG_TAIL_BYTES:]
+        return {"attempts": kept, "attempt": attempt, "bytes": len(data), "truncated": len(data) > len(tail),
+                "text": tail.decode(errors="replace")}
 
     def _journal(self, kube: Kubectl, body: dict[str, Any]) -> _Journal:
         """The run's open store (opened again past ``REOPEN_SECONDS``); call with the lock held."""
@@ -324,6 +363,10 @@ class Browser:
         kube = self.kube.in_namespace(namespace)
         return self.timelines.stream(kube, kube.run(name), stream, start, STREAM_PAGE)
 
+    def logs_page(self, namespace: str, name: str, attempt: int | None) -> dict[str, Any]:
+        kube = self.kube.in_namespace(namespace)
+        return self.timelines.logs(kube, kube.run(name), attempt)
+
     def act(self, namespace: str, name: str, action: str, form: dict[str, Any]) -> str:
         """One of the plugin's changes, as the user (their RBAC refuses what they may not do)."""
         kube = self.kube.in_namespace(namespace)
@@ -340,6 +383,17 @@ class Browser:
             return kubeapi.abort(kube, name, str(form.get("reason") or "requested in the run browser"))
         if action == "retry":
             return kubeapi.retry(kube, name)
+        if action in ("rerun", "fork"):
+            step = str(form.get("step") or "")
+            if not step:
+                raise ValueError("step: name the step to start from")
+            secret = self.timelines.credentials_from_secret
+            if action == "rerun":
+                return kubeapi.rerun(kube, name, step, credentials_from_secret=secret)
+            to = str(form.get("to") or "")
+            if not to:
+                raise ValueError("to: name the new DurableRun")
+            return kubeapi.fork(kube, name, step, to, credentials_from_secret=secret)
         if action == "budget":  # the policy.askAt limit a waiting run reached, raised (or "none": lifted)
             flag = {resource.ASK_COST: "ask_at_usd", resource.ASK_TOKENS: "ask_at_tokens"}.get(str(form.get("budget")))
             if flag is None:
@@ -357,6 +411,7 @@ PATHS = [  # (method, pattern, handler name)
     ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/timeline"), "api_timeline"),
     ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/streams"), "api_streams"),
     ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/streams/(?P<stream>[^/]+)"), "api_stream"),
+    ("GET", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/logs"), "api_logs"),
     ("POST", re.compile(r"/api/runs/(?P<ns>[^/]+)/(?P<name>[^/]+)/(?P<action>[a-z]+)"), "api_act"),
 ]
 
@@ -437,6 +492,13 @@ class Handler(BaseHTTPRequestHandler):
     def api_stream(self, query: dict[str, list[str]], ns: str, name: str, stream: str) -> None:
         self._send(HTTPStatus.OK, self.browser.stream_page(ns, name, stream, _offset(query, "from")))
 
+    def api_logs(self, query: dict[str, list[str]], ns: str, name: str) -> None:
+        attempt = _offset(query, "attempt") if query.get("attempt") else None
+        try:
+            self._send(HTTPStatus.OK, self.browser.logs_page(ns, name, attempt))
+        except LookupError as e:
+            self._send(HTTPStatus.NOT_FOUND, {"error": str(e).strip("'\"")})
+
     def api_act(self, query: dict[str, list[str]], ns: str, name: str, action: str) -> None:
         # Only this server's pages know the token: another site can make the browser POST here, not read it.
         if not secrets.compare_digest(self.headers.get(TOKEN_HEADER) or "", self.browser.token):
@@ -452,7 +514,7 @@ class Handler(BaseHTTPRequestHandler):
             message = self.browser.act(ns, name, action, form if isinstance(form, dict) else {})
         except LookupError:
             return self._send(HTTPStatus.NOT_FOUND, {"error": f"no action {action!r}: event, suspend, resume, "
-                                                              "abort, retry or budget"})
+                                                              "abort, retry, budget, rerun or fork"})
         self._send(HTTPStatus.OK, {"message": message})
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from durablerun import api, resource
 from durablerun._private.records import layout
 from durablerun._private.storage.stores import Store, store_from_checkpoint
+from durablerun._private.tools import reruns
 
 RESOURCE = api.CRD_NAME  # as kubectl names the resource
 KIND_REF = f"{api.SINGULAR}.{api.GROUP}"  # as kubectl names objects: durablerun.durablerun.dev/NAME
@@ -193,6 +194,61 @@ def retry(kube: Kubectl, run: str) -> str:
     value = api.format_time(api.now(), precise=True)
     kube.annotate(run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
     return f"{KIND_REF}/{run} retry requested ({api.ANNOTATION_RETRY}={value})"
+
+
+def _origin(kube: Kubectl) -> reruns.Origin:
+    context = kube("config", "current-context", check=False).stdout.strip() or "?"
+    return reruns.Origin(who=os.environ.get("USER") or "?", via=f"kubectl durablerun (context {context})")
+
+
+def rerun(kube: Kubectl, run: str, step: str, *, credentials_from_secret: bool) -> str:
+    """Cut the finished run's journal back to ``step`` (reruns.rerun), then ask the operator for a new attempt."""
+    body = kube.run(run)
+    phase = (body.get("status") or {}).get("phase")
+    if phase not in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED):
+        raise PluginError(f"{run} is {phase or 'not started'}: rerun is for a finished run (Failed, Aborted or "
+                          f"Succeeded); stop it first (kubectl durablerun abort {run}); nothing was changed")
+    store, ref = open_journal(kube, body, credentials_from_secret=credentials_from_secret)
+    try:
+        cut = reruns.rerun(store, ref, step, _origin(kube))
+    finally:
+        store.close()
+    kube.annotate(run, api.ANNOTATION_RETRY, api.format_time(api.now(), precise=True), remove=(api.ANNOTATION_ABORT,))
+    return (f"{KIND_REF}/{run} rerun from step {step!r} (position {cut.position}): dropped {cut.dropped} journal "
+            f"records, kept {cut.kept} (archived under {cut.archive}); a new attempt starts")
+
+
+def fork(kube: Kubectl, run: str, step: str, to: str, *, credentials_from_secret: bool) -> str:
+    """A new DurableRun ``to``: the run's spec (no events), created suspended; its journal copied up to ``step``;
+    resumed."""
+    body = kube.run(run)
+    phase = (body.get("status") or {}).get("phase")
+    if phase in (api.Phase.PENDING, api.Phase.RUNNING):
+        raise PluginError(f"{run} is {phase}: an attempt holds its journal; fork it once it waits, is suspended "
+                          "or has finished; nothing was changed")
+    if kube("get", RESOURCE, to, "--ignore-not-found", "-o", "name").stdout.strip():
+        raise PluginError(f"--to {to!r}: a DurableRun by that name exists; pick another name; nothing was changed")
+    store, ref = open_journal(kube, body, credentials_from_secret=credentials_from_secret)
+    try:
+        records = store.run_store(ref).read_all()
+        reruns.first_record_of(records, step, ref)  # refused before anything is created
+        spec = {k: v for k, v in body["spec"].items() if k not in ("events", "suspend")}
+        spec["checkpoint"] = {k: v for k, v in spec["checkpoint"].items() if k != "runId"}  # its own journal
+        manifest = {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                    "metadata": {"name": to, "labels": body["metadata"].get("labels") or {}},
+                    "spec": {**spec, "suspend": True}}
+        created = json.loads(kube("create", "-f", "-", "-o", "json", input=json.dumps(manifest)).stdout)
+        new = layout.RunRef.kubernetes(created["metadata"]["namespace"], to, created["metadata"]["uid"])
+        try:
+            cut = reruns.fork(store, ref, step, new, _origin(kube))
+        except BaseException:
+            kube("delete", RESOURCE, to, "--wait=false", check=False)  # nothing half-made is left
+            raise
+    finally:
+        store.close()
+    kube.merge_patch(to, {"spec": {"suspend": False}})
+    return (f"{KIND_REF}/{to} forked from {run} before step {step!r} (position {cut.position}): its journal copies "
+            f"{cut.kept} records; it executes that step on")
 
 
 def open_journal(kube: Kubectl, body: dict[str, Any], *, credentials_from_secret: bool) -> tuple[Store, layout.RunRef]:

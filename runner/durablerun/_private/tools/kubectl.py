@@ -37,14 +37,12 @@ import time
 from typing import Any
 
 from durablerun import api, errors, resource
-from durablerun._private.records import layout
 from durablerun._private.tools import (
     arguments,
     browser,
     inspection,
     kubeapi,
     logview,
-    reruns,
     streamview,
     timeline,
     upgrades,
@@ -260,63 +258,14 @@ def cmd_stream(kube: Kubectl, args: argparse.Namespace) -> int:
     return streamview.show_run(*found, args)
 
 
-def _origin(kube: Kubectl) -> reruns.Origin:
-    context = kube("config", "current-context", check=False).stdout.strip() or "?"
-    return reruns.Origin(who=os.environ.get("USER") or "?", via=f"kubectl durablerun (context {context})")
-
-
 def cmd_rerun(kube: Kubectl, args: argparse.Namespace) -> int:
-    """Cut the finished run's journal back to STEP (reruns.rerun), then ask the operator for a new attempt."""
-    body = kube.run(args.run)
-    phase = (body.get("status") or {}).get("phase")
-    if phase not in (api.Phase.FAILED, api.Phase.ABORTED, api.Phase.SUCCEEDED):
-        raise PluginError(f"{args.run} is {phase or 'not started'}: rerun is for a finished run (Failed, Aborted or "
-                          f"Succeeded); stop it first (kubectl durablerun abort {args.run}); nothing was changed")
-    store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=args.credentials_from_secret)
-    try:
-        cut = reruns.rerun(store, ref, args.from_step, _origin(kube))
-    finally:
-        store.close()
-    value = api.format_time(api.now(), precise=True)
-    kube.annotate(args.run, api.ANNOTATION_RETRY, value, remove=(api.ANNOTATION_ABORT,))
-    print(f"{KIND_REF}/{args.run} rerun from step {args.from_step!r} (position {cut.position}): dropped "
-          f"{cut.dropped} journal records, kept {cut.kept} (archived under {cut.archive}); a new attempt starts")
+    print(kubeapi.rerun(kube, args.run, args.from_step, credentials_from_secret=args.credentials_from_secret))
     return 0
 
 
 def cmd_fork(kube: Kubectl, args: argparse.Namespace) -> int:
-    """A new DurableRun NEW: the run's spec (no events), created suspended; its journal copied up to STEP; resumed."""
-    body = kube.run(args.run)
-    phase = (body.get("status") or {}).get("phase")
-    if phase in (api.Phase.PENDING, api.Phase.RUNNING):
-        raise PluginError(f"{args.run} is {phase}: an attempt holds its journal; fork it once it waits, is suspended "
-                          "or has finished; nothing was changed")
-    if kube("get", RESOURCE, args.to, "--ignore-not-found", "-o", "name").stdout.strip():
-        raise PluginError(f"--to {args.to!r}: a DurableRun by that name exists; pick another name; nothing was "
-                          "changed")
-    store, ref = kubeapi.open_journal(kube, body, credentials_from_secret=args.credentials_from_secret)
-    try:
-        records = store.run_store(ref).read_all()
-        reruns.first_record_of(records, args.from_step, ref)  # refused before anything is created
-        spec = {k: v for k, v in body["spec"].items() if k not in ("events", "suspend")}
-        spec["checkpoint"] = {k: v for k, v in spec["checkpoint"].items() if k != "runId"}  # its own journal
-        manifest = {"apiVersion": body["apiVersion"], "kind": body["kind"],
-                    "metadata": {"name": args.to, "labels": body["metadata"].get("labels") or {}},
-                    "spec": {**spec, "suspend": True}}
-        created = json.loads(kube("create", "-f", "-", "-o", "json", input=json.dumps(manifest)).stdout)
-        new = layout.RunRef.kubernetes(created["metadata"]["namespace"], args.to, created["metadata"]["uid"])
-        try:
-            cut = reruns.fork(store, ref, args.from_step, new, _origin(kube))
-        except BaseException:
-            kube("delete", RESOURCE, args.to, "--wait=false", check=False)  # nothing half-made is left
-            raise
-    finally:
-        store.close()
-    kube.merge_patch(args.to, {"spec": {"suspend": False}})
-    print(f"{KIND_REF}/{args.to} forked from {args.run} before step {args.from_step!r} (position {cut.position}): "
-          f"its journal copies {cut.kept} records; it executes that step on")
+    print(kubeapi.fork(kube, args.run, args.from_step, args.to, credentials_from_secret=args.credentials_from_secret))
     return 0
-
 
 
 def cmd_upgrade(kube: Kubectl, args: argparse.Namespace) -> int:

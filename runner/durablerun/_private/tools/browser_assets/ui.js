@@ -110,7 +110,7 @@ function listPage() {
 function runPage() {
   const [, , ns, name] = location.pathname.split("/").map(decodeURIComponent);
   const base = `/api/runs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
-  let tlOffset = 0, timer = null, eventPrefilled = false, budgetWait = null;
+  let tlOffset = 0, timer = null, eventPrefilled = false, budgetWait = null, runPhase = "", canChange = false;
   document.title = `${name} · DurableRun`;
   document.getElementById("title").textContent = `${ns} / ${name}`;
   document.getElementById("name").textContent = name;
@@ -121,6 +121,7 @@ function runPage() {
       show(await getJSON(base));
       await showTimeline();
       await showStreams();
+      await showLogs();
     } catch (e) {
       result(e.message, true);
     }
@@ -151,6 +152,8 @@ function runPage() {
       ["suspend", spec.suspend ? "yes" : "no"], ...(page.queue ? [["queue", page.queue]] : [])];
     document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     document.getElementById("actions").hidden = !page.canChange;
+    runPhase = status.phase || "";
+    canChange = page.canChange;
     // Only what the operator would act on: a finished run takes no event, suspend or abort, and only a
     // failed or aborted one a retry (a run that succeeded would only replay to the same result).
     const finished = ["Succeeded", "Failed", "Aborted"].includes(status.phase);
@@ -206,7 +209,8 @@ function runPage() {
         el("td", {class: "barcell"}, bar(left, Math.min(width, 100 - left))),
         el("td", {class: "num"}, e.attempt), el("td", {}, e.retries ? `${what} (${e.retries} retries)` : what),
         el("td", {class: "num"}, e.usd !== "0" ? `$${e.usd}` : ""), el("td", {class: "num"}, e.tokens || ""),
-        el("td", {class: "message"}, [e.reason, ...e.marks.map(m => `<- ${m}`)].filter(Boolean).join("  ")));
+        el("td", {class: "message"}, [e.reason, ...e.marks.map(m => `<- ${m}`)].filter(Boolean).join("  ")),
+        el("td", {}, ...(e.kind === "step" ? fromStep(e.name) : [])));
     }));
     const last = Math.min(t.offset + t.pageSize, t.total);
     document.getElementById("tl-page").textContent = t.total ? `records ${t.offset + 1}-${last} of ${t.total}` : "nothing journaled yet";
@@ -214,6 +218,28 @@ function runPage() {
     document.getElementById("tl-next").disabled = last >= t.total;
     document.getElementById("tl-prev").onclick = () => { tlOffset = Math.max(0, tlOffset - t.pageSize); showTimeline(); };
     document.getElementById("tl-next").onclick = () => { tlOffset += t.pageSize; showTimeline(); };
+  }
+
+  // Rerun (a finished run) or fork (one no attempt holds) from a step: the plugin's `rerun` and `fork`.
+  function fromStep(step) {
+    if (!canChange) return [];
+    const finished = ["Succeeded", "Failed", "Aborted"].includes(runPhase);
+    const buttons = [];
+    if (finished) {
+      const rerun = el("button", {type: "button", class: "small", "data-from-step": step, "data-how": "rerun"}, "rerun");
+      rerun.onclick = () => act("rerun", {step}, `Rerun ${name} from step "${step}"? Its journal from that step on ` +
+        "is archived and dropped, and a new attempt runs that step and what follows again.");
+      buttons.push(rerun);
+    }
+    if (finished || !["Pending", "Running", ""].includes(runPhase)) {
+      const fork = el("button", {type: "button", class: "small", "data-from-step": step, "data-how": "fork"}, "fork");
+      fork.onclick = () => {
+        const to = prompt(`Fork ${name} before step "${step}": the new DurableRun's name?`, `${name}-fork`);
+        if (to) post("fork", {step, to});
+      };
+      buttons.push(fork);
+    }
+    return buttons;
   }
 
   // The output streams: the names now and then, and the chosen one followed from where the page got to. A
@@ -279,6 +305,46 @@ function runPage() {
     if (atBottom) list.scrollTop = list.scrollHeight;
   }
 
+  // The attempts' logs from the run's store: which attempts have them, now and then; the chosen one's on a click.
+  let logPolls = 0, logAttempt = null;
+
+  async function showLogs() {
+    if (logPolls++ % 5 !== 0) return;
+    const error = document.getElementById("logs-error");
+    try {
+      const found = await getJSON(`${base}/logs`);
+      document.getElementById("log-attempts").replaceChildren(...found.attempts.map(n => {
+        const button = el("button", {type: "button", "data-attempt": n, class: n === logAttempt ? "selected" : ""},
+          `attempt ${n}`);
+        button.onclick = () => openLogs(n);
+        return button;
+      }));
+      document.getElementById("logs-summary").textContent = found.attempts.length
+        ? `kept for ${found.attempts.length} attempt(s)` : "none stored yet";
+      error.hidden = true;
+    } catch (e) {
+      error.hidden = false;
+      error.textContent = `The logs could not be read: ${e.message}`;
+    }
+  }
+
+  async function openLogs(attempt) {
+    const error = document.getElementById("logs-error");
+    try {
+      const page = await getJSON(`${base}/logs?attempt=${attempt}`);
+      logAttempt = attempt;
+      for (const b of document.querySelectorAll("#log-attempts button"))
+        b.className = Number(b.dataset.attempt) === attempt ? "selected" : "";
+      document.getElementById("logs").textContent = page.text;
+      document.getElementById("logs-summary").textContent = `attempt ${attempt}: ${page.bytes} bytes` +
+        (page.truncated ? " (the end shown)" : "");
+      error.hidden = true;
+    } catch (e) {
+      error.hidden = false;
+      error.textContent = `The logs could not be read: ${e.message}`;
+    }
+  }
+
   function result(text, failed) {
     const line = document.getElementById("result");
     line.hidden = false;
@@ -287,7 +353,10 @@ function runPage() {
   }
 
   async function act(action, form, question) {
-    if (!confirm(question)) return;
+    if (confirm(question)) await post(action, form);
+  }
+
+  async function post(action, form) {
     const response = await fetch(`${base}/${action}`, {method: "POST", body: JSON.stringify(form),
       headers: {"Content-Type": "application/json", "X-Durablerun-Token": token}});
     const body = await response.json();
