@@ -440,6 +440,8 @@ def _story(state: SandboxState) -> Story:
     # journal by a renewal: crash early enough that steps are still left to run when the kill lands.
     first = watch_until("2 steps are journaled", lambda s: (s.get("progress") or {}).get("completedSteps", 0) >= 2)
     pod = str(first["pod"])
+    if state.jaeger_url:  # the tour: the trace shows the steps as they are journaled, before any crash
+        _steps_in_trace(state, first)
     followers = [_LogFollower(env, kubectl, pod)] if state.node == "real" else []
     print(f"\n# crash: SIGKILL the runner container of pod {pod} (as an OOM kill or a node crash would)")
     print(f"$ {PYTHON} sandbox node kill default {pod}", flush=True)
@@ -556,6 +558,21 @@ def _watch(what: str, look: Callable[[], tuple[str, T]], done: Callable[[T], boo
         if time.monotonic() > deadline:
             raise SystemExit(f"demo: timed out waiting until {what}")
         time.sleep(every)
+
+
+def _steps_in_trace(state: SandboxState, status: dict[str, Any]) -> None:
+    """Waits until Jaeger holds a span for each step ``status`` shows journaled. A runner sends its spans every
+    second; a container killed whole loses those it had not sent (docs/metrics.md, "Traces")."""
+    journaled = int(status["progress"]["completedSteps"])
+
+    def steps() -> list[str] | None:
+        found = read_trace(state.jaeger_url, status["traceID"])
+        names = [span["operationName"] for span in found["spans"] if span["operationName"].startswith("step ")] \
+            if found else []
+        return names if len(names) >= journaled else None
+
+    names = procs.wait_for(steps, timeout=30, interval=0.5, what="the journaled steps' spans in Jaeger")
+    print(f"\n# the run's trace already holds them: {', '.join(sorted(names))} ({state.jaeger_url})", flush=True)
 
 
 def _trace_story(state: SandboxState, status: dict[str, Any]) -> dict[str, Any]:

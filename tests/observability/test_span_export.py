@@ -117,8 +117,9 @@ def test_a_killed_runner_leaves_no_export_child_and_its_spans_are_delivered(jaeg
     forked = tmp_path / "forked"
     run_id = "killed-" + uuid.uuid4().hex[:8]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    # The default batch delay (5 s): steps a and b are still in the child when the runner is killed.
-    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_SERVICE_NAME": "durablerun-tests",
+    # A batch delay of 5 s: steps a and b are still in the child when the runner is killed.
+    env.update({"OTEL_BSP_SCHEDULE_DELAY": "5000", "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint,
+                "OTEL_SERVICE_NAME": "durablerun-tests",
                 "FORKED": str(forked), "PYTHONPATH": str(tmp_path)})
     log = (tmp_path / "runner.log").open("wb")
     runner = subprocess.Popen([sys.executable, "-m", "durablerun", "run", "wf_fork:run", "--run-id", run_id,
@@ -314,3 +315,28 @@ def test_the_flush_at_an_attempts_end_is_otel_bsp_export_timeout_when_set() -> N
     assert spanexport.flush_seconds({}) == spanexport.FLUSH_SECONDS
     assert spanexport.flush_seconds({"OTEL_BSP_EXPORT_TIMEOUT": "30000"}) == 30.0
     assert spanexport.flush_seconds({"OTEL_BSP_EXPORT_TIMEOUT": "soon"}) == spanexport.FLUSH_SECONDS
+
+
+def test_a_span_leaves_the_child_within_a_second_or_so_not_only_at_the_attempts_end() -> None:
+    """What a container killed whole loses is what the child held: at most the last SCHEDULE_DELAY_MS of spans,
+    not the SDK's default 5 s."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    export = spanexport.InProcess(api.trace_id_of("_local/delay"), {}, exporter)
+    try:
+        sent = time.monotonic()
+        export.send(("attempt", 1, 0, time.time_ns(), time.time_ns(), {}, [], None))
+        procs.wait_for(lambda: exporter.get_finished_spans() or None, timeout=WAIT, interval=0.05,
+                       what="the span to be exported")
+        took = time.monotonic() - sent
+    finally:
+        export.close()
+    assert took < spanexport.SCHEDULE_DELAY_MS / 1000 + 1.5, took  # the SDK's default would take 5 s
+    slow = spanexport.InProcess(api.trace_id_of("_local/delay"), {"OTEL_BSP_SCHEDULE_DELAY": "60000"}, exporter)
+    try:
+        slow.send(("attempt", 2, 0, time.time_ns(), time.time_ns(), {}, [], None))
+        time.sleep(spanexport.SCHEDULE_DELAY_MS / 1000 + 1.5)  # a negative: nothing to wait on
+        assert len(exporter.get_finished_spans()) == 1, "OTEL_BSP_SCHEDULE_DELAY was not honoured"
+    finally:
+        slow.close()

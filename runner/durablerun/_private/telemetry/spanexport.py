@@ -66,6 +66,11 @@ SCOPE = "durablerun"
 #: OTEL_BSP_EXPORT_TIMEOUT says otherwise (:func:`flush_seconds`). Not that setting's default of 30 s:
 #: every attempt's end waits for it, and a pod being deleted has its grace period to spend.
 FLUSH_SECONDS = 2.0
+#: The batch processor exports what it holds this often unless OTEL_BSP_SCHEDULE_DELAY says otherwise. Not that
+#: setting's default of 5 s: a container killed whole (SIGKILL, a lost node) takes the child and what it holds
+#: with it, so this bounds how many of a killed attempt's spans are lost. The next attempt ends the killed one's
+#: own span from the journal (tracing.py); its steps' spans only the child had.
+SCHEDULE_DELAY_MS = 1000
 #: The runner waits for the child's start (importing OpenTelemetry, under a second on a busy machine, but
 #: the child runs niced) this long at most besides its flush. Then it kills it.
 START_SECONDS = 4.0
@@ -229,7 +234,8 @@ def pipeline(env: Mapping[str, str], exporter: SpanExporter | None = None) -> tu
         # Its retries are warnings per batch; the runner reports what was not delivered, once, instead.
         logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
     counting = Counting(exporter)
-    return BatchSpanProcessor(counting), counting  # type: ignore[arg-type]  # the three methods it calls
+    delay = None if "OTEL_BSP_SCHEDULE_DELAY" in env else SCHEDULE_DELAY_MS  # None: the SDK reads the variable
+    return BatchSpanProcessor(counting, schedule_delay_millis=delay), counting  # type: ignore[arg-type]  # the three methods it calls
 
 
 def resource(env: Mapping[str, str]) -> Resource:
