@@ -28,17 +28,19 @@ class RateLimiter:
         self.qps, self.burst, self._clock = qps, burst, clock
         self._tokens, self._last = float(burst), clock()
 
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens, self._last = min(float(self.burst), self._tokens + (now - self._last) * self.qps), now
+
     def reserve(self) -> float:
         """Take one token: the seconds to wait before the request it stands for may be sent."""
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps) - 1.0
-        self._last = now
+        self._refill()
+        self._tokens -= 1.0
         return max(0.0, -self._tokens / self.qps)
 
     def take_now(self) -> bool:
         """Take one token if there is one now (True); else take none."""
-        now = self._clock()
-        self._tokens, self._last = min(float(self.burst), self._tokens + (now - self._last) * self.qps), now
+        self._refill()
         if self._tokens < 1.0:
             return False
         self._tokens -= 1.0
