@@ -258,19 +258,20 @@ class Timelines:
                                 "tries": r.chunk.tries, "at": r.chunk.at} for r in reads]}
 
     def logs(self, kube: Kubectl, body: dict[str, Any], attempt: int | None) -> dict[str, Any]:
-        """The attempts whose stdout and stderr the run's store keeps, and with ``attempt`` the last
+        """The attempts whose stdout and stderr the run's store keeps, or with ``attempt`` the last
         ``LOG_TAIL_BYTES`` of that attempt's (what ``kubectl durablerun logs --attempt`` prints)."""
         with self.lock:
             journal = self._journal(kube, body)
-            kept = logs.archived_attempts(journal.runs.backend, journal.ref)
+            backend, ref = journal.runs.backend, journal.ref
             if attempt is None:
-                return {"attempts": kept}
-            if attempt not in kept:
+                return {"attempts": logs.archived_attempts(backend, ref)}
+            data = logs.read_attempt(backend, ref, attempt)
+            if data is None:  # only now list them, for the error
+                kept = logs.archived_attempts(backend, ref)
                 raise LookupError(f"attempt {attempt}: the store keeps no logs of it (kept: "
                                   f"{', '.join(map(str, kept)) or 'none'})")
-            data = logs.read_attempt(journal.runs.backend, journal.ref, attempt) or b""
         tail = data[-LOG_TAIL_BYTES:]
-        return {"attempts": kept, "attempt": attempt, "bytes": len(data), "truncated": len(data) > len(tail),
+        return {"attempt": attempt, "bytes": len(data), "truncated": len(data) > len(tail),
                 "text": tail.decode(errors="replace")}
 
     def _journal(self, kube: Kubectl, body: dict[str, Any]) -> _Journal:
@@ -497,7 +498,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._send(HTTPStatus.OK, self.browser.logs_page(ns, name, attempt))
         except LookupError as e:
-            self._send(HTTPStatus.NOT_FOUND, {"error": str(e).strip("'\"")})
+            self._send(HTTPStatus.NOT_FOUND, {"error": str(e)})
 
     def api_act(self, query: dict[str, list[str]], ns: str, name: str, action: str) -> None:
         # Only this server's pages know the token: another site can make the browser POST here, not read it.
