@@ -57,7 +57,8 @@ class ScheduledRuns:
         #: The runs of each schedule (by its label, any owner: the pass keeps its own), by name, as the watch
         #: last told them, and as the pass's own creates and deletes left them.
         self._runs: dict[Key, dict[str, dict[str, Any]]] = {}
-        self._runs_seen: dict[Key, tuple[Any, ...]] = {}  # a run -> (its schedule, phase, deleting)
+        #: A run (namespace, name) -> the schedule whose runs above hold it: if its label changes, it leaves them.
+        self._schedule_of: dict[Key, str] = {}
         #: Schedules whose runs were LISTed since this operator started (or their last pass failed).
         self._listed: set[Key] = set()
         #: While a schedule's LIST is under way: the runs the watch told meanwhile (its word is the newer).
@@ -93,26 +94,28 @@ class ScheduledRuns:
                 self._listed.discard((namespace, schedule))
                 self.queue.add((namespace, schedule))
             return
-        before = self._runs_seen.get((namespace, name))
-        if before is not None and before[0] != schedule:  # its label changed: no longer that schedule's
-            self._runs.get((namespace, before[0]), {}).pop(name, None)
-            self._runs_seen.pop((namespace, name))
-            self.queue.add((namespace, before[0]))
+        run = (namespace, name)
+        was = self._schedule_of.get(run)
+        if was is not None and was != schedule:  # its label changed: no longer that schedule's
+            self._runs.get((namespace, was), {}).pop(name, None)
+            del self._schedule_of[run]
+            self.queue.add((namespace, was))
         if not schedule:
             return
         key = (namespace, schedule)
         if key in self._listing:
             self._listing[key].add(name)
+        runs = self._runs.setdefault(key, {})
         if deleted:
-            self._runs.get(key, {}).pop(name, None)
-            self._runs_seen.pop((namespace, name), None)
+            runs.pop(name, None)
+            self._schedule_of.pop(run, None)
             self.queue.add(key)
             return
-        self._runs.setdefault(key, {})[name] = body
-        seen = (schedule, (body.get("status") or {}).get("phase"), bool(meta.get("deletionTimestamp")))
-        if before == seen:
+        before = runs.get(name)
+        runs[name] = body
+        self._schedule_of[run] = schedule
+        if before is not None and _decides(before) == _decides(body):
             return  # a lease renewal, progress: nothing the schedule decides on
-        self._runs_seen[(namespace, name)] = seen
         self.queue.add(key)
 
     def shards_changed(self) -> None:
@@ -225,3 +228,8 @@ class ScheduledRuns:
         if timer is not None:
             timer.cancel()
         self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0.0), self.queue.add, key, True)
+
+
+def _decides(run: dict[str, Any]) -> tuple[Any, bool]:
+    """What of a run its schedule decides on: its phase, and whether it is being deleted."""
+    return (run.get("status") or {}).get("phase"), bool(run["metadata"].get("deletionTimestamp"))

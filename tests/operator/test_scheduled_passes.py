@@ -305,14 +305,14 @@ def test_a_runs_phase_change_wakes_its_schedule_and_a_renewal_does_not() -> None
     runs = scheduled.ScheduledRuns(StandIn(a_schedule()), Calls(100, 100, 2))
     body = builders.scheduled_run(a_schedule(), api.now())
     body["status"] = {"phase": "Running"}
-    runs.run_changed(body)
+    runs.run_changed(copy.deepcopy(body))  # each watch event its own body
     assert runs.queue.busy(KEY)
     runs.queue = type(runs.queue)()
     body["status"]["lease"] = {"renewTime": "later"}
-    runs.run_changed(body)
+    runs.run_changed(copy.deepcopy(body))  # each watch event its own body
     assert not runs.queue.busy(KEY)
     body["status"]["phase"] = "Succeeded"
-    runs.run_changed(body)
+    runs.run_changed(copy.deepcopy(body))  # each watch event its own body
     assert runs.queue.busy(KEY)
     other = {"metadata": {"name": "x", "namespace": "team", "labels": {}}}
     runs.queue = type(runs.queue)()
