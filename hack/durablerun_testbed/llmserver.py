@@ -66,6 +66,16 @@ class Turn:
         return cls(**raw)
 
 
+@dataclass
+class Answer:
+    """The server's answer to one request: its status, body and extra headers; streamed, its turn's pause."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    stream_pause: float = 0.0
+
+
 class LLMServer:
     """The server; binds ``host`` (loopback, or the real node's bridge address so pods reach it) on a free
     port (or ``port``)."""
@@ -156,8 +166,8 @@ class LLMServer:
             self.requests.append(entry)
             self._cond.notify_all()
 
-    def answer(self, api: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str], float]:
-        """The status, body and extra headers of the answer to ``body``, and its turn's ``stream_pause``."""
+    def answer(self, api: str, body: dict[str, Any]) -> Answer:
+        """The answer to ``body``."""
         messages = body.get("messages") or []
         n = sum(1 for m in messages if m.get("role") == "assistant")
         self._log({"api": api, "turn": n, "model": body.get("model"), "messages": len(messages),
@@ -167,16 +177,15 @@ class LLMServer:
         try:
             turn = self._turn(n)
         except LookupError as e:
-            return 400, _error(api, str(e)), {}, 0.0
+            return Answer(400, _error(api, str(e)))
         usage_in = turn.input_tokens if turn.input_tokens is not None else DEFAULT_INPUT_TOKENS + 100 * n
         refused = self._over_limit(str(body.get("model")), usage_in + turn.output_tokens)
         if refused is not None:
-            return (*refused, 0.0)
-        if api == "openai":
-            return 200, _openai_response(body, n, turn, usage_in), {}, turn.stream_pause
-        return 200, _anthropic_response(body, n, turn, usage_in), {}, turn.stream_pause
+            return refused
+        respond = _openai_response if api == "openai" else _anthropic_response
+        return Answer(200, respond(body, n, turn, usage_in), stream_pause=turn.stream_pause)
 
-    def _over_limit(self, model: str, tokens: int) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+    def _over_limit(self, model: str, tokens: int) -> Answer | None:
         """The 429 a provider would answer when ``model``'s bucket cannot take ``tokens`` now; else charge it."""
         limit = self.tokens_per_minute
         if limit is None:
@@ -191,8 +200,8 @@ class LLMServer:
                 self.requests[-1]["status"] = 429
                 headers = {"retry-after": str(wait), "x-ratelimit-limit-tokens": str(limit),
                            "x-ratelimit-remaining-tokens": str(int(left)), "x-ratelimit-reset-tokens": f"{wait}s"}
-                return 429, {"error": {"message": f"Rate limit reached for {model}: limit {limit} tokens per min",
-                                       "type": "tokens", "code": "rate_limit_exceeded"}}, headers
+                return Answer(429, {"error": {"message": f"Rate limit reached for {model}: limit {limit} tokens "
+                                              "per min", "type": "tokens", "code": "rate_limit_exceeded"}}, headers)
             self._buckets[model] = (left - tokens, now)
         return None
 
@@ -209,18 +218,19 @@ class LLMServer:
                     return
                 path = self.path.split("?", 1)[0]
                 if path.endswith("/chat/completions"):
-                    status, payload, headers, pause = server.answer("openai", body)
-                    if body.get("stream") and status == 200:
+                    got = server.answer("openai", body)
+                    if body.get("stream") and got.status == 200:
                         usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                        self._stream(_openai_chunks(payload, usage, by_word=pause > 0), pause, openai=True)
+                        self._stream(_openai_chunks(got.body, usage, by_word=got.stream_pause > 0), got.stream_pause,
+                                     openai=True)
                     else:
-                        self._send(status, payload, headers)
+                        self._send(got.status, got.body, got.headers)
                 elif path.endswith("/messages"):
-                    status, payload, headers, pause = server.answer("anthropic", body)
-                    if body.get("stream") and status == 200:
-                        self._stream(_anthropic_events(payload, by_word=pause > 0), pause)
+                    got = server.answer("anthropic", body)
+                    if body.get("stream") and got.status == 200:
+                        self._stream(_anthropic_events(got.body, by_word=got.stream_pause > 0), got.stream_pause)
                     else:
-                        self._send(status, payload, headers)
+                        self._send(got.status, got.body, got.headers)
                 else:
                     self._send(404, {"error": {"message": f"no such endpoint {path}"}})
 
