@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 
+from durablerun import api
 from durablerun_testbed import binaries, chromium, procs
 from durablerun_testbed.testbed import TestBed
 from tests.browser.pages import StartUI, answer, confirm, listed, open_link, rows, text, until
@@ -217,6 +219,33 @@ def test_only_this_servers_pages_may_act(runs: RunEnv, testbed: TestBed, start_u
     bad = request(f"{url}api/runs?phase=Sleeping")
     assert bad[0] == 400
     assert "phase: Sleeping is not a phase" in bad[1]
+
+
+def feed(url: str) -> Iterator[int]:
+    """The versions a change feed tells, as they come (its keepalives skipped); a read waits 30 s at most."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.headers["Content-Type"] == "text/event-stream"
+        for line in response:
+            if line.startswith(b"data: "):
+                yield int(line[len(b"data: "):])
+
+
+def test_the_change_feeds_tell_a_runs_page_every_change_and_the_list_only_what_it_shows(
+        runs: RunEnv, testbed: TestBed, start_ui: StartUI) -> None:
+    runs.apply(runs.manifest("fed", "optest_flows:approval"))  # no operator: only this test changes it
+    url = start_ui(testbed.kubeconfig, "-n", runs.namespace)
+    procs.wait_for(lambda: json.loads(request(f"{url}api/runs")[1])["total"] == 1, timeout=30,
+                   what="the watch to see the run")
+    listed, watched = feed(f"{url}api/changes"), feed(f"{url}api/changes?run={runs.namespace}/fed")
+    list_version, run_version = next(listed), next(watched)  # told at once on connecting
+    at = api.format_time(api.now())
+    # A lease renewal: the run's page is told (its lease, its progress); the list shows nothing of it.
+    runs.patch_status("fed", {"epoch": 1, "lease": {"holder": "fed-a1", "epoch": 1, "acquireTime": at,
+                                                    "renewTime": at}})
+    assert next(watched) > run_version
+    runs.patch_status("fed", {"phase": api.Phase.RUNNING})
+    assert next(listed) == list_version + 1  # the phase, and not the renewal before it
+    assert request(f"{url}api/changes?run=fed")[0] == 400  # NAMESPACE/NAME
 
 
 def test_a_run_waiting_on_its_budget_goes_on_with_one_click(operator: Operator, runs: RunEnv, testbed: TestBed,

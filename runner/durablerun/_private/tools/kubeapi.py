@@ -44,6 +44,13 @@ class Kubectl:
                       (("namespace", args.namespace), ("context", args.context), ("kubeconfig", args.kubeconfig))
                       if value]
 
+    def namespace(self) -> str:
+        """The namespace the user acts in: ``-n``, else their context's, else ``default``."""
+        if self.args.namespace:
+            return str(self.args.namespace)
+        found = self("config", "view", "--minify", "-o", "jsonpath={..namespace}", check=False).stdout.strip()
+        return found or "default"
+
     def in_namespace(self, namespace: str) -> Kubectl:
         """The same identity (context, kubeconfig) acting in ``namespace``."""
         return Kubectl(argparse.Namespace(**{**vars(self.args), "namespace": namespace}))

@@ -1,8 +1,10 @@
 // The run browser's pages (served by `kubectl durablerun ui`). Plain DOM; every value is set as text,
-// never as HTML. The list polls /api/runs, which answers "unchanged" until the server's watch saw a change.
+// never as HTML. Each page is told by the server's change feed (/api/changes, Server-Sent Events) when what it
+// shows changed, and only then asks for it.
 "use strict";
 
-const POLL_MS = 2000;
+const POLL_MS = 2000;  // only should the feed be refused (too many tabs open) or gone for good
+const FOLLOW_MS = 1000;  // a followed stream is read from the run's store this often until it is finished
 const token = document.querySelector('meta[name="durablerun-token"]').content;
 
 function el(tag, attrs, ...children) {
@@ -12,6 +14,29 @@ function el(tag, attrs, ...children) {
   }
   for (const child of children) node.append(child instanceof Node ? child : String(child ?? ""));
   return node;
+}
+
+// The server's change feed: `onChange` at once, and whenever what the page shows changed. The browser reconnects
+// a feed that drops; one refused (or gone for good) leaves the page asking every POLL_MS instead.
+function feed(url, onChange) {
+  const source = new EventSource(url);
+  source.onmessage = () => onChange();
+  source.onerror = () => {
+    if (source.readyState !== EventSource.CLOSED) return;
+    onChange();
+    setInterval(onChange, POLL_MS);
+  };
+}
+
+// `fn` run one call at a time: a call while one is under way runs once more after it, not beside it.
+function serial(fn) {
+  let running = false, again = false;
+  return async function run() {
+    if (running) { again = true; return; }
+    running = true;
+    try { await fn(); } finally { running = false; }
+    if (again) { again = false; run(); }
+  };
 }
 
 async function getJSON(url) {
@@ -50,7 +75,7 @@ function listPage() {
   const form = document.getElementById("filters");
   const params = new URLSearchParams(location.search);
   for (const input of form.elements) if (params.has(input.name)) input.value = params.get(input.name);
-  let offset = Number(params.get("offset") || 0), version = "", total = 0, timer = null;
+  let offset = Number(params.get("offset") || 0), version = "", total = 0;
 
   function query(withVersion) {
     const q = new URLSearchParams();
@@ -60,8 +85,7 @@ function listPage() {
     return q;
   }
 
-  async function refresh() {
-    clearTimeout(timer);
+  const refresh = serial(async () => {
     const error = document.getElementById("error");
     try {
       const page = await getJSON(`/api/runs?${query(true)}`);
@@ -73,8 +97,7 @@ function listPage() {
       error.hidden = false;
       error.textContent = e.message;
     }
-    timer = setTimeout(refresh, POLL_MS);
-  }
+  });
 
   function show(page) {
     total = page.total;
@@ -86,7 +109,7 @@ function listPage() {
       el("td", {}, el("a", {href: `/runs/${encodeURIComponent(r.namespace)}/${encodeURIComponent(r.name)}`}, r.name)),
       el("td", {}, phaseBadge(r.phase)), el("td", {class: "num"}, r.attempt), el("td", {class: "num"}, r.restarts),
       el("td", {class: "num"}, `$${r.usd}`), el("td", {class: "num"}, r.tokens), el("td", {}, r.waitingFor || ""),
-      el("td", {title: r.created}, ago(r.created)), el("td", {class: "message"}, r.message)));
+      el("td", {title: r.created, "data-created": r.created}, ago(r.created)), el("td", {class: "message"}, r.message)));
     document.querySelector("#runs tbody").replaceChildren(...rows);
     document.getElementById("prev").disabled = offset === 0;
     document.getElementById("next").disabled = offset + shown >= total;
@@ -102,7 +125,11 @@ function listPage() {
   form.addEventListener("submit", e => { e.preventDefault(); changed(); });
   document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - 100); version = ""; refresh(); };
   document.getElementById("next").onclick = () => { offset += 100; version = ""; refresh(); };
-  refresh();
+  feed("/api/changes", refresh);
+  // The created column says "5m ago": kept true without asking the server.
+  setInterval(() => {
+    for (const cell of document.querySelectorAll("#runs td[data-created]")) cell.textContent = ago(cell.dataset.created);
+  }, 15000);
 }
 
 // ---- a run -------------------------------------------------------------------------------------------------
@@ -110,13 +137,13 @@ function listPage() {
 function runPage() {
   const [, , ns, name] = location.pathname.split("/").map(decodeURIComponent);
   const base = `/api/runs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
-  let tlOffset = 0, timer = null, eventPrefilled = false, budgetWait = null, runPhase = "", canChange = false;
+  let tlOffset = 0, eventPrefilled = false, budgetWait = null, runPhase = "", canChange = false;
   document.title = `${name} · DurableRun`;
   document.getElementById("title").textContent = `${ns} / ${name}`;
   document.getElementById("name").textContent = name;
 
-  async function refresh() {
-    clearTimeout(timer);
+  // On the feed's word that the run changed (its status, a lease renewal with progress), and after an action.
+  const refresh = serial(async () => {
     try {
       show(await getJSON(base));
       await showTimeline();
@@ -125,8 +152,7 @@ function runPage() {
     } catch (e) {
       result(e.message, true);
     }
-    timer = setTimeout(refresh, POLL_MS);
-  }
+  });
 
   function show(page) {
     const run = page.run, status = run.status || {}, spec = run.spec || {};
@@ -245,12 +271,14 @@ function runPage() {
   // The output streams: the names now and then, and the chosen one followed from where the page got to. A
   // pending chunk may yet be superseded, so each poll asks again from the first pending one.
   const KEEP_CHUNKS = 2000;  // the page keeps the newest ones: a long stream is read whole with `durablerun stream`
-  let streamName = null, streamFrom = 0, streamDone = false, streamPolls = 0, streamDropped = 0;
+  // A stream's chunks come without a change to the run: a chosen one is also read every FOLLOW_MS until finished.
+  let streamName = null, streamFrom = 0, streamDone = false, streamListed = 0, streamDropped = 0;
 
-  async function showStreams() {
+  const showStreams = serial(async () => {
     const error = document.getElementById("stream-error");
     try {
-      if (streamName === null || streamPolls++ % 5 === 0) {
+      if (streamName === null || Date.now() - streamListed > 5 * FOLLOW_MS) {
+        streamListed = Date.now();
         const found = await getJSON(`${base}/streams`);
         if (streamName === null && found.streams.length) choose(found.streams[0]);
         names(found.streams);
@@ -266,7 +294,7 @@ function runPage() {
       error.hidden = false;
       error.textContent = `The streams could not be read: ${e.message}`;
     }
-  }
+  });
 
   function names(all) {
     document.getElementById("stream-names").replaceChildren(...all.map(n => {
@@ -306,10 +334,11 @@ function runPage() {
   }
 
   // The attempts' logs from the run's store: which attempts have them, now and then; the chosen one's on a click.
-  let logPolls = 0, logAttempt = null;
+  let logsListed = 0, logAttempt = null;
 
   async function showLogs() {
-    if (logPolls++ % 5 !== 0) return;
+    if (Date.now() - logsListed < 5 * FOLLOW_MS) return;  // attempts end seldom; a run's changes come often
+    logsListed = Date.now();
     const error = document.getElementById("logs-error");
     try {
       const found = await getJSON(`${base}/logs`);
@@ -386,7 +415,11 @@ function runPage() {
     act("event", {event: form.event.value, payload: form.payload.value},
       `Send event "${form.event.value}" to ${name} with ${form.payload.value}? Events are write-once.`);
   });
-  refresh();
+  feed(`/api/changes?run=${encodeURIComponent(`${ns}/${name}`)}`, refresh);
+  setInterval(() => {
+    if (streamName !== null && !streamDone) showStreams();
+    showLogs();  // an attempt's logs are stored as it ends, maybe after the run's change said so
+  }, FOLLOW_MS);
 }
 
 if (document.body.dataset.page === "list") listPage(); else runPage();
