@@ -7,7 +7,8 @@ API server, object sizes), scale (the operator with many DurableRuns, active
 and waiting), tracing (per-step overhead with traces on, beside off),
 timelines (the run browser's timeline page of a 100,000-record journal), kueue
 (N runs through a ClusterQueue with quota for M), quotas (a fleet of agent runs of three namespaces
-sharing one model's limit, without and with a ModelQuota in Redis).
+sharing one model's limit, without and with a ModelQuota in Redis), browser (the run browser on a
+namespace of 10,000 runs: first paint, answers, how soon a change is shown).
 BENCH_QUICK=1 runs a fast smoke version.
 Every server is started here on loopback and stopped at the end.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from durablerun_bench import (
+    browser,
     failover,
     fanout,
     kueue,
@@ -58,7 +60,7 @@ from durablerun_testbed.testbed import TestBed
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO = BENCH_DIR.parent
 SECTIONS = ("steps", "replay", "resume", "writecost", "webhooks", "scale", "tracing", "timelines", "streams",
-            "schedules", "kueue", "preemption", "quotas")
+            "schedules", "kueue", "preemption", "quotas", "browser")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Sizes:
     kueue_quota: int = 10
     schedules: int = 100
     preemptions: int = 5
+    browser_runs: int = 10_000
 
     @classmethod
     def pick(cls) -> Sizes:
@@ -97,7 +100,7 @@ class Sizes:
                        write_cost_writes=50, write_cost_rounds=1, children=100, events=50, waiting_runs=60,
                        through_runners=30, woken=10, idle_seconds=10.0, fanout_repeats=1, shard_runs=60,
                        timeline_records=20_000, kueue_runs=20, kueue_quota=4,
-                       schedules=20, preemptions=2)
+                       schedules=20, preemptions=2, browser_runs=1_000)
         runs = tuple(int(n) for n in os.environ.get("BENCH_SCALE_RUNS", "1000").split(","))
         waiting = int(os.environ.get("BENCH_WAITING_RUNS", "1000"))
         return cls(steps=1_000, step_repeats=3, replay_sizes=(100, 10_000, 100_000), replay_repeats=3,
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    repeats=1 if quick() else tracing.REPEATS, log=log)
             finally:
                 jaeger.stop()
-        if {"resume", "scale", "writecost", "webhooks", "schedules", "kueue"} & set(sections):
+        if {"resume", "scale", "writecost", "webhooks", "schedules", "kueue", "browser"} & set(sections):
             log("starting the test bed (kube-apiserver, etcd, controller-manager, process node)")
             with testbed(root, run_id, s3) as bed:
                 results["kubernetes"] = bed.kubectl("version", "-o", "json").stdout and json.loads(
@@ -288,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                 through_runners=sizes.through_runners,
                                                                 woken=sizes.woken, idle_seconds=sizes.idle_seconds,
                                                                 log=log)
+                if "browser" in sections:  # last: its runs have no pods, and no operator may see them
+                    log(f"the run browser on a namespace of {sizes.browser_runs} runs")
+                    results["browser"] = browser.bench(bed, root, run_id, runs=sizes.browser_runs, log=log)
     finally:
         s3.stop()
         for pid, _ in procs.processes_with_marker(run_id):

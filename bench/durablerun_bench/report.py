@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from durablerun_bench import kueue, preemption, quotas, schedules, streams, timelines, tracing
+from durablerun_bench import browser, kueue, preemption, quotas, schedules, streams, timelines, tracing
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -73,6 +73,8 @@ def render(r: dict[str, Any]) -> str:
         lines += timelines.section(r["timelines"])
     if "streams" in r:
         lines += streams.section(r["streams"])
+    if "browser" in r:
+        lines += browser.section(r["browser"])
     if "schedules" in r:
         lines += schedules.section(r["schedules"])
         targets.append(["every schedule fires once at its tick (100 in one minute)",

@@ -458,3 +458,20 @@ def test_report_judges_the_per_step_targets_and_shows_what_the_sync_hop_costs() 
     assert ("4,000 steps/s (CPU 90 µs a step), against 5,800 steps/s (CPU 35 µs) for the same fn on the loop "
             "thread (`sync_steps_in_threads=False`) and 6,000 (CPU 30 µs) for an async one: the difference is the "
             "hop.") in text
+
+
+def test_report_shows_the_run_browser_on_a_large_namespace() -> None:
+    def spread(p50: float, top: float) -> dict[str, float]:
+        return {"p50": p50, "p90": top, "p99": top, "max": top}
+
+    browser = {"runs": 10000, "created_s": 59.9, "renewals_per_s": 100, "ready_s": 11.33,
+               "answers": {"a page, newest first": 0.016, "phase Running, by cost": 0.028},
+               "first_paint": [0.233, 0.147, 0.418], "run_first_paint": [0.529, 0.453, 0.623],
+               "run_update": spread(0.347, 0.682), "list_update": spread(0.160, 0.274),
+               "quiet": {"seconds": 30.0, "renewals": 3000, "list_events": 0},
+               "renewals": {"sent": 6655, "lag_p50": 0.0007, "lag_p99": 0.23, "lag_max": 0.41}}
+    text = report.render({**_results(), "browser": browser})
+    assert "## The run browser on a namespace of 10,000 runs" in text
+    assert "| the server's start until its watch holds every run | 11.3 s |" in text
+    assert "| a run's phase written until the open list shows it (10 times) | p50 160 ms, max 274 ms |" in text
+    assert "| change-feed events the list got in 30 s of 3,000 lease renewals alone | 0 |" in text
