@@ -118,6 +118,7 @@ class RunEnv:
         return procs.wait_for(
             lambda: (run := self.get(name)).get("status", {}).get("phase") in phases and run,
             timeout=timeout, what=f"DurableRun {self.namespace}/{name} to reach {'/'.join(phases)}",
+            interval=0.2,  # a GET each: the API server is the suite's busiest part, and phases take seconds
         )
 
     def ledger(self) -> list[str]:
