@@ -49,7 +49,8 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
                                             start_ui: StartUI, chrome: webdriver.Remote,
                                             chromedriver: chromium.Chromedriver) -> None:
     ns = runs.namespace
-    url = start_ui(testbed.kubeconfig, "--all-namespaces", "--credentials-from-secret")
+    url = start_ui(testbed.kubeconfig, "--all-namespaces", "--credentials-from-secret",
+                   "--trace-url", "http://127.0.0.1:16686/trace/{traceID}")
     chrome.get(url)
     # The list is live: runs created after the page loaded appear without a reload.
     runs.apply(labelled(runs, "review", "optest_flows:restart_then_approve", {}, "checkout"))
@@ -103,6 +104,8 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert "resumed the run" in restart["cells"][7]
     until(chrome, lambda: rows(chrome, "events"), "the run's Events")
     assert "Progressing" in text(chrome, "#conditions")
+    trace_id = runs.get("review")["status"]["traceID"]
+    assert chrome.find_element(By.ID, "trace").get_attribute("href") == f"http://127.0.0.1:16686/trace/{trace_id}"
     screenshot(chrome, "run-browser-run.png", 900)
     # `kubectl durablerun timeline` draws the same model: the same cause on the same restart.
     drawn = subprocess.run([sys.executable, "-m", "durablerun.kubectl", "--kubeconfig", str(testbed.kubeconfig),
@@ -164,15 +167,29 @@ def test_list_filter_open_approve_and_abort(operator: Operator, runs: RunEnv, te
     assert runs.wait_phase("review", "Succeeded", timeout=120)["status"]["phase"] == "Succeeded"
     assert runs.executions("prepare") == 1
 
-    # Abort the other from its page: the question says the Saga grace applies.
+    # Suspend and resume the other from its page, then abort it: the question says the Saga grace applies.
     chrome.get(f"{url}runs/{ns}/long")
     until(chrome, lambda: text(chrome, "#phase") == "Running", "the long run Running")
+    chrome.find_element(By.CSS_SELECTOR, "[data-action=suspend]").click()
+    assert "next step boundary" in confirm(chrome)
+    until(chrome, lambda: text(chrome, "#phase") == "Suspended", "the run Suspended", timeout=120)
+    assert runs.get("long")["spec"]["suspend"] is True
+    until(chrome, lambda: offered(chrome) == ["resume", "abort"], "resume offered for a suspended run")
+    chrome.find_element(By.CSS_SELECTOR, "[data-action=resume]").click()
+    confirm(chrome)
+    until(chrome, lambda: text(chrome, "#phase") == "Running", "the run Running again", timeout=120)
+    assert runs.get("long")["spec"]["suspend"] is False
     chrome.find_element(By.CSS_SELECTOR, "[data-action=abort]").click()
     assert "abortGracePeriod" in confirm(chrome)
     until(chrome, lambda: "abort requested" in text(chrome, "#result"), "the abort's answer")
     until(chrome, lambda: text(chrome, "#phase") == "Aborted", "the run Aborted", timeout=120)
     assert runs.get("long")["status"]["phase"] == "Aborted"
     until(chrome, lambda: offered(chrome) == ["retry"], "only retry offered for an aborted run")
+    # Retried from its journal: it runs on from where it was aborted.
+    chrome.find_element(By.CSS_SELECTOR, "[data-action=retry]").click()
+    assert "Finished steps are not executed again" in confirm(chrome)
+    until(chrome, lambda: text(chrome, "#phase") == "Running", "the retried run Running", timeout=120)
+    assert runs.executions("s1") == 1
 
     # Chromium and chromedriver listen on loopback only.
     addresses = chromium.listening(chromedriver.pids())
@@ -213,6 +230,10 @@ def test_only_this_servers_pages_may_act(runs: RunEnv, testbed: TestBed, start_u
     # Another site's name for 127.0.0.1 (DNS rebinding) gets nothing, token or not.
     assert request(action, data=b"{}", headers={"X-Durablerun-Token": token, "Host": "evil.example"})[0] == 421
     assert request(f"{url}api/runs", headers={"Host": "evil.example"})[0] == 421
+    # Another site's page (another local port is one) reads nothing and holds no change feed open.
+    for site in ("cross-site", "same-site"):
+        assert request(f"{url}api/changes", headers={"Sec-Fetch-Site": site})[0] == 403
+        assert request(f"{url}api/runs", headers={"Sec-Fetch-Site": site})[0] == 403
     assert runs.get("idle")["spec"]["suspend"] is False
     status, body = request(action, data=b"{}", headers={"X-Durablerun-Token": token})
     assert (status, runs.get("idle")["spec"]["suspend"]) == (200, True), body
@@ -300,3 +321,20 @@ def test_a_runs_stream_is_listed_and_followed_live_with_superseded_output_marked
     # The stream finishes once the runner's outcome is in the store, which is before the operator sets the phase.
     runs.wait_phase("teller", "Succeeded", timeout=60)
     assert len(shown_chunks(chrome)) == 3
+
+
+def test_a_supervisors_children_are_a_tree_of_links_to_their_own_pages(
+        operator: Operator, runs: RunEnv, testbed: TestBed, start_ui: StartUI, chrome: webdriver.Remote) -> None:
+    runs.apply(runs.manifest("sup", "optest_children:supervisor", {"children": 2, "sleep": 0.1}))
+    assert runs.wait_phase("sup", "Succeeded", "Failed", timeout=180)["status"]["phase"] == "Succeeded"
+    url = start_ui(testbed.kubeconfig, "-n", runs.namespace)
+    chrome.get(f"{url}runs/{runs.namespace}/sup")
+
+    def tree() -> list[str]:
+        return [a.text for a in chrome.find_elements(By.CSS_SELECTOR, "#children li a")]
+
+    until(chrome, lambda: sorted(tree()) == ["sup-w0", "sup-w1"], "the children in the tree")
+    assert text(chrome, "#children").count("Succeeded") == 2
+    open_link(chrome, "sup-w1")
+    until(chrome, lambda: text(chrome, "#title") == f"{runs.namespace} / sup-w1", "the child's own page")
+    until(chrome, lambda: '"square": 1' in text(chrome, "#output"), "the child's result")

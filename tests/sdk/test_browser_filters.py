@@ -69,3 +69,19 @@ def test_the_list_sorts(sort: str, names: list[str]) -> None:
     watch.runs = {("ns", r["name"]): r for r in RUNS}
     page = watch.page(browser.Filters({"sort": [sort]} if sort else {}), 0)
     assert [r["name"] for r in page["runs"]] == names
+
+
+def test_a_trace_url_needs_http_and_the_trace_id_and_a_runner_cannot_steer_the_link() -> None:
+    from durablerun._private.tools import kubectl
+    from durablerun._private.tools.arguments import UsageError
+
+    with pytest.raises(UsageError, match=r"argument --trace-url: 'http://j/trace/' is not an http\(s\) URL with "
+                                         r"\{traceID\} in it"):
+        kubectl.build_parser().parse_args(["ui", "--trace-url", "http://j/trace/"])
+    args = kubectl.build_parser().parse_args(["ui", "--trace-url", "https://j/trace/{traceID}"])
+    linked = browser.Browser.__new__(browser.Browser)
+    linked.trace_url = args.trace_url
+    trace_id = api.trace_id("default/r")
+    assert linked._trace_link({"status": {"traceID": trace_id}}) == f"https://j/trace/{trace_id}"
+    assert linked._trace_link({"status": {"traceID": "../../admin"}}) == ""
+    assert linked._trace_link({"status": {}}) == ""

@@ -52,6 +52,7 @@ KEEPALIVE_SECONDS = 15.0  # a comment on an idle change feed, so that proxies an
 #: twice a second; each page then asks for what it shows.
 LIST_EVERY, RUN_EVERY = 1.0, 0.5
 MAX_FEEDS = 64  # open change feeds: each holds a thread of this server
+TRACE_ID = re.compile(r"[0-9a-f]{32}")  # status.traceID, as api.trace_id writes it
 
 
 def summary(body: dict[str, Any]) -> dict[str, Any]:
@@ -376,8 +377,9 @@ class _Journal:
 class Browser:
     """What the handlers share: the user's kubectl, the watch, the timelines, the token, the permissions."""
 
-    def __init__(self, kube: Kubectl, watch: RunWatch, timelines: Timelines) -> None:
+    def __init__(self, kube: Kubectl, watch: RunWatch, timelines: Timelines, trace_url: str = "") -> None:
         self.kube, self.watch, self.timelines = kube, watch, timelines
+        self.trace_url = trace_url  # --trace-url: a link to the run's trace, {traceID} in it
         self.token = secrets.token_urlsafe(32)
         self.hosts: set[str] = set()
         self._can: dict[str, tuple[float, bool]] = {}
@@ -404,7 +406,16 @@ class Browser:
                                          "count": e.get("count") or 1,
                                          "time": e.get("lastTimestamp") or e.get("eventTime")} for e in events],
                 "children": self.watch.children(namespace, name), "canChange": self.can_change(namespace),
-                "queue": position.describe() if position else summary(body)["queue"]}
+                "queue": position.describe() if position else summary(body)["queue"],
+                "traceURL": self._trace_link(body)}
+
+    def _trace_link(self, body: dict[str, Any]) -> str:
+        """The run's trace under --trace-url; none without one, or for a traceID that is not 32 hex digits (the
+        status is the runner's to write: it gets no say in where the link goes)."""
+        trace_id = str((body.get("status") or {}).get("traceID") or "")
+        if not self.trace_url or not TRACE_ID.fullmatch(trace_id):
+            return ""
+        return self.trace_url.replace("{traceID}", trace_id)
 
     def timeline_page(self, namespace: str, name: str, offset: int) -> dict[str, Any]:
         """The timeline entries journal positions ``offset`` to ``offset + TIMELINE_PAGE`` end; ``total`` counts
@@ -501,6 +512,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.headers.get("Host") not in self.browser.hosts:  # another site's name resolving to 127.0.0.1
             return self._send(HTTPStatus.MISDIRECTED_REQUEST, {"error": "this server answers to 127.0.0.1 only"})
         url = urlsplit(self.path)
+        if url.path.startswith("/api/") and self.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin",
+                                                                                                     "none"):
+            # Another site's page (another port of this machine included) gets no answer and no feed: a browser
+            # says whose page asks (Fetch Metadata); a client without the header (curl) is the user's own.
+            return self._send(HTTPStatus.FORBIDDEN, {"error": "only this server's own pages may call its API"})
         for verb, pattern, name in PATHS:
             match = pattern.fullmatch(url.path)
             if match and verb == method:
@@ -620,6 +636,14 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, {"message": message})
 
 
+def trace_url_template(text: str) -> str:
+    """--trace-url's value: an http(s) URL with {traceID} in it."""
+    if not text.startswith(("http://", "https://")) or "{traceID}" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with {{traceID}} in it, e.g. "
+                                         "http://localhost:16686/trace/{traceID}")
+    return text
+
+
 def _offset(query: dict[str, list[str]], field: str = "offset") -> int:
     text = (query.get(field) or ["0"])[0]
     if not text.isdigit():
@@ -635,7 +659,7 @@ def serve(kube: Kubectl, args: argparse.Namespace) -> int:
     """``kubectl durablerun ui``: serve until interrupted."""
     all_namespaces = bool(args.all_namespaces)
     watch = RunWatch(kube, all_namespaces).start()
-    browser = Browser(kube, watch, Timelines(args.credentials_from_secret))
+    browser = Browser(kube, watch, Timelines(args.credentials_from_secret), args.trace_url or "")
     handler = type("BoundHandler", (Handler,), {"browser": browser})
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)  # loopback only, as kubectl proxy
     port = server.server_address[1]

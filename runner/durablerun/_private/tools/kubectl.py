@@ -19,7 +19,7 @@ describe, made through ``kubectl`` itself (your kubeconfig, context and RBAC)::
     kubectl durablerun rerun RUN --from STEP                        # cut the journal back, then a new attempt
     kubectl durablerun fork RUN --from STEP --to NEW                # a new DurableRun with RUN's history before STEP
     kubectl durablerun upgrade (RUN | -l SELECTOR) --image IMAGE [--check]  # replay check in a pod, then re-pin
-    kubectl durablerun ui [-A] [--port 8765]                          # the run browser on 127.0.0.1 (docs/web.md)
+    kubectl durablerun ui [-A] [--port 8765] [--trace-url T]          # the run browser on 127.0.0.1 (docs/web.md)
     kubectl durablerun completion bash
 
 ``-n/--namespace``, ``--context`` and ``--kubeconfig`` go to every kubectl
@@ -461,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="list the runs of every namespace you may "
                    "list (default: the context's or -n's namespace)")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal (for the timelines)")
+    p.add_argument("--trace-url", metavar="TEMPLATE", type=browser.trace_url_template,
+                   help="link each run's page to its trace: TEMPLATE with {traceID} in it, e.g. "
+                        "http://localhost:16686/trace/{traceID} for Jaeger's UI")
     p = command("completion", "print a shell completion script")
     p.add_argument("shell", choices=["bash"])
     return parser

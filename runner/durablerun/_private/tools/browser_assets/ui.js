@@ -175,7 +175,9 @@ function runPage() {
     const facts = [["workflow", spec.workflow], ["attempt", status.attempt || 0], ["restarts", status.restarts || 0],
       ["disruptions", status.disruptions || 0], ["cost", `$${cost.usd || "0"}, ${cost.tokens || 0} tokens`],
       ["pod", status.pod || "-"], ["started", status.startTime || "-"], ["finished", status.completionTime || "-"],
-      ["suspend", spec.suspend ? "yes" : "no"], ...(page.queue ? [["queue", page.queue]] : [])];
+      ["suspend", spec.suspend ? "yes" : "no"], ...(page.queue ? [["queue", page.queue]] : []),
+      ...(page.traceURL ? [["trace", el("a", {href: page.traceURL, id: "trace", target: "_blank",
+        rel: "noopener noreferrer"}, status.traceID)]] : [])];
     document.getElementById("facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     document.getElementById("actions").hidden = !page.canChange;
     runPhase = status.phase || "";
