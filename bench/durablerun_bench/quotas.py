@@ -18,6 +18,7 @@ Delivered tokens a minute and each namespace's share are taken over the steady s
 minute, whose full window is a burst by design). The limiter's added latency is measured by a probe in a
 process of its own (this one's 200 threads would make it a measure of the GIL), asking a window of its own
 in the same loaded Redis. The generator reports its own lag: how late a 10 ms sleep wakes in this process.
+``python -m durablerun_bench.quotas`` runs this section alone and prints its RESULTS.md section.
 """
 
 from __future__ import annotations
@@ -300,6 +301,18 @@ def section(q: dict[str, Any]) -> list[str]:
     ]
 
 
+def main() -> int:
+    """``python -m durablerun_bench.quotas``: this section alone; prints its RESULTS.md section."""
+    from durablerun_bench.alone import alone
+
+    with alone("quotas") as run:
+        result = bench(run.root, run.run_id)
+        run.report(section(result), result)
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--probe"]:
         probe(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit(main())
