@@ -136,7 +136,7 @@ class RunWatch:
     then a WATCH from the list's resourceVersion, resumed from the last version seen when it ends, the whole
     listed again when the API server says that version is too old. Both through the user's kubectl
     (``get --raw``: the API server's own JSON, a line per watch event; ``get --watch`` prints objects one by one
-    and took 100 s to show 10,000 runs here, the raw LIST and WATCH 10 s)."""
+    and took 100 s to show 10,000 runs here, the raw LIST and WATCH 11 s)."""
 
     CHUNK = 500
 
@@ -178,9 +178,9 @@ class RunWatch:
                 if not version:
                     version = self._list()
                 version = self._watch(version)
-            except PluginError as e:
+            except (PluginError, ValueError, KeyError) as e:  # refused, or an answer that is not the API's JSON
                 with self.changed:
-                    self.error, self.version = str(e), self.version + 1
+                    self.error, self.version = str(e) or type(e).__name__, self.version + 1
                     self.changed.notify_all()
                 version = ""
                 self.stopping.wait(2.0)
