@@ -350,8 +350,9 @@ function runPage() {
         button.onclick = () => openLogs(n);
         return button;
       }));
-      document.getElementById("logs-summary").textContent = found.attempts.length
-        ? `kept for ${found.attempts.length} attempt(s)` : "none stored yet";
+      if (logAttempt === null)  // else the summary says which attempt's logs are shown
+        document.getElementById("logs-summary").textContent = found.attempts.length
+          ? `kept for ${found.attempts.length} attempt(s)` : "none stored yet";
       error.hidden = true;
     } catch (e) {
       error.hidden = false;
