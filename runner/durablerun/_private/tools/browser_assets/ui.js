@@ -39,6 +39,18 @@ function serial(fn) {
   };
 }
 
+// A clock for listings that change seldom beside a run that changes often: true on the first ask, then at most
+// once every `ms`.
+function atMostEvery(ms) {
+  let last = -Infinity;
+  return () => {
+    const now = Date.now();
+    if (now - last < ms) return false;
+    last = now;
+    return true;
+  };
+}
+
 async function getJSON(url) {
   const response = await fetch(url, {headers: {Accept: "application/json"}});
   const body = await response.json();
@@ -274,13 +286,13 @@ function runPage() {
   // pending chunk may yet be superseded, so each poll asks again from the first pending one.
   const KEEP_CHUNKS = 2000;  // the page keeps the newest ones: a long stream is read whole with `durablerun stream`
   // A stream's chunks come without a change to the run: a chosen one is also read every FOLLOW_MS until finished.
-  let streamName = null, streamFrom = 0, streamDone = false, streamListed = 0, streamDropped = 0;
+  let streamName = null, streamFrom = 0, streamDone = false, streamDropped = 0;
+  const streamsDue = atMostEvery(5 * FOLLOW_MS);
 
   const showStreams = serial(async () => {
     const error = document.getElementById("stream-error");
     try {
-      if (streamName === null || Date.now() - streamListed > 5 * FOLLOW_MS) {
-        streamListed = Date.now();
+      if (streamsDue() || streamName === null) {
         const found = await getJSON(`${base}/streams`);
         if (streamName === null && found.streams.length) choose(found.streams[0]);
         names(found.streams);
@@ -336,11 +348,11 @@ function runPage() {
   }
 
   // The attempts' logs from the run's store: which attempts have them, now and then; the chosen one's on a click.
-  let logsListed = 0, logAttempt = null;
+  let logAttempt = null;
+  const logsDue = atMostEvery(5 * FOLLOW_MS);  // attempts end seldom; a run's changes come often
 
   async function showLogs() {
-    if (Date.now() - logsListed < 5 * FOLLOW_MS) return;  // attempts end seldom; a run's changes come often
-    logsListed = Date.now();
+    if (!logsDue()) return;
     const error = document.getElementById("logs-error");
     try {
       const found = await getJSON(`${base}/logs`);
