@@ -210,6 +210,14 @@ def duration_arg(flag: str, text: str | None) -> str | None:
     return text
 
 
+def trace_url_template(text: str) -> str:
+    """--trace-url's value: an http(s) URL with {traceID} in it."""
+    if not text.startswith(("http://", "https://")) or "{traceID}" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with {{traceID}} in it, e.g. "
+                                         "http://localhost:16686/trace/{traceID}")
+    return text
+
+
 #: The flag that sets each policy field.
 POLICY_FLAGS = {"costCeilingUSD": "--max-cost", "maxTokens": "--max-tokens",
                 "askAt.costUSD": "--ask-at-cost", "askAt.tokens": "--ask-at-tokens",

@@ -636,14 +636,6 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, {"message": message})
 
 
-def trace_url_template(text: str) -> str:
-    """--trace-url's value: an http(s) URL with {traceID} in it."""
-    if not text.startswith(("http://", "https://")) or "{traceID}" not in text:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with {{traceID}} in it, e.g. "
-                                         "http://localhost:16686/trace/{traceID}")
-    return text
-
-
 def _offset(query: dict[str, list[str]], field: str = "offset") -> int:
     text = (query.get(field) or ["0"])[0]
     if not text.isdigit():

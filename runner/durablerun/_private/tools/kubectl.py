@@ -461,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="list the runs of every namespace you may "
                    "list (default: the context's or -n's namespace)")
     p.add_argument("--credentials-from-secret", action="store_true", help="as for journal (for the timelines)")
-    p.add_argument("--trace-url", metavar="TEMPLATE", type=browser.trace_url_template,
+    p.add_argument("--trace-url", metavar="TEMPLATE", type=arguments.trace_url_template,
                    help="link each run's page to its trace: TEMPLATE with {traceID} in it, e.g. "
                         "http://localhost:16686/trace/{traceID} for Jaeger's UI")
     p = command("completion", "print a shell completion script")
