@@ -62,7 +62,7 @@ def _status(i: int, renewed: str, **extra: Any) -> dict[str, Any]:
                        **extra}}
 
 
-class Renewals:
+class StandInRenewals:
     """The stand-in runners: a lease renewal (a status write) for the runs in turn, RENEWALS_PER_S a second on
     8 threads. Its lag (how late each write was sent after it was due) says whether it kept up."""
 
@@ -72,7 +72,7 @@ class Renewals:
         self.sent, self.lags = 0, list[float]()
         self.thread = threading.Thread(target=self._loop, name="renewals", daemon=True)
 
-    def __enter__(self) -> Renewals:
+    def __enter__(self) -> StandInRenewals:
         self.thread.start()
         return self
 
@@ -175,7 +175,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, log: Any = print)
     chrome = webdriver.Remote(command_executor=driver.url, options=options)
     ui: procs.ManagedProcess | None = None
     try:
-        with Renewals(bed, runs) as renewals:
+        with StandInRenewals(bed, runs) as renewals:
             port, began = procs.free_port(), time.monotonic()
             ui = procs.ManagedProcess(
                 "ui", [sys.executable, "-m", "durablerun.kubectl", "--kubeconfig", str(bed.kubeconfig), "ui",

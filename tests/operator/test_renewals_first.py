@@ -54,7 +54,7 @@ def pods_created(runs: RunEnv, names: list[str]) -> list[float]:
     return procs.wait_for(created, timeout=120, interval=0.5, what=f"the pods of {len(names)} runs")
 
 
-class Renewals:
+class RenewalsSeen:
     """Every lease renewal of the namespace's runs, as a watch of the API server tells it: run -> arrival times."""
 
     def __init__(self, runs: RunEnv) -> None:
@@ -81,7 +81,7 @@ class Renewals:
                 if self._stop.is_set():
                     stream.stop()
 
-    def __enter__(self) -> Renewals:
+    def __enter__(self) -> RenewalsSeen:
         self._thread.start()
         return self
 
@@ -108,7 +108,7 @@ def test_starts_are_paced_while_renewals_fall_behind_and_go_at_full_rate_once_th
     names = [f"standin-{i:02d}" for i in range(STAND_INS)]
     stalled, healthy = names[:STALLED], names[STALLED:]
     apply_all(runs, [unscheduled(runs, name, LEASE) for name in names])
-    with StandIn(runs, names, LEASE) as stand_in, Renewals(runs) as renewals:
+    with StandIn(runs, names, LEASE) as stand_in, RenewalsSeen(runs) as renewals:
         procs.wait_for(lambda: len(stand_in.held) == STAND_INS, timeout=120, interval=0.5,
                        what=f"all {STAND_INS} stand-in leases held")
         # Three runners stop renewing, as behind a slow API server, right after a renewal: late 16 s on, expired
