@@ -211,6 +211,9 @@ class Executor:
                 continue
             first_look, cached = None, False
             held = await self._holds.hold(run, plan, now)
+            # Renewals first: while they fall behind, a start waits for its paced turn, decided again then.
+            if held is None and (wait := self._holds.pace(key, plan, now)):
+                held = now + timedelta(seconds=wait)
             if plan.empty or held is not None:
                 until = held or self.next_wakeup(run, views, now)
                 if facts.recheck is not None:
@@ -226,7 +229,6 @@ class Executor:
                 related = None
             for i, state in engaged:
                 i.stale(state, plan)
-            await self._holds.pace(plan, now)  # renewals first: starts slow down while they fall behind
             try:
                 body = await self.apply(run, plan, engaged)
             except Conflict as conflict:

@@ -48,8 +48,8 @@ class LeaseHolds:
         self._tasks: set[asyncio.Task[None]] = set()  # strong references to background tasks
         self._last: overload.Judgement | None = None  # the last judgement, mass expiry or not
         self._pacing = False  # starts are paced (renewals fall behind)
-        self._next_start = 0.0  # time.monotonic() before which no paced start goes
-        self._pace_lock = asyncio.Lock()
+        self._next_start = 0.0  # time.monotonic() of the next paced start's turn
+        self._turns: dict[Key, float] = {}  # runs told to wait for their paced start: its turn
 
     def observe(self, run: decide.RunView, pods: list[decide.PodView] | None = None) -> None:
         """Keep the run's lease for the judgement. ``pods``: read with it (the watch has none), for the start of
@@ -84,27 +84,35 @@ class LeaseHolds:
         self.set_held(key, until)
         return until
 
-    async def pace(self, plan: decide.Plan, now: datetime) -> None:
-        """Wait before ``plan`` starts a pod while renewals fall behind, so that starts come at
-        PACED_STARTS_PER_SECOND and the running runs' renewals get the API server first."""
+    def pace(self, key: Key, plan: decide.Plan, now: datetime) -> float:
+        """Seconds until ``plan`` may start its pod (0: now), so that while renewals fall behind starts come at
+        PACED_STARTS_PER_SECOND and the running runs' renewals get the API server first. A run told to wait
+        keeps its turn and is decided again then: no worker sleeps through it, so the status writes of other
+        runs (a lapsed lease's restart) are not queued behind the paced starts."""
         if plan.create_pod_epoch is None:
-            return
+            return 0.0
         self._judge(now)
         pacing = self._last is not None and overload.pace_starts(self._last)
         if pacing != self._pacing:
             self._pacing = pacing
             if self._last is not None:
-                log.warning("%d of %d active runs' leases are late: pod starts %s", self._last.late, self._last.active,
+                log.warning("%d of %d active runs' leases are behind: pod starts %s", self._last.behind,
+                            self._last.active,
                             f"paced to {PACED_STARTS_PER_SECOND:g} a second" if pacing else "at full rate again")
             if self._metrics:
                 self._metrics.set_starts_paced(pacing)
         if not pacing:
-            return
-        async with self._pace_lock:
-            wait = self._next_start - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            self._next_start = time.monotonic() + 1 / PACED_STARTS_PER_SECOND
+            self._turns.clear()
+            return 0.0
+        mono = time.monotonic()
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = max(mono, self._next_start)
+            self._next_start = turn + 1 / PACED_STARTS_PER_SECOND
+        if turn <= mono:
+            del self._turns[key]
+            return 0.0
+        return turn - mono
 
     def set_held(self, key: Key, until: datetime | None) -> None:
         if until is None:
@@ -121,6 +129,7 @@ class LeaseHolds:
     def forget(self, key: Key) -> None:
         self.leases.pop(key, None)
         self._held.discard(key)
+        self._turns.pop(key, None)
 
     def _judge(self, now: datetime, *, fresh: bool = False) -> overload.Judgement | None:
         """The mass expiry under way (None: none), judged over every active lease at most once per

@@ -109,10 +109,20 @@ def test_starts_are_paced_while_renewals_fall_behind(fresh: int, late: int, pace
     assert overload.pace_starts(judgement) is paced
 
 
-def test_paced_starts_come_at_the_paced_rate() -> None:
-    import asyncio
-    import time
+def test_leases_past_their_validity_do_not_pace_the_restarts_of_their_runs() -> None:
+    # A lost node's 50 runners of 1,000: their leases lapse together. Behind, they pace new starts; expired,
+    # they are runners gone, and their restarts go at once (the lease-expiry detection target).
+    behind = leases(950, 50)
+    assert overload.pace_starts(overload.judge(behind, NOW, POLICY))
+    expired = [overload.Lease(NOW - VALIDITY - timedelta(seconds=1), VALIDITY, 2)] * 50
+    judgement = overload.judge(leases(950, 0) + expired, NOW, POLICY)
+    assert (judgement.late, judgement.behind) == (50, 0)
+    assert not overload.pace_starts(judgement)
+    # Right at its validity a lease is still behind: its renewal may yet come.
+    assert overload.Lease(NOW - VALIDITY, VALIDITY, 2).behind(NOW)
 
+
+def test_paced_starts_come_at_the_paced_rate_each_run_keeping_its_turn() -> None:
     from durablerun_operator import holds
     from durablerun_operator.config import Settings
 
@@ -122,12 +132,12 @@ def test_paced_starts_come_at_the_paced_rate() -> None:
         held.leases[("ns", f"run-{i}")] = overload.Lease(now - (NOW - lease.renewed), lease.validity, 2)
     start = decide.Plan()
     start.create_pod_epoch = 1
-
-    async def three_starts() -> float:
-        await held.pace(decide.Plan(), now)  # a plan that starts no pod takes no turn
-        began = time.monotonic()
-        for _ in range(3):
-            await held.pace(start, now)
-        return time.monotonic() - began
-
-    assert asyncio.run(three_starts()) >= 2 / holds.PACED_STARTS_PER_SECOND  # the 2nd and 3rd waited their turn
+    assert held.pace(("ns", "a"), decide.Plan(), now) == 0  # a plan that starts no pod takes no turn
+    waits = [held.pace(("ns", name), start, now) for name in ("a", "b", "c")]
+    step = 1 / holds.PACED_STARTS_PER_SECOND
+    assert waits[0] == 0  # the first goes now
+    assert step - 0.1 < waits[1] <= step  # the 2nd and 3rd are told when their turn comes
+    assert 2 * step - 0.1 < waits[2] <= 2 * step
+    # Asked again before its turn, a run keeps it: a run decided again early takes no second turn.
+    assert 2 * step - 0.2 < held.pace(("ns", "c"), start, now) <= waits[2]
+    assert 2 * step < held.pace(("ns", "d"), start, now) <= 3 * step
