@@ -89,6 +89,11 @@ def render(r: dict[str, Any]) -> str:
         lines += kueue.section(r["kueue"])
         targets.append([f"never more than the quota's {r['kueue']['quota']} runner pods at once (Kueue)",
                         str(r["kueue"]["most_live_pods"]), _yes(r["kueue"]["most_live_pods"] <= r["kueue"]["quota"])])
+        if "cycle" in r["kueue"]:  # measured since issue 42
+            bound = kueue.target(r["kueue"])
+            targets.append([f"{r['kueue']['runs']} runs through {r['kueue']['quota']} Kueue slots within twice the "
+                            f"steps' time plus a pod start per slot turn ({bound:.0f} s)",
+                            f"{r['kueue']['makespan_s']:.0f} s", _yes(r["kueue"]["makespan_s"] <= bound)])
     if r.get("preemption"):
         lines += preemption.section(r["preemption"])
         at_boundary = r["preemption"]["rows"][-1]

@@ -34,6 +34,7 @@ from typing import Any
 
 from durablerun import api
 from durablerun_bench import dr_flows
+from durablerun_operator import kueue
 from durablerun_testbed import procs
 from durablerun_testbed.testbed import TestBed
 
@@ -41,16 +42,18 @@ BENCH_DIR = Path(__file__).resolve().parent.parent
 
 
 class Watcher:
-    """Records (arrival time, event type, object) for DurableRuns and pods of one namespace."""
+    """Records (arrival time, event type, object) for DurableRuns and pods of one namespace (and its Kueue
+    Workloads, with ``kinds`` naming ``workload``)."""
 
     def __init__(self, bed: TestBed, namespace: str,
-                 reduce: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 reduce: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                 kinds: tuple[str, ...] = ("dr", "pod")) -> None:
         self.bed, self.namespace = bed, namespace
         self.reduce = reduce or (lambda _kind, obj: obj)
         self.events: list[tuple[float, str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(kind,), daemon=True) for kind in ("dr", "pod")]
+        self._threads = [threading.Thread(target=self._loop, args=(kind,), daemon=True) for kind in kinds]
 
     def start(self) -> Watcher:
         for thread in self._threads:
@@ -73,6 +76,9 @@ class Watcher:
                 if kind == "dr":
                     fn: Any = client.CustomObjectsApi(api_client).list_namespaced_custom_object
                     args: tuple[Any, ...] = (api.GROUP, api.VERSION, self.namespace, api.PLURAL)
+                elif kind == "workload":
+                    fn = client.CustomObjectsApi(api_client).list_namespaced_custom_object
+                    args = (kueue.GROUP, kueue.VERSION, self.namespace, kueue.WORKLOADS)
                 else:
                     fn, args = client.CoreV1Api(api_client).list_namespaced_pod, (self.namespace,)
                 w = watch.Watch()

@@ -192,16 +192,22 @@ def test_report_shows_the_timeline_pages_beside_the_whole_read() -> None:
 
 def test_report_judges_kueue_admission_against_its_quota() -> None:
     p = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "max": 4.0}
+    cycle = {stage: p for stage in ("pod_to_lease", "lease_to_outcome", "outcome_to_exited", "exited_to_succeeded",
+                                    "succeeded_to_released", "released_to_next_admitted", "admitted_to_pod")}
     k = {"runs": 100, "quota": 10, "steps": 5, "sleep": 0.5, "applied_s": 12.0, "kueue_start_s": 20.0,
-         "most_live_pods": 10, "makespan_s": 120.0, "create_to_admitted": p, "create_to_pod": p,
-         "admitted_to_pod": p, "missed_admissions": 0}
+         "most_live_pods": 10, "makespan_s": 59.0, "create_to_admitted": p, "create_to_pod": p,
+         "admitted_to_pod": p, "missed_admissions": 0, "cycle": cycle}
     text = report.render({**_results(), "kueue": k})
     assert "## Admission through Kueue" in text
-    assert "| to its pod | 1.0 s | 2.0 s | 3.0 s | 4.0 s |" in text
+    assert "| to its pod | 1.00 s | 2.00 s | 3.00 s | 4.00 s |" in text
+    assert "| **a turn, the medians summed** | 7.00 s | | | |" in text
     assert "At most **10** runner pods were alive at once: never more than the quota's 10." in text
     assert "| never more than the quota's 10 runner pods at once (Kueue) | 10 | **met** |" in text
-    over = report.render({**_results(), "kueue": {**k, "most_live_pods": 11}})
+    # 10 turns of 2.5 s of steps, twice, plus 10 pod starts of 1 s: 60 s.
+    assert "within twice the steps' time plus a pod start per slot turn (60 s) | 59 s | **met** |" in text
+    over = report.render({**_results(), "kueue": {**k, "most_live_pods": 11, "makespan_s": 61.0}})
     assert "| never more than the quota's 10 runner pods at once (Kueue) | 11 | **missed** |" in over
+    assert "per slot turn (60 s) | 61 s | **missed** |" in over
 
 
 def test_the_streams_section_measures_real_runs_and_their_reader(tmp_path: Path) -> None:
