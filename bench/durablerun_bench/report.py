@@ -134,10 +134,11 @@ def _steps(s: dict[str, Any], targets: list[list[str]]) -> list[str]:
                       ", ".join(_f(x, 0) for x in row.get("runs_ops_per_s", []))])
     out += [*_table(header, table), ""]
     dr_fs, dr_s3 = rows.get("dr-fs"), rows.get("dr-s3")
-    if dr_fs and dr_fs.get("ratio_overwrite"):
+    if dr_fs and dr_fs.get("floor") == "floor-overwrite":
         out += [f"The filesystem store writes each record into zeros it laid down ahead, so its own floor is "
-                f"*overwrite zeros + fdatasync*: {_f(dr_fs['ratio_overwrite'])}× that (separate runs in the same "
-                "repeat, median).", ""]
+                f"*overwrite zeros + fdatasync*, measured in the same process right before and after it: "
+                f"{_f(dr_fs['ratio_floor'])}× that (p50 {_f(dr_fs['ratio_floor_p50'])}×; every repeat: "
+                f"{', '.join(_f(x) for x in dr_fs.get('ratio_floor_all', []))}).", ""]
     others = [k for k in ("dbos-pg", "dbos-sqlite", "lg-sqlite", "lg-pg") if k in rows]
     if dr_fs:
         out += ["Side by side (how many times faster per step durable-run is; every system here makes each "
@@ -149,10 +150,10 @@ def _steps(s: dict[str, Any], targets: list[list[str]]) -> list[str]:
                          f"{_f(o['mean_ms'] / dr_s3['mean_ms'])}×" if dr_s3 else "–"])
         out += _table(["compared with", "durable-run filesystem store", "durable-run S3 store (MinIO)"], side)
         out += [""]
-        fs_ok = dr_fs["ops_per_s"] >= 3000 and (dr_fs.get("ratio_floor") or 99) <= 1.6
+        fs_ok = dr_fs["ops_per_s"] >= 3000 and (dr_fs.get("ratio_fdatasync") or 99) <= 1.6
         targets.append(["filesystem store ≥ 3,000 steps/s, within 1.6× of append+fdatasync",
-                        f"{_f(dr_fs['ops_per_s'], 0)} steps/s, {_f(dr_fs.get('ratio_floor'))}× the floor "
-                        f"(p50 {_f(dr_fs.get('ratio_floor_p50'))}×)", _yes(fs_ok)])
+                        f"{_f(dr_fs['ops_per_s'], 0)} steps/s, {_f(dr_fs.get('ratio_fdatasync'))}× that floor",
+                        _yes(fs_ok)])
         faster = all(rows[k]["mean_ms"] > dr_fs["mean_ms"] for k in others)
         targets.append(["at equal durability, more steps/s than DBOS and LangGraph",
                         ", ".join(f"{_f(rows[k]['mean_ms'] / dr_fs['mean_ms'], 1)}× {rows[k]['label']}"
@@ -165,9 +166,9 @@ def _steps(s: dict[str, Any], targets: list[list[str]]) -> list[str]:
             targets.append(["S3 store on MinIO faster per step than DBOS on PostgreSQL",
                             f"{_f(dr_s3['mean_ms'], 2)} ms vs {_f(rows['dbos-pg']['mean_ms'], 2)} ms",
                             _yes(dr_s3["mean_ms"] < rows["dbos-pg"]["mean_ms"])])
-    if dr_fs and dr_fs.get("ratio_overwrite"):
-        targets.append(["filesystem store within 1.3× of overwrite zeros + fdatasync",
-                        f"{_f(dr_fs['ratio_overwrite'])}×", _yes(dr_fs["ratio_overwrite"] <= 1.3)])
+    if dr_fs and dr_fs.get("floor") == "floor-overwrite":
+        targets.append(["filesystem store within 1.3× of its own floor, overwrite zeros + fdatasync (bracketed)",
+                        f"{_f(dr_fs['ratio_floor'])}×", _yes(dr_fs["ratio_floor"] <= 1.3)])
     if dr_fs and "dr-fs-sync" in rows:
         ratio = dr_fs["ops_per_s"] / rows["dr-fs-sync"]["ops_per_s"]
         targets.append(["a sync step function within 1.3× of an async one (filesystem store)",
