@@ -156,7 +156,6 @@ def _timing(watcher: resume.Watcher, quota: int) -> dict[str, Any]:
     handed_on = [a - r for a, r in zip(sorted(admitted.values())[quota:], sorted(released.values()), strict=False)]
     return {"create_to_admitted": latencies(seconds(admitted, created)),
             "create_to_pod": latencies(seconds(pods, created)),
-            "admitted_to_pod": latencies(seconds(pods, admitted)),
             "cycle": {"pod_to_lease": latencies(seconds(lease, pods)),
                       "lease_to_outcome": latencies(seconds(outcome, lease)),
                       "outcome_to_exited": latencies(seconds(exited, outcome)),

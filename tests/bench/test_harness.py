@@ -196,7 +196,7 @@ def test_report_judges_kueue_admission_against_its_quota() -> None:
                                     "succeeded_to_released", "released_to_next_admitted", "admitted_to_pod")}
     k = {"runs": 100, "quota": 10, "steps": 5, "sleep": 0.5, "applied_s": 12.0, "kueue_start_s": 20.0,
          "most_live_pods": 10, "makespan_s": 59.0, "create_to_admitted": p, "create_to_pod": p,
-         "admitted_to_pod": p, "missed_admissions": 0, "cycle": cycle}
+         "missed_admissions": 0, "cycle": cycle}
     text = report.render({**_results(), "kueue": k})
     assert "## Admission through Kueue" in text
     assert "| to its pod | 1.00 s | 2.00 s | 3.00 s | 4.00 s |" in text
