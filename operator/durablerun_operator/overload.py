@@ -75,7 +75,7 @@ class Judgement:
     late: int
     mass_expiry: bool
     #: Of the late leases, those still valid (Lease.behind).
-    behind: int = 0
+    behind: int
 
 
 def judge(leases: Iterable[Lease], now: datetime, policy: Policy, *, holding: bool = False) -> Judgement:
