@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     for runs in sizes.scale_runs:
                         log(f"operator scale: {runs} DurableRuns")
                         measured.append(scale.bench(bed, root, run_id, runs=runs, lease_seconds=sizes.scale_lease,
-                                                    stopped=max(10, runs // 20), log=log))
+                                                    stopped=max(10, runs // 20), wake=sizes.woken, log=log))
                     results["scale"] = {**measured[0], "more_active": measured[1:]}
                     if sizes.shard_runs:  # BENCH_SHARD_RUNS=0: not this time
                         log(f"{len(failover.REPLICAS)} sharded operators, {sizes.shard_runs} DurableRuns, one "

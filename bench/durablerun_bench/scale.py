@@ -109,10 +109,10 @@ def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     return {"name": obj["metadata"]["name"], "run": labels.get(api.LABEL_RUN), "epoch": labels.get(api.LABEL_EPOCH)}
 
 
-def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: int = 0) -> dict[str, Any]:
+def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: str = "0") -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION, "kind": api.KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": {SHARD_LABEL: str(shard)}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {SHARD_LABEL: shard}},
         "spec": {
             "workflow": "durablerun_bench.dr_flows:steps",
             "input": {"n": 1},
@@ -125,7 +125,9 @@ def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: int = 0)
     }
 
 
-def create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: int, shards: int) -> None:
+def create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: int, shards: int,
+                prefix: str = "") -> None:
+    """Create ``names``, dealt round-robin to the shards ``<prefix>0`` to ``<prefix><shards - 1>``."""
     from kubernetes import client
 
     local = threading.local()
@@ -134,8 +136,8 @@ def create_runs(bed: TestBed, namespace: str, names: list[str], lease_seconds: i
         if not hasattr(local, "api"):
             local.api = client.CustomObjectsApi(bed.api_client())
         i, name = item
-        local.api.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
-                                                  _run_manifest(namespace, name, lease_seconds, i % shards))
+        body = _run_manifest(namespace, name, lease_seconds, f"{prefix}{i % shards}")
+        local.api.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, body)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(create, enumerate(names)))
@@ -147,15 +149,17 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 class StandIns:
-    """The stand-in runners: one process per shard of the runs, all logging to one file."""
+    """The stand-in runners: one process per shard of the runs (shards ``<prefix>0`` on), all logging to one
+    file."""
 
-    def __init__(self, bed: TestBed, root: Path, run_id: str, namespace: str, shards: int) -> None:
+    def __init__(self, bed: TestBed, root: Path, run_id: str, namespace: str, shards: int, prefix: str = "") -> None:
         self.bed, self.root, self.run_id, self.namespace, self.shards = bed, root, run_id, namespace, shards
-        self.log = root / f"{namespace}-renewals.jsonl"
+        self.prefix = prefix
+        self.log = root / f"{namespace}-{prefix}renewals.jsonl"
         self.processes: list[procs.ManagedProcess] = []
 
     def start(self, plan: dict[str, Any]) -> None:
-        for shard in range(self.shards):
+        for shard in (f"{self.prefix}{i}" for i in range(self.shards)):
             path = self.root / f"{self.namespace}-plan-{shard}.json"
             path.write_text(json.dumps({**plan, "shard": shard}))
             self.processes.append(procs.ManagedProcess(
@@ -222,8 +226,10 @@ def _mark(bed: TestBed, op: procs.ManagedProcess) -> tuple[dict[Any, float], flo
     return apiserver_requests(bed), proc_cpu_seconds(op.pid), time.time(), control_plane(bed)
 
 
-def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: int, stopped: int,
+def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: int, stopped: int, wake: int = 0,
           log: Any = print) -> dict[str, Any]:
+    """``runs`` applied at once, then the steady state with ``stopped`` of them stopping; then, with all of them
+    still renewing, ``wake`` runs taken to Waiting and woken (``wake_amid``)."""
     namespace = f"bench-scale-{uuid.uuid4().hex[:4]}"
     resume.prepare_namespace(bed, namespace)
     names = [f"run-{i:05d}" for i in range(runs)]
@@ -274,6 +280,8 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
                 break
             time.sleep(2)
         out.update(_window(bed, op, start, rss))
+        if wake:
+            out["wake"] = wake_amid(bed, root, run_id, namespace, watcher, wake, log)
         time.sleep(5)  # let the stand-ins acquire the restarted attempts
         standins.stop()
         out.update(object_sizes(bed, namespace))
@@ -370,24 +378,15 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
     custom = client.CustomObjectsApi(bed.api_client())
     plan = {"namespace": namespace, "lease_seconds": 180, "stop": {}, "wait_event": "go"}
 
-    def phases() -> dict[str, str]:
-        with watcher.lock:
-            events = list(watcher.events)
-        latest: dict[str, str] = {}
-        for _, kind, _, obj in events:
-            if kind == "dr":
-                latest[obj["name"]] = obj.get("phase") or ""
-        return latest
-
     with resume.operator(bed, namespace, root, run_id, env=FLEET_CLIENT):
         t0 = time.time()
         standins.start(plan)
         create_runs(bed, namespace, real, 180, 1)
         with contextlib.suppress(procs.Timeout):  # reported below: how many got there
-            procs.wait_for(lambda: sum(p == api.Phase.WAITING for p in phases().values()) >= len(real),
+            procs.wait_for(lambda: sum(p == api.Phase.WAITING for p in _phases(watcher).values()) >= len(real),
                            timeout=max(300, len(real)), interval=2.0, what=f"all {len(real)} runs Waiting")
         out["ramp_up_s"] = time.time() - t0
-        log(f"  {sum(p == api.Phase.WAITING for p in phases().values())} of {len(real)} runs Waiting through "
+        log(f"  {sum(p == api.Phase.WAITING for p in _phases(watcher).values())} of {len(real)} runs Waiting through "
             f"stand-ins after {out['ramp_up_s']:.0f}s")
         standins.stop()
     if clones:
@@ -401,7 +400,7 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
         start = _mark(bed, op)
         out["operator_start_s"] = settle(op, timeout=max(300, runs / 50))
         out["start"] = _window(bed, op, start, [proc_memory_mb(op.pid)["VmRSS"]])
-        out["waiting_after_ramp"] = sum(p == api.Phase.WAITING for p in phases().values())
+        out["waiting_after_ramp"] = sum(p == api.Phase.WAITING for p in _phases(watcher).values())
         log(f"  operator started with {out['waiting_after_ramp']} Waiting runs: settled in "
             f"{out['operator_start_s']:.0f}s, RSS {out['start']['rss_mb_end']:.0f} MB")
         start = _mark(bed, op)
@@ -412,44 +411,97 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
             time.sleep(2)
         out["idle"] = _window(bed, op, start, rss)
         standins.start(plan)  # shard 0: the runs taken there by stand-ins and the woken clones
-        sent: dict[str, float] = {}
         start = _mark(bed, op)
-        for name in sample:
-            sent[name] = time.time()
-            custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-                                                  {"spec": {"events": {"go": {"approved": True}}}})
-            time.sleep(0.05)
-
-        def started() -> dict[str, list[float]]:
-            with watcher.lock:
-                events = list(watcher.events)
-            pods: dict[str, dict[str, float]] = defaultdict(dict)
-            for when, kind, _, obj in events:
-                if kind == "pod" and obj.get("run") and obj.get("epoch") not in (None, "1"):
-                    pods[obj["run"]].setdefault(obj["name"], when)
-            return {run: sorted(p.values()) for run, p in pods.items()}
-
+        sent = _send_events(bed, namespace, sample)
         with contextlib.suppress(procs.Timeout):  # a run without one is counted as a missed wake
-            procs.wait_for(lambda: len(set(started()) & set(sample)) >= len(sample), timeout=120, interval=1.0,
-                           what="a new attempt for every woken run")
+            procs.wait_for(lambda: len(set(_next_attempts(watcher)) & set(sample)) >= len(sample), timeout=120,
+                           interval=1.0, what="a new attempt for every woken run")
         time.sleep(10)  # a duplicate would show by now
         out["wake"] = _window(bed, op, start, [proc_memory_mb(op.pid)["VmRSS"]])
         standins.stop()
         out.update(object_sizes(bed, namespace))
     watcher.stop()
-    pods = started()
-    delays = [pods[n][0] - sent[n] for n in sample if n in pods]
-    out["event_to_pod"] = _summary(delays)
+    pods = _next_attempts(watcher)
+    out.update(_wakes(pods, sent))
     through = set(real)
     out["event_to_pod_clones"] = _summary([pods[n][0] - sent[n] for n in sample if n in pods and n not in through])
-    out["missed_wakes"] = sum(1 for n in sample if n not in pods)
-    out["duplicated_wakes"] = sum(1 for n in sample if len(pods.get(n, [])) > 1) + sum(
-        1 for n in pods if n not in sent)
+    out["duplicated_wakes"] += sum(1 for n in pods if n not in sent)  # a run woken that was sent no event
     out["renewer"] = _standin_counts(_events(standins.log))
     idle = out["idle"]
     log(f"  idle with {runs} waiting runs: operator {idle['cpu_cores']:.3f} cores, RSS {idle['rss_mb_max']:.0f} MB, "
         f"API {idle['api_requests_per_s']:.1f} req/s; event -> pod p50 {out['event_to_pod']['p50']:.2f}s p99 "
         f"{out['event_to_pod']['p99']:.2f}s; missed {out['missed_wakes']}, duplicated {out['duplicated_wakes']}")
+    return out
+
+
+def _next_attempts(watcher: resume.Watcher) -> dict[str, list[float]]:
+    """Per run, when the watch first saw each pod of an attempt after its first, in order."""
+    with watcher.lock:
+        events = list(watcher.events)
+    pods: dict[str, dict[str, float]] = defaultdict(dict)
+    for when, kind, _, obj in events:
+        if kind == "pod" and obj.get("run") and obj.get("epoch") not in (None, "1"):
+            pods[obj["run"]].setdefault(obj["name"], when)
+    return {run: sorted(p.values()) for run, p in pods.items()}
+
+
+def _phases(watcher: resume.Watcher) -> dict[str, str]:
+    """Each run's latest phase the watch saw."""
+    with watcher.lock:
+        events = list(watcher.events)
+    return {obj["name"]: obj.get("phase") or "" for _, kind, _, obj in events if kind == "dr"}
+
+
+def _send_events(bed: TestBed, namespace: str, names: list[str]) -> dict[str, float]:
+    """Approve event "go" on each of ``names``, one every 50 ms: when each patch was sent."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(bed.api_client())
+    sent: dict[str, float] = {}
+    for name in names:
+        sent[name] = time.time()
+        custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                                              {"spec": {"events": {"go": {"approved": True}}}})
+        time.sleep(0.05)
+    return sent
+
+
+def _wakes(pods: dict[str, list[float]], sent: dict[str, float]) -> dict[str, Any]:
+    """Event patch → the next attempt's first pod, and the woken runs without exactly one such pod."""
+    return {"event_to_pod": _summary([pods[n][0] - sent[n] for n in sent if n in pods]),
+            "missed_wakes": sum(1 for n in sent if n not in pods),
+            "duplicated_wakes": sum(1 for n in sent if len(pods.get(n, [])) > 1)}
+
+
+def wake_amid(bed: TestBed, root: Path, run_id: str, namespace: str, watcher: resume.Watcher, count: int,
+              log: Any = print) -> dict[str, Any]:
+    """``count`` more runs in a fleet's namespace, taken to Waiting by a stand-in of their own (the fleet's keep
+    renewing), then woken one every 50 ms: event patch → the next attempt's pod, as the operator serves it
+    amid the fleet."""
+    names = [f"wake-{i:04d}" for i in range(count)]
+    waiters = StandIns(bed, root, run_id, namespace, 1, prefix="wake-")
+    waiters.start({"namespace": namespace, "lease_seconds": 180, "stop": {}, "wait_event": "go"})
+    try:
+        t0 = time.time()
+        create_runs(bed, namespace, names, 180, 1, prefix="wake-")
+        with contextlib.suppress(procs.Timeout):  # those not Waiting are woken all the same, and reported
+            procs.wait_for(lambda: sum(_phases(watcher).get(n) == api.Phase.WAITING for n in names) >= count,
+                           timeout=max(120, count), interval=1.0, what=f"all {count} runs Waiting")
+        phases = _phases(watcher)
+        out: dict[str, Any] = {"runs": count, "waiting_s": time.time() - t0,
+                               "waiting": sum(phases.get(n) == api.Phase.WAITING for n in names)}
+        sent = _send_events(bed, namespace, names)
+        with contextlib.suppress(procs.Timeout):  # a run without one is counted as a missed wake
+            procs.wait_for(lambda: len(set(_next_attempts(watcher)) & set(names)) >= count, timeout=120,
+                           interval=1.0, what="a new attempt for every woken run")
+        time.sleep(10)  # a duplicate would show by now
+    finally:
+        waiters.stop()
+    out.update(_wakes(_next_attempts(watcher), sent))
+    e = out["event_to_pod"]
+    log(f"  {out['waiting']} of {count} runs Waiting amid the fleet after {out['waiting_s']:.0f}s; woken: event -> "
+        f"pod p50 {e['p50']:.2f}s p99 {e['p99']:.2f}s; missed {out['missed_wakes']}, duplicated "
+        f"{out['duplicated_wakes']}")
     return out
 
 

@@ -137,6 +137,21 @@ def test_report_shows_the_replica_kill_and_judges_it_against_the_shard_lease() -
     assert "decided within 21.0 s | **missed**" in text
 
 
+def test_report_judges_waking_runs_amid_the_fleet_against_two_seconds() -> None:
+    event_to_pod = {"p50": 0.6, "p99": 1.8, "max": 1.9, "n": 100}
+    wake = {"runs": 100, "waiting": 100, "waiting_s": 30.0, "missed_wakes": 0, "duplicated_wakes": 0,
+            "event_to_pod": event_to_pod}
+    results = _results()
+    text = report.render({**results, "scale": {**results["scale"], "wake": wake}})
+    assert "100 of 100 Waiting in 30 s; 0.60 / 1.80 / 1.90 s (n=100); 0 / 0" in text
+    assert "| waiting runs woken with 100 others running: event patch → next attempt's pod within 2 s p99 | " \
+           "p99 1.80 s (n=100), missed 0, duplicated 0 | **met**" in text
+    for late, shown in (({**wake, "event_to_pod": {**event_to_pod, "p99": 2.5}}, "p99 2.50 s (n=100), missed 0"),
+                         ({**wake, "missed_wakes": 1}, "p99 1.80 s (n=100), missed 1")):
+        text = report.render({**results, "scale": {**results["scale"], "wake": late}})
+        assert f"{shown}, duplicated 0 | **missed**" in text
+
+
 def test_report_judges_the_tracing_overhead_against_its_ten_percent() -> None:
     tracing = {"steps": 1000, "repeats": 3, "overhead": 0.042, "overhead_all": [0.05, 0.042, 0.03], "added_us": 21.0,
                "off_ms": 0.5, "on_ms": 0.521, "off_p99_ms": 2.0, "on_p99_ms": 2.1, "undelivered": 0, "target": 0.1}
