@@ -211,8 +211,8 @@ class Executor:
                 continue
             first_look, cached = None, False
             held = await self._holds.hold(run, plan, now)
-            # Renewals first: while they fall behind, a start waits for its paced turn, decided again then.
-            if held is None and (wait := self._holds.pace(key, plan, now)):
+            # Renewals first: while they fall behind, a first attempt waits for its paced turn, decided again then.
+            if held is None and (wait := self._holds.pace(run, plan, now)):
                 held = now + timedelta(seconds=wait)
             if plan.empty or held is not None:
                 until = held or self.next_wakeup(run, views, now)

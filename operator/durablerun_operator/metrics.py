@@ -412,8 +412,8 @@ class RunMetrics:
         )
         self._starts_paced = Gauge(
             PREFIX + "starts_paced",
-            "1 while pod starts are paced because running runs' lease renewals fall behind (docs/operator.md, "
-            "Renewals first), else 0.",
+            "1 while new runs' first pods are paced because running runs' lease renewals fall behind "
+            "(docs/operator.md, Renewals first), else 0.",
             registry=self._registry,
         )
         self._lease_restarts_held = Gauge(

@@ -122,6 +122,13 @@ def test_leases_past_their_validity_do_not_pace_the_restarts_of_their_runs() -> 
     assert overload.Lease(NOW - VALIDITY, VALIDITY, 2).behind(NOW)
 
 
+def run_view(name: str, attempt: int = 0) -> decide.RunView:
+    """A run about to start its attempt ``attempt + 1``."""
+    run = body({"phase": "Pending" if attempt == 0 else "Backoff", "attempt": attempt, "restarts": attempt})
+    run["metadata"]["name"] = name
+    return decide.RunView.from_body(run)
+
+
 def test_paced_starts_come_at_the_paced_rate_each_run_keeping_its_turn() -> None:
     from durablerun_operator import holds
     from durablerun_operator.config import Settings
@@ -132,12 +139,15 @@ def test_paced_starts_come_at_the_paced_rate_each_run_keeping_its_turn() -> None
         held.leases[("ns", f"run-{i}")] = overload.Lease(now - (NOW - lease.renewed), lease.validity, 2)
     start = decide.Plan()
     start.create_pod_epoch = 1
-    assert held.pace(("ns", "a"), decide.Plan(), now) == 0  # a plan that starts no pod takes no turn
-    waits = [held.pace(("ns", name), start, now) for name in ("a", "b", "c")]
+    assert held.pace(run_view("a"), decide.Plan(), now) == 0  # a plan that starts no pod takes no turn
+    waits = [held.pace(run_view(name), start, now) for name in ("a", "b", "c")]
     step = 1 / holds.PACED_STARTS_PER_SECOND
     assert waits[0] == 0  # the first goes now
     assert step - 0.1 < waits[1] <= step  # the 2nd and 3rd are told when their turn comes
     assert 2 * step - 0.1 < waits[2] <= 2 * step
     # Asked again before its turn, a run keeps it: a run decided again early takes no second turn.
-    assert 2 * step - 0.2 < held.pace(("ns", "c"), start, now) <= waits[2]
-    assert 2 * step < held.pace(("ns", "d"), start, now) <= 3 * step
+    assert 2 * step - 0.2 < held.pace(run_view("c"), start, now) <= waits[2]
+    assert 2 * step < held.pace(run_view("d"), start, now) <= 3 * step
+    # A run that started before (a restart, a wake) goes on at once and takes no new run's turn.
+    assert held.pace(run_view("restarted", attempt=1), start, now) == 0
+    assert 3 * step < held.pace(run_view("e"), start, now) <= 4 * step
