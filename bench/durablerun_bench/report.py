@@ -387,6 +387,12 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
         row("API requests/s, all clients (apiserver_request_total)", lambda m: _f(m["api_requests_per_s"], 1)),
         row("… by kind (req/s)", top),
         row("kube-apiserver / etcd CPU", lambda m: f"{_f(m.get('apiserver_cores'))} / {_f(m.get('etcd_cores'))} cores"),
+        row("the whole machine's CPU busy (of its cores); the stand-ins' share",
+            lambda m: f"{_f(m.get('machine_busy_cores'))} of {_f(m.get('machine_cores'), 0)} cores; "
+                      f"{_f(m.get('standins_cores'))} cores" if m.get("machine_busy_cores") is not None else "–"),
+        row("kube-apiserver's latency for them, p50 / p99 (its own apiserver_request_duration_seconds)",
+            lambda m: ", ".join(f"{k} {_f(v['p50'])} / {_f(v['p99'])} s" for k, v in m.get("api_latency", {}).items())
+            or "–"),
         row("etcd database size (in use; the whole database)",
             lambda m: f"{_f(m.get('etcd_db_bytes', 0) / 2**20, 1)} MiB "
                       f"({_f(m.get('etcd_db_in_use_bytes', 0) / 2**20, 1)} MiB)"),

@@ -40,6 +40,7 @@ import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,21 +75,61 @@ def proc_memory_mb(pid: int) -> dict[str, float]:
     return out
 
 
-def apiserver_requests(bed: TestBed) -> dict[tuple[str, str], float]:
-    """apiserver_request_total summed by (verb, resource)."""
+#: The request kinds whose kube-apiserver latency a window reports: a renewal, the operator's reads and a start.
+LATENCY_KINDS = ("PATCH durableruns/status", "GET durableruns", "LIST pods", "POST pods")
+
+
+def apiserver_metrics(bed: TestBed) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], dict[float, float]]]:
+    """kube-apiserver's own counters, summed by (verb, resource): ``apiserver_request_total``, and the
+    cumulative buckets of ``apiserver_request_duration_seconds`` (upper bound -> count)."""
     api = bed.api_client()
     method, url, headers, body, post = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     reply = api.call_api(method, url, headers, body, post)
     text = reply.read().decode()
     totals: dict[tuple[str, str], float] = defaultdict(float)
-    pattern = re.compile(r"^apiserver_request_total\{(.*)\} ([0-9.e+]+)$")
+    buckets: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    pattern = re.compile(r"^apiserver_request_(total|duration_seconds_bucket)\{(.*)\} ([0-9.e+]+)$")
     for line in text.splitlines():
         match = pattern.match(line)
         if match:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
             sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
-            totals[(labels.get("verb", "?"), labels.get("resource", "?") + sub)] += float(match.group(2))
-    return dict(totals)
+            kind = (labels.get("verb", "?"), labels.get("resource", "?") + sub)
+            if match.group(1) == "total":
+                totals[kind] += float(match.group(3))
+            else:
+                buckets[kind][float(labels["le"])] += float(match.group(3))
+    return dict(totals), {k: dict(v) for k, v in buckets.items()}
+
+
+def apiserver_requests(bed: TestBed) -> dict[tuple[str, str], float]:
+    """apiserver_request_total summed by (verb, resource)."""
+    return apiserver_metrics(bed)[0]
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float:
+    """The ``q`` quantile (0..1) of the observations between two reads of one histogram's cumulative buckets,
+    interpolated within its bucket as Prometheus's histogram_quantile does; nan when there were none."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return float("nan")
+    rank = q * counts[-1]
+    for i, (bound, count) in enumerate(zip(bounds, counts, strict=True)):
+        if count >= rank:
+            if bound == float("inf"):
+                return bounds[i - 1] if i else float("nan")
+            lower, below = (bounds[i - 1], counts[i - 1]) if i else (0.0, 0.0)
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+    return float("nan")
+
+
+def machine_busy() -> tuple[float, float]:
+    """The machine's busy and total CPU seconds since boot, every core (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / CLK_TCK, sum(fields[:8]) / CLK_TCK
 
 
 def per_run(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float],
@@ -172,6 +213,10 @@ class StandIns:
             process.stop()
         self.processes = []
 
+    def cpu_seconds(self) -> float:
+        """The stand-ins' CPU seconds so far (those running now)."""
+        return sum(proc_cpu_seconds(p.pid) for p in self.processes)
+
 
 def control_plane(bed: TestBed) -> dict[str, float]:
     """kube-apiserver's and etcd's CPU seconds so far, and etcd's database size."""
@@ -202,28 +247,53 @@ def object_sizes(bed: TestBed, namespace: str) -> dict[str, float]:
 RAMP_LIMIT_S = 1800
 
 
-def _window(bed: TestBed, op: procs.ManagedProcess, start: tuple[dict[Any, float], float, float, dict[str, float]],
-            rss: list[float]) -> dict[str, Any]:
-    """Rates over a window opened by ``_mark``: operator CPU and memory, API requests, control-plane CPU."""
-    api0, cpu0, t0, cp0 = start
-    api1, cpu1, t1, cp1 = _mark(bed, op)
-    window = t1 - t0
-    requests = {f"{verb} {res}": (api1.get((verb, res), 0) - api0.get((verb, res), 0)) / window
-                for verb, res in set(api0) | set(api1)}
+@dataclass(frozen=True)
+class Mark:
+    """The counters a measured window starts or ends with."""
+
+    at: float
+    requests: dict[tuple[str, str], float]
+    latency: dict[tuple[str, str], dict[float, float]]
+    operator_cpu_s: float
+    standins_cpu_s: float
+    control_plane: dict[str, float]
+    machine: tuple[float, float]
+
+
+def _mark(bed: TestBed, op: procs.ManagedProcess, standins: StandIns | None = None) -> Mark:
+    requests, latency = apiserver_metrics(bed)
+    return Mark(time.time(), requests, latency, proc_cpu_seconds(op.pid),
+                standins.cpu_seconds() if standins else 0.0, control_plane(bed), machine_busy())
+
+
+def _window(bed: TestBed, op: procs.ManagedProcess, start: Mark, rss: list[float],
+            standins: StandIns | None = None) -> dict[str, Any]:
+    """Rates over a window opened by ``_mark``: operator CPU and memory, API requests and kube-apiserver's
+    latency for them, control-plane CPU, the stand-ins' CPU and the whole machine's."""
+    end = _mark(bed, op, standins)
+    window = end.at - start.at
+    requests = {f"{verb} {res}": (end.requests.get((verb, res), 0) - start.requests.get((verb, res), 0)) / window
+                for verb, res in set(start.requests) | set(end.requests)}
     requests = {k: v for k, v in sorted(requests.items(), key=lambda kv: -kv[1]) if v > 0.05}
+    latency = {}
+    for kind in LATENCY_KINDS:
+        key = tuple(kind.split(" ", 1))
+        if key in end.latency:
+            latency[kind] = {f"p{int(q * 100)}": histogram_quantile(q, start.latency.get(key, {}), end.latency[key])
+                             for q in (0.5, 0.99)}
     memory = proc_memory_mb(op.pid)
+    cp0, cp1 = start.control_plane, end.control_plane
+    busy = end.machine[0] - start.machine[0]
     return {
-        "window_s": window, "cpu_cores": (cpu1 - cpu0) / window,
+        "window_s": window, "cpu_cores": (end.operator_cpu_s - start.operator_cpu_s) / window,
         "rss_mb_max": max(rss) if rss else memory["VmRSS"], "rss_mb_end": memory["VmRSS"], "hwm_mb": memory["VmHWM"],
-        "api_requests_per_s": sum(requests.values()), "api_requests_by_kind": requests,
+        "api_requests_per_s": sum(requests.values()), "api_requests_by_kind": requests, "api_latency": latency,
         "apiserver_cores": (cp1["apiserver_cpu_s"] - cp0["apiserver_cpu_s"]) / window,
         "etcd_cores": (cp1["etcd_cpu_s"] - cp0["etcd_cpu_s"]) / window,
         "etcd_db_bytes": cp1["etcd_db_bytes"], "etcd_db_in_use_bytes": cp1["etcd_db_in_use_bytes"],
+        "standins_cores": (end.standins_cpu_s - start.standins_cpu_s) / window if standins else None,
+        "machine_busy_cores": busy / window, "machine_cores": (end.machine[1] - start.machine[1]) / window,
     }
-
-
-def _mark(bed: TestBed, op: procs.ManagedProcess) -> tuple[dict[Any, float], float, float, dict[str, float]]:
-    return apiserver_requests(bed), proc_cpu_seconds(op.pid), time.time(), control_plane(bed)
 
 
 def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: int, stopped: int, wake: int = 0,
@@ -270,7 +340,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
         # Spread over a renewal period, so detection is seen at every phase of the operator's timers.
         plan["stop"] = {name: first_stop + i * (lease_seconds / 3) / stopped for i, name in enumerate(victims)}
         standins.start(plan)
-        start = _mark(bed, op)
+        start = _mark(bed, op, standins)
         rss: list[float] = []
         deadline = max(plan["stop"].values()) + 2 * lease_seconds + 30
         while time.time() < deadline:
@@ -279,7 +349,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
                     + lease_seconds + 15:
                 break
             time.sleep(2)
-        out.update(_window(bed, op, start, rss))
+        out.update(_window(bed, op, start, rss, standins))
         if wake:
             out["wake"] = wake_amid(bed, root, run_id, namespace, watcher, wake, log)
         time.sleep(5)  # let the stand-ins acquire the restarted attempts

@@ -137,6 +137,20 @@ def test_report_shows_the_replica_kill_and_judges_it_against_the_shard_lease() -
     assert "decided within 21.0 s | **missed**" in text
 
 
+def test_a_histograms_quantile_is_read_from_the_buckets_observed_between_two_reads() -> None:
+    from durablerun_bench.scale import histogram_quantile
+
+    inf = float("inf")
+    before = {0.1: 10.0, 0.5: 10.0, 1.0: 10.0, inf: 10.0}  # 10 fast requests before the window: not counted
+    after = {0.1: 10.0, 0.5: 60.0, 1.0: 110.0, inf: 110.0}  # in the window: 50 in (0.1, 0.5], 50 in (0.5, 1]
+    assert histogram_quantile(0.5, before, after) == pytest.approx(0.5)
+    assert histogram_quantile(0.25, before, after) == pytest.approx(0.3)
+    assert histogram_quantile(0.99, before, after) == pytest.approx(0.99)
+    slow = {**after, inf: 210.0}  # past the last bound: the last bound, as Prometheus says
+    assert histogram_quantile(0.99, before, slow) == 1.0
+    assert math.isnan(histogram_quantile(0.5, after, after))  # nothing observed
+
+
 def test_report_judges_waking_runs_amid_the_fleet_against_two_seconds() -> None:
     event_to_pod = {"p50": 0.6, "p99": 1.8, "max": 1.9, "n": 100}
     wake = {"runs": 100, "waiting": 100, "waiting_s": 30.0, "missed_wakes": 0, "duplicated_wakes": 0,
