@@ -406,6 +406,11 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
         row("lease-expiry detection: delay after expiry p50 / p99 / max",
             lambda m: f"{_f(m['detection_delay']['p50'], 1)} / {_f(m['detection_delay']['p99'], 1)} / "
                       f"{_f(m['detection_delay']['max'], 1)} s (n={m['detection_delay']['n']})"),
+        row("… of which: expiry to the operator's decision (its nextAttemptTime, to the second) / the decision to "
+            "this bench's watch, p50 / p99",
+            lambda m: f"{_f(m['decided_after_expiry']['p50'], 1)} / {_f(m['decided_after_expiry']['p99'], 1)} s; "
+                      f"{_f(m['watch_after_decided']['p50'], 1)} / {_f(m['watch_after_decided']['p99'], 1)} s"
+            if m.get("decided_after_expiry") else "–"),
         row("… time from last renewal to restart p50 / p99",
             lambda m: f"{_f(m['since_last_renewal']['p50'], 1)} / {_f(m['since_last_renewal']['p99'], 1)} s "
                       f"(target ≤ {m['detection_target_s']} s)"),
@@ -457,8 +462,11 @@ def _wake_cell(m: dict[str, Any]) -> str:
     if not m.get("wake"):
         return "not measured"
     w, e = m["wake"], m["wake"]["event_to_pod"]
+    created = w.get("event_to_pod_created")
+    stamped = (f" (to the pod's creationTimestamp: {_f(created['p50'], 1)} / {_f(created['p99'], 1)} s)"
+               if created else "")
     return (f"{w['waiting']} of {w['runs']} Waiting in {_f(w['waiting_s'], 0)} s; {_f(e['p50'])} / {_f(e['p99'])} / "
-            f"{_f(e['max'])} s (n={e['n']}); {w['missed_wakes']} / {w['duplicated_wakes']}")
+            f"{_f(e['max'])} s (n={e['n']}){stamped}; {w['missed_wakes']} / {w['duplicated_wakes']}")
 
 
 def _failover(fo: dict[str, Any], targets: list[list[str]]) -> list[str]:

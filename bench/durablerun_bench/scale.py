@@ -144,10 +144,19 @@ def per_run(before: dict[tuple[str, str], float], after: dict[tuple[str, str], f
 def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     status = obj.get("status") or {}
     if kind == "dr":
+        # nextAttemptTime: when the operator decided a restart (its backoff here is 0 s), to the second.
         return {"name": obj["metadata"]["name"], "epoch": status.get("epoch"), "restarts": status.get("restarts"),
-                "phase": status.get("phase"), "holder": (status.get("lease") or {}).get("holder")}
+                "phase": status.get("phase"), "holder": (status.get("lease") or {}).get("holder"),
+                "decided": status.get("nextAttemptTime")}
     labels = obj["metadata"].get("labels") or {}
-    return {"name": obj["metadata"]["name"], "run": labels.get(api.LABEL_RUN), "epoch": labels.get(api.LABEL_EPOCH)}
+    return {"name": obj["metadata"]["name"], "run": labels.get(api.LABEL_RUN), "epoch": labels.get(api.LABEL_EPOCH),
+            "created": obj["metadata"].get("creationTimestamp")}
+
+
+def _stamp(value: Any) -> float | None:
+    """A time the API server or the operator wrote (to the second), as a Unix time."""
+    moment = api.parse_time(value) if isinstance(value, str) else None
+    return moment.timestamp() if moment else None
 
 
 def _run_manifest(namespace: str, name: str, lease_seconds: int, shard: str = "0") -> dict[str, Any]:
@@ -504,14 +513,16 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
     return out
 
 
-def _next_attempts(watcher: resume.Watcher) -> dict[str, list[float]]:
-    """Per run, when the watch first saw each pod of an attempt after its first, in order."""
+def _next_attempts(watcher: resume.Watcher, stamped: bool = False) -> dict[str, list[float]]:
+    """Per run, when the watch first saw each pod of an attempt after its first, in order; ``stamped``: when the
+    API server created each (its creationTimestamp, to the second) instead."""
     with watcher.lock:
         events = list(watcher.events)
     pods: dict[str, dict[str, float]] = defaultdict(dict)
     for when, kind, _, obj in events:
         if kind == "pod" and obj.get("run") and obj.get("epoch") not in (None, "1"):
-            pods[obj["run"]].setdefault(obj["name"], when)
+            created = _stamp(obj.get("created")) if stamped else when
+            pods[obj["run"]].setdefault(obj["name"], created if created is not None else when)
     return {run: sorted(p.values()) for run, p in pods.items()}
 
 
@@ -568,6 +579,9 @@ def wake_amid(bed: TestBed, root: Path, run_id: str, namespace: str, watcher: re
     finally:
         waiters.stop()
     out.update(_wakes(_next_attempts(watcher), sent))
+    # The same from the API server's creationTimestamp (to the second, so up to 1 s early): this bench's watch
+    # keeping up or not.
+    out["event_to_pod_created"] = _wakes(_next_attempts(watcher, stamped=True), sent)["event_to_pod"]
     e = out["event_to_pod"]
     log(f"  {out['waiting']} of {count} runs Waiting amid the fleet after {out['waiting_s']:.0f}s; woken: event -> "
         f"pod p50 {e['p50']:.2f}s p99 {e['p99']:.2f}s; missed {out['missed_wakes']}, duplicated "
@@ -598,6 +612,7 @@ def _restart_checks(watcher: resume.Watcher, names: list[str], victims: list[str
         events = list(watcher.events)
     last_sent = {e["name"]: e["last_renewal_sent"] for e in renewals if e.get("event") == "stopped"}
     detected: dict[str, float] = {}
+    decided: dict[str, float] = {}  # the operator's nextAttemptTime on the restart the watch saw first
     restarts: dict[str, int] = defaultdict(int)
     epochs: dict[str, int] = defaultdict(int)
     pods: dict[str, set[str]] = defaultdict(set)
@@ -607,6 +622,8 @@ def _restart_checks(watcher: resume.Watcher, names: list[str], victims: list[str
             epochs[obj["name"]] = max(epochs[obj["name"]], obj.get("epoch") or 0)
             if (obj.get("restarts") or 0) >= 1 and obj["name"] not in detected:
                 detected[obj["name"]] = when
+                if (stamp := _stamp(obj.get("decided"))) is not None:
+                    decided[obj["name"]] = stamp
         elif obj.get("run"):
             pods[obj["run"]].add(obj["name"])
     delays = [detected[n] - (last_sent[n] + lease_seconds) for n in victims if n in detected and n in last_sent]
@@ -621,6 +638,10 @@ def _restart_checks(watcher: resume.Watcher, names: list[str], victims: list[str
     duplicated = [n for n in names if restarts[n] > allowed[n] or len(pods[n]) > 1 + allowed[n]]
     return {
         "detection_delay": _summary(delays),
+        # Split at the operator's decision (to the second): expiry -> decided, decided -> this bench's watch.
+        "decided_after_expiry": _summary([decided[n] - (last_sent[n] + lease_seconds) for n in victims
+                                          if n in decided and n in last_sent]),
+        "watch_after_decided": _summary([detected[n] - decided[n] for n in victims if n in decided]),
         "since_last_renewal": _summary(since_renewal),
         "detection_target_s": lease_seconds + 5,
         "missed_restarts": len(missed), "missed": missed[:20],
