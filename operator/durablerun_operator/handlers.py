@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from durablerun import api
-from durablerun_operator import kube, kueue, quotas, reconciler, shards
+from durablerun_operator import kube, kueue, quotas, reconciler, schedule, shards
 from durablerun_operator.config import Settings
 
 log = logging.getLogger("durablerun.operator")
@@ -42,7 +42,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # The operator's RBAC is least privilege: no cluster-wide reads of CRDs or
     # namespaces, so kopf must not scan for them (the resources are fixed).
     settings.scanning.disabled = True
-    kube.load_config()
+    # A connection for each reconcile worker, and some for the rest (the schedules' workers, the shard keeper).
+    kube.load_config(connections=schedule.WORKERS + 8)
     run_metrics = metrics.RunMetrics()
     if own.metrics_port:
         run_metrics.serve(own.metrics_port, "0.0.0.0")
