@@ -73,6 +73,15 @@ class StandIn:
                                    "value": api.format_time(time.time())}]):
             self.held.pop(name, None)
 
+    def renew_last(self, names: list[str]) -> float:
+        """Renew ``names`` together, now, and never again (their runners hang right after): when it was sent."""
+        self.never_again.update(names)
+        sent = time.time()
+        for name in names:
+            if name in self.held:
+                self._renew(name)
+        return sent
+
     def _loop(self) -> None:
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="stand-in") as pool:
             next_list = 0.0
