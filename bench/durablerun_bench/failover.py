@@ -179,8 +179,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
 
 
 def _restart_times(watcher: resume.Watcher) -> dict[str, float]:
-    with watcher.lock:
-        events = list(watcher.events)
+    events = watcher.snapshot()
     first: dict[str, float] = {}
     for when, kind, _type, obj in events:
         if kind == "dr" and (obj.get("restarts") or 0) >= 1:

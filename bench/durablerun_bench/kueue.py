@@ -106,8 +106,7 @@ def _reduce(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
 def _firsts(watcher: resume.Watcher, kind: str, predicate: Any, types: tuple[str, ...] = ("ADDED", "MODIFIED"),
             key: str = "name") -> dict[str, float]:
     """When the watch first saw each object (by ``key``) of ``kind`` in one of ``types`` with ``predicate`` true."""
-    with watcher.lock:
-        events = list(watcher.events)
+    events = watcher.snapshot()
     seen: dict[str, float] = {}
     for when, k, type_, obj in events:
         if k == kind and type_ in types and obj.get(key) and obj[key] not in seen and predicate(obj):
@@ -122,8 +121,7 @@ def _workloads_left(watcher: resume.Watcher) -> int:
 
 def _most_live(watcher: resume.Watcher) -> int:
     """The most runner pods Pending or Running at once, replaying the watch's pod events in order."""
-    with watcher.lock:
-        events = [(type_, obj) for _, kind, type_, obj in watcher.events if kind == "pod"]
+    events = [(type_, obj) for _, kind, type_, obj in watcher.snapshot() if kind == "pod"]
     live: set[str] = set()
     most = 0
     for type_, pod in events:

@@ -103,10 +103,13 @@ class Watcher:
             except Exception:  # a watch can drop; it restarts where it was
                 time.sleep(0.1)
 
-    def first(self, kind: str, after: float, predicate: Any) -> float | None:
+    def snapshot(self) -> list[tuple[float, str, str, dict[str, Any]]]:
+        """The events seen so far, copied: the watch threads go on appending while a caller reads them."""
         with self.lock:
-            events = list(self.events)
-        for when, k, _type, obj in events:
+            return list(self.events)
+
+    def first(self, kind: str, after: float, predicate: Any) -> float | None:
+        for when, k, _type, obj in self.snapshot():
             if k == kind and when >= after and predicate(obj):
                 return when
         return None

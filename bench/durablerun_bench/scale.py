@@ -516,8 +516,7 @@ def waiting(bed: TestBed, root: Path, run_id: str, *, runs: int, woken: int, idl
 def _next_attempts(watcher: resume.Watcher, stamped: bool = False) -> dict[str, list[float]]:
     """Per run, when the watch first saw each pod of an attempt after its first, in order; ``stamped``: when the
     API server created each (its creationTimestamp, to the second) instead."""
-    with watcher.lock:
-        events = list(watcher.events)
+    events = watcher.snapshot()
     pods: dict[str, dict[str, float]] = defaultdict(dict)
     for when, kind, _, obj in events:
         if kind == "pod" and obj.get("run") and obj.get("epoch") not in (None, "1"):
@@ -528,8 +527,7 @@ def _next_attempts(watcher: resume.Watcher, stamped: bool = False) -> dict[str, 
 
 def _phases(watcher: resume.Watcher) -> dict[str, str]:
     """Each run's latest phase the watch saw."""
-    with watcher.lock:
-        events = list(watcher.events)
+    events = watcher.snapshot()
     return {obj["name"]: obj.get("phase") or "" for _, kind, _, obj in events if kind == "dr"}
 
 
@@ -600,16 +598,14 @@ def _count(path: Path, event: str) -> int:
 
 
 def _restarted(watcher: resume.Watcher, victims: list[str]) -> int:
-    with watcher.lock:
-        events = list(watcher.events)
+    events = watcher.snapshot()
     seen = {obj["name"] for _, kind, _, obj in events if kind == "dr" and (obj.get("restarts") or 0) >= 1}
     return len(seen & set(victims))
 
 
 def _restart_checks(watcher: resume.Watcher, names: list[str], victims: list[str],
                     renewals: list[dict[str, Any]], lease_seconds: int) -> dict[str, Any]:
-    with watcher.lock:
-        events = list(watcher.events)
+    events = watcher.snapshot()
     last_sent = {e["name"]: e["last_renewal_sent"] for e in renewals if e.get("event") == "stopped"}
     detected: dict[str, float] = {}
     decided: dict[str, float] = {}  # the operator's nextAttemptTime on the restart the watch saw first
