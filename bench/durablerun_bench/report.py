@@ -437,8 +437,8 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
         targets.append([f"{n:,} runs: lease expiry detected within leaseDuration + 5 s at p99",
                         f"p99 {_f(since['p99'], 1)} s after the last renewal (lease {m['lease_seconds']} s)",
                         _yes(since["p99"] <= m["detection_target_s"] if since["n"] else None)])
-        if m.get("wake"):
-            w, e = m["wake"], m["wake"]["event_to_pod"]
+        if m.get("woken_amid"):
+            w, e = m["woken_amid"], m["woken_amid"]["event_to_pod"]
             targets.append([f"waiting runs woken with {n:,} others running: event patch → next attempt's pod "
                             "within 2 s p99", f"p99 {_f(e['p99'])} s (n={e['n']}), missed {w['missed_wakes']}, "
                                               f"duplicated {w['duplicated_wakes']}",
@@ -459,9 +459,9 @@ def _scale(sc: dict[str, Any], targets: list[list[str]]) -> list[str]:
 
 
 def _wake_cell(m: dict[str, Any]) -> str:
-    if not m.get("wake"):
+    if not m.get("woken_amid"):
         return "not measured"
-    w, e = m["wake"], m["wake"]["event_to_pod"]
+    w, e = m["woken_amid"], m["woken_amid"]["event_to_pod"]
     created = w.get("event_to_pod_created")
     stamped = (f" (to the pod's creationTimestamp: {_f(created['p50'], 1)} / {_f(created['p99'], 1)} s)"
                if created else "")

@@ -360,7 +360,7 @@ def bench(bed: TestBed, root: Path, run_id: str, *, runs: int, lease_seconds: in
             time.sleep(2)
         out.update(_window(bed, op, start, rss, standins))
         if wake:
-            out["wake"] = wake_amid(bed, root, run_id, namespace, watcher, wake, log)
+            out["woken_amid"] = wake_amid(bed, root, run_id, namespace, watcher, wake, log)
         time.sleep(5)  # let the stand-ins acquire the restarted attempts
         standins.stop()
         out.update(object_sizes(bed, namespace))

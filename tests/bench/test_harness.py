@@ -156,13 +156,13 @@ def test_report_judges_waking_runs_amid_the_fleet_against_two_seconds() -> None:
     wake = {"runs": 100, "waiting": 100, "waiting_s": 30.0, "missed_wakes": 0, "duplicated_wakes": 0,
             "event_to_pod": event_to_pod}
     results = _results()
-    text = report.render({**results, "scale": {**results["scale"], "wake": wake}})
+    text = report.render({**results, "scale": {**results["scale"], "woken_amid": wake}})
     assert "100 of 100 Waiting in 30 s; 0.60 / 1.80 / 1.90 s (n=100); 0 / 0" in text
     assert "| waiting runs woken with 100 others running: event patch → next attempt's pod within 2 s p99 | " \
            "p99 1.80 s (n=100), missed 0, duplicated 0 | **met**" in text
     for late, shown in (({**wake, "event_to_pod": {**event_to_pod, "p99": 2.5}}, "p99 2.50 s (n=100), missed 0"),
                          ({**wake, "missed_wakes": 1}, "p99 1.80 s (n=100), missed 1")):
-        text = report.render({**results, "scale": {**results["scale"], "wake": late}})
+        text = report.render({**results, "scale": {**results["scale"], "woken_amid": late}})
         assert f"{shown}, duplicated 0 | **missed**" in text
 
 
