@@ -128,6 +128,19 @@ class RunEnv:
     def executions(self, step: str) -> int:
         return self.ledger().count(f"start {step}")
 
+    def runner_log(self, pod: str) -> str:
+        """The runner's own log in ``pod``, as its node keeps it ("" until there is one)."""
+        logs = (self.testbed.root / "node").rglob(f"{self.namespace}_{pod}_*/runner.log")
+        return "".join(log.read_text(errors="replace") for log in logs)
+
+    def wait_stop_requested(self, pod: str, timeout: float = 60) -> str:
+        """Waits until the runner in ``pod`` logs that it took its SIGTERM (a pod deletion's, sent by the node some
+        time after the deletion itself), and returns its log."""
+        def told() -> str | None:
+            text = self.runner_log(pod)
+            return text if "stop requested" in text else None
+        return procs.wait_for(told, timeout=timeout, what=f"the runner in {pod} to log the stop request", interval=0.2)
+
     def store_objects(self) -> dict[str, str]:
         """Every object in the run's bucket, key -> ETag."""
         assert self.testbed.s3

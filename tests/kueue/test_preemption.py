@@ -44,6 +44,9 @@ def test_a_high_priority_run_preempts_a_low_one_mid_step_and_both_succeed(
                          timeout=90, what="the low run's pod to be stopping")
     assert pod["metadata"]["deletionGracePeriodSeconds"] == 45
     assert runs.get("low")["status"]["phase"] == "Running"
+    # Released once the runner has its SIGTERM (the node sends it some time after the deletion): released
+    # before, the run could finish all its steps first, and end by itself rather than be preempted.
+    runs.wait_stop_requested(pod["metadata"]["name"])
     (runs.ledger_dir / "release-low-s1").touch()
 
     runs.wait_phase("high", "Succeeded", timeout=120)

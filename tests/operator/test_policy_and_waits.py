@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -147,7 +146,7 @@ def test_suspend_and_resume(operator: Operator, runs: RunEnv) -> None:
 
 @pytest.mark.parametrize(("stop_grace", "s1_runs"), [(None, 1), ("0s", 2)], ids=["default grace", "stopGracePeriod 0s"])
 def test_a_pod_deleted_mid_step_lets_its_step_finish_within_the_stop_grace(
-        operator: Operator, runs: RunEnv, testbed_root: Path, stop_grace: str | None, s1_runs: int) -> None:
+        operator: Operator, runs: RunEnv, stop_grace: str | None, s1_runs: int) -> None:
     """A pod deleted under its runner (a drain, an eviction, someone's kubectl delete) gets SIGTERM: the step in
     flight finishes within policy.stopGracePeriod and is journaled, and the run resumes after it (a disruption);
     with 0s it is cancelled and runs again."""
@@ -159,12 +158,7 @@ def test_a_pod_deleted_mid_step_lets_its_step_finish_within_the_stop_grace(
     pod = runs.get("drained")["status"]["pod"]
     runs.testbed.kubectl("delete", "pod", pod, "-n", runs.namespace, "--wait=false")
 
-    def told() -> str | None:  # the runner's own log: it took the SIGTERM while s1 was held
-        logs = testbed_root.rglob(f"{runs.namespace}_{pod}_*/runner.log")
-        text = "".join(log.read_text(errors="replace") for log in logs)
-        return text if "stop requested" in text else None
-
-    said = procs.wait_for(told, timeout=60, what="the runner to log the stop request")
+    said = runs.wait_stop_requested(pod)  # it took the SIGTERM while s1 was held
     assert f"the steps in flight get {stop_grace or '20s'} to finish" in said
     (runs.ledger_dir / "release-s1").touch()
     done = runs.wait_phase("drained", "Succeeded", timeout=90)["status"]
