@@ -175,6 +175,19 @@ def test_a_restart_the_events_say_was_planned_is_a_resume_and_one_they_say_crash
                                           (150.0, "Resumed", "spec.suspend is false: resuming")])
     assert suspended.kind == "resume"
     assert suspended.reason.startswith("suspended at a step boundary")
-    timeline.restart_causes([crashed, waited], [(101.0, api.EVENT_RESTARTING, "Crash: pod exited 137")])
+    crash = (101.0, api.EVENT_RESTARTING, "Crash: pod exited 137")
+    timeline.restart_causes([crashed], [crash])
     assert (crashed.kind, crashed.causes) == ("restart", ["Crash"])
+    timeline.restart_causes([waited], [crash])
     assert (waited.kind, waited.causes) == ("restart", ["Crash"])  # it crashed on its way to the wait
+
+
+def test_an_event_names_the_cause_of_the_nearest_new_attempt_only() -> None:
+    """A crash, then a restarted attempt that reaches its wait a second later, then the event: the crash's
+    Event is within the slack of both new attempts, and only the restart is a crash; the other is a resume."""
+    restart = timeline.Entry("restart", "attempt 2", 100.0, 101.0, attempt=2, reason="attempt 2 (w2) resumed the run")
+    resume = timeline.Entry("resume", "attempt 3", 102.0, 160.0, attempt=3, reason="attempt 3 (w3) resumed the run")
+    timeline.restart_causes([restart, resume], [(100.5, api.EVENT_RESTARTING, "Crash: pod exited 137"),
+                                                (159.0, "EventReceived", "event review received")])
+    assert (restart.kind, restart.causes) == ("restart", ["Crash"])
+    assert (resume.kind, resume.causes) == ("resume", [])

@@ -206,14 +206,21 @@ def restart_causes(entries: Sequence[Entry], events: Sequence[tuple[float, str, 
     between the last record of one attempt and the first of the next: the operator's ``Restarting`` Events
     (message ``<RestartReason>: <why>``) make it a restart, all of them named (a crash, then a lease lapse before
     anything was journaled); a restart the journal could not tell apart is a resume when the Events say it was
-    planned (a suspension lifted, a retry) and none says it restarted."""
-    for entry in entries:
-        if entry.kind not in NEW_ATTEMPT_KINDS:
-            continue
-        within = sorted((at, reason, message) for at, reason, message in events
-                        if entry.start - EVENT_SLACK <= at <= entry.end + EVENT_SLACK)
-        found = [(at, message) for at, reason, message in within if reason == api.EVENT_RESTARTING]
-        planned = [message for _, reason, message in within if reason in PLANNED]
+    planned (a suspension lifted, a retry) and none says it restarted.
+
+    Each Event is one attempt's: the nearest's. Two attempts can be within the slack of one Event (a crash, and
+    a wait the restarted attempt reached a second later), and a crash drawn on both would make the resume after
+    the wait a second crash."""
+    attempts = [entry for entry in entries if entry.kind in NEW_ATTEMPT_KINDS]
+    within: list[list[tuple[float, str, str]]] = [[] for _ in attempts]
+    for event in sorted(events):
+        near = [(max(entry.start - event[0], event[0] - entry.end, 0.0), i) for i, entry in enumerate(attempts)]
+        distance, nearest = min(near, default=(EVENT_SLACK + 1, -1))
+        if distance <= EVENT_SLACK:
+            within[nearest].append(event)
+    for entry, mine in zip(attempts, within, strict=True):
+        found = [(at, message) for at, reason, message in mine if reason == api.EVENT_RESTARTING]
+        planned = [message for _, reason, message in mine if reason in PLANNED]
         if found:
             entry.kind = "restart" if entry.kind == "resume" else entry.kind  # it crashed on its way to the wait
             entry.causes = [message.split(":", 1)[0] for _, message in found]
